@@ -1,0 +1,31 @@
+# spotorch: every target creates its own environment first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test test-fast lint typecheck bench deploy destroy clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)          ## run the end-to-end demo on the local stack
+	$(BIN)/spotorch demo
+
+test: $(STAMP)          ## the whole suite: unit, contract, functions, end to end
+	$(BIN)/python -m pytest
+
+test-fast: $(STAMP)     ## unit tests only (no emulators)
+	$(BIN)/python -m pytest -m "not emulator and not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check shared functions tests trainer examples benchmarks
+	$(BIN)/mypy shared
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,851 @@
+"""The pure core: runs, attempts, their states, and decide(run, observation) -> run with intents.
+
+No I/O here. The service layer loads a run, feeds it observations through `decide`, saves the result
+(with its outbox of intents) in one conditional write, then carries the intents out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+from spotorch.events import build_event
+from spotorch.pipeline import Capacity, EscalationKind, Pipeline, RecoveryPolicy
+from spotorch.policy import PolicyView, choose_capacity
+from spotorch.ports import Checkpoint, FailureClass, JobPhase, JobStatus
+
+
+class RunStatus(StrEnum):
+    """Where a run is; terminal members never change (see TRANSITIONS)."""
+
+    QUEUED = "QUEUED"  # waiting for an earlier run of its pipeline to end (on_active_run: queue)
+    PENDING = "PENDING"  # created; its first attempt is not launched yet
+    STARTING = "STARTING"  # the current attempt's job is being created or waits for capacity
+    RUNNING = "RUNNING"  # the current attempt's job is running
+    RECOVERING = "RECOVERING"  # the last attempt ended; the next waits for its backoff or a cancel
+    CANCELLING = "CANCELLING"  # cancel requested; waiting for the job to stop
+    SUCCEEDED = "SUCCEEDED"  # the training job finished successfully
+    CANCELLED = "CANCELLED"  # stopped by an operator, superseded, or cancelled outside spotorch
+    FAILED = "FAILED"  # the training code failed more often than its user-error budget allows
+    FAILED_PREEMPTED = "FAILED_PREEMPTED"  # preempted more often than the preemption budget
+    FAILED_NO_RESOURCE = "FAILED_NO_RESOURCE"  # no capacity: stockouts beyond their budget
+    FAILED_NO_PROGRESS = "FAILED_NO_PROGRESS"  # attempts kept ending without a newer checkpoint
+    FAILED_INFRA = "FAILED_INFRA"  # infrastructure errors beyond their budget
+    FAILED_TIMEOUT = "FAILED_TIMEOUT"  # the job hit its timeout more often than allowed
+    FAILED_LAUNCH = "FAILED_LAUNCH"  # Vertex AI refused the job for good (bad spec, permissions)
+
+    @property
+    def terminal(self) -> bool:
+        return not TRANSITIONS[self]
+
+    @property
+    def failed(self) -> bool:
+        return self.value.startswith("FAILED")
+
+
+_FAILED = frozenset(s for s in RunStatus if s.value.startswith("FAILED"))
+_ENDINGS = _FAILED | {RunStatus.SUCCEEDED, RunStatus.CANCELLED}
+
+# Allowed transitions. A run may always end (succeed, fail, be cancelled) from a live status.
+TRANSITIONS: Mapping[RunStatus, frozenset[RunStatus]] = {
+    RunStatus.QUEUED: frozenset({RunStatus.PENDING, RunStatus.STARTING, RunStatus.CANCELLED}),
+    RunStatus.PENDING: frozenset({RunStatus.QUEUED, RunStatus.STARTING, RunStatus.CANCELLED})
+    | _FAILED,
+    RunStatus.STARTING: frozenset({RunStatus.RUNNING, RunStatus.RECOVERING, RunStatus.CANCELLING})
+    | _ENDINGS,
+    RunStatus.RUNNING: frozenset({RunStatus.RECOVERING, RunStatus.STARTING, RunStatus.CANCELLING})
+    | _ENDINGS,
+    RunStatus.RECOVERING: frozenset({RunStatus.STARTING, RunStatus.CANCELLING}) | _ENDINGS,
+    RunStatus.CANCELLING: frozenset({RunStatus.CANCELLED, RunStatus.SUCCEEDED}),
+    **{s: frozenset() for s in _ENDINGS},
+}
+
+
+class InvalidTransition(Exception):
+    """A decision tried a transition the table does not allow (a bug, never bad input)."""
+
+
+class AttemptState(StrEnum):
+    """Where an attempt's job is: LAUNCHING until the job exists, then its JobPhase."""
+
+    LAUNCHING = "LAUNCHING"
+    QUEUED = "QUEUED"
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLING = "CANCELLING"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def ended(self) -> bool:
+        return self in (AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.CANCELLED)
+
+    @property
+    def rank(self) -> int:
+        return -1 if self is AttemptState.LAUNCHING else JobPhase(self.value).rank
+
+
+# Why spotorch itself cancelled an attempt; decides what its CANCELLED end means.
+CANCEL_BY_OPERATOR = "operator"
+CANCEL_STOCKOUT = "stockout"
+CANCEL_SWITCH = "switch"
+CANCEL_ORPHAN = "orphan"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One Vertex AI custom job of a run."""
+
+    number: int
+    capacity: Capacity
+    region: str
+    state: AttemptState = AttemptState.LAUNCHING
+    job_name: str | None = None
+    created_at: float = 0.0
+    queued_since: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    end_reason: str | None = None
+    failure: FailureClass | None = None
+    exit_code: int | None = None
+    resumed_from_step: int | None = None
+    resumed_from_uri: str | None = None
+    progress_step: int | None = None
+    cancel_reason: str | None = None
+
+    @property
+    def live(self) -> bool:
+        return not self.state.ended
+
+
+@dataclass(frozen=True)
+class Intent:
+    """A side effect decided in a transaction and carried out after it commits (the outbox)."""
+
+    id: str
+    kind: str  # "launch", "cancel" or "publish"
+    attempt: int | None = None
+    payload: Mapping[str, Any] = field(default_factory=dict)
+    claimed_until: float = 0.0  # an executor owns it until then; afterwards the tick may take it
+
+
+@dataclass(frozen=True)
+class Counters:
+    """Failures so far, one budget each."""
+
+    preemptions: int = 0
+    stockouts: int = 0
+    user_errors: int = 0
+    infra_errors: int = 0
+    timeouts: int = 0
+    no_progress: int = 0  # consecutive attempts that ended without a newer checkpoint
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the trainer last said about its progress, and the measured step rate."""
+
+    step: int = 0
+    total_steps: int | None = None
+    at: float | None = None
+    rate: float | None = None  # steps per second, measured over the current attempt
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    at: float
+    what: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training run for one data snapshot (or manual submit), and everything that happened to it."""
+
+    run_id: str
+    pipeline: str
+    status: RunStatus
+    created_at: float
+    data_uri: str
+    checkpoint_uri: str
+    output_uri: str
+    snapshot_id: str | None = None
+    deadline_at: float | None = None
+    updated_at: float = 0.0
+    attempts: tuple[Attempt, ...] = ()
+    counters: Counters = Counters()
+    progress: Progress = Progress()
+    latest_checkpoint: Checkpoint | None = None
+    next_action_at: float | None = None
+    next_capacity: Capacity | None = None
+    next_reason: str | None = None  # why the next attempt runs on next_capacity
+    region_index: int = 0
+    escalated: Mapping[str, Any] | None = None
+    deadline_warned: bool = False
+    end_reason: str | None = None
+    history: tuple[HistoryEntry, ...] = ()
+    outbox: tuple[Intent, ...] = ()
+    event_seq: int = 0
+    intent_seq: int = 0
+    seen: tuple[str, ...] = ()
+    retry_of: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return not self.status.terminal
+
+    @property
+    def current(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts else None
+
+    def attempt(self, number: int) -> Attempt | None:
+        return self.attempts[number - 1] if 0 < number <= len(self.attempts) else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The Firestore document of this run (plus `active` for the tick's query)."""
+        doc = asdict(self)
+        doc["active"] = self.active
+        doc["latest_checkpoint"] = asdict(self.latest_checkpoint) if self.latest_checkpoint else None
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Run:
+        data = {k: v for k, v in doc.items() if k != "active"}
+        data["status"] = RunStatus(data["status"])
+        data["attempts"] = tuple(_attempt_from(a) for a in data.get("attempts", ()))
+        data["counters"] = Counters(**data.get("counters", {}))
+        progress = dict(data.get("progress") or {})
+        progress["metrics"] = dict(progress.get("metrics") or {})
+        data["progress"] = Progress(**progress)
+        ckpt = data.get("latest_checkpoint")
+        data["latest_checkpoint"] = Checkpoint(**ckpt) if ckpt else None
+        data["next_capacity"] = Capacity(data["next_capacity"]) if data.get("next_capacity") else None
+        data["history"] = tuple(HistoryEntry(**h) for h in data.get("history", ()))
+        data["outbox"] = tuple(Intent(**i) for i in data.get("outbox", ()))
+        data["seen"] = tuple(data.get("seen", ()))
+        return cls(**data)
+
+
+def _attempt_from(doc: Mapping[str, Any]) -> Attempt:
+    data = dict(doc)
+    data["capacity"] = Capacity(data["capacity"])
+    data["state"] = AttemptState(data["state"])
+    data["failure"] = FailureClass(data["failure"]) if data.get("failure") else None
+    return Attempt(**data)
+
+
+# ---------------------------------------------------------------- observations
+
+@dataclass(frozen=True)
+class JobObserved:
+    """The launcher (a poll or a job event) reports an attempt's job status."""
+
+    attempt: int
+    status: JobStatus
+    checkpoint: Checkpoint | None = None  # latest complete checkpoint, looked up when the job ended
+
+
+@dataclass(frozen=True)
+class TrainerReported:
+    """The training code reported something about itself (spotorch_trainer events)."""
+
+    attempt: int
+    kind: str
+    at: float
+    step: int | None = None
+    total_steps: int | None = None
+    checkpoint_uri: str | None = None
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
+class LaunchDone:
+    """The launch intent created (or adopted) the attempt's job."""
+
+    intent_id: str
+    attempt: int
+    job_name: str
+
+
+@dataclass(frozen=True)
+class LaunchFailed:
+    """The launch intent failed; permanent failures end the run, transient ones are retried."""
+
+    intent_id: str
+    attempt: int
+    message: str
+    permanent: bool
+
+
+@dataclass(frozen=True)
+class IntentDone:
+    """A publish or cancel intent was carried out."""
+
+    intent_id: str
+
+
+@dataclass(frozen=True)
+class Tick:
+    """The reconcile tick: fire due timers and re-evaluate the escalation policy."""
+
+
+@dataclass(frozen=True)
+class Promote:
+    """The active run of the pipeline ended: a queued run may start."""
+
+
+@dataclass(frozen=True)
+class CancelRequested:
+    reason: str
+
+
+Observation = (JobObserved | TrainerReported | LaunchDone | LaunchFailed | IntentDone | Tick
+               | Promote | CancelRequested)
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a decision needs besides the run: its pipeline and the time."""
+
+    pipeline: Pipeline
+    now: float
+
+    @property
+    def recovery(self) -> RecoveryPolicy:
+        return self.pipeline.recovery
+
+
+# ---------------------------------------------------------------- small pure helpers
+
+SEEN_LIMIT = 200
+HISTORY_LIMIT = 400
+LAUNCH_LEASE_S = 120.0
+
+
+def _note(run: Run, ctx: Context, what: str, reason: str = "") -> Run:
+    history = (*run.history, HistoryEntry(ctx.now, what, reason))[-HISTORY_LIMIT:]
+    return replace(run, history=history)
+
+
+def _to(run: Run, status: RunStatus, ctx: Context, reason: str = "") -> Run:
+    if status == run.status:
+        return run
+    if status not in TRANSITIONS[run.status]:
+        raise InvalidTransition(f"{run.run_id}: {run.status} -> {status} is not allowed")
+    run = replace(run, status=status, end_reason=reason if status.terminal else run.end_reason)
+    return _note(run, ctx, f"status {status}", reason)
+
+
+def _intent(run: Run, ctx: Context, kind: str, attempt: int | None = None,
+            **payload: Any) -> Run:
+    intent = Intent(f"{run.run_id}/{run.intent_seq + 1}", kind, attempt, payload,
+                    claimed_until=ctx.now + LAUNCH_LEASE_S)
+    return replace(run, intent_seq=run.intent_seq + 1, outbox=(*run.outbox, intent))
+
+
+def _publish(run: Run, ctx: Context, kind: str, **data: Any) -> Run:
+    seq = run.event_seq + 1
+    event = build_event(run_id=run.run_id, pipeline=run.pipeline, sequence=seq, kind=kind,
+                        data=data, time=ctx.now)
+    return _intent(replace(run, event_seq=seq), ctx, "publish", event=event)
+
+
+def _with_attempt(run: Run, attempt: Attempt) -> Run:
+    attempts = list(run.attempts)
+    attempts[attempt.number - 1] = attempt
+    return replace(run, attempts=tuple(attempts))
+
+
+def _jitter(run_id: str, n: int) -> float:
+    """Deterministic jitter in [0.5, 1.0): replays decide the same, runs spread their retries."""
+    digest = hashlib.sha256(f"{run_id}:{n}".encode()).digest()
+    return 0.5 + digest[0] / 512
+
+
+def backoff_s(recovery: RecoveryPolicy, run_id: str, failures: int) -> float:
+    """Capped, jittered exponential backoff after the n-th failure in a row."""
+    raw = recovery.backoff_base_s * (2 ** max(failures - 1, 0))
+    return min(recovery.backoff_cap_s, raw) * _jitter(run_id, failures)
+
+
+# ---------------------------------------------------------------- creating a run
+
+def new_run(*, run_id: str, pipeline: Pipeline, now: float, data_uri: str,
+            snapshot_id: str | None, queued: bool = False,
+            resume_from: Checkpoint | None = None, retry_of: str | None = None,
+            reason: str = "") -> Run:
+    """A new run: created, announced, and (unless queued) its first attempt launched."""
+    deadline = now + pipeline.deadline_s if pipeline.deadline_s else None
+    run = Run(run_id=run_id, pipeline=pipeline.name, status=RunStatus.PENDING, created_at=now,
+              updated_at=now, data_uri=data_uri, snapshot_id=snapshot_id, deadline_at=deadline,
+              checkpoint_uri=pipeline.run_checkpoint_uri(retry_of or run_id),
+              output_uri=pipeline.run_output_uri(run_id), latest_checkpoint=resume_from,
+              retry_of=retry_of)
+    ctx = Context(pipeline, now)
+    run = _note(run, ctx, "created", reason)
+    run = _publish(run, ctx, "run.created", status=str(RunStatus.PENDING), data_uri=data_uri,
+                   snapshot_id=snapshot_id, deadline=_iso(deadline), reason=reason)
+    if queued:
+        return _to(run, RunStatus.QUEUED, ctx, "waiting for the active run of the pipeline")
+    return _launch(run, ctx, _policy_capacity(run, ctx, current=None, spot_available=True),
+                   "first attempt")
+
+
+def _iso(ts: float | None) -> str | None:
+    from spotorch.events import rfc3339
+
+    return None if ts is None else rfc3339(ts)
+
+
+# ---------------------------------------------------------------- the escalation policy
+
+def _work_estimates(run: Run, ctx: Context) -> tuple[float | None, float]:
+    """Estimated compute of the whole task and the part already checkpointed, in seconds."""
+    total_steps = run.progress.total_steps
+    total_s = ctx.recovery.expected_compute_s
+    if total_steps and run.progress.rate:
+        total_s = total_steps / run.progress.rate
+    if total_s is None or not total_steps:
+        return total_s, 0.0
+    done_steps = run.latest_checkpoint.step if run.latest_checkpoint else 0
+    return total_s, total_s * min(done_steps, total_steps) / total_steps
+
+
+def policy_view(run: Run, ctx: Context, *, current: Capacity | None,
+                spot_available: bool) -> PolicyView:
+    total_s, done_s = _work_estimates(run, ctx)
+    deadline_s = None if run.deadline_at is None else run.deadline_at - run.created_at
+    changeovers = sum(1 for a, b in zip(run.attempts, run.attempts[1:], strict=False)
+                      if a.capacity != b.capacity)
+    return PolicyView(now_s=ctx.now - run.created_at, deadline_s=deadline_s,
+                      work_total_s=total_s, work_done_s=done_s,
+                      restart_overhead_s=ctx.recovery.restart_overhead_s, current=current,
+                      spot_available=spot_available, preemptions=run.counters.preemptions,
+                      changeovers=changeovers)
+
+
+def _policy_capacity(run: Run, ctx: Context, *, current: Capacity | None,
+                     spot_available: bool) -> Capacity:
+    view = policy_view(run, ctx, current=current, spot_available=spot_available)
+    return choose_capacity(view, ctx.recovery)
+
+
+# ---------------------------------------------------------------- launching
+
+def _launch(run: Run, ctx: Context, capacity: Capacity, reason: str) -> Run:
+    previous = run.current
+    number = len(run.attempts) + 1
+    regions = ctx.pipeline.job.regions or ("us-central1",)
+    region = regions[run.region_index % len(regions)]
+    ckpt = run.latest_checkpoint
+    attempt = Attempt(number=number, capacity=capacity, region=region, created_at=ctx.now,
+                      resumed_from_step=ckpt.step if ckpt else None,
+                      resumed_from_uri=ckpt.uri if ckpt else None)
+    run = replace(run, attempts=(*run.attempts, attempt), next_action_at=None, next_capacity=None,
+                  next_reason=None)
+    if previous is not None and previous.capacity != capacity:
+        run = replace(run, escalated={"from": str(previous.capacity), "to": str(capacity),
+                                      "reason": reason, "at": ctx.now})
+        run = _publish(run, ctx, "run.escalated", **{"from": str(previous.capacity)},
+                       to=str(capacity), reason=reason)
+        run = _note(run, ctx, f"escalated to {capacity}", reason)
+    run = _to(run, RunStatus.STARTING, ctx, reason)
+    run = _note(run, ctx, f"launch attempt {number} on {capacity} in {region}",
+                reason + (f"; resume from step {ckpt.step}" if ckpt else "; fresh start"))
+    return _intent(run, ctx, "launch", number, capacity=str(capacity), region=region,
+                   resume_step=ckpt.step if ckpt else None, resume_uri=ckpt.uri if ckpt else None)
+
+
+# ---------------------------------------------------------------- decide
+
+def decide(run: Run, obs: Observation, ctx: Context) -> Run:
+    """Apply one observation: the new run, with any new intents in its outbox."""
+    if run.status.terminal and not isinstance(obs, IntentDone | LaunchDone | JobObserved):
+        return run
+    handler = _HANDLERS[type(obs)]
+    new = handler(run, obs, ctx)
+    return new if new == run else replace(new, updated_at=ctx.now)
+
+
+def _on_intent_done(run: Run, obs: Observation, ctx: Context) -> Run:
+    assert isinstance(obs, IntentDone)
+    return replace(run, outbox=tuple(i for i in run.outbox if i.id != obs.intent_id))
+
+
+def _on_launch_done(run: Run, obs: Observation, ctx: Context) -> Run:
+    assert isinstance(obs, LaunchDone)
+    run = replace(run, outbox=tuple(i for i in run.outbox if i.id != obs.intent_id))
+    attempt = run.attempt(obs.attempt)
+    if attempt is None:
+        return run
+    if attempt.job_name == obs.job_name:
+        return run
+    attempt = replace(attempt, job_name=obs.job_name,
+                      state=AttemptState.QUEUED if attempt.state is AttemptState.LAUNCHING
+                      else attempt.state,
+                      queued_since=attempt.queued_since or ctx.now)
+    run = _with_attempt(run, attempt)
+    if run.status.terminal or run.status is RunStatus.CANCELLING or attempt is not run.current:
+        # The job was created after the run moved on: stop it, it must not train twice.
+        reason = CANCEL_BY_OPERATOR if run.status is RunStatus.CANCELLING else CANCEL_ORPHAN
+        return _cancel_attempt(run, ctx, attempt, reason)
+    run = _publish(run, ctx, "attempt.launched", attempt=attempt.number,
+                   capacity=str(attempt.capacity), region=attempt.region, job_name=obs.job_name,
+                   resumed_from_step=attempt.resumed_from_step,
+                   resumed_from_uri=attempt.resumed_from_uri)
+    return _note(run, ctx, f"attempt {attempt.number} job created", obs.job_name)
+
+
+def _on_launch_failed(run: Run, obs: Observation, ctx: Context) -> Run:
+    assert isinstance(obs, LaunchFailed)
+    attempt = run.attempt(obs.attempt)
+    if not obs.permanent or attempt is None or not attempt.live:
+        # Transient: the intent stays in the outbox; the tick retries it when its claim expires.
+        return _note(run, ctx, f"launch of attempt {obs.attempt} failed, will retry", obs.message)
+    run = replace(run, outbox=tuple(i for i in run.outbox if i.id != obs.intent_id))
+    attempt = replace(attempt, state=AttemptState.FAILED, ended_at=ctx.now,
+                      failure=FailureClass.LAUNCH_REJECTED, end_reason=obs.message)
+    run = _with_attempt(run, attempt)
+    return _fail(run, ctx, RunStatus.FAILED_LAUNCH, f"Vertex AI refused the job: {obs.message}",
+                 FailureClass.LAUNCH_REJECTED)
+
+
+def _on_trainer(run: Run, obs: Observation, ctx: Context) -> Run:
+    assert isinstance(obs, TrainerReported)
+    attempt = run.attempt(obs.attempt)
+    if attempt is None:
+        return run
+    progress = run.progress
+    if obs.step is not None and obs.step >= progress.step:
+        rate = progress.rate
+        if progress.at is not None and obs.at > progress.at and obs.step > progress.step \
+                and attempt.started_at is not None and progress.at >= attempt.started_at:
+            rate = (obs.step - progress.step) / (obs.at - progress.at)
+        progress = Progress(step=obs.step, total_steps=obs.total_steps or progress.total_steps,
+                            at=obs.at, rate=rate, metrics=dict(obs.metrics) or progress.metrics)
+    run = replace(run, progress=progress)
+    if obs.step is not None and (attempt.progress_step or -1) < obs.step:
+        run = _with_attempt(run, replace(attempt, progress_step=obs.step))
+    if obs.checkpoint_uri and obs.step is not None:
+        run = _newer_checkpoint(run, Checkpoint(obs.step, obs.checkpoint_uri))
+    if obs.kind == "started" and attempt.started_at is None:
+        run = _with_attempt(run, replace(run.attempt(obs.attempt) or attempt, started_at=obs.at))
+    return run
+
+
+def _newer_checkpoint(run: Run, ckpt: Checkpoint | None) -> Run:
+    if ckpt is None or (run.latest_checkpoint and run.latest_checkpoint.step >= ckpt.step):
+        return run
+    return replace(run, latest_checkpoint=ckpt)
+
+
+_PHASE_TO_STATE = {phase: AttemptState(phase.value) for phase in JobPhase}
+
+
+def _on_job(run: Run, obs: Observation, ctx: Context) -> Run:
+    assert isinstance(obs, JobObserved)
+    attempt = run.attempt(obs.attempt)
+    if attempt is None:
+        return run
+    run = _newer_checkpoint(run, obs.checkpoint)
+    state = _PHASE_TO_STATE[obs.status.phase]
+    if attempt.job_name is None:
+        attempt = replace(attempt, job_name=obs.status.job_name)
+    if state.rank <= attempt.state.rank or attempt.state.ended:
+        return _with_attempt(run, attempt)  # late or repeated news never moves an attempt back
+    attempt = replace(attempt, state=state)
+    if state in (AttemptState.QUEUED, AttemptState.PENDING):
+        attempt = replace(attempt, queued_since=attempt.queued_since or ctx.now)
+    if state is AttemptState.RUNNING:
+        attempt = replace(attempt, started_at=attempt.started_at or obs.status.start_time or ctx.now)
+    run = _with_attempt(run, attempt)
+    if run.status.terminal:
+        return run
+    if attempt is not run.current:
+        if state is AttemptState.RUNNING or state is AttemptState.QUEUED:
+            return _cancel_attempt(run, ctx, attempt, CANCEL_ORPHAN)
+        return run
+    if state is AttemptState.RUNNING and run.status is RunStatus.STARTING:
+        return _to(run, RunStatus.RUNNING, ctx, f"attempt {attempt.number} running")
+    if state.ended:
+        return _attempt_ended(run, ctx, attempt, obs.status)
+    return run
+
+
+def _end_attempt(attempt: Attempt, ctx: Context, status: JobStatus, reason: str,
+                 failure: FailureClass | None) -> Attempt:
+    return replace(attempt, ended_at=status.end_time or ctx.now, end_reason=reason,
+                   failure=failure, exit_code=status.exit_code)
+
+
+def _attempt_ended(run: Run, ctx: Context, attempt: Attempt, status: JobStatus) -> Run:
+    if attempt.state is AttemptState.SUCCEEDED:
+        attempt = _end_attempt(attempt, ctx, status, "succeeded", None)
+        run = _announce_end(_with_attempt(run, attempt), ctx, attempt)
+        run = _to(run, RunStatus.SUCCEEDED, ctx, f"attempt {attempt.number} succeeded")
+        return _publish(run, ctx, "run.succeeded", status=str(run.status),
+                        attempts=len(run.attempts), preemptions=run.counters.preemptions,
+                        cost_estimate=round(cost_estimate(run, ctx), 4),
+                        model_uri=run.output_uri)
+    failure = _failure_of(attempt, status)
+    reason = _END_REASONS[failure](attempt, status)
+    attempt = _end_attempt(attempt, ctx, status, reason, failure)
+    run = _with_attempt(run, attempt)
+    run = _announce_end(run, ctx, attempt)
+    if failure is FailureClass.CANCELLED:
+        if run.status is RunStatus.CANCELLING or attempt.cancel_reason is None:
+            why = run.end_reason if run.status is RunStatus.CANCELLING else \
+                "the job was cancelled outside spotorch"
+            run = _to(run, RunStatus.CANCELLED, ctx, why or "cancelled")
+            return _publish(run, ctx, "run.cancelled", status=str(run.status),
+                            reason=run.end_reason)
+        if attempt.cancel_reason == CANCEL_SWITCH:
+            return _launch(run, ctx, run.next_capacity or Capacity.STANDARD,
+                           run.next_reason or "capacity switch")
+    return _recover(run, ctx, attempt, failure)
+
+
+def _announce_end(run: Run, ctx: Context, attempt: Attempt) -> Run:
+    run = _note(run, ctx, f"attempt {attempt.number} ended", attempt.end_reason or "")
+    if attempt.failure is FailureClass.PREEMPTED:
+        return _publish(run, ctx, "attempt.preempted", attempt=attempt.number,
+                        capacity=str(attempt.capacity), job_name=attempt.job_name,
+                        progress_step=attempt.progress_step,
+                        preemptions=run.counters.preemptions + 1)
+    return _publish(run, ctx, "attempt.ended", attempt=attempt.number,
+                    capacity=str(attempt.capacity), job_name=attempt.job_name,
+                    state=str(attempt.state), end_reason=attempt.end_reason,
+                    failure_class=str(attempt.failure) if attempt.failure else None,
+                    exit_code=attempt.exit_code)
+
+
+def _failure_of(attempt: Attempt, status: JobStatus) -> FailureClass:
+    if attempt.state is AttemptState.CANCELLED or attempt.cancel_reason is not None:
+        return FailureClass.STOCKOUT if attempt.cancel_reason == CANCEL_STOCKOUT \
+            else FailureClass.CANCELLED
+    return status.failure or FailureClass.INFRA
+
+
+_END_REASONS: Mapping[FailureClass, Callable[[Attempt, JobStatus], str]] = {
+    FailureClass.PREEMPTED: lambda a, s: "preempted" + (f": {s.message}" if s.message else ""),
+    FailureClass.STOCKOUT: lambda a, s: "stockout: no capacity" + (
+        f" ({s.message})" if s.message else " within the stockout wait"),
+    FailureClass.USER_ERROR: lambda a, s: f"user error: exit code {s.exit_code}"
+    + (f" ({s.message})" if s.message else ""),
+    FailureClass.INFRA: lambda a, s: f"infrastructure error: {s.message or 'unknown'}",
+    FailureClass.TIMEOUT: lambda a, s: f"timeout: {s.message or 'the job hit its timeout'}",
+    FailureClass.CANCELLED: lambda a, s: f"cancelled ({a.cancel_reason or 'outside spotorch'})",
+    FailureClass.LAUNCH_REJECTED: lambda a, s: f"launch rejected: {s.message}",
+}
+
+# Failure class -> (counter field, budget field, status when the budget runs out, budget name).
+_BUDGETS: Mapping[FailureClass, tuple[str, str, RunStatus, str]] = {
+    FailureClass.PREEMPTED: ("preemptions", "max_preemptions", RunStatus.FAILED_PREEMPTED,
+                             "preemptions"),
+    FailureClass.STOCKOUT: ("stockouts", "max_stockouts", RunStatus.FAILED_NO_RESOURCE,
+                            "stockouts"),
+    FailureClass.USER_ERROR: ("user_errors", "max_user_errors", RunStatus.FAILED, "user_errors"),
+    FailureClass.INFRA: ("infra_errors", "max_infra_errors", RunStatus.FAILED_INFRA,
+                         "infra_errors"),
+    FailureClass.TIMEOUT: ("timeouts", "max_timeouts", RunStatus.FAILED_TIMEOUT, "timeouts"),
+}
+
+
+def _recover(run: Run, ctx: Context, attempt: Attempt, failure: FailureClass) -> Run:
+    """Count the failure against its budget, then relaunch (now or after a backoff) or give up."""
+    recovery = ctx.recovery
+    if failure is FailureClass.USER_ERROR and attempt.exit_code in recovery.retryable_exit_codes:
+        failure = FailureClass.INFRA  # declared retryable: counts against the infra budget
+    counter, limit_field, failed_status, budget = _BUDGETS[failure]
+    used = getattr(run.counters, counter) + 1
+    progressed = (run.latest_checkpoint is not None
+                  and run.latest_checkpoint.step > (attempt.resumed_from_step or -1))
+    no_progress = 0 if progressed else run.counters.no_progress + 1
+    run = replace(run, counters=replace(run.counters, **{counter: used, "no_progress": no_progress}))
+    limit = int(getattr(recovery, limit_field))
+    if used > limit:
+        run = _publish(run, ctx, "run.budget_exceeded", budget=budget, limit=limit, used=used)
+        return _fail(run, ctx, failed_status,
+                     f"{budget} budget exhausted: {used} > {limit} ({attempt.end_reason})", failure)
+    if failure is FailureClass.STOCKOUT:
+        run = replace(run, region_index=run.region_index + 1)
+    spot_lost = failure in (FailureClass.PREEMPTED, FailureClass.STOCKOUT)
+    capacity = _policy_capacity(run, ctx, current=None, spot_available=not spot_lost)
+    reason = f"after {attempt.end_reason}"
+    if no_progress >= recovery.max_no_progress_attempts:
+        if attempt.capacity is Capacity.SPOT and recovery.escalation is not EscalationKind.NEVER:
+            capacity = Capacity.STANDARD  # Spot keeps failing before a checkpoint: stop paying for it
+            reason = f"{no_progress} attempts in a row without a newer checkpoint"
+        else:
+            run = _publish(run, ctx, "run.budget_exceeded", budget="no_progress",
+                           limit=recovery.max_no_progress_attempts, used=no_progress)
+            return _fail(run, ctx, RunStatus.FAILED_NO_PROGRESS,
+                         f"{no_progress} attempts in a row ended without a newer checkpoint",
+                         failure)
+    elif capacity is Capacity.STANDARD and attempt.capacity is Capacity.SPOT:
+        reason = _escalation_reason(run, ctx, failure)
+    if failure is FailureClass.PREEMPTED:
+        return _launch(run, ctx, capacity, reason)  # not the job's fault: relaunch at once
+    failures_in_row = used if failure is not FailureClass.STOCKOUT else run.counters.stockouts
+    wait = backoff_s(recovery, run.run_id, failures_in_row)
+    run = replace(run, next_action_at=ctx.now + wait, next_capacity=capacity, next_reason=reason)
+    return _to(run, RunStatus.RECOVERING, ctx, f"{reason}; next attempt in {wait:.0f}s")
+
+
+def _escalation_reason(run: Run, ctx: Context, failure: FailureClass) -> str:
+    recovery = ctx.recovery
+    if recovery.escalation is EscalationKind.COUNT:
+        return f"{run.counters.preemptions} preemptions (escalate after " \
+               f"{recovery.escalate_after_preemptions})"
+    if recovery.escalation is EscalationKind.ALWAYS_STANDARD:
+        return "pipeline runs on standard VMs"
+    return f"deadline: Spot too risky after {failure} (time left " \
+           f"{_fmt_s((run.deadline_at or ctx.now) - ctx.now)})"
+
+
+def _fmt_s(seconds: float) -> str:
+    return f"{seconds / 3600:.1f}h" if seconds >= 3600 else f"{seconds:.0f}s"
+
+
+def _fail(run: Run, ctx: Context, status: RunStatus, reason: str,
+          failure: FailureClass | None) -> Run:
+    run = _to(run, status, ctx, reason)
+    return _publish(run, ctx, "run.failed", status=str(status), reason=reason,
+                    failure_class=str(failure) if failure else None, attempts=len(run.attempts),
+                    preemptions=run.counters.preemptions)
+
+
+def _cancel_attempt(run: Run, ctx: Context, attempt: Attempt, why: str) -> Run:
+    if attempt.cancel_reason is not None and why != CANCEL_BY_OPERATOR:
+        return run
+    attempt = replace(attempt, cancel_reason=why)
+    run = _with_attempt(run, attempt)
+    if attempt.job_name is None:
+        return run  # not created yet: LaunchDone cancels it when it appears
+    return _intent(run, ctx, "cancel", attempt.number, job_name=attempt.job_name, reason=why)
+
+
+def _on_cancel(run: Run, obs: Observation, ctx: Context) -> Run:
+    assert isinstance(obs, CancelRequested)
+    if run.status is RunStatus.CANCELLING:
+        return run
+    live = run.current if run.current is not None and run.current.live else None
+    if live is None:
+        run = _to(run, RunStatus.CANCELLED, ctx, obs.reason)
+        return _publish(run, ctx, "run.cancelled", status=str(run.status), reason=obs.reason)
+    run = replace(run, end_reason=obs.reason)
+    run = _to(run, RunStatus.CANCELLING, ctx, obs.reason)
+    run = replace(run, end_reason=obs.reason)
+    # Drop a launch intent not carried out yet; if it was, LaunchDone will cancel its job.
+    return _cancel_attempt(run, ctx, live, CANCEL_BY_OPERATOR)
+
+
+def _on_promote(run: Run, obs: Observation, ctx: Context) -> Run:
+    if run.status is not RunStatus.QUEUED:
+        return run
+    capacity = _policy_capacity(run, ctx, current=None, spot_available=True)
+    return _launch(run, ctx, capacity, "the pipeline's previous run ended")
+
+
+def _on_tick(run: Run, obs: Observation, ctx: Context) -> Run:
+    current = run.current
+    if run.status is RunStatus.RECOVERING:
+        if run.next_action_at is not None and ctx.now >= run.next_action_at:
+            return _launch(run, ctx, run.next_capacity or Capacity.SPOT,
+                           run.next_reason or "backoff elapsed")
+        return run
+    if current is None or not current.live or current.cancel_reason is not None:
+        return run
+    waiting = current.state in (AttemptState.QUEUED, AttemptState.PENDING)
+    queued_for = ctx.now - (current.queued_since or current.created_at)
+    if waiting and queued_for > ctx.recovery.stockout_wait_s \
+            and current.capacity is not Capacity.FLEX_START:
+        run = _note(run, ctx, f"attempt {current.number} queued {queued_for:.0f}s",
+                    "stockout: cancelling to try elsewhere")
+        return _cancel_attempt(run, ctx, current, CANCEL_STOCKOUT)
+    if run.status not in (RunStatus.STARTING, RunStatus.RUNNING) or \
+            current.capacity is Capacity.FLEX_START:
+        return run
+    spot_waiting = current.capacity is Capacity.SPOT and waiting and queued_for > 60.0
+    wanted = _policy_capacity(run, ctx, current=current.capacity,
+                              spot_available=not spot_waiting)
+    run = _deadline_warning(run, ctx, wanted, current)
+    if wanted == current.capacity:
+        return run
+    reason = (f"deadline policy: switch {current.capacity} -> {wanted} "
+              f"(time left {_fmt_s((run.deadline_at or ctx.now) - ctx.now)})")
+    run = replace(run, next_capacity=wanted, next_reason=reason)
+    run = _note(run, ctx, f"switch to {wanted}", reason)
+    return _cancel_attempt(run, ctx, current, CANCEL_SWITCH)
+
+
+def _deadline_warning(run: Run, ctx: Context, wanted: Capacity, current: Attempt) -> Run:
+    if run.deadline_warned or run.deadline_at is None or wanted is not Capacity.STANDARD \
+            or current.capacity is not Capacity.SPOT:
+        return run
+    total_s, done_s = _work_estimates(run, ctx)
+    run = replace(run, deadline_warned=True)
+    return _publish(run, ctx, "run.deadline_at_risk", deadline=_iso(run.deadline_at),
+                    remaining_work_s=None if total_s is None else max(total_s - done_s, 0.0),
+                    time_left_s=run.deadline_at - ctx.now, action="switching to standard VMs")
+
+
+_HANDLERS: Mapping[type, Callable[[Run, Observation, Context], Run]] = {
+    IntentDone: _on_intent_done,
+    LaunchDone: _on_launch_done,
+    LaunchFailed: _on_launch_failed,
+    TrainerReported: _on_trainer,
+    JobObserved: _on_job,
+    Tick: _on_tick,
+    Promote: _on_promote,
+    CancelRequested: _on_cancel,
+}
+
+
+# ---------------------------------------------------------------- cost
+
+# List prices per node-hour by capacity; a pipeline's machine may override (see docs/pipelines.md).
+DEFAULT_PRICE_PER_HOUR: Mapping[Capacity, float] = {
+    Capacity.SPOT: 1.147, Capacity.STANDARD: 2.934, Capacity.FLEX_START: 1.467,
+}
+
+
+def cost_estimate(run: Run, ctx: Context) -> float:
+    """Estimated compute cost so far: billed running time of every attempt at list prices."""
+    nodes = sum(p.replica_count * max(p.accelerator_count, 1) for p in ctx.pipeline.job.worker_pools)
+    total = 0.0
+    for a in run.attempts:
+        if a.started_at is None:
+            continue
+        end = a.ended_at if a.ended_at is not None else ctx.now
+        total += max(end - a.started_at, 0.0) / 3600 * DEFAULT_PRICE_PER_HOUR[a.capacity] * nodes
+    return total if math.isfinite(total) else 0.0
+
+
+# ---------------------------------------------------------------- outbox helpers
+
+def claimable(run: Run, now: float) -> tuple[Intent, ...]:
+    """Intents whose executor's claim has expired (crashed or lost): the tick may carry them out."""
+    return tuple(i for i in run.outbox if i.claimed_until <= now)
+
+
+def claim(run: Run, intents: tuple[Intent, ...], now: float) -> Run:
+    """Take over intents for LAUNCH_LEASE_S (in the same conditional write that reads them)."""
+    ids = {i.id for i in intents}
+    outbox = tuple(replace(i, claimed_until=now + LAUNCH_LEASE_S) if i.id in ids else i
+                   for i in run.outbox)
+    return replace(run, outbox=outbox)
+
+
+def remember(run: Run, event_id: str | None) -> Run:
+    """Record an event id as handled (bounded), so a redelivery is recognised without work."""
+    if not event_id:
+        return run
+    return replace(run, seen=(*run.seen, event_id)[-SEEN_LIMIT:])

@@ -1,0 +1,218 @@
+"""spotorch's own CloudEvents: the catalog of types, building them, their Pub/Sub form and schemas."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+TYPE_PREFIX = "dev.spotorch."
+TYPE_VERSION = "v1"
+SPEC_VERSION = "1.0"
+CONTENT_TYPE = "application/cloudevents+json"  # Pub/Sub attribute: the message is a structured event
+
+# Short kind -> what it means. The full type is dev.spotorch.<kind>.v1 (see docs/events.md).
+EVENT_KINDS: Mapping[str, str] = {
+    "run.created": "a run was created for a data snapshot or a manual submit",
+    "attempt.launched": "an attempt's training job was created",
+    "attempt.preempted": "an attempt's Spot VMs were taken back",
+    "attempt.ended": "an attempt ended for another reason (success, failure class, cancel)",
+    "run.escalated": "the run moved between Spot and standard VMs",
+    "run.succeeded": "the run finished with a trained model",
+    "run.failed": "the run ended without a model; the reason says why",
+    "run.cancelled": "the run was cancelled by an operator or superseded",
+    "run.budget_exceeded": "a retry budget or the cost budget ran out",
+    "run.deadline_at_risk": "the deadline can no longer be met on Spot alone",
+}
+
+# Kinds after which a run never changes again.
+TERMINAL_KINDS = frozenset({"run.succeeded", "run.failed", "run.cancelled"})
+
+_TYPE_RE = re.compile(r"^dev\.spotorch\.(?P<kind>[a-z][a-z_]*\.[a-z][a-z_]*)\.(?P<version>v[1-9][0-9]*)$")
+
+# Where the JSON Schemas live: $SPOTORCH_SCHEMAS_DIR, else schemas/events/ found next to the package
+# (repo: <root>/shared/spotorch + <root>/schemas; bundle: <root>/spotorch + <root>/schemas).
+SCHEMAS_ENV = "SPOTORCH_SCHEMAS_DIR"
+ENVELOPE_SCHEMA = "envelope.schema.json"
+
+
+def event_type(kind: str) -> str:
+    """Full CloudEvents type of a kind, e.g. run.failed -> dev.spotorch.run.failed.v1."""
+    if kind not in EVENT_KINDS:
+        raise ValueError(f"unknown spotorch event kind {kind!r}")
+    return f"{TYPE_PREFIX}{kind}.{TYPE_VERSION}"
+
+
+def _parse_type(type_: str) -> re.Match[str]:
+    match = _TYPE_RE.match(type_) if isinstance(type_, str) else None
+    if match is None:
+        raise ValueError(f"not a spotorch event type: {type_!r}")
+    return match
+
+
+def kind_of(type_: str) -> str:
+    """Short kind of a full type (the inverse of event_type); the kind need not be known yet."""
+    return _parse_type(type_)["kind"]
+
+
+def version_of(type_: str) -> str:
+    """Version suffix of a full type, e.g. dev.spotorch.run.failed.v1 -> v1."""
+    return _parse_type(type_)["version"]
+
+
+def rfc3339(ts: float) -> str:
+    """RFC 3339 UTC timestamp with milliseconds, as CloudEvents `time` wants."""
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def build_event(*, run_id: str, pipeline: str, sequence: int, kind: str,
+                data: Mapping[str, Any], time: float) -> dict[str, Any]:
+    """A structured-mode CloudEvent; its id is stable (run id and sequence) so consumers can dedupe."""
+    return {
+        "specversion": SPEC_VERSION,
+        "id": f"{run_id}:{sequence}",
+        "source": f"//spotorch/pipelines/{pipeline}",
+        "type": event_type(kind),
+        "subject": f"runs/{run_id}",
+        "time": rfc3339(time),
+        "datacontenttype": "application/json",
+        "data": {"run_id": run_id, "pipeline": pipeline, **data},
+    }
+
+
+def to_pubsub(event: Mapping[str, Any]) -> tuple[bytes, dict[str, str], str]:
+    """Message data (the structured event), attributes to filter on, and the ordering key (the run)."""
+    data = event["data"]
+    attributes = {
+        "content-type": CONTENT_TYPE,
+        "type": str(event["type"]),
+        "pipeline": str(data.get("pipeline", "")),
+        "run_id": str(data.get("run_id", "")),
+        "event_id": str(event["id"]),
+    }
+    return json.dumps(event, sort_keys=True).encode(), attributes, str(data.get("run_id", ""))
+
+
+def from_pubsub(data: bytes) -> dict[str, Any]:
+    """The structured CloudEvent carried in a Pub/Sub message; ValueError when it is not one."""
+    try:
+        event = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"message is not JSON: {exc}") from exc
+    if not isinstance(event, dict) or not {"id", "type", "data"} <= event.keys():
+        raise ValueError("message is not a structured CloudEvent")
+    return event
+
+
+# --- JSON Schemas -------------------------------------------------------------------------------
+
+
+class SchemasNotFound(FileNotFoundError):
+    """The schemas/events directory is not where spotorch looks for it."""
+
+
+def schema_file(kind: str, version: str = TYPE_VERSION) -> str:
+    """File name of the schema of one event type, e.g. run.failed.v1.schema.json."""
+    return f"{kind}.{version}.schema.json"
+
+
+def schema_dir_candidates(package_dir: Path | None = None,
+                          environ: Mapping[str, str] | None = None) -> list[Path]:
+    """Directories searched for the schemas, in order."""
+    env = os.environ if environ is None else environ
+    here = (package_dir or Path(__file__).resolve().parent)
+    found = [Path(env[SCHEMAS_ENV])] if env.get(SCHEMAS_ENV) else []
+    # The package itself, its parent (a bundle), its grandparent (the repo: shared/spotorch).
+    return found + [base / "schemas" / "events" for base in (here, here.parent, here.parent.parent)]
+
+
+def find_schemas_dir(package_dir: Path | None = None,
+                     environ: Mapping[str, str] | None = None) -> Path:
+    """The first candidate directory that holds the envelope schema."""
+    candidates = schema_dir_candidates(package_dir, environ)
+    for candidate in candidates:
+        if (candidate / ENVELOPE_SCHEMA).is_file():
+            return candidate
+    raise SchemasNotFound("spotorch event schemas not found; looked in: "
+                          + ", ".join(str(c) for c in candidates)
+                          + f" (set {SCHEMAS_ENV} or ship schemas/events next to spotorch/)")
+
+
+@dataclass(frozen=True)
+class _Schemas:
+    envelope: Any  # a jsonschema validator
+    by_type: Mapping[str, Any]
+
+
+_schemas_lock = threading.Lock()
+
+
+@functools.cache
+def _schemas(directory: Path) -> _Schemas:
+    # jsonschema costs ~0.1 s to import: only the code paths that validate pay for it.
+    from jsonschema import Draft202012Validator, FormatChecker
+    from referencing import Registry, Resource
+
+    documents = {path.name: json.loads(path.read_text()) for path in directory.glob("*.schema.json")}
+    registry: Registry[Any] = Registry().with_resources(
+        (doc["$id"], Resource.from_contents(doc)) for doc in documents.values())
+    checker = FormatChecker()
+
+    def validator(doc: Mapping[str, Any]) -> Any:
+        return Draft202012Validator(doc, registry=registry, format_checker=checker)
+
+    by_type = {doc["title"]: validator(doc) for name, doc in documents.items()
+               if name != ENVELOPE_SCHEMA}
+    return _Schemas(validator(documents[ENVELOPE_SCHEMA]), by_type)
+
+
+def load_schemas(directory: Path | None = None) -> _Schemas:
+    """Validators for the envelope and every event type (loaded once per directory)."""
+    with _schemas_lock:
+        return _schemas((directory or find_schemas_dir()).resolve())
+
+
+def _format(errors: Iterable[Any]) -> list[tuple[str, str]]:
+    return [("/".join(str(p) for p in error.absolute_path), error.message) for error in errors]
+
+
+def _consistency(event: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Cross-field rules a JSON Schema cannot state: id, subject and source name the data's run."""
+    data = event.get("data")
+    if not isinstance(data, Mapping):
+        return []
+    run_id, pipeline = data.get("run_id"), data.get("pipeline")
+    expected = {
+        "id": (str(event.get("id", "")).rsplit(":", 1)[0], run_id, "must start with data.run_id"),
+        "subject": (event.get("subject"), f"runs/{run_id}", "must be runs/{data.run_id}"),
+        "source": (event.get("source"), f"//spotorch/pipelines/{pipeline}",
+                   "must be //spotorch/pipelines/{data.pipeline}"),
+    }
+    return [(key, f"{actual!r} {rule}") for key, (actual, wanted, rule) in expected.items()
+            if isinstance(run_id, str) and isinstance(pipeline, str) and actual != wanted]
+
+
+def event_problems(event: Any, directory: Path | None = None) -> list[tuple[str, str]]:
+    """(path, message) for everything wrong with an event; the path is "" for the envelope itself."""
+    if not isinstance(event, Mapping):
+        return [("", "event is not a JSON object")]
+    schemas = load_schemas(directory)
+    type_ = event.get("type")
+    validator = schemas.by_type.get(type_) if isinstance(type_, str) else None
+    problems = _format((validator or schemas.envelope).iter_errors(dict(event)))
+    if validator is None and isinstance(type_, str) and not any(p == "type" for p, _ in problems):
+        problems.append(("type", f"unknown event type {type_!r}"))
+    problems += _consistency(event)
+    return sorted(set(problems))
+
+
+def validate_event(event: Mapping[str, Any]) -> list[str]:
+    """Problems of an event against its JSON Schema in schemas/events/; empty when it is valid."""
+    return [f"{path or '<event>'}: {message}" for path, message in event_problems(event)]

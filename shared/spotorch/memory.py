@@ -1,0 +1,160 @@
+"""In-memory adapters for fast tests; tests/test_contract_*.py proves they behave like the real ones."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from spotorch.ports import (
+    Checkpoint,
+    ConflictError,
+    JobPhase,
+    JobStatus,
+    LaunchError,
+    LaunchSpec,
+)
+
+
+class InMemoryDocumentStore:
+    """Documents in dicts, versioned by a counter; conditional writes as Firestore's preconditions."""
+
+    def __init__(self) -> None:
+        self._docs: dict[tuple[str, str], tuple[dict[str, Any], int]] = {}
+        self._versions = itertools.count(1)
+        self._lock = threading.Lock()
+        self.round_trips = 0
+
+    def get(self, collection: str, key: str) -> tuple[dict[str, Any] | None, Any]:
+        with self._lock:
+            self.round_trips += 1
+            found = self._docs.get((collection, key))
+            return (None, None) if found is None else (copy.deepcopy(found[0]), found[1])
+
+    def put(self, collection: str, key: str, data: Mapping[str, Any], version: Any) -> Any:
+        with self._lock:
+            self.round_trips += 1
+            found = self._docs.get((collection, key))
+            current = None if found is None else found[1]
+            if current != version:
+                raise ConflictError(f"{collection}/{key}: version {version!r} is stale")
+            new_version = next(self._versions)
+            self._docs[(collection, key)] = (copy.deepcopy(dict(data)), new_version)
+            return new_version
+
+    def query(self, collection: str, field_name: str, value: Any) -> Sequence[dict[str, Any]]:
+        with self._lock:
+            self.round_trips += 1
+            return [copy.deepcopy(doc) for (coll, _), (doc, _) in self._docs.items()
+                    if coll == collection and doc.get(field_name) == value]
+
+
+@dataclass
+class InMemoryPublisher:
+    """Keeps published events in a list; can be told to fail, like Pub/Sub briefly unavailable."""
+
+    events: list[dict[str, Any]] = field(default_factory=list)
+    fail_next: int = 0
+
+    def publish(self, event: Mapping[str, Any]) -> None:
+        if self.fail_next > 0:
+            self.fail_next -= 1
+            raise ConnectionError("publisher unavailable (simulated)")
+        self.events.append(dict(event))
+
+    def types(self) -> list[str]:
+        return [str(e["type"]) for e in self.events]
+
+
+@dataclass
+class FakeJob:
+    """A job held by the fake launcher; tests move it through phases."""
+
+    spec: LaunchSpec
+    status: JobStatus
+
+
+class InMemoryLauncher:
+    """A JobLauncher whose jobs are records that tests drive by hand."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, FakeJob] = {}
+        self.created = 0
+        self.cancelled: list[str] = []
+        self.fail_launch: LaunchError | None = None
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def launch(self, spec: LaunchSpec) -> str:
+        with self._lock:
+            existing = self._find_locked(spec.run_id, spec.attempt)
+            if existing is not None:
+                return existing.job_name
+            if self.fail_launch is not None:
+                raise self.fail_launch
+            name = f"projects/p/locations/{spec.region}/customJobs/{next(self._ids)}"
+            self.jobs[name] = FakeJob(spec, JobStatus(name, JobPhase.QUEUED, labels=spec.labels))
+            self.created += 1
+            return name
+
+    def _find_locked(self, run_id: str, attempt: int) -> JobStatus | None:
+        for job in self.jobs.values():
+            if job.spec.run_id == run_id and job.spec.attempt == attempt:
+                return job.status
+        return None
+
+    def find(self, run_id: str, attempt: int) -> JobStatus | None:
+        with self._lock:
+            return self._find_locked(run_id, attempt)
+
+    def get(self, job_name: str) -> JobStatus:
+        with self._lock:
+            if job_name not in self.jobs:
+                raise LaunchError(f"job {job_name} not found", permanent=True, code="NOT_FOUND")
+            return self.jobs[job_name].status
+
+    def cancel(self, job_name: str) -> None:
+        with self._lock:
+            self.cancelled.append(job_name)
+            job = self.jobs.get(job_name)
+            if job is not None and not job.status.phase.terminal:
+                job.status = JobStatus(job_name, JobPhase.CANCELLED, labels=job.spec.labels)
+
+    def set_status(self, job_name: str, phase: JobPhase, **kwargs: Any) -> JobStatus:
+        """Move a job to a phase (test helper)."""
+        with self._lock:
+            job = self.jobs[job_name]
+            job.status = JobStatus(job_name, phase, labels=job.spec.labels, **kwargs)
+            return job.status
+
+    def job_of(self, run_id: str, attempt: int) -> str:
+        status = self.find(run_id, attempt)
+        if status is None:
+            raise KeyError(f"no job for {run_id} attempt {attempt}")
+        return status.job_name
+
+
+@dataclass
+class InMemoryCheckpoints:
+    """Latest checkpoints by checkpoint root, set by tests."""
+
+    latest_by_uri: dict[str, Checkpoint] = field(default_factory=dict)
+
+    def latest(self, checkpoint_uri: str) -> Checkpoint | None:
+        return self.latest_by_uri.get(checkpoint_uri.rstrip("/"))
+
+
+@dataclass
+class ManualClock:
+    """A clock tests move by hand."""
+
+    t: float = 1_800_000_000.0
+
+    def now(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds

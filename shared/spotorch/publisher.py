@@ -1,0 +1,36 @@
+"""Publishes spotorch's CloudEvents to a Pub/Sub topic, ordered per run."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from spotorch.events import to_pubsub
+
+
+class PubSubPublisher:
+    """EventPublisher on google-cloud-pubsub; the client is created on first use."""
+
+    def __init__(self, topic_path: str, timeout_s: float = 30.0) -> None:
+        self.topic_path = topic_path
+        self.timeout_s = timeout_s
+        self._client: Any = None
+
+    def _publisher(self) -> Any:
+        if self._client is None:
+            from google.cloud import pubsub_v1
+
+            options = pubsub_v1.types.PublisherOptions(enable_message_ordering=True)
+            self._client = pubsub_v1.PublisherClient(publisher_options=options)
+        return self._client
+
+    def publish(self, event: Mapping[str, Any]) -> None:
+        data, attributes, ordering_key = to_pubsub(event)
+        client = self._publisher()
+        future = client.publish(self.topic_path, data, ordering_key=ordering_key, **attributes)
+        try:
+            future.result(timeout=self.timeout_s)
+        except Exception:
+            # An ordered key stays paused after a failure until resumed; the outbox retries later.
+            client.resume_publish(self.topic_path, ordering_key)
+            raise

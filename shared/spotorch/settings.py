@@ -1,0 +1,71 @@
+"""Deployment settings read from the environment: one place for every variable, topic and collection."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# Environment variables the functions read. deploy/ must provide each (tests/test_deploy.py checks).
+ENV_PROJECT = "SPOTORCH_PROJECT"
+ENV_REGION = "SPOTORCH_REGION"
+ENV_EVENTS_TOPIC = "SPOTORCH_EVENTS_TOPIC"
+ENV_TRAINER_EVENTS_TOPIC = "SPOTORCH_TRAINER_EVENTS_TOPIC"
+ENV_PIPELINES = "SPOTORCH_PIPELINES"
+ENV_TRAINING_SERVICE_ACCOUNT = "SPOTORCH_TRAINING_SERVICE_ACCOUNT"
+ENV_VERTEX_ENDPOINT = "SPOTORCH_VERTEX_ENDPOINT"
+ENV_FIRESTORE_DATABASE = "SPOTORCH_FIRESTORE_DATABASE"
+
+FUNCTION_ENV = (
+    ENV_PROJECT, ENV_REGION, ENV_EVENTS_TOPIC, ENV_TRAINER_EVENTS_TOPIC, ENV_PIPELINES,
+    ENV_TRAINING_SERVICE_ACCOUNT, ENV_FIRESTORE_DATABASE,
+)
+
+# Pub/Sub topics (short names; the project is added at run time).
+TOPIC_TRAINER_EVENTS = "spotorch-trainer-events"
+TOPIC_JOB_EVENTS = "spotorch-job-events"
+TOPIC_TICK = "spotorch-tick"
+TOPIC_EVENTS = "spotorch-events"
+TOPIC_DEAD_LETTER = "spotorch-dead-letter"
+TOPIC_GCS_NOTIFICATIONS = "spotorch-gcs-notifications"  # local stack only; production uses Eventarc
+
+# Firestore collections.
+COLLECTION_RUNS = "runs"
+COLLECTION_SNAPSHOTS = "snapshots"
+COLLECTION_DEDUPE = "dedupe"
+COLLECTION_REJECTED = "rejected_events"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where this deployment of spotorch lives and what it talks to."""
+
+    project: str
+    region: str = "us-central1"
+    events_topic: str = TOPIC_EVENTS
+    trainer_events_topic: str = TOPIC_TRAINER_EVENTS
+    pipelines: str = "pipelines"
+    training_service_account: str | None = None
+    vertex_endpoint: str | None = None
+    firestore_database: str = "(default)"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Read settings from the environment; the project falls back to Google's own variables."""
+        env = os.environ if environ is None else environ
+        project = (env.get(ENV_PROJECT) or env.get("GOOGLE_CLOUD_PROJECT")
+                   or env.get("GCLOUD_PROJECT") or "spotorch-local")
+        return cls(
+            project=project,
+            region=env.get(ENV_REGION, cls.region),
+            events_topic=env.get(ENV_EVENTS_TOPIC, cls.events_topic),
+            trainer_events_topic=env.get(ENV_TRAINER_EVENTS_TOPIC, cls.trainer_events_topic),
+            pipelines=env.get(ENV_PIPELINES, cls.pipelines),
+            training_service_account=env.get(ENV_TRAINING_SERVICE_ACCOUNT) or None,
+            vertex_endpoint=env.get(ENV_VERTEX_ENDPOINT) or None,
+            firestore_database=env.get(ENV_FIRESTORE_DATABASE, cls.firestore_database),
+        )
+
+    def topic_path(self, topic: str) -> str:
+        """Full resource name of a topic in this project (a full name passes through)."""
+        return topic if topic.startswith("projects/") else f"projects/{self.project}/topics/{topic}"

@@ -1,0 +1,33 @@
+"""The run store on top of any DocumentStore: one document per run, optimistic concurrency."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from spotorch.domain import Run
+from spotorch.ports import DocumentStore
+from spotorch.settings import COLLECTION_RUNS
+
+
+class DocumentRunStore:
+    """RunStore over a DocumentStore; the same code serves Firestore and the in-memory fake."""
+
+    def __init__(self, docs: DocumentStore, collection: str = COLLECTION_RUNS) -> None:
+        self.docs = docs
+        self.collection = collection
+
+    def load(self, run_id: str) -> tuple[Run | None, Any]:
+        data, version = self.docs.get(self.collection, run_id)
+        return (None, None) if data is None else (Run.from_dict(data), version)
+
+    def save(self, run: Run, version: Any) -> Any:
+        return self.docs.put(self.collection, run.run_id, run.to_dict(), version)
+
+    def active(self) -> Sequence[Run]:
+        # Only active runs are read: the tick scales with them, not with every run ever.
+        return sorted((Run.from_dict(d) for d in self.docs.query(self.collection, "active", True)),
+                      key=lambda r: (r.created_at, r.run_id))
+
+    def active_for_pipeline(self, pipeline: str) -> Sequence[Run]:
+        return [r for r in self.active() if r.pipeline == pipeline]

@@ -1,0 +1,106 @@
+"""One contract suite for the document and run stores; one subclass per adapter (memory, Firestore)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any
+
+import pytest
+
+from spotorch.domain import new_run
+from spotorch.memory import InMemoryDocumentStore
+from spotorch.pipeline import Pipeline, Trigger
+from spotorch.ports import ConflictError, DocumentStore
+from spotorch.store import DocumentRunStore
+
+
+class DocumentStoreContract:
+    """What every DocumentStore must do; subclasses provide `store`."""
+
+    @pytest.fixture
+    def store(self) -> DocumentStore:
+        raise NotImplementedError
+
+    @pytest.fixture
+    def coll(self) -> str:
+        return f"c{uuid.uuid4().hex[:8]}"
+
+    def test_missing_document_has_no_version(self, store: DocumentStore, coll: str) -> None:
+        assert store.get(coll, "nope") == (None, None)
+
+    def test_create_then_read_back(self, store: DocumentStore, coll: str) -> None:
+        data = {"a": 1, "nested": {"x": [1, 2], "y": None}, "s": "text", "f": 1.5, "b": True}
+        version = store.put(coll, "k", data, None)
+        got, got_version = store.get(coll, "k")
+        assert got == data and got_version == version
+
+    def test_create_twice_conflicts(self, store: DocumentStore, coll: str) -> None:
+        store.put(coll, "k", {"a": 1}, None)
+        with pytest.raises(ConflictError):
+            store.put(coll, "k", {"a": 2}, None)
+        assert store.get(coll, "k")[0] == {"a": 1}
+
+    def test_write_with_current_version_replaces_every_field(self, store: DocumentStore,
+                                                             coll: str) -> None:
+        v1 = store.put(coll, "k", {"a": 1, "m": {"x": 1, "y": 2}}, None)
+        v2 = store.put(coll, "k", {"a": 2, "m": {"x": 3}}, v1)
+        assert store.get(coll, "k") == ({"a": 2, "m": {"x": 3}}, v2)
+
+    def test_write_with_stale_version_conflicts(self, store: DocumentStore, coll: str) -> None:
+        v1 = store.put(coll, "k", {"a": 1}, None)
+        store.put(coll, "k", {"a": 2}, v1)
+        with pytest.raises(ConflictError):
+            store.put(coll, "k", {"a": 3}, v1)
+        assert store.get(coll, "k")[0] == {"a": 2}
+
+    def test_query_by_field(self, store: DocumentStore, coll: str) -> None:
+        store.put(coll, "a", {"active": True, "n": 1}, None)
+        store.put(coll, "b", {"active": False, "n": 2}, None)
+        store.put(coll, "c", {"active": True, "n": 3}, None)
+        assert sorted(d["n"] for d in store.query(coll, "active", True)) == [1, 3]
+
+    def test_racing_writers_one_wins_per_version(self, store: DocumentStore, coll: str) -> None:
+        v = store.put(coll, "k", {"n": 0}, None)
+        wins: list[int] = []
+
+        def write(i: int) -> None:
+            try:
+                store.put(coll, "k", {"n": i}, v)
+                wins.append(i)
+            except ConflictError:
+                pass
+
+        threads = [threading.Thread(target=write, args=(i,)) for i in range(1, 5)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(wins) == 1 and store.get(coll, "k")[0] == {"n": wins[0]}
+
+    def test_run_store_round_trip_and_active_query(self, store: DocumentStore) -> None:
+        runs = DocumentRunStore(store, collection=f"runs{uuid.uuid4().hex[:6]}")
+        p = Pipeline(name="p", trigger=Trigger(bucket="b"), checkpoint_uri="gs://c",
+                     output_uri="gs://m")
+        run = new_run(run_id="r1", pipeline=p, now=1.0e9, data_uri="gs://b/d/", snapshot_id="s")
+        version = runs.save(run, None)
+        loaded, loaded_version = runs.load("r1")
+        assert loaded == run and loaded_version == version
+        assert [r.run_id for r in runs.active()] == ["r1"]
+        assert [r.run_id for r in runs.active_for_pipeline("p")] == ["r1"]
+        assert runs.active_for_pipeline("other") == []
+
+
+class TestInMemoryDocumentStore(DocumentStoreContract):
+    @pytest.fixture
+    def store(self) -> DocumentStore:
+        return InMemoryDocumentStore()
+
+
+@pytest.mark.emulator
+class TestFirestoreDocumentStore(DocumentStoreContract):
+    @pytest.fixture
+    def store(self, emulators: Any) -> DocumentStore:
+        from spotorch.store_firestore import FirestoreDocumentStore
+
+        return FirestoreDocumentStore(project=emulators.project)

@@ -1,0 +1,86 @@
+"""The contract between spotorch and training code: env variables, checkpoints, exit codes, events.
+
+Pure constants and tiny pure helpers, importable by both the trainer helper and the service.
+"""
+
+from __future__ import annotations
+
+# Environment variables spotorch sets on every worker of every attempt.
+ENV_RUN_ID = "SPOTORCH_RUN_ID"
+ENV_ATTEMPT = "SPOTORCH_ATTEMPT"
+ENV_PIPELINE = "SPOTORCH_PIPELINE"
+ENV_CHECKPOINT_URI = "SPOTORCH_CHECKPOINT_URI"  # the run's checkpoint root: gs://... or local path
+ENV_RESUME_FROM = "SPOTORCH_RESUME_FROM"  # URI of the checkpoint to resume from; empty: start fresh
+ENV_RESUME_STEP = "SPOTORCH_RESUME_STEP"  # its step; empty: start fresh
+ENV_DATA_URI = "SPOTORCH_DATA_URI"  # the data snapshot this run trains on
+ENV_MODEL_URI = "SPOTORCH_MODEL_URI"  # where the final model goes (Vertex also sets AIP_MODEL_DIR)
+# projects/P/topics/T for trainer events; empty: don't report.
+ENV_EVENTS_TOPIC = "SPOTORCH_EVENTS_TOPIC"
+
+TRAINER_ENV = (ENV_RUN_ID, ENV_ATTEMPT, ENV_PIPELINE, ENV_CHECKPOINT_URI, ENV_RESUME_FROM,
+               ENV_RESUME_STEP, ENV_DATA_URI, ENV_MODEL_URI, ENV_EVENTS_TOPIC)
+
+# Checkpoint layout: {checkpoint_uri}/step-{step:010d}/<files>, then the marker, written last.
+CHECKPOINT_DIR_PREFIX = "step-"
+COMPLETION_MARKER = "_COMPLETE"
+
+
+def checkpoint_dir_name(step: int) -> str:
+    """Directory name of the checkpoint taken at this step."""
+    return f"{CHECKPOINT_DIR_PREFIX}{step:010d}"
+
+
+def parse_checkpoint_step(name: str) -> int | None:
+    """Step of a checkpoint directory name, or None when the name is not one."""
+    name = name.rstrip("/").rsplit("/", 1)[-1]
+    if not name.startswith(CHECKPOINT_DIR_PREFIX):
+        return None
+    digits = name[len(CHECKPOINT_DIR_PREFIX):]
+    return int(digits) if digits.isdigit() else None
+
+
+# Exit codes the trainer uses and spotorch recognises.
+EXIT_PREEMPTED = 143  # 128 + SIGTERM: wrote a final checkpoint after SIGTERM and stopped
+EXIT_USER_ERROR = 1
+
+# Trainer event kinds (data field "kind"; also the Pub/Sub attribute "kind").
+EVENT_STARTED = "started"
+EVENT_PROGRESS = "progress"
+EVENT_CHECKPOINT = "checkpoint"
+EVENT_PREEMPTING = "preempting"
+EVENT_COMPLETED = "completed"
+EVENT_FAILED = "failed"
+EVENT_KINDS = (EVENT_STARTED, EVENT_PROGRESS, EVENT_CHECKPOINT, EVENT_PREEMPTING,
+               EVENT_COMPLETED, EVENT_FAILED)
+
+# Pub/Sub attribute that marks a message as a trainer event (on_job_event also gets job states).
+ATTR_SOURCE = "spotorch_source"
+SOURCE_TRAINER = "trainer"
+SOURCE_JOB = "job"
+
+
+def trainer_event_id(run_id: str, attempt: int, kind: str, step: int | None) -> str:
+    """Stable id of a trainer event, so a re-sent report is recognised as the same event."""
+    return f"{run_id}/{attempt}/{kind}/{'' if step is None else step}"
+
+
+# --- Additions (additive only; the names above are the stable contract) ---
+
+# Checkpoint marker content: JSON with these keys (written last, so its presence means "complete").
+MARKER_STEP = "step"
+MARKER_FILES = "files"
+MARKER_TIME = "time"
+
+# Pub/Sub attributes of a trainer event besides ATTR_SOURCE (all values are strings).
+ATTR_RUN_ID = "run_id"
+ATTR_ATTEMPT = "attempt"
+ATTR_KIND = "kind"
+
+# Keys of a trainer event's JSON data; absent values are JSON null.
+EVENT_DATA_FIELDS = ("event_id", "kind", "run_id", "attempt", "pipeline", "step", "total_steps",
+                     "metrics", "checkpoint_uri", "exit_code", "time")
+
+
+def checkpoint_uri(root: str, step: int) -> str:
+    """URI of the checkpoint taken at this step under a run's checkpoint root (local path or gs://)."""
+    return f"{root.rstrip('/')}/{checkpoint_dir_name(step)}"

@@ -85,6 +85,7 @@ class OnActiveRun(StrEnum):
     QUEUE = "queue"  # wait until the active run ends, then start
     SUPERSEDE = "supersede"  # cancel the active run, start the new one
     SKIP = "skip"  # record the snapshot, start nothing
+    PARALLEL = "parallel"  # start it alongside the active run
 
 
 class BatchMode(StrEnum):

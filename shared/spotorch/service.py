@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import random
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -88,7 +90,7 @@ ObservationSource = Sequence[Observation] | Callable[[Run], Sequence[Observation
 def apply(deps: Deps, run_id: str, observations: ObservationSource, *,
           event_id: str | None = None, take_over: bool = False) -> Run | None:
     """Feed observations to a run in one conditional write, then carry out what was decided."""
-    for _ in range(MAX_CONFLICT_RETRIES):
+    for attempt in range(MAX_CONFLICT_RETRIES):
         run, version = deps.runs.load(run_id)
         if run is None:
             return None
@@ -99,6 +101,8 @@ def apply(deps: Deps, run_id: str, observations: ObservationSource, *,
         new = run
         for obs in observations(run) if callable(observations) else observations:
             new = domain.decide(new, obs, ctx)
+        if new == run and not take_over:
+            return run  # changes nothing (a duplicate under another id): no write at all
         new = domain.remember(new, event_id)
         taken = domain.claimable(new, now) if take_over else ()
         new = domain.claim(new, taken, now) if taken else new
@@ -108,6 +112,7 @@ def apply(deps: Deps, run_id: str, observations: ObservationSource, *,
         try:
             version = deps.runs.save(new, version)
         except ConflictError:
+            time.sleep(random.uniform(0.0, 0.02 * (attempt + 1)))  # spread racing writers out
             continue
         return _carry_out(deps, new, version, mine, was_active=run.active)
     raise ConflictError(f"run {run_id}: too much contention, giving up for redelivery")
@@ -223,8 +228,9 @@ def start_run(deps: Deps, pipeline_name: str, *, run_id: str, data_uri: str,
     existing, _ = deps.runs.load(run_id)
     if existing is not None:
         return existing
-    active = [r for r in deps.runs.active_for_pipeline(pipeline.name) if r.run_id != run_id]
     rule = pipeline.trigger.on_active_run.value
+    active = [] if rule == "parallel" else \
+        [r for r in deps.runs.active_for_pipeline(pipeline.name) if r.run_id != run_id]
     if active and rule == "skip":
         log.info("snapshot %s skipped: run %s is active", snapshot_id, active[0].run_id)
         return None

@@ -1,0 +1,287 @@
+"""The end-to-end demo: upload data, watch spotorch train through preemptions, report what happened.
+
+    spotorch demo [--scenario default|stockout|user-error] [--json] [--timeout S]
+
+Everything runs on the local stack (emulators, functions, the Vertex AI emulator, alert receivers),
+started here and stopped at the end. With --json, stdout carries exactly one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+LANDING, CHECKPOINTS, MODELS = "spotorch-landing", "spotorch-checkpoints", "spotorch-models"
+PIPELINE = "demo"
+DATA_PREFIX = "datasets/demo/"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One demo story: the pipeline's settings, what the Vertex emulator does, and how it ends."""
+
+    name: str
+    story: str
+    expected_status: str
+    recovery: Mapping[str, Any]
+    vertex_schedule: list[dict[str, Any]] = field(default_factory=list)
+    trainer_env: Mapping[str, str] = field(default_factory=dict)
+    deadline: str = "20m"
+
+
+_TRAINER_ENV = {"EXAMPLE_TOTAL_STEPS": "600", "EXAMPLE_STEP_SLEEP": "0.03",
+                "EXAMPLE_CHECKPOINT_EVERY": "50", "EXAMPLE_PROGRESS_INTERVAL": "1"}
+
+SCENARIOS: Mapping[str, Scenario] = {
+    "default": Scenario(
+        name="default",
+        story="Spot attempt 1 is preempted after writing checkpoints; attempt 2 resumes from the "
+              "latest one and is preempted too; the run escalates to standard VMs and succeeds.",
+        expected_status="SUCCEEDED",
+        recovery={"escalation": "count", "escalate_after_preemptions": 2,
+                  "restart_overhead": "5s", "backoff_base": "1s", "stockout_wait": "60s"},
+        vertex_schedule=[{"attempt": 1, "after_s": 7.0}, {"attempt": 2, "after_s": 6.0}],
+        trainer_env=_TRAINER_ENV,
+    ),
+    "stockout": Scenario(
+        name="stockout",
+        story="Spot has no capacity: the Spot attempt waits in the queue past the stockout wait, "
+              "is cancelled, and the run moves to standard VMs in the next region and succeeds.",
+        expected_status="SUCCEEDED",
+        recovery={"escalation": "deadline", "stockout_wait": "6s", "backoff_base": "1s",
+                  "max_stockouts": 2, "restart_overhead": "5s", "expected_compute": "40s"},
+        vertex_schedule=[{"spot_unavailable_from_s": 0}],
+        trainer_env=_TRAINER_ENV,
+        deadline="90s",
+    ),
+    "user-error": Scenario(
+        name="user-error",
+        story="The training code crashes (exit code 1) at step 120 every time: spotorch retries "
+              "once, then fails the run with the user-error budget exhausted, and alerts.",
+        expected_status="FAILED",
+        recovery={"escalation": "never", "max_user_errors": 1, "backoff_base": "1s"},
+        trainer_env={**_TRAINER_ENV, "EXAMPLE_FAIL_AT_STEP": "120"},
+    ),
+}
+
+
+def pipeline_document(scenario: Scenario) -> dict[str, Any]:
+    """The demo pipeline file for a scenario (examples/pipelines/demo.yaml with its recovery)."""
+    base = yaml.safe_load((REPO / "examples" / "pipelines" / "demo.yaml").read_text())
+    base["recovery"] = {**base.get("recovery", {}), **scenario.recovery}
+    base["deadline"] = scenario.deadline
+    pools = base["job"]["worker_pools"]
+    env = dict(pools[0].get("env") or {})
+    env.update(scenario.trainer_env)
+    pools[0]["env"] = env
+    return dict(base)
+
+
+def _say(quiet: bool, text: str) -> None:
+    if not quiet:
+        print(text, file=sys.stderr, flush=True)
+
+
+def _iso(ts: float | None) -> str | None:
+    from spotorch.events import rfc3339
+
+    return None if ts is None else rfc3339(ts)
+
+
+def _find_run(docs: Any) -> Any:
+    from spotorch.domain import Run
+
+    found = [Run.from_dict(d) for d in docs.query("runs", "pipeline", PIPELINE)]
+    return min(found, key=lambda r: r.created_at) if found else None
+
+
+def _follow(docs: Any, timeout_s: float, say: Callable[[str], None]) -> Any:
+    """Watch the run the upload triggers until it ends; narrate its history as it grows."""
+    deadline = time.monotonic() + timeout_s
+    shown = 0
+    run = None
+    while time.monotonic() < deadline:
+        run = _find_run(docs)
+        if run is not None:
+            for entry in run.history[shown:]:
+                say(f"  [{entry.at - run.created_at:6.1f}s] {entry.what}"
+                    + (f": {entry.reason}" if entry.reason else ""))
+            shown = len(run.history)
+            if not run.active:
+                return run
+        time.sleep(0.5)
+    return run
+
+
+def _read_json(uri: str) -> Any:
+    from spotorch_trainer.storage import read_bytes
+
+    try:
+        return json.loads(read_bytes(uri))
+    except Exception:
+        return None
+
+
+def run_demo(scenario: Scenario, *, timeout_s: float, quiet: bool) -> dict[str, Any]:
+    """Start the stack, upload a data snapshot, follow the run, collect the report, stop the stack."""
+    from spotorch.dev.receivers import SmtpReceiver, WebhookReceiver
+    from spotorch.dev.stack import DevStack
+    from spotorch.store_firestore import FirestoreDocumentStore
+
+    say: Callable[[str], None] = lambda text: _say(quiet, text)  # noqa: E731
+    work = Path(tempfile.mkdtemp(prefix=f"spotorch-demo-{scenario.name}-"))
+    pipelines = work / "pipelines"
+    pipelines.mkdir()
+    (pipelines / "demo.yaml").write_text(yaml.safe_dump(pipeline_document(scenario)))
+    schedule = work / "vertex-schedule.json"
+    schedule.write_text(json.dumps(scenario.vertex_schedule))
+    say(f"spotorch demo ({scenario.name}): {scenario.story}")
+    with WebhookReceiver() as webhook, SmtpReceiver() as smtp:
+        alerts_env = {"SPOTORCH_CHAT_WEBHOOK_URL": f"{webhook.url}/chat",
+                      "SPOTORCH_SLACK_WEBHOOK_URL": f"{webhook.url}/slack",
+                      "SPOTORCH_SMTP_HOST": smtp.host, "SPOTORCH_SMTP_PORT": str(smtp.port),
+                      "SPOTORCH_SMTP_FROM": "spotorch@localhost",
+                      "SPOTORCH_EMAIL_TO": "ml-team@localhost"}
+        say("starting the local stack (Firestore, Pub/Sub, GCS, Vertex AI emulators, functions)")
+        with DevStack(pipelines_dir=pipelines, run_dir=work / "stack", extra_env=alerts_env,
+                      vertex_schedule=schedule, vertex_grace_s=3.0, tick_seconds=2.0) as stack:
+            os.environ.update(stack.env)
+            stack.create_buckets([LANDING, CHECKPOINTS, MODELS])
+            report = _upload_and_follow(stack, FirestoreDocumentStore(project=stack.project),
+                                        timeout_s, say)
+            time.sleep(2.0)  # let the notifier deliver the last alerts
+            report["published"] = _published(stack)
+        report["alerts"] = _alerts(webhook, smtp)
+    report["events"] = [e["type"] for e in report["published"]]
+    report["scenario"] = scenario.name
+    report["expected_status"] = scenario.expected_status
+    report["work_dir"] = str(work)
+    return report
+
+
+def _upload_and_follow(stack: Any, docs: Any, timeout_s: float,
+                       say: Callable[[str], None]) -> dict[str, Any]:
+    sys.path.insert(0, str(REPO / "examples"))
+    from make_data import make_dataset, to_csv  # type: ignore[import-not-found]
+
+    x, y = make_dataset(rows=3000, features=16, classes=3, seed=0)
+    snapshot = f"{DATA_PREFIX}snapshot-{int(time.time())}/"
+    uploaded_at = time.time()
+    for i, rows in enumerate(range(0, len(y), 1000)):
+        stack.upload(LANDING, f"{snapshot}part-{i:05d}.csv", to_csv(x[rows:rows + 1000],
+                                                                   y[rows:rows + 1000]))
+    stack.upload(LANDING, f"{snapshot}_SUCCESS", b"")
+    say(f"uploaded 3 CSV shards and _SUCCESS to gs://{LANDING}/{snapshot}")
+    run = _follow(docs, timeout_s, say)
+    if run is None:
+        return {"run_id": None, "status": "NO_RUN", "attempts": [], "timings_ms": {},
+                "preemptions": 0, "escalated": None, "model_uri": None, "metrics": None}
+    return _report(run, uploaded_at)
+
+
+def _report(run: Any, uploaded_at: float) -> dict[str, Any]:
+    from spotorch.service import run_summary
+
+    summary = run_summary(run)
+    for a in summary["attempts"]:
+        for key in ("created_at", "started_at", "ended_at"):
+            a[key] = _iso(a[key])
+    first = run.attempts[0] if run.attempts else None
+    timings: dict[str, float | None] = {
+        "upload_to_launch": None if first is None else round((first.created_at - uploaded_at) * 1000),
+        "total": round(((run.updated_at or time.time()) - uploaded_at) * 1000),
+    }
+    relaunch = [(b.created_at - a.ended_at) * 1000 for a, b in zip(run.attempts, run.attempts[1:],
+                                                                 strict=False)
+                if a.failure is not None and str(a.failure) == "preempted" and a.ended_at]
+    timings["preemption_to_relaunch"] = round(max(relaunch)) if relaunch else None
+    metrics = _read_json(f"{run.output_uri}/metrics.json") if run.status == "SUCCEEDED" else None
+    return {
+        "run_id": run.run_id, "status": str(run.status), "end_reason": run.end_reason,
+        "attempts": summary["attempts"], "timings_ms": timings,
+        "preemptions": run.counters.preemptions, "escalated": summary["escalated"],
+        "model_uri": f"{run.output_uri}/model.npz" if metrics is not None else None,
+        "metrics": metrics, "history": summary["history"],
+    }
+
+
+def _published(stack: Any) -> list[dict[str, Any]]:
+    from spotorch.events import from_pubsub
+
+    events = [from_pubsub(m) for m in stack.pull_published(max_messages=500)]
+    unique = {e["id"]: e for e in events}  # at-least-once: dedupe by the stable id
+    return sorted(unique.values(), key=lambda e: (e["data"]["run_id"],
+                                                  int(str(e["id"]).rsplit(":", 1)[1])))
+
+
+def _alerts(webhook: Any, smtp: Any) -> list[dict[str, Any]]:
+    alerts = []
+    for req in webhook.received:
+        channel = "chat" if "/chat" in req.path else "slack"
+        alerts.append({"channel": channel, "event_type": _event_type_of(req.body)})
+    for msg in smtp.messages:
+        alerts.append({"channel": "email", "event_type": msg.get("X-Spotorch-Event-Type", "")})
+    return alerts
+
+
+def _event_type_of(body: bytes) -> str:
+    try:
+        text = body.decode()
+    except UnicodeDecodeError:
+        return ""
+    for token in text.replace('"', " ").split():
+        if token.startswith("dev.spotorch."):
+            return token.strip(",.:;")
+    return ""
+
+
+def _human(report: Mapping[str, Any]) -> str:
+    lines = [f"run {report['run_id']}: {report['status']}"
+             + (f" ({report['end_reason']})" if report.get("end_reason") else "")]
+    for a in report["attempts"]:
+        resumed = f", resumed from step {a['resumed_from_step']}" if a["resumed_from_step"] \
+            is not None else ", fresh start"
+        lines.append(f"  attempt {a['attempt']} on {a['capacity']}: {a['state']}"
+                     f" ({a['end_reason']}){resumed}, reached step {a['progress_reached']}")
+    if report.get("escalated"):
+        lines.append(f"  escalated to {report['escalated']['to']}: {report['escalated']['reason']}")
+    if report.get("metrics"):
+        lines.append(f"  model {report['model_uri']}: {json.dumps(report['metrics'])}")
+    lines.append(f"  {len(report['published'])} events published, "
+                 f"{len(report['alerts'])} alerts delivered")
+    lines.append(f"  timings (ms): {json.dumps(report['timings_ms'])}")
+    verdict = "as expected" if report["status"] == report["expected_status"] else \
+        f"UNEXPECTED (expected {report['expected_status']})"
+    lines.append(f"demo ended {verdict}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="spotorch demo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="default")
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    parser.add_argument("--timeout", type=float, default=240.0, help="seconds to wait for the run")
+    args = parser.parse_args(argv)
+    scenario = SCENARIOS[args.scenario]
+    report = run_demo(scenario, timeout_s=args.timeout, quiet=False)
+    if args.json:
+        print(json.dumps(report, default=str))
+    else:
+        print(_human(report))
+    return 0 if report["status"] == scenario.expected_status else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

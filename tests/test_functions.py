@@ -1,0 +1,135 @@
+"""The Cloud Functions through functions-framework's test client, with real CloudEvents."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cloudevents.conversion import to_structured
+from cloudevents.http import CloudEvent
+
+from spotorch import entry
+from spotorch.domain import RunStatus
+from spotorch.memory import (
+    InMemoryCheckpoints,
+    InMemoryDocumentStore,
+    InMemoryLauncher,
+    InMemoryPublisher,
+    ManualClock,
+)
+from spotorch.pipeline import BatchMode, EscalationKind, Pipeline, RecoveryPolicy, Trigger
+from spotorch.ports import FailureClass, JobPhase
+from spotorch.service import Deps
+from spotorch.store import DocumentRunStore
+
+MAIN = str(Path(__file__).resolve().parent.parent / "functions" / "main.py")
+
+
+@pytest.fixture
+def deps(monkeypatch: pytest.MonkeyPatch) -> Iterator[Deps]:
+    docs = InMemoryDocumentStore()
+    pipeline = Pipeline(name="demo", trigger=Trigger(bucket="landing", prefix="datasets/",
+                                                     batch=BatchMode.EACH_OBJECT),
+                        checkpoint_uri="gs://ckpt/demo", output_uri="gs://models/demo",
+                        recovery=RecoveryPolicy(escalation=EscalationKind.NEVER))
+    fake = Deps(runs=DocumentRunStore(docs), docs=docs, launcher=InMemoryLauncher(),
+                checkpoints=InMemoryCheckpoints(), publisher=InMemoryPublisher(),
+                clock=ManualClock(), pipelines={"demo": pipeline})
+    monkeypatch.setattr(entry, "deps", lambda: fake)
+    yield fake
+
+
+def client(target: str) -> Any:
+    import functions_framework
+
+    return functions_framework.create_app(target, MAIN, "cloudevent").test_client()
+
+
+def post(target: str, event: CloudEvent) -> Any:
+    headers, body = to_structured(event)
+    return client(target).post("/", headers=headers, data=body)
+
+
+def storage_event(name: str, generation: int = 1, event_id: str = "e1") -> CloudEvent:
+    return CloudEvent({"type": "google.cloud.storage.object.v1.finalized", "id": event_id,
+                       "source": "//storage.googleapis.com/projects/_/buckets/landing",
+                       "subject": f"objects/{name}"},
+                      {"bucket": "landing", "name": name, "generation": str(generation),
+                       "metageneration": "1", "size": "10", "contentType": "text/csv",
+                       "timeCreated": "2026-11-29T10:00:00.000Z",
+                       "updated": "2026-11-29T10:00:00.000Z"})
+
+
+def pubsub_event(payload: bytes, attributes: dict[str, str], event_id: str = "m1") -> CloudEvent:
+    return CloudEvent({"type": "google.cloud.pubsub.topic.v1.messagePublished", "id": event_id,
+                       "source": "//pubsub.googleapis.com/projects/p/topics/t"},
+                      {"message": {"data": base64.b64encode(payload).decode(),
+                                   "attributes": attributes, "messageId": event_id,
+                                   "publishTime": "2026-11-29T10:00:00.000Z"},
+                       "subscription": "projects/p/subscriptions/s"})
+
+
+def test_an_upload_starts_exactly_one_run_even_when_redelivered(deps: Deps) -> None:
+    for _ in range(3):
+        assert post("on_object_finalized", storage_event("datasets/a.csv")).status_code == 200
+    runs = deps.runs.active()
+    assert len(runs) == 1 and runs[0].status is RunStatus.STARTING
+    assert isinstance(deps.launcher, InMemoryLauncher) and deps.launcher.created == 1
+
+
+def test_job_events_and_trainer_reports_drive_the_run(deps: Deps) -> None:
+    post("on_object_finalized", storage_event("datasets/a.csv"))
+    run = deps.runs.active()[0]
+    assert isinstance(deps.launcher, InMemoryLauncher)
+    job = deps.launcher.job_of(run.run_id, 1)
+    report = {"event_id": f"{run.run_id}/1/checkpoint/20", "kind": "checkpoint",
+              "run_id": run.run_id, "attempt": 1, "step": 20, "total_steps": 100,
+              "checkpoint_uri": "gs://ckpt/demo/x/step-0000000020",
+              "time": "2026-11-29T10:00:05Z"}
+    resp = post("on_job_event", pubsub_event(json.dumps(report).encode(),
+                                             {"spotorch_source": "trainer"}, "m2"))
+    assert resp.status_code == 200
+    from spotorch.job_events import build_log_entry, encode, message_attributes
+    from spotorch.vertex import JobState
+
+    entry_ = build_log_entry(job_name=job, state=JobState.FAILED, previous_state=JobState.RUNNING,
+                             display_name="x", labels={"spotorch-run": run.run_id,
+                                                       "spotorch-attempt": "1"},
+                             error_code=14, error_message="The Spot VM was preempted.",
+                             create_time=1.0e9, start_time=1.0e9 + 5, end_time=1.0e9 + 60,
+                             update_time=1.0e9 + 60, insert_id="i1")
+    data, attrs = encode(entry_), message_attributes(entry_)
+    assert post("on_job_event", pubsub_event(data, attrs, "m3")).status_code == 200
+    after, _ = deps.runs.load(run.run_id)
+    assert after is not None and after.counters.preemptions == 1
+    assert after.attempts[1].resumed_from_step == 20
+
+
+@pytest.mark.parametrize(("target", "event"), [
+    ("on_object_finalized", CloudEvent({"type": "google.cloud.storage.object.v1.finalized",
+                                        "id": "bad1", "source": "//x"}, {"bucket": "landing"})),
+    ("on_job_event", CloudEvent({"type": "google.cloud.pubsub.topic.v1.messagePublished",
+                                 "id": "bad2", "source": "//x"}, {"nothing": "here"})),
+    ("on_job_event", pubsub_event(b"{not json", {"spotorch_source": "trainer"}, "bad3")),
+])
+def test_malformed_events_are_acknowledged_and_recorded(deps: Deps, target: str,
+                                                        event: CloudEvent) -> None:
+    resp = post(target, event)
+    assert resp.status_code == 200  # acknowledged: never redelivered forever
+    record, _ = deps.docs.get("rejected_events", event["id"])
+    assert record is not None and record["reason"]
+    assert deps.runs.active() == []
+
+
+def test_the_tick_reconciles(deps: Deps) -> None:
+    post("on_object_finalized", storage_event("datasets/a.csv"))
+    run = deps.runs.active()[0]
+    assert isinstance(deps.launcher, InMemoryLauncher)
+    deps.launcher.set_status(deps.launcher.job_of(run.run_id, 1), JobPhase.SUCCEEDED)
+    assert post("on_tick", pubsub_event(b'{"time": "now"}', {}, "t1")).status_code == 200
+    done, _ = deps.runs.load(run.run_id)
+    assert done is not None and done.status is RunStatus.SUCCEEDED

@@ -117,7 +117,7 @@ def _job_state(body: bytes, attributes: Mapping[str, str], event_id: str) -> Non
     from spotorch.service import job_changed
 
     d = deps()
-    update = parse_job_message(body, attributes, d.classifier)
+    update = parse_job_message(body, attributes, getattr(d, "classifier", None))
     run = job_changed(d, update.run_id, update.attempt, update.status, event_id=event_id)
     log.info(f"job {update.status.job_name} {update.status.phase}", run_id=update.run_id,
              event_id=event_id, status=str(run.status) if run else "unknown run")

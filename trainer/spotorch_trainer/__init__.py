@@ -1,0 +1,61 @@
+"""spotorch's trainer helper: resume, atomic checkpoints, SIGTERM handling, events.
+
+Only the standard library is imported here; google-cloud-storage (gs:// URIs) and
+google-cloud-pubsub (event reporting) are imported when first used. See docs/trainer-guide.md.
+"""
+
+from __future__ import annotations
+
+from spotorch_trainer.checkpoints import (
+    STATE_FILE,
+    CheckpointError,
+    CheckpointRef,
+    LoadedCheckpoint,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    prune_checkpoints,
+    write_checkpoint,
+)
+from spotorch_trainer.env import EnvError, TrainerEnv
+from spotorch_trainer.events import ListReporter, LogReporter, PubSubReporter, event_message
+from spotorch_trainer.run import Preempted, Run, resume_point
+from spotorch_trainer.storage import (
+    GcsStorage,
+    LocalStorage,
+    Storage,
+    StorageError,
+    join,
+    list_files,
+    read_bytes,
+    write_bytes,
+)
+
+__all__ = [
+    "STATE_FILE",
+    "CheckpointError",
+    "CheckpointRef",
+    "EnvError",
+    "GcsStorage",
+    "ListReporter",
+    "LoadedCheckpoint",
+    "LocalStorage",
+    "LogReporter",
+    "Preempted",
+    "PubSubReporter",
+    "Run",
+    "Storage",
+    "StorageError",
+    "TrainerEnv",
+    "event_message",
+    "join",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "list_files",
+    "load_checkpoint",
+    "prune_checkpoints",
+    "read_bytes",
+    "resume_point",
+    "write_bytes",
+    "write_checkpoint",
+]

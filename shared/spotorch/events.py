@@ -1,4 +1,4 @@
-"""spotorch's own CloudEvents: the catalog of types, building them, their Pub/Sub form and schemas."""
+"""spotorch's own CloudEvents: the catalog of types, building them, their Pub/Sub form, schemas."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any
 TYPE_PREFIX = "dev.spotorch."
 TYPE_VERSION = "v1"
 SPEC_VERSION = "1.0"
-CONTENT_TYPE = "application/cloudevents+json"  # Pub/Sub attribute: the message is a structured event
+CONTENT_TYPE = "application/cloudevents+json"  # Pub/Sub attribute: data is a structured event
 
 # Short kind -> what it means. The full type is dev.spotorch.<kind>.v1 (see docs/events.md).
 EVENT_KINDS: Mapping[str, str] = {
@@ -35,7 +35,8 @@ EVENT_KINDS: Mapping[str, str] = {
 # Kinds after which a run never changes again.
 TERMINAL_KINDS = frozenset({"run.succeeded", "run.failed", "run.cancelled"})
 
-_TYPE_RE = re.compile(r"^dev\.spotorch\.(?P<kind>[a-z][a-z_]*\.[a-z][a-z_]*)\.(?P<version>v[1-9][0-9]*)$")
+_TYPE_RE = re.compile(
+    r"^dev\.spotorch\.(?P<kind>[a-z][a-z_]*\.[a-z][a-z_]*)\.(?P<version>v[1-9][0-9]*)$")
 
 # Where the JSON Schemas live: $SPOTORCH_SCHEMAS_DIR, else schemas/events/ found next to the package
 # (repo: <root>/shared/spotorch + <root>/schemas; bundle: <root>/spotorch + <root>/schemas).
@@ -74,7 +75,7 @@ def rfc3339(ts: float) -> str:
 
 def build_event(*, run_id: str, pipeline: str, sequence: int, kind: str,
                 data: Mapping[str, Any], time: float) -> dict[str, Any]:
-    """A structured-mode CloudEvent; its id is stable (run id and sequence) so consumers can dedupe."""
+    """A structured-mode CloudEvent whose id, {run_id}:{sequence}, is stable for deduping."""
     return {
         "specversion": SPEC_VERSION,
         "id": f"{run_id}:{sequence}",
@@ -88,7 +89,7 @@ def build_event(*, run_id: str, pipeline: str, sequence: int, kind: str,
 
 
 def to_pubsub(event: Mapping[str, Any]) -> tuple[bytes, dict[str, str], str]:
-    """Message data (the structured event), attributes to filter on, and the ordering key (the run)."""
+    """Message data (the structured event), attributes to filter on, the ordering key (the run)."""
     data = event["data"]
     attributes = {
         "content-type": CONTENT_TYPE,
@@ -160,7 +161,8 @@ def _schemas(directory: Path) -> _Schemas:
     from jsonschema import Draft202012Validator, FormatChecker
     from referencing import Registry, Resource
 
-    documents = {path.name: json.loads(path.read_text()) for path in directory.glob("*.schema.json")}
+    documents = {path.name: json.loads(path.read_text())
+                 for path in directory.glob("*.schema.json")}
     registry: Registry[Any] = Registry().with_resources(
         (doc["$id"], Resource.from_contents(doc)) for doc in documents.values())
     checker = FormatChecker()
@@ -200,7 +202,7 @@ def _consistency(event: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 
 def event_problems(event: Any, directory: Path | None = None) -> list[tuple[str, str]]:
-    """(path, message) for everything wrong with an event; the path is "" for the envelope itself."""
+    """(path, message) for everything wrong with an event; path "" is the event as a whole."""
     if not isinstance(event, Mapping):
         return [("", "event is not a JSON object")]
     schemas = load_schemas(directory)

@@ -1,0 +1,218 @@
+"""spotorch's CloudEvents: catalog, envelope, Pub/Sub form and JSON Schemas."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from spotorch import events
+from spotorch.events import (
+    EVENT_KINDS,
+    build_event,
+    event_type,
+    find_schemas_dir,
+    from_pubsub,
+    kind_of,
+    to_pubsub,
+    validate_event,
+)
+from spotorch.pipeline import Capacity
+from spotorch.ports import FailureClass
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMAS = ROOT / "schemas" / "events"
+T0 = 1_764_424_992.5
+
+# What the domain emits for each kind (the issue's list), with sample values.
+SAMPLES: dict[str, dict[str, Any]] = {
+    "run.created": {"status": "pending", "data_uri": "gs://b/daily/2025-11-29/",
+                    "snapshot_id": "daily/2025-11-29", "deadline": None,
+                    "reason": "snapshot complete"},
+    "attempt.launched": {"attempt": 1, "capacity": "spot", "region": "us-central1",
+                         "job_name": None, "resumed_from_step": None, "resumed_from_uri": None},
+    "attempt.preempted": {"attempt": 1, "capacity": "spot",
+                          "job_name": "projects/p/locations/us-central1/customJobs/1",
+                          "progress_step": None, "preemptions": 1},
+    "attempt.ended": {"attempt": 2, "capacity": "standard", "job_name": None, "state": "SUCCEEDED",
+                      "end_reason": "succeeded", "failure_class": None, "exit_code": None},
+    "run.escalated": {"from": "spot", "to": "standard", "reason": "3 preemptions"},
+    "run.succeeded": {"status": "succeeded", "attempts": 2, "preemptions": 1,
+                      "cost_estimate": None, "model_uri": "gs://m/churn/r1"},
+    "run.failed": {"status": "failed", "reason": "user errors", "failure_class": "user_error",
+                   "attempts": 1, "preemptions": 0},
+    "run.cancelled": {"status": "cancelled", "reason": "operator"},
+    "run.budget_exceeded": {"budget": "cost", "limit": 10.0, "used": 10.5},
+    "run.deadline_at_risk": {"deadline": "2025-11-30T06:00:00Z", "remaining_work_s": None,
+                             "time_left_s": -30.0, "action": "escalate"},
+}
+
+# One way to break each kind: (data field, wrong value or None to drop it).
+BREAKS: dict[str, tuple[str, Any]] = {
+    "run.created": ("deadline", "tomorrow morning"),
+    "attempt.launched": ("capacity", "preemptible"),
+    "attempt.preempted": ("preemptions", None),
+    "attempt.ended": ("failure_class", "bad luck"),
+    "run.escalated": ("to", "gpu"),
+    "run.succeeded": ("attempts", "2"),
+    "run.failed": ("reason", 17),
+    "run.cancelled": ("status", 3),
+    "run.budget_exceeded": ("used", None),
+    "run.deadline_at_risk": ("time_left_s", "soon"),
+}
+
+
+def sample(kind: str, sequence: int = 4, **overrides: Any) -> dict[str, Any]:
+    return build_event(run_id="r-20251129-1", pipeline="churn", sequence=sequence, kind=kind,
+                       data={**SAMPLES[kind], **overrides}, time=T0)
+
+
+def test_catalog_samples_and_schemas_cover_the_same_kinds() -> None:
+    schema_kinds = {p.name.removesuffix(".v1.schema.json")
+                    for p in SCHEMAS.glob("*.v1.schema.json")}
+    assert schema_kinds == set(EVENT_KINDS) == set(SAMPLES) == set(BREAKS)
+
+
+@pytest.mark.parametrize("kind", sorted(EVENT_KINDS))
+def test_every_kind_built_with_sample_data_validates(kind: str) -> None:
+    event = sample(kind)
+    assert event["type"] == f"dev.spotorch.{kind}.v1"
+    assert kind_of(event["type"]) == kind
+    assert validate_event(event) == []
+
+
+@pytest.mark.parametrize("kind", sorted(EVENT_KINDS))
+def test_a_wrong_field_fails_its_schema(kind: str) -> None:
+    event = sample(kind)
+    name, value = BREAKS[kind]
+    if value is None:
+        del event["data"][name]
+    else:
+        event["data"][name] = value
+    problems = validate_event(event)
+    assert problems and all(p.startswith("data") for p in problems), problems
+    assert any(name in p for p in problems), problems
+
+
+@pytest.mark.parametrize("kind", sorted(EVENT_KINDS))
+def test_schema_examples_validate(kind: str) -> None:
+    schema = json.loads((SCHEMAS / f"{kind}.v1.schema.json").read_text())
+    assert schema["examples"] and all(validate_event(ex) == [] for ex in schema["examples"])
+
+
+def test_extra_fields_are_allowed_everywhere() -> None:
+    event = sample("run.failed", extra_field={"anything": 1})
+    event["traceparent"] = "00-abc-def-01"  # a CloudEvents extension attribute
+    assert validate_event(event) == []
+
+
+def test_data_for_one_kind_does_not_pass_as_another() -> None:
+    event = sample("run.cancelled")
+    event["type"] = event_type("run.succeeded")
+    assert any("attempts" in p for p in validate_event(event))
+
+
+@pytest.mark.parametrize(("key", "value", "needle"), [
+    ("type", "dev.spotorch.run.exploded.v1", "unknown event type"),
+    ("type", "com.example.thing", "type"),
+    ("specversion", "0.3", "specversion"),
+    ("time", "2025-11-29 14:03", "time"),
+    ("subject", "runs/someone-else", "subject"),
+    ("source", "//spotorch/pipelines/other", "source"),
+    ("id", "r-other:4", "id"),
+    ("datacontenttype", "text/plain", "datacontenttype"),
+])
+def test_envelope_problems_are_reported(key: str, value: str, needle: str) -> None:
+    event = sample("run.cancelled")
+    event[key] = value
+    problems = validate_event(event)
+    assert any(p.startswith(needle) or needle in p for p in problems), problems
+
+
+def test_missing_run_id_and_not_an_object() -> None:
+    event = sample("run.cancelled")
+    del event["data"]["run_id"]
+    assert any("run_id" in p for p in validate_event(event))
+    assert validate_event([]) == ["<event>: event is not a JSON object"]  # type: ignore[arg-type]
+
+
+def test_failure_classes_and_capacities_match_the_ports() -> None:
+    envelope = json.loads((SCHEMAS / "envelope.schema.json").read_text())
+    assert set(envelope["$defs"]["failure_class"]["enum"]) == {c.value for c in FailureClass}
+    assert set(envelope["$defs"]["capacity"]["enum"]) == {c.value for c in Capacity}
+
+
+def test_build_event_envelope() -> None:
+    event = sample("run.failed", sequence=12)
+    assert event["id"] == "r-20251129-1:12"
+    assert event["source"] == "//spotorch/pipelines/churn"
+    assert event["subject"] == "runs/r-20251129-1"
+    assert event["time"] == "2025-11-29T14:03:12.500Z"
+    assert event["data"]["run_id"] == "r-20251129-1" and event["data"]["pipeline"] == "churn"
+    with pytest.raises(ValueError, match="unknown spotorch event kind"):
+        build_event(run_id="r", pipeline="p", sequence=1, kind="run.exploded", data={}, time=T0)
+
+
+def test_kind_and_version_parsing() -> None:
+    assert kind_of("dev.spotorch.run.deadline_at_risk.v1") == "run.deadline_at_risk"
+    assert events.version_of("dev.spotorch.run.failed.v2") == "v2"
+    for bad in ("dev.spotorch.run.failed", "com.example.run.failed.v1", "dev.spotorch.x.v1"):
+        with pytest.raises(ValueError):
+            kind_of(bad)
+
+
+def test_pubsub_round_trip() -> None:
+    event = sample("attempt.preempted")
+    data, attributes, ordering_key = to_pubsub(event)
+    assert from_pubsub(data) == event
+    assert ordering_key == "r-20251129-1"
+    assert attributes == {"content-type": "application/cloudevents+json",
+                          "type": "dev.spotorch.attempt.preempted.v1", "pipeline": "churn",
+                          "run_id": "r-20251129-1", "event_id": "r-20251129-1:4"}
+    assert all(isinstance(v, str) for v in attributes.values())  # Pub/Sub wants strings
+    # What a push subscription or Eventarc hands a function: base64 of the same bytes.
+    assert from_pubsub(base64.b64decode(base64.b64encode(data))) == event
+
+
+@pytest.mark.parametrize("data", [b"not json", b"[1, 2]", b'{"id": "x"}', b"\xff\xfe"])
+def test_from_pubsub_rejects_what_is_not_a_structured_event(data: bytes) -> None:
+    with pytest.raises(ValueError):
+        from_pubsub(data)
+
+
+def test_schemas_found_in_repo_bundle_or_env(tmp_path: Path) -> None:
+    # repo: <root>/shared/spotorch -> <root>/schemas/events
+    assert find_schemas_dir() == SCHEMAS
+    # bundle: <bundle>/spotorch next to <bundle>/schemas/events
+    bundle = tmp_path / "bundle"
+    shutil.copytree(SCHEMAS, bundle / "schemas" / "events")
+    (bundle / "spotorch").mkdir()
+    assert find_schemas_dir(bundle / "spotorch", environ={}) == bundle / "schemas" / "events"
+    # an explicit directory wins
+    assert find_schemas_dir(tmp_path / "x", environ={events.SCHEMAS_ENV: str(SCHEMAS)}) == SCHEMAS
+    with pytest.raises(events.SchemasNotFound, match="SPOTORCH_SCHEMAS_DIR"):
+        find_schemas_dir(tmp_path / "nowhere" / "spotorch", environ={})
+
+
+def test_validation_works_from_a_bundle_layout(tmp_path: Path) -> None:
+    """The deploy bundle ships spotorch/ and schemas/ side by side; validation must work there."""
+    bundle = tmp_path / "bundle"
+    shutil.copytree(ROOT / "shared" / "spotorch", bundle / "spotorch",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(SCHEMAS, bundle / "schemas" / "events")
+    event = copy.deepcopy(sample("run.succeeded"))
+    code = ("import json, sys, spotorch.events as e; ev = json.loads(sys.argv[1]); "
+            "found = e.find_schemas_dir(); "
+            "assert found.parent.parent == e.Path(sys.argv[2]), found; "
+            "print(json.dumps(e.validate_event(ev)))")
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(event), str(bundle)],
+                         cwd=bundle, capture_output=True, text=True, timeout=60,
+                         env={"PYTHONPATH": str(bundle), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == []

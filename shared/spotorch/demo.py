@@ -173,7 +173,7 @@ def run_demo(scenario: Scenario, *, timeout_s: float, quiet: bool) -> dict[str, 
 def _upload_and_follow(stack: Any, docs: Any, timeout_s: float,
                        say: Callable[[str], None]) -> dict[str, Any]:
     sys.path.insert(0, str(REPO / "examples"))
-    from make_data import make_dataset, to_csv  # type: ignore[import-not-found]
+    from make_data import make_dataset, to_csv
 
     x, y = make_dataset(rows=3000, features=16, classes=3, seed=0)
     snapshot = f"{DATA_PREFIX}snapshot-{int(time.time())}/"

@@ -372,7 +372,7 @@ def _jitter(run_id: str, n: int) -> float:
 def backoff_s(recovery: RecoveryPolicy, run_id: str, failures: int) -> float:
     """Capped, jittered exponential backoff after the n-th failure in a row."""
     raw = recovery.backoff_base_s * (2 ** max(failures - 1, 0))
-    return min(recovery.backoff_cap_s, raw) * _jitter(run_id, failures)
+    return float(min(recovery.backoff_cap_s, raw) * _jitter(run_id, failures))
 
 
 # ---------------------------------------------------------------- creating a run
@@ -791,10 +791,11 @@ def _deadline_warning(run: Run, ctx: Context, wanted: Capacity, current: Attempt
             or current.capacity is not Capacity.SPOT:
         return run
     total_s, done_s = _work_estimates(run, ctx)
+    deadline_at = run.deadline_at
     run = replace(run, deadline_warned=True)
-    return _publish(run, ctx, "run.deadline_at_risk", deadline=_iso(run.deadline_at),
+    return _publish(run, ctx, "run.deadline_at_risk", deadline=_iso(deadline_at),
                     remaining_work_s=None if total_s is None else max(total_s - done_s, 0.0),
-                    time_left_s=run.deadline_at - ctx.now, action="switching to standard VMs")
+                    time_left_s=deadline_at - ctx.now, action="switching to standard VMs")
 
 
 _HANDLERS: Mapping[type, Callable[[Run, Observation, Context], Run]] = {

@@ -18,7 +18,7 @@ class PubSubPublisher:
 
     def _publisher(self) -> Any:
         if self._client is None:
-            from google.cloud import pubsub_v1
+            import google.cloud.pubsub_v1 as pubsub_v1
 
             options = pubsub_v1.types.PublisherOptions(enable_message_ordering=True)
             self._client = pubsub_v1.PublisherClient(publisher_options=options)

@@ -292,9 +292,7 @@ def tick(deps: Deps) -> list[Run]:
         if run.status is RunStatus.QUEUED:
             pipelines_with_queue.add(run.pipeline)
             continue
-        polled = _poll(deps, run)
-        result = apply(deps, run.run_id, lambda r, polled=polled: [*polled(r), Tick()],
-                       take_over=True)
+        result = apply(deps, run.run_id, _poll(deps, run), take_over=True)
         if result is not None:
             touched.append(result)
     for name in pipelines_with_queue:
@@ -303,6 +301,7 @@ def tick(deps: Deps) -> list[Run]:
 
 
 def _poll(deps: Deps, run: Run) -> Callable[[Run], list[Observation]]:
+    """Ask the launcher about every live job now; the checkpoint lookups wait for the fresh run."""
     statuses: list[tuple[int, JobStatus]] = []
     for attempt in run.attempts:
         if attempt.live and attempt.job_name:
@@ -312,7 +311,9 @@ def _poll(deps: Deps, run: Run) -> Callable[[Run], list[Observation]]:
                 log.warning("polling %s failed: %s", attempt.job_name, exc)
 
     def observe(fresh: Run) -> list[Observation]:
-        return [JobObserved(n, s, _checkpoint_if_ended(deps, fresh, s)) for n, s in statuses]
+        polled: list[Observation] = [JobObserved(n, s, _checkpoint_if_ended(deps, fresh, s))
+                                     for n, s in statuses]
+        return [*polled, Tick()]
     return observe
 
 

@@ -4,7 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test test-fast lint typecheck bench deploy destroy clean
+.PHONY: venv demo test test-fast lint bench deploy destroy clean
+
+PIPELINES ?= examples/pipelines
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,8 +26,19 @@ test-fast: $(STAMP)     ## unit tests only (no emulators)
 	$(BIN)/python -m pytest -m "not emulator and not slow"
 
 lint: $(STAMP)
-	$(BIN)/ruff check shared functions tests trainer examples benchmarks
+	$(BIN)/ruff check shared functions tests trainer examples benchmarks deploy
 	$(BIN)/mypy shared
+
+bench: $(STAMP)         ## print the benchmark figures (policy, events, cold start)
+	$(BIN)/python benchmarks/policy_bench.py
+	$(BIN)/python benchmarks/event_bench.py
+	$(BIN)/python benchmarks/cold_start.py
+
+deploy: $(STAMP)        ## package functions + pipelines and terraform apply deploy/ (needs terraform, gcloud credentials)
+	PYTHON=$(BIN)/python PIPELINES=$(PIPELINES) deploy/deploy.sh apply
+
+destroy: $(STAMP)       ## remove what deploy created (keeps Firestore data and your buckets)
+	PYTHON=$(BIN)/python deploy/deploy.sh destroy
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -351,7 +352,8 @@ def record_rejected(docs: DocumentStore, *, event_id: str, event_type: str, reas
     key = (event_id or f"unknown-{now}").replace("/", "_")[:200]
     doc = {"event_id": event_id, "event_type": event_type, "reason": reason, "at": now,
            "payload": repr(payload)[:4000] if payload is not None else None,
-           "expires_at": now + 30 * 24 * 3600}
+           # A timestamp, not a number: Firestore's TTL policy only acts on timestamps.
+           "expires_at": datetime.fromtimestamp(now + 30 * 24 * 3600, UTC)}
     try:
         docs.put(COLLECTION_REJECTED, key, doc, None)
     except ConflictError:

@@ -1,0 +1,254 @@
+# The Cloud Functions (2nd gen) and the bundle they are built from.
+#   on_object_finalized  Eventarc, object finalized, one function per landing bucket
+#   on_job_event         push subscriptions on spotorch-job-events and spotorch-trainer-events
+#   on_tick              push subscription on spotorch-tick (Cloud Scheduler)
+#   on_run_event         push subscription on spotorch-events (the notifier; alert secrets)
+#   api                  HTTP, authenticated: operators only
+
+locals {
+  # Functions fed by our push subscriptions (pubsub.tf). Deployed as HTTP functions: main.py
+  # declares them @functions_framework.cloud_event, and functions-framework turns the push body
+  # into the same CloudEvent Eventarc would deliver.
+  pushed_functions = {
+    "spotorch-on-job-event" = {
+      entry_point = "on_job_event", topic = "job_events", secrets = false, ordered = false
+    }
+    "spotorch-on-trainer-event" = {
+      entry_point = "on_job_event", topic = "trainer_events", secrets = false, ordered = false
+    }
+    "spotorch-on-tick" = {
+      entry_point = "on_tick", topic = "tick", secrets = false, ordered = false
+    }
+    # spotorch's events are published with the run as ordering key: alerts arrive in run order.
+    "spotorch-on-run-event" = {
+      entry_point = "on_run_event", topic = "events", secrets = true, ordered = true
+    }
+  }
+
+  # One object-finalized function per landing bucket; the name must be stable and short.
+  object_functions = {
+    for bucket in local.landing_buckets : bucket => "spotorch-on-object-${substr(sha256(bucket), 0, 10)}"
+  }
+
+  event_timeout_s = 540 # the maximum for event-driven functions
+  api_timeout_s   = 120
+
+  bundle_md5 = fileexists(var.bundle_path) ? filemd5(var.bundle_path) : "missing"
+}
+
+# --- source -----------------------------------------------------------------------------------------
+
+resource "google_storage_bucket" "source" {
+  name                        = "${var.project_id}-spotorch-source"
+  location                    = var.region
+  uniform_bucket_level_access = true
+  public_access_prevention    = "enforced"
+  force_destroy               = true # holds nothing but the bundle
+  depends_on                  = [google_project_service.api]
+}
+
+# Named by content: a new bundle is a new object, which makes every function rebuild.
+resource "google_storage_bucket_object" "bundle" {
+  name   = "spotorch-functions-${local.bundle_md5}.zip"
+  bucket = google_storage_bucket.source.name
+  source = var.bundle_path
+}
+
+# Images of the function builds, with old ones cleaned up (each is hundreds of MB).
+resource "google_artifact_registry_repository" "functions" {
+  location      = var.region
+  repository_id = "spotorch-functions"
+  format        = "DOCKER"
+  description   = "Build images of the spotorch functions"
+
+  cleanup_policy_dry_run = false
+
+  cleanup_policies {
+    id     = "keep-latest"
+    action = "KEEP"
+    most_recent_versions {
+      keep_count = 2
+    }
+  }
+
+  cleanup_policies {
+    id     = "delete-older"
+    action = "DELETE"
+    condition {
+      tag_state  = "ANY"
+      older_than = "604800s"
+    }
+  }
+
+  depends_on = [google_project_service.api]
+}
+
+# Alert secrets are mounted on the notifier only.
+locals {
+  mounted_secrets = {
+    for name in local.alert_env_names : name => google_secret_manager_secret.alert[name].secret_id
+    if contains(concat(local.provided_secret_names, var.alert_secrets_external), name)
+  }
+}
+
+# --- Pub/Sub-fed functions ----------------------------------------------------------------------------
+
+resource "google_cloudfunctions2_function" "pushed" {
+  for_each    = local.pushed_functions
+  name        = each.key
+  location    = var.region
+  description = "spotorch ${each.value.entry_point} fed by ${local.topics[each.value.topic]}"
+
+  build_config {
+    runtime           = var.python_runtime
+    entry_point       = each.value.entry_point
+    docker_repository = google_artifact_registry_repository.functions.id
+    service_account   = var.build_service_account
+
+    source {
+      storage_source {
+        bucket = google_storage_bucket.source.name
+        object = google_storage_bucket_object.bundle.name
+      }
+    }
+  }
+
+  service_config {
+    available_memory               = var.function_memory
+    timeout_seconds                = local.event_timeout_s
+    min_instance_count             = 0
+    max_instance_count             = var.max_instances
+    ingress_settings               = "ALLOW_INTERNAL_ONLY" # Pub/Sub push counts as internal
+    all_traffic_on_latest_revision = true
+    service_account_email          = google_service_account.functions.email
+    environment_variables          = merge(local.function_env, each.value.secrets ? var.notifier_env : {})
+
+    dynamic "secret_environment_variables" {
+      for_each = each.value.secrets ? local.mounted_secrets : {}
+      content {
+        key        = secret_environment_variables.key
+        project_id = var.project_id
+        secret     = secret_environment_variables.value
+        version    = "latest"
+      }
+    }
+  }
+
+  depends_on = [
+    google_project_iam_member.functions_firestore,
+    google_secret_manager_secret_iam_member.functions_read_alerts,
+    google_secret_manager_secret_version.alert,
+  ]
+}
+
+resource "google_cloud_run_v2_service_iam_member" "pushed_invoker" {
+  for_each = local.pushed_functions
+  location = var.region
+  name     = google_cloudfunctions2_function.pushed[each.key].name
+  role     = "roles/run.invoker"
+  member   = local.functions_member
+}
+
+# --- object finalized (Eventarc) -------------------------------------------------------------------
+
+resource "google_cloudfunctions2_function" "objects" {
+  for_each    = local.object_functions
+  name        = each.value
+  location    = var.region
+  description = "spotorch on_object_finalized for gs://${each.key}"
+
+  build_config {
+    runtime           = var.python_runtime
+    entry_point       = "on_object_finalized"
+    docker_repository = google_artifact_registry_repository.functions.id
+    service_account   = var.build_service_account
+
+    source {
+      storage_source {
+        bucket = google_storage_bucket.source.name
+        object = google_storage_bucket_object.bundle.name
+      }
+    }
+  }
+
+  service_config {
+    available_memory               = var.function_memory
+    timeout_seconds                = local.event_timeout_s
+    min_instance_count             = 0
+    max_instance_count             = var.max_instances
+    ingress_settings               = "ALLOW_INTERNAL_ONLY"
+    all_traffic_on_latest_revision = true
+    service_account_email          = google_service_account.functions.email
+    environment_variables          = local.function_env
+  }
+
+  event_trigger {
+    trigger_region        = lookup(var.landing_bucket_locations, each.key, var.region)
+    event_type            = "google.cloud.storage.object.v1.finalized"
+    retry_policy          = "RETRY_POLICY_RETRY"
+    service_account_email = google_service_account.functions.email
+
+    event_filters {
+      attribute = "bucket"
+      value     = each.key
+    }
+  }
+
+  depends_on = [
+    google_project_iam_member.functions_event_receiver,
+    google_project_iam_member.functions_firestore,
+    google_project_iam_member.gcs_agent_publisher,
+  ]
+}
+
+# The trigger's identity invokes the function.
+resource "google_cloud_run_v2_service_iam_member" "objects_invoker" {
+  for_each = local.object_functions
+  location = var.region
+  name     = google_cloudfunctions2_function.objects[each.key].name
+  role     = "roles/run.invoker"
+  member   = local.functions_member
+}
+
+# --- operator API ---------------------------------------------------------------------------------------
+
+resource "google_cloudfunctions2_function" "api" {
+  name        = "spotorch-api"
+  location    = var.region
+  description = "spotorch operator API: submit, cancel, retry (authenticated callers only)"
+
+  build_config {
+    runtime           = var.python_runtime
+    entry_point       = "api"
+    docker_repository = google_artifact_registry_repository.functions.id
+    service_account   = var.build_service_account
+
+    source {
+      storage_source {
+        bucket = google_storage_bucket.source.name
+        object = google_storage_bucket_object.bundle.name
+      }
+    }
+  }
+
+  service_config {
+    available_memory               = var.function_memory
+    timeout_seconds                = local.api_timeout_s
+    min_instance_count             = 0
+    max_instance_count             = 3
+    ingress_settings               = "ALLOW_ALL" # operators call from outside; IAM still required
+    all_traffic_on_latest_revision = true
+    service_account_email          = google_service_account.functions.email
+    environment_variables          = local.function_env
+  }
+
+  depends_on = [google_project_iam_member.functions_firestore]
+}
+
+resource "google_cloud_run_v2_service_iam_member" "api_invoker" {
+  for_each = toset(var.operators)
+  location = var.region
+  name     = google_cloudfunctions2_function.api.name
+  role     = "roles/run.invoker"
+  member   = each.value
+}

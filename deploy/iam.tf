@@ -1,0 +1,160 @@
+# Two identities, each with only what it needs. Resource-level grants wherever the resource
+# supports IAM; project-level only for roles that have no narrower home (each says why).
+
+resource "google_service_account" "functions" {
+  account_id   = "spotorch-functions"
+  display_name = "spotorch functions (runtime and trigger identity)"
+  depends_on   = [google_project_service.api]
+}
+
+resource "google_service_account" "training" {
+  account_id   = "spotorch-training"
+  display_name = "spotorch training jobs (Vertex AI custom jobs run as this)"
+  depends_on   = [google_project_service.api]
+}
+
+# Service agents spotorch's resources rely on.
+resource "google_project_service_identity" "pubsub" {
+  provider = google-beta
+  project  = var.project_id
+  service  = "pubsub.googleapis.com"
+}
+
+data "google_storage_project_service_account" "gcs" {
+  project    = var.project_id
+  depends_on = [google_project_service.api]
+}
+
+locals {
+  functions_member = "serviceAccount:${google_service_account.functions.email}"
+  training_member  = "serviceAccount:${google_service_account.training.email}"
+  pubsub_agent     = "serviceAccount:${google_project_service_identity.pubsub.email}"
+
+  # Least-privilege alternative to roles/aiplatform.user: launch, find, watch and cancel custom jobs.
+  vertex_job_permissions = [
+    "aiplatform.customJobs.cancel",
+    "aiplatform.customJobs.create",
+    "aiplatform.customJobs.get",
+    "aiplatform.customJobs.list",
+  ]
+  vertex_role = var.use_custom_vertex_role ? google_project_iam_custom_role.vertex_jobs[0].name : "roles/aiplatform.user"
+}
+
+resource "google_project_iam_custom_role" "vertex_jobs" {
+  count       = var.use_custom_vertex_role ? 1 : 0
+  project     = var.project_id
+  role_id     = "spotorchVertexJobs"
+  title       = "spotorch Vertex AI custom jobs"
+  description = "Create, get, list and cancel Vertex AI custom jobs; nothing else."
+  permissions = local.vertex_job_permissions
+}
+
+# --- functions: project level (no resource-level IAM exists for these) -------------------------
+
+# Firestore has no per-collection IAM; the condition narrows the grant to spotorch's database.
+resource "google_project_iam_member" "functions_firestore" {
+  project = var.project_id
+  role    = "roles/datastore.user"
+  member  = local.functions_member
+
+  condition {
+    title       = "spotorch-database-only"
+    description = "Only the Firestore database spotorch uses."
+    expression  = "resource.name == \"projects/${var.project_id}/databases/${local.firestore_database}\""
+  }
+}
+
+# Vertex AI custom jobs are project resources: launching needs a project-level grant.
+resource "google_project_iam_member" "functions_vertex" {
+  project = var.project_id
+  role    = local.vertex_role
+  member  = local.functions_member
+}
+
+# Eventarc delivers object events as this identity; the role only exists at project level.
+resource "google_project_iam_member" "functions_event_receiver" {
+  project = var.project_id
+  role    = "roles/eventarc.eventReceiver"
+  member  = local.functions_member
+}
+
+resource "google_project_iam_member" "functions_log_writer" {
+  project = var.project_id
+  role    = "roles/logging.logWriter"
+  member  = local.functions_member
+}
+
+# --- functions: resource level -------------------------------------------------------------------
+
+# The right to launch jobs that run as the training identity, and no other.
+resource "google_service_account_iam_member" "functions_act_as_training" {
+  service_account_id = google_service_account.training.name
+  role               = "roles/iam.serviceAccountUser"
+  member             = local.functions_member
+}
+
+# Pipelines that name their own job.service_account: the right to run jobs as those, too.
+resource "google_service_account_iam_member" "functions_act_as_pipeline_accounts" {
+  for_each           = toset(var.pipeline_service_accounts)
+  service_account_id = "projects/-/serviceAccounts/${each.value}"
+  role               = "roles/iam.serviceAccountUser"
+  member             = local.functions_member
+}
+
+# Latest-checkpoint lookup: list step-*/ and read _COMPLETE markers.
+resource "google_storage_bucket_iam_member" "functions_read_checkpoints" {
+  for_each = local.checkpoint_buckets
+  bucket   = each.value
+  role     = "roles/storage.objectViewer"
+  member   = local.functions_member
+}
+
+# Snapshot completion: read marker / manifest objects and list a snapshot's prefix.
+resource "google_storage_bucket_iam_member" "functions_read_landing" {
+  for_each = local.landing_buckets
+  bucket   = each.value
+  role     = "roles/storage.objectViewer"
+  member   = local.functions_member
+}
+
+# --- training jobs ---------------------------------------------------------------------------------
+
+resource "google_project_iam_member" "training_log_writer" {
+  project = var.project_id
+  role    = "roles/logging.logWriter"
+  member  = local.training_member
+}
+
+# Read the data snapshot.
+resource "google_storage_bucket_iam_member" "training_read_data" {
+  for_each = local.landing_buckets
+  bucket   = each.value
+  role     = "roles/storage.objectViewer"
+  member   = local.training_member
+}
+
+# Write, overwrite and prune checkpoints and models. objectUser is objectAdmin without the
+# right to change object ACLs/IAM, which a trainer never needs.
+resource "google_storage_bucket_iam_member" "training_write" {
+  for_each = local.training_buckets
+  bucket   = each.value
+  role     = "roles/storage.objectUser"
+  member   = local.training_member
+}
+
+# --- service agents --------------------------------------------------------------------------------
+
+# Eventarc's Cloud Storage triggers publish through a topic Eventarc creates (its name is not known
+# in advance), so Google documents this grant at project level for the Cloud Storage service agent.
+resource "google_project_iam_member" "gcs_agent_publisher" {
+  project = var.project_id
+  role    = "roles/pubsub.publisher"
+  member  = "serviceAccount:${data.google_storage_project_service_account.gcs.email_address}"
+}
+
+# Pub/Sub signs push requests with an OIDC token of the functions identity.
+resource "google_service_account_iam_member" "pubsub_agent_token_creator" {
+  service_account_id = google_service_account.functions.name
+  role               = "roles/iam.serviceAccountTokenCreator"
+  member             = local.pubsub_agent
+}

@@ -1,0 +1,64 @@
+# What spotorch's code expects, in one place: topic names (shared/spotorch/settings.py), the
+# environment every function reads (settings.FUNCTION_ENV), the APIs the project must have.
+# tests/test_deploy.py reads these locals and compares them with the Python sources.
+
+data "google_project" "this" {
+  project_id = var.project_id
+}
+
+locals {
+  # settings.TOPIC_*; spotorch-gcs-notifications is local-stack only (production uses Eventarc).
+  topics = {
+    trainer_events = "spotorch-trainer-events"
+    job_events     = "spotorch-job-events"
+    tick           = "spotorch-tick"
+    events         = "spotorch-events"
+    dead_letter    = "spotorch-dead-letter"
+  }
+
+  firestore_database = var.firestore_database
+  scheduler_region   = coalesce(var.scheduler_region, var.region)
+
+  # settings.FUNCTION_ENV, set on every function. Topics as full names (Settings.topic_path keeps them).
+  function_env = {
+    SPOTORCH_PROJECT                  = var.project_id
+    SPOTORCH_REGION                   = var.region
+    SPOTORCH_EVENTS_TOPIC             = google_pubsub_topic.topic["events"].id
+    SPOTORCH_TRAINER_EVENTS_TOPIC     = google_pubsub_topic.topic["trainer_events"].id
+    SPOTORCH_PIPELINES                = "pipelines"
+    SPOTORCH_TRAINING_SERVICE_ACCOUNT = google_service_account.training.email
+    SPOTORCH_FIRESTORE_DATABASE       = local.firestore_database
+    LOG_EXECUTION_ID                  = "true"
+  }
+
+  # Buckets named in terraform.tfvars plus those the bundled pipelines name.
+  landing_buckets    = toset(concat(var.landing_buckets, var.pipeline_landing_buckets))
+  checkpoint_buckets = toset(concat(var.checkpoint_buckets, var.pipeline_checkpoint_buckets))
+  model_buckets      = toset(concat(var.model_buckets, var.pipeline_model_buckets))
+  training_buckets   = setunion(local.checkpoint_buckets, local.model_buckets)
+
+  apis = toset([
+    "aiplatform.googleapis.com",
+    "artifactregistry.googleapis.com",
+    "cloudbuild.googleapis.com",
+    "cloudfunctions.googleapis.com",
+    "cloudscheduler.googleapis.com",
+    "eventarc.googleapis.com",
+    "firestore.googleapis.com",
+    "iam.googleapis.com",
+    "logging.googleapis.com",
+    "pubsub.googleapis.com",
+    "run.googleapis.com",
+    "secretmanager.googleapis.com",
+    "storage.googleapis.com",
+  ])
+}
+
+resource "google_project_service" "api" {
+  for_each = local.apis
+  project  = var.project_id
+  service  = each.value
+
+  # Other workloads in the project may use these APIs too: never switch them off on destroy.
+  disable_on_destroy = false
+}

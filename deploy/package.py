@@ -1,0 +1,267 @@
+"""Builds the Cloud Functions source bundle, offline: main.py, spotorch, spotorch_trainer, schemas,
+requirements.txt and the pipelines; and a tfvars file of what those pipelines need (buckets,
+service accounts, alert targets)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import re
+import sys
+import tomllib
+import zipfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# A fixed timestamp makes the zip a function of its contents only: same sources, same bytes, same
+# object name in the source bucket, so Terraform rebuilds nothing.
+ZIP_DATE = (1980, 1, 1, 0, 0, 0)
+SKIP_DIRS = frozenset({"__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
+SKIP_SUFFIXES = frozenset({".pyc", ".pyo"})
+PIPELINE_SUFFIXES = (".yaml", ".yml")
+BUNDLE_PIPELINES = "pipelines"  # the functions' SPOTORCH_PIPELINES; relative to the source root
+
+# Repository path -> where it goes in the bundle.
+PACKAGES = (("shared/spotorch", "spotorch"), ("trainer/spotorch_trainer", "spotorch_trainer"))
+FUNCTIONS_DIR = "functions"
+SCHEMAS_DIR = "schemas"  # spotorch looks for schemas/events next to the spotorch package
+
+
+class PackageError(Exception):
+    """The bundle cannot be built as asked."""
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What the bundled pipelines need from the deployment (Terraform grants and mounts it)."""
+
+    landing: tuple[str, ...] = ()  # trigger buckets: Eventarc triggers, read access
+    checkpoint: tuple[str, ...] = ()  # checkpoint_uri buckets: training writes, functions read
+    model: tuple[str, ...] = ()  # output_uri / base_output_uri buckets: training writes
+    service_accounts: tuple[str, ...] = ()  # job.service_account: the functions launch as them
+    route_env: tuple[str, ...] = ()  # route targets naming env variables: notifier secrets
+    route_secrets: tuple[str, ...] = ()  # sm:// route targets: the notifier reads them
+
+    def tfvars(self) -> dict[str, list[str]]:
+        return {"pipeline_landing_buckets": list(self.landing),
+                "pipeline_checkpoint_buckets": list(self.checkpoint),
+                "pipeline_model_buckets": list(self.model),
+                "pipeline_service_accounts": list(self.service_accounts),
+                "pipeline_route_env": list(self.route_env),
+                "pipeline_route_secrets": list(self.route_secrets)}
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """What was built."""
+
+    path: Path
+    names: tuple[str, ...]
+    requirements: tuple[str, ...]
+    pipelines: tuple[str, ...]
+    needs: Needs = field(default_factory=Needs)
+
+
+def runtime_requirements(pyproject: Path) -> tuple[str, ...]:
+    """The runtime dependencies of pyproject.toml, one requirement each, as pip reads them."""
+    try:
+        project = tomllib.loads(pyproject.read_text())["project"]
+    except (OSError, KeyError, tomllib.TOMLDecodeError) as exc:
+        raise PackageError(f"cannot read [project] of {pyproject}: {exc}") from exc
+    deps = project.get("dependencies", [])
+    if not deps:
+        raise PackageError(f"{pyproject} lists no runtime dependencies")
+    return tuple(str(dep) for dep in deps)
+
+
+def _tree(src: Path, dest: str) -> Iterator[tuple[str, Path]]:
+    """Files below src as (archive name under dest, path), caches left out."""
+    for path in sorted(src.rglob("*")):
+        rel = path.relative_to(src)
+        skipped = SKIP_DIRS.intersection(rel.parts) or path.suffix in SKIP_SUFFIXES
+        if path.is_file() and not skipped:
+            yield f"{dest}/{rel.as_posix()}", path
+
+
+def pipeline_files(pipelines: Path) -> tuple[Path, ...]:
+    """The pipeline definitions in a directory; at least one, or the deployment could do nothing."""
+    if not pipelines.is_dir():
+        raise PackageError(f"pipelines directory {pipelines} does not exist")
+    files = tuple(sorted(p for p in pipelines.rglob("*")
+                         if p.is_file() and p.suffix in PIPELINE_SUFFIXES
+                         and not SKIP_DIRS.intersection(p.relative_to(pipelines).parts)))
+    if not files:
+        raise PackageError(f"no pipeline (*.yaml, *.yml) in {pipelines}")
+    return files
+
+
+def bundle_sources(root: Path, pipelines: Path) -> dict[str, Path]:
+    """Every file of the bundle: archive name -> path in the repository or the pipelines dir."""
+    functions = root / FUNCTIONS_DIR
+    if not (functions / "main.py").is_file():
+        raise PackageError(f"{functions / 'main.py'} is missing")
+    files = {p.name: p for p in sorted(functions.glob("*.py"))}
+    for src, dest in PACKAGES:
+        if not (root / src / "__init__.py").is_file():
+            raise PackageError(f"package {root / src} is missing")
+        files.update(_tree(root / src, dest))
+    if (root / SCHEMAS_DIR).is_dir():
+        files.update(_tree(root / SCHEMAS_DIR, SCHEMAS_DIR))
+    for path in pipeline_files(pipelines):
+        files[f"{BUNDLE_PIPELINES}/{path.relative_to(pipelines).as_posix()}"] = path
+    return files
+
+
+def _bucket(uri: Any) -> str | None:
+    """Bucket of a gs:// URI (or of a bare bucket name), None for anything else."""
+    if not isinstance(uri, str) or not uri:
+        return None
+    if uri.startswith("gs://"):
+        return uri[len("gs://"):].split("/", 1)[0] or None
+    return None if "/" in uri or ":" in uri else uri
+
+
+# Where a pipeline names a bucket: key in the YAML -> which kind of bucket it is.
+_URI_KEYS = {"checkpoint_uri": "checkpoint", "output_uri": "model", "base_output_uri": "model"}
+_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")  # what the notifier takes for an env variable
+_SECRET_REF = re.compile(r"^sm://(projects/[^/]+/secrets/[^/]+)(/versions/[^/]+)?$")
+# sm:// route targets are resolved by the notifier at run time with this optional client.
+SECRET_MANAGER_REQUIREMENT = "google-cloud-secret-manager>=2.20"
+
+
+def _route(route: Any) -> Iterator[tuple[str, str]]:
+    target = route.get("target") if isinstance(route, Mapping) else None
+    if not isinstance(target, str):
+        return
+    secret = _SECRET_REF.match(target)
+    if secret:
+        yield "route_secrets", secret.group(1)
+    elif _ENV_NAME.match(target):
+        yield "route_env", target
+
+
+def _walk(node: Any) -> Iterator[tuple[str, str]]:
+    """(kind, value) for every bucket, service account and route target a pipeline names."""
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            if key == "trigger" and isinstance(value, Mapping):
+                bucket = _bucket(value.get("bucket"))
+                if bucket:
+                    yield "landing", bucket
+            elif key in _URI_KEYS and str(value).startswith("gs://"):
+                bucket = _bucket(value)
+                if bucket:
+                    yield _URI_KEYS[key], bucket
+            elif key == "service_account" and isinstance(value, str) and "@" in value:
+                yield "service_accounts", value
+            elif key == "routes" and isinstance(value, list):
+                for route in value:
+                    yield from _route(route)
+            yield from _walk(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _walk(item)
+
+
+def pipeline_needs(files: Iterable[Path]) -> Needs:
+    """What pipeline files need; a file that is not valid YAML stops the build."""
+    kinds = ("landing", "checkpoint", "model", "service_accounts", "route_env", "route_secrets")
+    found: dict[str, set[str]] = {kind: set() for kind in kinds}
+    for path in files:
+        try:
+            docs = list(yaml.safe_load_all(path.read_text()))
+        except yaml.YAMLError as exc:
+            raise PackageError(f"{path} is not valid YAML: {exc}") from exc
+        for kind, value in _walk(docs):
+            found[kind].add(value)
+    return Needs(**{kind: tuple(sorted(found[kind])) for kind in kinds})
+
+
+def bundle_requirements(runtime: Sequence[str], needs: Needs) -> tuple[str, ...]:
+    """requirements.txt: the runtime dependencies, plus what the pipelines' features need."""
+    extra = (SECRET_MANAGER_REQUIREMENT,) if needs.route_secrets else ()
+    names = {re.split(r"[<>=!~\[; ]", req, maxsplit=1)[0].lower() for req in runtime}
+    return (*runtime, *(e for e in extra if e.split(">")[0].lower() not in names))
+
+
+def check_with_loader(root: Path, pipelines: Path) -> int | None:
+    """Load the pipelines with spotorch's own loader (what the functions run); None if absent."""
+    for extra in (root / "shared", root / "trainer"):
+        if str(extra) not in sys.path:
+            sys.path.insert(0, str(extra))
+    try:
+        config = importlib.import_module("spotorch.config")
+    except ModuleNotFoundError:
+        return None
+    load = getattr(config, "load_pipelines", None)
+    if load is None:
+        return None
+    try:
+        return len(list(load(str(pipelines))))
+    except Exception as exc:  # any loader error means the deployed functions would fail too
+        raise PackageError(f"pipelines in {pipelines} do not load: {exc}") from exc
+
+
+def write_zip(out: Path, files: Mapping[str, Path], extra: Mapping[str, bytes]) -> None:
+    """A deterministic zip: sorted names, fixed dates, fixed permissions."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    contents = {name: path.read_bytes() for name, path in files.items()} | dict(extra)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for name in sorted(contents):
+            info = zipfile.ZipInfo(name, date_time=ZIP_DATE)
+            info.external_attr = 0o644 << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(info, contents[name])
+    tmp.replace(out)
+
+
+def build(root: Path, pipelines: Path, out: Path, tfvars: Path | None = None,
+          validate: bool = True) -> Bundle:
+    """Build the bundle (and the buckets tfvars); PackageError on anything missing or invalid."""
+    files = bundle_sources(root, pipelines)
+    pipeline_paths = pipeline_files(pipelines)
+    needs = pipeline_needs(pipeline_paths)
+    requirements = bundle_requirements(runtime_requirements(root / "pyproject.toml"), needs)
+    if validate:
+        check_with_loader(root, pipelines)
+    extra = {"requirements.txt": ("\n".join(requirements) + "\n").encode()}
+    write_zip(out, files, extra)
+    if tfvars is not None:
+        tfvars.parent.mkdir(parents=True, exist_ok=True)
+        tfvars.write_text(json.dumps(needs.tfvars(), indent=2, sort_keys=True) + "\n")
+    return Bundle(path=out, names=tuple(sorted([*files, *extra])), requirements=requirements,
+                  pipelines=tuple(str(p.relative_to(pipelines)) for p in pipeline_paths),
+                  needs=needs)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent,
+                        help="repository root (default: the parent of deploy/)")
+    parser.add_argument("--pipelines", type=Path, required=True, help="directory of pipeline YAML")
+    parser.add_argument("--out", type=Path, required=True, help="zip to write")
+    parser.add_argument("--tfvars", type=Path,
+                        help="JSON tfvars to write with the pipelines' buckets")
+    parser.add_argument("--no-validate", action="store_true",
+                        help="skip loading the pipelines with spotorch's loader")
+    args = parser.parse_args(argv)
+    try:
+        bundle = build(args.root.resolve(), args.pipelines.resolve(), args.out, args.tfvars,
+                       validate=not args.no_validate)
+    except PackageError as exc:
+        print(f"package: {exc}", file=sys.stderr)
+        return 1
+    landing = ", ".join(bundle.needs.landing) or "-"
+    print(f"package: {bundle.path} ({len(bundle.names)} files, {len(bundle.pipelines)} pipelines: "
+          f"{', '.join(bundle.pipelines)}; landing buckets: {landing})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+# Inputs. Only project_id is required; buckets also come from the pipelines (build/pipelines.tfvars.json).
+
+variable "project_id" {
+  description = "Google Cloud project to deploy into."
+  type        = string
+}
+
+variable "region" {
+  description = "Region of the functions, topics' consumers, scheduler and (by default) Firestore."
+  type        = string
+  default     = "us-central1"
+}
+
+variable "landing_buckets" {
+  description = "Existing buckets where data lands; each gets an Eventarc object-finalized trigger."
+  type        = list(string)
+  default     = []
+}
+
+variable "landing_bucket_locations" {
+  description = "Bucket -> location for landing buckets outside var.region (e.g. \"us\" for the US multi-region)."
+  type        = map(string)
+  default     = {}
+}
+
+variable "checkpoint_buckets" {
+  description = "Existing buckets holding checkpoints (training writes, functions read)."
+  type        = list(string)
+  default     = []
+}
+
+variable "model_buckets" {
+  description = "Existing buckets receiving trained models (training writes)."
+  type        = list(string)
+  default     = []
+}
+
+# The pipeline_* lists are written by deploy/package.py from the pipelines it bundles.
+variable "pipeline_landing_buckets" {
+  description = "Generated: trigger buckets named by the bundled pipelines."
+  type        = list(string)
+  default     = []
+}
+
+variable "pipeline_checkpoint_buckets" {
+  description = "Generated: buckets of the bundled pipelines' checkpoint_uri."
+  type        = list(string)
+  default     = []
+}
+
+variable "pipeline_model_buckets" {
+  description = "Generated: buckets of the bundled pipelines' output_uri / base_output_uri."
+  type        = list(string)
+  default     = []
+}
+
+variable "pipeline_service_accounts" {
+  description = "Generated: service accounts the bundled pipelines run their jobs as (job.service_account)."
+  type        = list(string)
+  default     = []
+}
+
+variable "pipeline_route_env" {
+  description = "Generated: env variables the bundled pipelines' alert routes name (webhook URLs, recipients)."
+  type        = list(string)
+  default     = []
+}
+
+variable "pipeline_route_secrets" {
+  description = "Generated: Secret Manager secrets (projects/P/secrets/S) the pipelines' routes name as sm://."
+  type        = list(string)
+  default     = []
+}
+
+variable "bundle_path" {
+  description = "Zip built by deploy/package.py (main.py, spotorch, spotorch_trainer, requirements.txt, pipelines/)."
+  type        = string
+  default     = "build/spotorch-functions.zip"
+}
+
+variable "alert_secrets" {
+  description = "Alert settings stored in Secret Manager, by env var name (local.secret_env_names, or a pipeline route's target). Values end up in Terraform state: keep state private, or use alert_secrets_external."
+  type        = map(string)
+  default     = {}
+  sensitive   = true
+}
+
+variable "alert_secrets_external" {
+  description = "Names of alert secrets whose versions you add yourself (gcloud secrets versions add); mounted without Terraform seeing the value."
+  type        = list(string)
+  default     = []
+}
+
+variable "notifier_env" {
+  description = "Optional, non-secret notifier settings (NOTIFY_OPTIONAL_ENV, e.g. SPOTORCH_ALERT_MAX_PER_WINDOW)."
+  type        = map(string)
+  default     = {}
+}
+
+variable "operators" {
+  description = "IAM members allowed to call the operator API (e.g. \"group:ml-oncall@example.com\")."
+  type        = list(string)
+  default     = []
+}
+
+variable "firestore_database" {
+  description = "Firestore database id the functions use."
+  type        = string
+  default     = "(default)"
+}
+
+variable "create_firestore_database" {
+  description = "Create the Firestore database (false when it already exists in the project)."
+  type        = bool
+  default     = true
+}
+
+variable "firestore_location" {
+  description = "Firestore location; defaults to var.region."
+  type        = string
+  default     = null
+}
+
+variable "firestore_deletion_policy" {
+  description = "ABANDON keeps the database and its run history on destroy; DELETE removes it."
+  type        = string
+  default     = "ABANDON"
+
+  validation {
+    condition     = contains(["ABANDON", "DELETE"], var.firestore_deletion_policy)
+    error_message = "firestore_deletion_policy must be ABANDON or DELETE."
+  }
+}
+
+variable "python_runtime" {
+  description = "Cloud Functions runtime; python311 is what the test suite runs."
+  type        = string
+  default     = "python311"
+}
+
+variable "function_memory" {
+  description = "Memory per function instance (the Vertex AI client is the heaviest import)."
+  type        = string
+  default     = "512Mi"
+}
+
+variable "max_instances" {
+  description = "Upper bound on instances per function: bounds cost and Firestore contention."
+  type        = number
+  default     = 10
+}
+
+variable "max_delivery_attempts" {
+  description = "Deliveries of one message before it goes to the dead-letter topic (5-100)."
+  type        = number
+  default     = 20
+
+  validation {
+    condition     = var.max_delivery_attempts >= 5 && var.max_delivery_attempts <= 100
+    error_message = "Pub/Sub allows 5 to 100 delivery attempts."
+  }
+}
+
+variable "tick_schedule" {
+  description = "Cron schedule of the reconciler tick."
+  type        = string
+  default     = "*/5 * * * *"
+}
+
+variable "scheduler_region" {
+  description = "Cloud Scheduler location; defaults to var.region."
+  type        = string
+  default     = null
+}
+
+variable "job_log_filter" {
+  description = "Log sink filter for Vertex AI job state lines. The default keeps the service's own lines (not the container's stdout); unverified against live logs, the tick's polling covers anything it misses."
+  type        = string
+  default     = "resource.type=\"ml_job\" AND logName:\"ml.googleapis.com\""
+}
+
+variable "use_custom_vertex_role" {
+  description = "Grant the functions a custom role with only the four customJobs permissions instead of roles/aiplatform.user."
+  type        = bool
+  default     = true
+}
+
+variable "build_service_account" {
+  description = "Service account Cloud Build uses to build the functions (full resource name); null uses the project default."
+  type        = string
+  default     = null
+}

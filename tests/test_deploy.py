@@ -1,0 +1,944 @@
+"""deploy/ against the code it deploys: entry points, topics, environment, secrets, indexes, TTL,
+IAM, dead letters and retries; and the offline packaging. Each check also runs on a doctored copy
+of deploy/ (or of the code's contract) to show that it can fail."""
+
+from __future__ import annotations
+
+import ast
+import base64
+import contextlib
+import importlib
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import hcl2
+import pytest
+from spotorch import settings
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+MAIN = ROOT / "functions" / "main.py"
+SPOTORCH = ROOT / "shared" / "spotorch"
+
+
+def _load_packager() -> Any:
+    """deploy/package.py, under a name that cannot clash with another `package` module."""
+    spec = importlib.util.spec_from_file_location("spotorch_deploy_package", DEPLOY / "package.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+package = _load_packager()
+
+# What the functions' entry points are and what feeds them (the issue's contract).
+EXPECTED_ENTRY_POINTS = frozenset({"on_object_finalized", "on_job_event", "on_tick",
+                                   "on_run_event", "api"})
+EXPECTED_FEEDS = frozenset({(settings.TOPIC_JOB_EVENTS, "on_job_event"),
+                            (settings.TOPIC_TRAINER_EVENTS, "on_job_event"),
+                            (settings.TOPIC_TICK, "on_tick"),
+                            (settings.TOPIC_EVENTS, "on_run_event")})
+LOCAL_ONLY_TOPICS = frozenset({settings.TOPIC_GCS_NOTIFICATIONS})
+HTTP_ENTRY_POINTS = frozenset({"api"})
+NOTIFIER = "on_run_event"
+MAX_EVENT_TIMEOUT_S = 540
+# Used when store_firestore.py does not say (the queries the issue describes).
+DEFAULT_INDEXES = (("runs", ("active",)), ("runs", ("pipeline", "active")),
+                   ("snapshots", ("pipeline", "open")))
+
+# Project-level roles deploy/ may grant, and why no narrower grant exists.
+PROJECT_ROLES = {
+    "roles/datastore.user": "Firestore has no per-collection IAM (narrowed by a condition)",
+    "roles/eventarc.eventReceiver": "exists only at project level",
+    "roles/logging.logWriter": "log entries are written to the project",
+    "roles/pubsub.publisher": "the GCS service agent publishes to Eventarc's own topic",
+    "${local.vertex_role}": "Vertex AI custom jobs are project resources",
+}
+# Roles on service accounts: acting as the training identity (or a pipeline's own job identity),
+# and Pub/Sub minting push tokens for the functions identity.
+SERVICE_ACCOUNT_GRANTS = (
+    ("roles/iam.serviceAccountUser", r"google_service_account\.training\.name"),
+    ("roles/iam.serviceAccountUser", r"^projects/-/serviceAccounts/\$\{each\.value\} for "
+                                     r"\$\{toset\(var\.pipeline_service_accounts\)\}$"),
+    ("roles/iam.serviceAccountTokenCreator", r"google_service_account\.functions\.name"),
+)
+BROAD_ROLE = re.compile(r"^roles/(owner|editor|viewer|browser)$|\.admin$|Admin$|^roles/iam\.|"
+                        r"^roles/resourcemanager\.")
+PUBLIC_MEMBERS = frozenset({"allUsers", "allAuthenticatedUsers"})
+
+
+# --- reading Terraform ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Tf:
+    """The parts of a Terraform directory the checks look at."""
+
+    resources: dict[str, dict[str, dict[str, Any]]]  # type -> name -> body
+    data: dict[str, dict[str, dict[str, Any]]]
+    locals: dict[str, Any]
+    variables: dict[str, dict[str, Any]]
+    text: str  # every .tf file, comments removed
+
+    def resource(self, rtype: str) -> dict[str, dict[str, Any]]:
+        return self.resources.get(rtype, {})
+
+
+def _strip_comments(text: str) -> str:
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+
+
+def load_tf(directory: Path) -> Tf:
+    options = hcl2.SerializationOptions(strip_string_quotes=True, explicit_blocks=False,
+                                        with_comments=False)
+    resources: dict[str, dict[str, dict[str, Any]]] = {}
+    data: dict[str, dict[str, dict[str, Any]]] = {}
+    locals_: dict[str, Any] = {}
+    variables: dict[str, dict[str, Any]] = {}
+    texts = []
+    for path in sorted(directory.glob("*.tf")):
+        texts.append(_strip_comments(path.read_text()))
+        with path.open() as f:
+            doc = hcl2.load(f, serialization_options=options)
+        for kind, target in (("resource", resources), ("data", data)):
+            for entry in doc.get(kind, []):
+                for rtype, named in entry.items():
+                    target.setdefault(rtype, {}).update(named)
+        for entry in doc.get("locals", []):
+            locals_.update(entry)
+        for entry in doc.get("variable", []):
+            variables.update(entry)
+    return Tf(resources, data, locals_, variables, "\n".join(texts))
+
+
+def block(body: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """The first nested block of that name, or {}."""
+    found = body.get(name)
+    if isinstance(found, list) and found and isinstance(found[0], dict):
+        return found[0]
+    return {}
+
+
+def dynamic(body: Mapping[str, Any], name: str) -> dict[str, Any] | None:
+    for entry in body.get("dynamic", []):
+        if name in entry:
+            return entry[name]  # type: ignore[no-any-return]
+    return None
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One instance of a resource: a for_each over a literal local map is expanded."""
+
+    name: str
+    key: str | None
+    each: Any
+    body: dict[str, Any]
+
+    def value(self, raw: Any, tf: Tf) -> Any:
+        """A literal value, each.key, each.value(.field), local.x or local.x[each.value.y]."""
+        if not isinstance(raw, str):
+            return raw
+        if raw == "${each.key}":
+            return self.key
+        if raw == "${each.value}":
+            return self.each
+        match = re.fullmatch(r"\$\{each\.value\.(\w+)\}", raw)
+        if match and isinstance(self.each, dict):
+            return self.each.get(match.group(1))
+        match = re.fullmatch(r"\$\{local\.(\w+)\}", raw)
+        if match:
+            return tf.locals.get(match.group(1), raw)
+        return raw
+
+
+def instances(tf: Tf, rtype: str) -> Iterator[Instance]:
+    for name, body in tf.resource(rtype).items():
+        for_each = body.get("for_each")
+        match = re.fullmatch(r"\$\{local\.(\w+)\}", for_each) if isinstance(for_each, str) else None
+        items = tf.locals.get(match.group(1)) if match else None
+        if isinstance(items, dict):
+            for key, each in items.items():
+                yield Instance(name, key, each, body)
+        else:
+            yield Instance(name, None, None, body)
+
+
+def functions(tf: Tf) -> list[Instance]:
+    return list(instances(tf, "google_cloudfunctions2_function"))
+
+
+def entry_point(fn: Instance, tf: Tf) -> Any:
+    return fn.value(block(fn.body, "build_config").get("entry_point"), tf)
+
+
+def topic_key(tf: Tf, topic: str) -> str | None:
+    """Key of local.topics naming this topic."""
+    return next((k for k, v in tf.locals.get("topics", {}).items() if v == topic), None)
+
+
+def topic_ref(tf: Tf, topic: str) -> str:
+    return f'google_pubsub_topic.topic["{topic_key(tf, topic)}"]'
+
+
+def push_feeds(tf: Tf) -> set[tuple[str, str]]:
+    """(topic, entry point) for each function fed by a push subscription of ours."""
+    subscribed = {b.get("for_each") for b in tf.resource("google_pubsub_subscription").values()
+                  if block(b, "push_config")}
+    feeds = set()
+    for fn in functions(tf):
+        body_for_each = fn.body.get("for_each")
+        if body_for_each in subscribed and isinstance(fn.each, dict) and "topic" in fn.each:
+            topic = tf.locals.get("topics", {}).get(fn.each["topic"])
+            feeds.add((topic, entry_point(fn, tf)))
+    return feeds
+
+
+# --- reading the code's contract ----------------------------------------------------------------
+
+def main_functions(path: Path = MAIN) -> dict[str, tuple[str, ...]]:
+    """Top-level functions of functions/main.py and their decorators (dotted names)."""
+    if not path.is_file():
+        pytest.fail(f"{path} does not exist: deploy/ deploys its entry points")
+    tree = ast.parse(path.read_text())
+    return {node.name: tuple(ast.unparse(d.func if isinstance(d, ast.Call) else d)
+                             for d in node.decorator_list)
+            for node in tree.body if isinstance(node, ast.FunctionDef)}
+
+
+def _module_constants(path: Path) -> dict[str, Any]:
+    """Top-level constants of a module, names resolved against earlier string constants."""
+    names: dict[str, Any] = {}
+    for node in ast.parse(path.read_text()).body:
+        target, value = None, None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        if not isinstance(target, ast.Name) or value is None:
+            continue
+        with contextlib.suppress(ValueError):
+            names[target.id] = _literal(value, names)
+    return names
+
+
+def _literal(node: ast.expr, names: Mapping[str, Any]) -> Any:
+    if isinstance(node, ast.Name):
+        if node.id not in names:
+            raise ValueError(node.id)
+        return names[node.id]
+    if isinstance(node, ast.Tuple | ast.List):
+        return tuple(_literal(e, names) for e in node.elts)
+    return ast.literal_eval(node)
+
+
+def spotorch_constant(name: str, root: Path = SPOTORCH) -> Any:
+    """A top-level constant from whichever spotorch module defines it (None if none does)."""
+    for path in sorted(root.glob("*.py"), key=lambda p: (p.name != "notify.py", p.name)):
+        constants = _module_constants(path)
+        if name in constants:
+            return constants[name]
+    return None
+
+
+def secret_env_names() -> tuple[str, ...] | None:
+    found = spotorch_constant("SECRET_ENV")
+    return tuple(found) if found else None
+
+
+def required_indexes() -> tuple[tuple[str, tuple[str, ...]], ...]:
+    try:
+        store = importlib.import_module("spotorch.store_firestore")
+    except ModuleNotFoundError:
+        return DEFAULT_INDEXES
+    indexes = getattr(store, "REQUIRED_INDEXES", None)
+    if indexes is None:
+        return DEFAULT_INDEXES
+    queried = tuple((c, (f,)) for c, f in getattr(store, "QUERIED_FIELDS", ()))
+    return tuple(indexes) + queried
+
+
+def required_ttl() -> set[tuple[str, str]]:
+    """Collections whose documents carry expires_at for a TTL policy."""
+    declared = spotorch_constant("TTL_FIELDS")
+    if declared:
+        return {(c, f) for c, f in declared}
+    notifier = {value for name, value in _all_constants().items()
+                if name.startswith("COLLECTION_NOTIFICATION") and isinstance(value, str)}
+    return {(c, "expires_at") for c in
+            {settings.COLLECTION_DEDUPE, settings.COLLECTION_REJECTED, *notifier}}
+
+
+def _all_constants() -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    for path in sorted(SPOTORCH.glob("*.py")):
+        merged.update(_module_constants(path))
+    return merged
+
+
+def settings_topics() -> set[str]:
+    return {v for k, v in vars(settings).items() if k.startswith("TOPIC_") and isinstance(v, str)}
+
+
+# --- the checks: each returns what is wrong -------------------------------------------------------
+
+def check_entry_points(tf: Tf, defined: Mapping[str, tuple[str, ...]]) -> list[str]:
+    problems = []
+    deployed = {}
+    for fn in functions(tf):
+        ep = entry_point(fn, tf)
+        deployed[ep] = fn
+        if ep not in defined:
+            problems.append(f"function {fn.name}[{fn.key}]: entry point {ep} is not defined "
+                            f"in functions/main.py")
+    missing = sorted(EXPECTED_ENTRY_POINTS - deployed.keys())
+    problems += [f"entry point {ep} is not deployed" for ep in missing]
+    return problems
+
+
+def check_signatures(tf: Tf, defined: Mapping[str, tuple[str, ...]]) -> list[str]:
+    """Functions deployed without an event trigger get CloudEvents only if main.py declares them."""
+    problems = []
+    for fn in functions(tf):
+        ep = entry_point(fn, tf)
+        if block(fn.body, "event_trigger") or ep in HTTP_ENTRY_POINTS:
+            continue
+        if "functions_framework.cloud_event" not in defined.get(ep, ()):
+            problems.append(f"{ep} is fed by a push subscription (an HTTP function): main.py must "
+                            f"declare it @functions_framework.cloud_event")
+    return problems
+
+
+def check_topics(tf: Tf, code_topics: set[str]) -> list[str]:
+    problems = []
+    topics = tf.resource("google_pubsub_topic").get("topic", {})
+    provisioned = set(tf.locals.get("topics", {}).values()) \
+        if topics.get("for_each") == "${local.topics}" else set()
+    problems += [f"topic {t} (settings.py) is not provisioned"
+                 for t in sorted(code_topics - LOCAL_ONLY_TOPICS - provisioned)]
+    problems += [f"topic {t} is local-stack only and must not be provisioned"
+                 for t in sorted(provisioned & LOCAL_ONLY_TOPICS)]
+    feeds = push_feeds(tf)
+    problems += [f"nothing delivers {t} to {ep}" for t, ep in sorted(EXPECTED_FEEDS - feeds)]
+    sink = tf.resource("google_logging_project_sink").get("job_logs", {})
+    if topic_ref(tf, settings.TOPIC_JOB_EVENTS) not in str(sink.get("destination")):
+        problems.append(f"the Vertex AI log sink does not route to {settings.TOPIC_JOB_EVENTS}")
+    log_filter = tf.variables.get("job_log_filter", {}).get("default", "")
+    if 'resource.type="ml_job"' not in log_filter:
+        problems.append('the log sink filter does not select resource.type="ml_job"')
+    tick = tf.resource("google_cloud_scheduler_job").get("tick", {})
+    tick_topic = block(tick, "pubsub_target").get("topic_name")
+    if topic_ref(tf, settings.TOPIC_TICK) not in str(tick_topic):
+        problems.append(f"Cloud Scheduler does not publish to {settings.TOPIC_TICK}")
+    env = tf.locals.get("function_env", {})
+    for var, topic in ((settings.ENV_EVENTS_TOPIC, settings.TOPIC_EVENTS),
+                       (settings.ENV_TRAINER_EVENTS_TOPIC, settings.TOPIC_TRAINER_EVENTS)):
+        if topic_ref(tf, topic) not in str(env.get(var)):
+            problems.append(f"{var} does not name topic {topic}")
+    return problems
+
+
+def check_env(tf: Tf, names: tuple[str, ...]) -> list[str]:
+    env = tf.locals.get("function_env", {})
+    problems = [f"{name} (settings.FUNCTION_ENV) is not in local.function_env"
+                for name in names if name not in env]
+    for fn in functions(tf):
+        given = block(fn.body, "service_config").get("environment_variables")
+        if not (isinstance(given, str) and given.startswith(("${local.function_env}",
+                                                             "${merge(local.function_env"))):
+            problems.append(f"function {fn.name}[{fn.key}] does not get local.function_env")
+    return problems
+
+
+def check_secrets(tf: Tf, names: tuple[str, ...] | None) -> list[str]:
+    hcl_names = tuple(tf.locals.get("secret_env_names", ()))
+    names = names or hcl_names
+    problems = [f"{n} (the notifier's SECRET_ENV) is not in local.secret_env_names"
+                for n in names if n not in hcl_names]
+    plain: set[str] = set(tf.locals.get("function_env", {}))
+    for fn in functions(tf):
+        given = block(fn.body, "service_config").get("environment_variables")
+        if isinstance(given, dict):
+            plain |= set(given)
+    problems += [f"{n} is set as a plain environment variable" for n in sorted(plain & set(names))]
+    secrets = tf.resource("google_secret_manager_secret").get("alert", {}).get("for_each")
+    if not _derives_from(tf, secrets, "secret_env_names"):
+        problems.append("no Secret Manager secret per name in local.secret_env_names")
+    if not _derives_from(tf, tf.locals.get("mounted_secrets"), "secret_env_names"):
+        problems.append("local.mounted_secrets is not built from local.secret_env_names")
+    readers = tf.resource("google_secret_manager_secret_iam_member").values()
+    if not any(_derives_from(tf, r.get("for_each"), "secret_env_names")
+               and r.get("role") == "roles/secretmanager.secretAccessor" for r in readers):
+        problems.append("the functions cannot read the alert secrets")
+    notifiers = 0
+    for fn in functions(tf):
+        mounts = dynamic(block(fn.body, "service_config"), "secret_environment_variables")
+        mounts_secrets = (mounts is not None
+                          and "local.mounted_secrets" in str(mounts.get("for_each"))
+                          and (not isinstance(fn.each, dict) or fn.each.get("secrets") is True))
+        is_notifier = entry_point(fn, tf) == NOTIFIER
+        notifiers += is_notifier
+        if is_notifier and not mounts_secrets:
+            problems.append(f"the notifier {fn.name}[{fn.key}] does not mount the alert secrets")
+        if mounts_secrets and not is_notifier:
+            problems.append(f"{fn.name}[{fn.key}] mounts alert secrets it does not need")
+    if not notifiers:
+        problems.append("no notifier function")
+    return problems
+
+
+def _derives_from(tf: Tf, expr: Any, local: str, depth: int = 3) -> bool:
+    """Whether an expression uses local.<local>, directly or through other locals."""
+    text = str(expr)
+    if f"local.{local}" in text:
+        return True
+    return depth > 0 and any(_derives_from(tf, tf.locals.get(name), local, depth - 1)
+                             for name in re.findall(r"\blocal\.(\w+)", text))
+
+
+def check_indexes(tf: Tf, required: tuple[tuple[str, tuple[str, ...]], ...]) -> list[str]:
+    composite = {(v["collection"], tuple(v["fields"]))
+                 for v in tf.locals.get("composite_indexes", {}).values()}
+    wanted = {(c, tuple(f)) for c, f in required if len(f) > 1}
+    problems = [f"composite index {c}({', '.join(f)}) is missing"
+                for c, f in sorted(wanted - composite)]
+    problems += [f"composite index {c}({', '.join(f)}) is not required by any query"
+                 for c, f in sorted(composite - wanted)]
+    if composite and tf.resource("google_firestore_index").get("composite", {}).get("for_each") \
+            != "${local.composite_indexes}":
+        problems.append("google_firestore_index does not provision local.composite_indexes")
+    unindexed = {(v["collection"], v["field"]) for v in tf.locals.get("ttl_fields", {}).values()}
+    queried = {(c, f[0]) for c, f in required if len(f) == 1}
+    problems += [f"{c}.{f} is queried but its single-field index is disabled"
+                 for c, f in sorted(queried & unindexed)]
+    return problems
+
+
+def check_ttl(tf: Tf, required: set[tuple[str, str]]) -> list[str]:
+    fields = tf.resource("google_firestore_field").get("ttl", {})
+    ttl = {(v["collection"], v["field"]) for v in tf.locals.get("ttl_fields", {}).values()} \
+        if fields.get("for_each") == "${local.ttl_fields}" and "ttl_config" in fields else set()
+    return [f"no TTL policy on {c}.{f}" for c, f in sorted(required - ttl)]
+
+
+def _iam_grants(tf: Tf) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    for rtype, named in tf.resources.items():
+        if re.search(r"_iam_(member|binding|policy)$", rtype):
+            for name, body in named.items():
+                yield rtype, name, body
+
+
+def check_iam(tf: Tf) -> list[str]:
+    problems = []
+    for rtype, name, body in _iam_grants(tf):
+        where = f"{rtype}.{name}"
+        if not rtype.endswith("_iam_member"):
+            problems.append(f"{where}: authoritative IAM ({rtype}) would remove others' grants")
+            continue
+        role, member = str(body.get("role")), str(body.get("member"))
+        if member in PUBLIC_MEMBERS or re.search(r"all(Authenticated)?Users", member):
+            problems.append(f"{where}: {role} granted to the public")
+        if re.fullmatch(r"roles/(owner|editor)", role):
+            problems.append(f"{where}: {role} is never needed")
+        if rtype == "google_project_iam_member":
+            if role not in PROJECT_ROLES or BROAD_ROLE.search(role):
+                problems.append(f"{where}: {role} at project level")
+            if role == "roles/datastore.user" and not block(body, "condition").get("expression"):
+                problems.append(f"{where}: datastore.user is not narrowed to spotorch's database")
+            gcs_agent = "google_storage_project_service_account" in member
+            if role == "roles/pubsub.publisher" and not gcs_agent:
+                problems.append(f"{where}: pubsub.publisher at project level for {member}")
+        elif rtype == "google_storage_bucket_iam_member":
+            if role not in {"roles/storage.objectViewer", "roles/storage.objectUser",
+                            "roles/storage.objectCreator", "roles/storage.objectAdmin"}:
+                problems.append(f"{where}: {role} on a bucket")
+        elif rtype == "google_service_account_iam_member":
+            target = f"{body.get('service_account_id')} for {body.get('for_each')}"
+            if not any(role == r and re.search(t, target) for r, t in SERVICE_ACCOUNT_GRANTS):
+                problems.append(f"{where}: {role} on {target}")
+        elif BROAD_ROLE.search(role):
+            problems.append(f"{where}: {role}")
+    vertex = tf.locals.get("vertex_role", "")
+    if "roles/aiplatform.admin" in vertex:
+        problems.append("the Vertex AI role is admin")
+    for role in tf.resource("google_project_iam_custom_role").values():
+        perms = role.get("permissions")
+        perms = tf.locals.get(perms[len("${local."):-1], ()) if isinstance(perms, str) else perms
+        problems += [f"custom role grants {p}" for p in perms or ()
+                     if not p.startswith("aiplatform.customJobs.")]
+    return problems
+
+
+def check_dead_letters(tf: Tf) -> list[str]:
+    problems = []
+    dlq = topic_ref(tf, settings.TOPIC_DEAD_LETTER)
+    holders = 0
+    grants = tf.resource("google_pubsub_subscription_iam_member").values()
+    for name, sub in tf.resource("google_pubsub_subscription").items():
+        if dlq in str(sub.get("topic")):
+            holders += 1
+            continue
+        policy = block(sub, "dead_letter_policy")
+        if dlq not in str(policy.get("dead_letter_topic")) \
+                or not policy.get("max_delivery_attempts"):
+            problems.append(f"subscription {name} has no dead-letter policy "
+                            f"to {settings.TOPIC_DEAD_LETTER}")
+        if not block(sub, "retry_policy"):
+            problems.append(f"subscription {name} has no retry backoff")
+        if block(sub, "expiration_policy").get("ttl") != "":
+            problems.append(f"subscription {name} expires when idle")
+        if not any(f"google_pubsub_subscription.{name}[" in str(g.get("subscription"))
+                   and g.get("role") == "roles/pubsub.subscriber"
+                   and "local.pubsub_agent" in str(g.get("member")) for g in grants):
+            problems.append(f"the Pub/Sub service agent cannot forward dead letters from {name}")
+    if not holders:
+        problems.append("no subscription keeps the dead letters (a topic alone drops them)")
+    publishers = tf.resource("google_pubsub_topic_iam_member").values()
+    if not any(dlq in str(p.get("topic")) and p.get("role") == "roles/pubsub.publisher"
+               and "local.pubsub_agent" in str(p.get("member")) for p in publishers):
+        problems.append("the Pub/Sub service agent cannot publish to the dead-letter topic")
+    return problems
+
+
+def check_retries(tf: Tf) -> list[str]:
+    problems = []
+    pushed = {str(s.get("for_each")): s for s in tf.resource("google_pubsub_subscription").values()
+              if block(s, "push_config")}
+    for fn in functions(tf):
+        ep = entry_point(fn, tf)
+        where = f"function {fn.name}[{fn.key}] ({ep})"
+        timeout = fn.value(block(fn.body, "service_config").get("timeout_seconds"), tf)
+        trigger = block(fn.body, "event_trigger")
+        if trigger:
+            if trigger.get("retry_policy") != "RETRY_POLICY_RETRY":
+                problems.append(f"{where}: event trigger without retries")
+        elif ep not in HTTP_ENTRY_POINTS:
+            sub = pushed.get(str(fn.body.get("for_each")))
+            if sub is None:
+                problems.append(f"{where}: no trigger and no push subscription")
+                continue
+            push = block(sub, "push_config")
+            endpoint = str(push.get("push_endpoint"))
+            if f"google_cloudfunctions2_function.{fn.name}[" not in endpoint \
+                    or not endpoint.endswith("/${google_pubsub_topic.topic[each.value.topic].id}"):
+                problems.append(f"{where}: push endpoint must be the function URL + /<topic id>")
+            if not block(push, "oidc_token").get("service_account_email"):
+                problems.append(f"{where}: push requests are not authenticated")
+            ack = sub.get("ack_deadline_seconds")
+            if not isinstance(ack, int) or not isinstance(timeout, int) or ack < timeout:
+                problems.append(f"{where}: ack deadline {ack} shorter than the timeout {timeout}")
+        too_long = not isinstance(timeout, int) or timeout > MAX_EVENT_TIMEOUT_S
+        if ep not in HTTP_ENTRY_POINTS and too_long:
+            problems.append(f"{where}: timeout {timeout} above {MAX_EVENT_TIMEOUT_S} s")
+    return problems
+
+
+def check_references(tf: Tf) -> list[str]:
+    """What `terraform validate` would catch first: names used but never declared."""
+    problems = []
+    declared = {f"{t}.{n}" for t, named in tf.resources.items() for n in named}
+    data = {f"data.{t}.{n}" for t, named in tf.data.items() for n in named}
+    for var in sorted(set(re.findall(r"\bvar\.(\w+)", tf.text)) - set(tf.variables)):
+        problems.append(f"var.{var} is not declared")
+    for local in sorted(set(re.findall(r"\blocal\.(\w+)", tf.text)) - set(tf.locals)):
+        problems.append(f"local.{local} is not declared")
+    for ref in sorted(set(re.findall(r"\bdata\.google[\w-]*\.\w+", tf.text)) - data):
+        problems.append(f"{ref} is not declared")
+    text = re.sub(r"\bdata\.google[\w-]*\.\w+", "", tf.text)
+    text = re.sub(r'(resource|data)\s+"[^"]+"\s+"[^"]+"', "", text)
+    for ref in sorted(set(re.findall(r"(?<![\w.\"/-])google_[a-z0-9_]+\.[a-z_][a-z0-9_]*", text))
+                      - declared):
+        problems.append(f"{ref} is not declared")
+    return problems
+
+
+# --- the real deploy/ passes every check ---------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tf() -> Tf:
+    return load_tf(DEPLOY)
+
+
+@pytest.fixture(scope="module")
+def defined() -> dict[str, tuple[str, ...]]:
+    return main_functions()
+
+
+def test_entry_points_exist(tf: Tf, defined: dict[str, tuple[str, ...]]) -> None:
+    assert check_entry_points(tf, defined) == []
+
+
+def test_pushed_functions_are_cloud_events(tf: Tf, defined: dict[str, tuple[str, ...]]) -> None:
+    assert check_signatures(tf, defined) == []
+
+
+def test_topics_provisioned_and_wired(tf: Tf) -> None:
+    assert check_topics(tf, settings_topics()) == []
+
+
+def test_function_env(tf: Tf) -> None:
+    assert check_env(tf, settings.FUNCTION_ENV) == []
+
+
+def test_alert_secrets_from_secret_manager(tf: Tf) -> None:
+    names = secret_env_names()
+    assert names, "the notifier declares no SECRET_ENV"
+    assert check_secrets(tf, names) == []
+
+
+def test_indexes_cover_queries(tf: Tf) -> None:
+    assert check_indexes(tf, required_indexes()) == []
+
+
+def test_ttl_policies(tf: Tf) -> None:
+    assert check_ttl(tf, required_ttl()) == []
+
+
+def test_least_privilege(tf: Tf) -> None:
+    assert check_iam(tf) == []
+
+
+def test_dead_letters(tf: Tf) -> None:
+    assert check_dead_letters(tf) == []
+
+
+def test_retries(tf: Tf) -> None:
+    assert check_retries(tf) == []
+
+
+def test_references_declared(tf: Tf) -> None:
+    assert check_references(tf) == []
+
+
+def test_terraform_fmt() -> None:
+    terraform = shutil.which("terraform")
+    if terraform is None:
+        pytest.skip("terraform is not installed")
+    result = subprocess.run([terraform, "fmt", "-check", "-diff", str(DEPLOY)],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_deploy_script_syntax() -> None:
+    result = subprocess.run(["bash", "-n", str(DEPLOY / "deploy.sh")], capture_output=True,
+                            text=True, timeout=30, check=False)
+    assert result.returncode == 0, result.stderr
+
+
+# --- each check fails on a doctored deploy/ ------------------------------------------------------
+
+@dataclass(frozen=True)
+class Doctor:
+    """Replace `old` by `new` (exactly once) in deploy/<file>; `check` must then report `expect`."""
+
+    check: str
+    file: str
+    old: str
+    new: str
+    expect: str
+
+
+CHECKS: dict[str, Callable[[Tf], list[str]]] = {
+    "entry_points": lambda t: check_entry_points(t, main_functions()),
+    "topics": lambda t: check_topics(t, settings_topics()),
+    "env": lambda t: check_env(t, settings.FUNCTION_ENV),
+    "secrets": lambda t: check_secrets(t, secret_env_names()),
+    "indexes": lambda t: check_indexes(t, required_indexes()),
+    "ttl": lambda t: check_ttl(t, required_ttl()),
+    "iam": check_iam,
+    "dead_letters": check_dead_letters,
+    "retries": check_retries,
+    "references": check_references,
+}
+
+API_ENV = ("    environment_variables          = ENV\n  }\n\n"
+           "  depends_on = [google_project_iam_member.functions_firestore]")
+HOLD_TOPIC = 'topic                      = google_pubsub_topic.topic["{}"].id'
+TRAINING_LOGS = 'role    = "{}"\n  member  = local.training_member'
+ACT_AS = 'service_account_id = google_service_account.{}.name\n  role               = "roles/iam.se'
+D = Doctor
+DOCTORED = [
+    D("entry_points", "functions.tf", '= "on_object_finalized"', '= "on_object_created"',
+      "on_object_created is not defined"),
+    D("entry_points", "functions.tf", 'entry_point = "on_tick"', 'entry_point = "on_job_event"',
+      "on_tick is not deployed"),
+    D("topics", "main.tf", '= "spotorch-tick"', '= "spotorch-ticks"',
+      "topic spotorch-tick (settings.py) is not provisioned"),
+    D("topics", "main.tf", '= "spotorch-dead-letter"',
+      '= "spotorch-dead-letter"\n    gcs = "spotorch-gcs-notifications"', "local-stack only"),
+    D("topics", "functions.tf", '"on_tick", topic = "tick"', '"on_tick", topic = "events"',
+      "nothing delivers spotorch-tick to on_tick"),
+    D("topics", "pubsub.tf", 'googleapis.com/${google_pubsub_topic.topic["job_events"]',
+      'googleapis.com/${google_pubsub_topic.topic["events"]', "log sink"),
+    D("env", "main.tf", '    SPOTORCH_PIPELINES                = "pipelines"\n', "",
+      "SPOTORCH_PIPELINES"),
+    D("env", "functions.tf", API_ENV.replace("ENV", "local.function_env"),
+      API_ENV.replace("ENV", "{ SPOTORCH_PROJECT = var.project_id }"),
+      "does not get local.function_env"),
+    D("secrets", "secrets.tf", '    "SPOTORCH_SMTP_PASSWORD",\n', "",
+      "SPOTORCH_SMTP_PASSWORD (the notifier's SECRET_ENV) is not in"),
+    D("secrets", "main.tf", '    LOG_EXECUTION_ID                  = "true"',
+      '    LOG_EXECUTION_ID = "true"\n    SPOTORCH_SMTP_PASSWORD = "hunter2"',
+      "SPOTORCH_SMTP_PASSWORD is set as a plain environment variable"),
+    D("secrets", "functions.tf", '"events", secrets = true', '"events", secrets = false',
+      "does not mount the alert secrets"),
+    D("secrets", "functions.tf", '"tick", secrets = false', '"tick", secrets = true',
+      "mounts alert secrets it does not need"),
+    D("indexes", "firestore.tf", "composite_indexes = {}",
+      'composite_indexes = {\n    x = { collection = "runs", fields = ["pipeline", "at"] }\n  }',
+      "not required by any query"),
+    D("indexes", "firestore.tf", '    "notifications-expires_at" = {',
+      '    "r" = { collection = "runs", field = "active" }\n    "notifications-expires_at" = {',
+      "runs.active is queried but its single-field index is disabled"),
+    D("ttl", "firestore.tf", '"dedupe", field = "expires_at"', '"dedupe", field = "expiry"',
+      "no TTL policy on dedupe.expires_at"),
+    D("iam", "iam.tf", '= "roles/eventarc.eventReceiver"', '= "roles/editor"',
+      "roles/editor is never needed"),
+    D("iam", "iam.tf", TRAINING_LOGS.format("roles/logging.logWriter"),
+      TRAINING_LOGS.format("roles/storage.objectAdmin"), "roles/storage.objectAdmin at project"),
+    D("iam", "iam.tf", TRAINING_LOGS.format("roles/logging.logWriter"),
+      TRAINING_LOGS.format("roles/iam.serviceAccountUser"),
+      "roles/iam.serviceAccountUser at project level"),
+    D("iam", "iam.tf", '"google_project_iam_member" "functions_event_receiver"',
+      '"google_project_iam_binding" "functions_event_receiver"', "authoritative IAM"),
+    D("iam", "iam.tf", '    expression  = "resource.name', '    # expression  = "resource.name',
+      "not narrowed to spotorch's database"),
+    D("iam", "functions.tf", "member   = each.value\n}", 'member   = "allUsers"\n}',
+      "granted to the public"),
+    D("iam", "iam.tf", '"aiplatform.customJobs.list",',
+      '"aiplatform.customJobs.list", "aiplatform.models.delete",',
+      "custom role grants aiplatform.models.delete"),
+    D("iam", "iam.tf", ACT_AS.format("training"), ACT_AS.format("functions"),
+      "roles/iam.serviceAccountUser on"),
+    D("iam", "iam.tf", "toset(var.pipeline_service_accounts)", "toset(var.operators)",
+      "roles/iam.serviceAccountUser on projects/-/serviceAccounts/"),
+    D("dead_letters", "pubsub.tf", "    max_delivery_attempts = var.max_delivery_attempts\n", "",
+      "has no dead-letter policy"),
+    D("dead_letters", "pubsub.tf", HOLD_TOPIC.format("dead_letter"), HOLD_TOPIC.format("events"),
+      "no subscription keeps the dead letters"),
+    D("dead_letters", "pubsub.tf", '= "roles/pubsub.subscriber"', '= "roles/pubsub.viewer"',
+      "cannot forward dead letters"),
+    D("dead_letters", "pubsub.tf", 'ttl = "" # a quiet', 'ttl = "2678400s" # a quiet',
+      "expires when idle"),
+    D("retries", "functions.tf", '= "RETRY_POLICY_RETRY"', '= "RETRY_POLICY_DO_NOT_RETRY"',
+      "event trigger without retries"),
+    D("retries", "pubsub.tf", "ack_deadline_seconds       = 600", "ack_deadline_seconds = 60",
+      "ack deadline 60 shorter than the timeout 540"),
+    D("retries", "functions.tf", "event_timeout_s = 540", "event_timeout_s = 900", "above 540 s"),
+    D("retries", "pubsub.tf", '}/${google_pubsub_topic.topic[each.value.topic].id}"', '}"',
+      "push endpoint must be"),
+    D("references", "pubsub.tf", "= var.tick_schedule", "= var.tick_schedules",
+      "var.tick_schedules is not declared"),
+    D("references", "pubsub.tf", "iam_member.pushed_invoker,", "iam_member.pushed_invokers,",
+      "google_cloud_run_v2_service_iam_member.pushed_invokers is not declared"),
+]
+
+
+@pytest.mark.parametrize("doctor", DOCTORED, ids=lambda d: f"{d.check}:{d.expect[:40]}")
+def test_check_fails_on_doctored_copy(doctor: Doctor, tmp_path: Path) -> None:
+    for path in DEPLOY.glob("*.tf"):
+        shutil.copy(path, tmp_path / path.name)
+    target = tmp_path / doctor.file
+    text = target.read_text()
+    assert text.count(doctor.old) == 1, f"{doctor.file} no longer contains the doctored text once"
+    target.write_text(text.replace(doctor.old, doctor.new))
+    check = CHECKS[doctor.check]
+    assert check(load_tf(DEPLOY)) == [], "the real deploy/ must pass before doctoring"
+    problems = check(load_tf(tmp_path))
+    assert problems, f"{doctor.check} did not notice"
+    assert any(doctor.expect in p for p in problems), problems
+
+
+def test_checks_fail_on_doctored_main(tf: Tf, tmp_path: Path) -> None:
+    """A main.py without on_tick, or whose on_job_event is not declared a CloudEvent function."""
+    text = MAIN.read_text()
+    doctored = tmp_path / "main.py"
+    doctored.write_text(text.replace("def on_tick(", "def on_tick_renamed("))
+    assert "entry point on_tick is not defined in functions/main.py" in \
+        " ".join(check_entry_points(tf, main_functions(doctored)))
+    assert text.count("@functions_framework.cloud_event\ndef on_job_event(") == 1
+    doctored.write_text(text.replace("@functions_framework.cloud_event\ndef on_job_event(",
+                                     "def on_job_event("))
+    problems = check_signatures(tf, main_functions(doctored))
+    assert problems and all("on_job_event is fed by a push subscription" in p for p in problems)
+
+
+def test_checks_fail_on_doctored_code(tf: Tf) -> None:
+    """The other side of each contract: the code asks for more than deploy/ provides."""
+    assert check_topics(tf, settings_topics() | {"spotorch-new-topic"}) == \
+        ["topic spotorch-new-topic (settings.py) is not provisioned"]
+    assert check_env(tf, (*settings.FUNCTION_ENV, "SPOTORCH_NEW")) == \
+        ["SPOTORCH_NEW (settings.FUNCTION_ENV) is not in local.function_env"]
+    assert check_secrets(tf, (*(secret_env_names() or ()), "SPOTORCH_NEW_TOKEN")) == \
+        ["SPOTORCH_NEW_TOKEN (the notifier's SECRET_ENV) is not in local.secret_env_names"]
+    assert check_indexes(tf, (("runs", ("pipeline", "active")),)) == \
+        ["composite index runs(pipeline, active) is missing"]
+    assert check_ttl(tf, required_ttl() | {("leases", "expires_at")}) == \
+        ["no TTL policy on leases.expires_at"]
+
+
+def test_contract_readers_see_the_code() -> None:
+    """The sources the checks read are the ones the code uses (not silently empty)."""
+    assert settings.TOPIC_EVENTS in settings_topics()
+    assert "on_tick" in main_functions()
+    assert secret_env_names() and "SPOTORCH_SMTP_PASSWORD" in (secret_env_names() or ())
+    assert (settings.COLLECTION_DEDUPE, "expires_at") in required_ttl()
+
+
+# --- packaging (offline) --------------------------------------------------------------------------
+
+PIPELINE_YAML = """\
+name: demo
+trigger:
+  bucket: gs://landing-a
+  prefix: incoming/
+checkpoint_uri: gs://ckpt-b/demo
+output_uri: gs://models-c/demo
+job:
+  base_output_uri: gs://models-d/vertex
+  service_account: trainer@p.iam.gserviceaccount.com
+routes:
+  - {channel: chat, events: ["*"], target: TEAM_CHAT_URL}
+  - {channel: email, events: ["*"], target: sm://projects/p/secrets/oncall/versions/3}
+  - {channel: email, events: ["*"], target: a@example.com}
+"""
+
+
+@pytest.fixture
+def pipelines(tmp_path: Path) -> Path:
+    directory = tmp_path / "pipelines"
+    directory.mkdir()
+    (directory / "demo.yaml").write_text(PIPELINE_YAML)
+    (directory / "notes.txt").write_text("not a pipeline")
+    return directory
+
+
+def test_bundle_contents(pipelines: Path, tmp_path: Path) -> None:
+    out, tfvars = tmp_path / "b.zip", tmp_path / "buckets.tfvars.json"
+    bundle = package.build(ROOT, pipelines, out, tfvars, validate=False)
+    names = set(zipfile.ZipFile(out).namelist())
+    assert names == set(bundle.names)
+    for required in ("main.py", "requirements.txt", "spotorch/__init__.py", "spotorch/settings.py",
+                     "spotorch_trainer/__init__.py", "spotorch_trainer/contract.py",
+                     "pipelines/demo.yaml"):
+        assert required in names, required
+    assert "pipelines/notes.txt" not in names
+    assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+    if (ROOT / "schemas" / "events" / "envelope.schema.json").exists():
+        assert "schemas/events/envelope.schema.json" in names
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    requirements = zipfile.ZipFile(out).read("requirements.txt").decode().splitlines()
+    assert requirements[:len(deps)] == deps
+    # an sm:// route target needs the Secret Manager client, which spotorch only imports then
+    assert any(r.startswith("google-cloud-secret-manager") for r in requirements)
+    assert json.loads(tfvars.read_text()) == {
+        "pipeline_landing_buckets": ["landing-a"], "pipeline_checkpoint_buckets": ["ckpt-b"],
+        "pipeline_model_buckets": ["models-c", "models-d"],
+        "pipeline_service_accounts": ["trainer@p.iam.gserviceaccount.com"],
+        "pipeline_route_env": ["TEAM_CHAT_URL"],
+        "pipeline_route_secrets": ["projects/p/secrets/oncall"]}
+    assert set(json.loads(tfvars.read_text())) <= set(load_tf(DEPLOY).variables)
+
+
+def test_requirements_only_add_what_pipelines_use() -> None:
+    runtime = ("google-cloud-pubsub>=2.23", "PyYAML>=6")
+    assert package.bundle_requirements(runtime, package.Needs()) == runtime
+    with_sm = package.Needs(route_secrets=("projects/p/secrets/s",))
+    assert package.bundle_requirements(runtime, with_sm) == \
+        (*runtime, package.SECRET_MANAGER_REQUIREMENT)
+    pinned = ("google-cloud-secret-manager==2.21.0",)
+    assert package.bundle_requirements(pinned, with_sm) == pinned
+
+
+def test_bundle_is_deterministic(pipelines: Path, tmp_path: Path) -> None:
+    first = package.build(ROOT, pipelines, tmp_path / "1.zip", validate=False).path.read_bytes()
+    second = package.build(ROOT, pipelines, tmp_path / "2.zip", validate=False).path.read_bytes()
+    assert first == second
+    (pipelines / "demo.yaml").write_text(PIPELINE_YAML + "# changed\n")
+    third = package.build(ROOT, pipelines, tmp_path / "3.zip", validate=False).path.read_bytes()
+    assert third != first
+
+
+def test_bundle_imports_from_itself(pipelines: Path, tmp_path: Path) -> None:
+    """Cloud Functions imports main.py from the bundle root: spotorch must come from the bundle."""
+    out = package.build(ROOT, pipelines, tmp_path / "b.zip", validate=False).path
+    site = tmp_path / "site"
+    zipfile.ZipFile(out).extractall(site)
+    probe = ("import main, spotorch, spotorch_trainer, pathlib\n"
+             "from spotorch.events import find_schemas_dir\n"
+             "here = pathlib.Path.cwd().resolve()\n"
+             "assert pathlib.Path(spotorch.__file__).resolve().is_relative_to(here)\n"
+             "assert pathlib.Path(spotorch_trainer.__file__).resolve().is_relative_to(here)\n"
+             "assert find_schemas_dir().resolve().is_relative_to(here), find_schemas_dir()\n"
+             "print(sorted(n for n in dir(main) if n.startswith('on_')))\n")
+    result = subprocess.run([sys.executable, "-c", probe], cwd=site, capture_output=True,
+                            text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "on_tick" in result.stdout
+
+
+@pytest.mark.parametrize("setup, message", [
+    (lambda d: shutil.rmtree(d), "does not exist"),
+    (lambda d: (d / "demo.yaml").unlink(), "no pipeline"),
+    (lambda d: (d / "demo.yaml").write_text("name: [unclosed\n"), "not valid YAML"),
+])
+def test_package_refuses(pipelines: Path, tmp_path: Path, setup: Callable[[Path], Any],
+                         message: str) -> None:
+    setup(pipelines)
+    with pytest.raises(package.PackageError, match=message):
+        package.build(ROOT, pipelines, tmp_path / "b.zip", validate=False)
+    assert not (tmp_path / "b.zip").exists()
+
+
+def test_package_cli(pipelines: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "b.zip"
+    assert package.main(["--pipelines", str(pipelines), "--out", str(out), "--no-validate"]) == 0
+    assert out.exists() and "landing buckets: landing-a" in capsys.readouterr().out
+    assert package.main(["--pipelines", str(tmp_path / "none"), "--out", str(out)]) == 1
+
+
+def test_shipped_example_pipelines_load(tmp_path: Path) -> None:
+    """The default PIPELINES of deploy.sh packages and loads with spotorch's own loader."""
+    examples = ROOT / "examples" / "pipelines"
+    if not examples.is_dir():
+        pytest.skip("no examples/pipelines yet")
+    bundle = package.build(ROOT, examples, tmp_path / "b.zip", validate=True)
+    assert bundle.pipelines
+
+
+# --- the push endpoint format yields the CloudEvent Eventarc would deliver ------------------------
+
+def test_push_to_topic_path_is_a_pubsub_cloud_event(tmp_path: Path) -> None:
+    """deploy/ pushes to <function URL>/projects/P/topics/T; functions-framework must turn that
+    raw Pub/Sub push body into a messagePublished CloudEvent whose source names the topic."""
+    functions_framework = pytest.importorskip("functions_framework")
+    source = tmp_path / "stub.py"
+    source.write_text("import functions_framework\nseen = []\n\n"
+                      "@functions_framework.cloud_event\n"
+                      "def handler(event):\n    seen.append(event)\n")
+    app = functions_framework.create_app("handler", str(source))
+    topic = f"projects/p/topics/{settings.TOPIC_TICK}"
+    body = {"message": {"data": base64.b64encode(b"{}").decode(), "attributes": {"k": "v"},
+                        "messageId": "42", "publishTime": "2024-01-01T00:00:00Z"},
+            "subscription": "projects/p/subscriptions/spotorch-on-tick-push"}
+    response = app.test_client().post(f"/{topic}", json=body)
+    assert response.status_code == 200, response.data
+    module = sys.modules[next(n for n, m in sys.modules.items()
+                              if getattr(m, "__file__", None) == str(source))]
+    (event,) = module.seen
+    assert event["type"] == "google.cloud.pubsub.topic.v1.messagePublished"
+    assert event["source"] == f"//pubsub.googleapis.com/{topic}"
+    assert event["id"] == "42"
+    assert event.data["message"]["attributes"] == {"k": "v"}
+    assert base64.b64decode(event.data["message"]["data"]) == b"{}"

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import base64
 import json
-import sys
 import threading
-import types
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 from cloudevents.http import CloudEvent
+
 from spotorch import _notify_channels, notify
 from spotorch.dev.emulators import EmulatorSet
 from spotorch.dev.receivers import SmtpReceiver, WebhookReceiver
@@ -568,19 +568,18 @@ def test_malformed_messages_raise_invalid_event(payload: str) -> None:
 
 
 def test_handle_pubsub_cloudevent_builds_everything_from_env(
-        web: WebhookReceiver, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Routes come from spotorch.config.load_pipelines($SPOTORCH_PIPELINES), channels from env."""
-    loaded: list[Any] = []
+        web: WebhookReceiver, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Routes come from the pipeline files at $SPOTORCH_PIPELINES, channels from env."""
+    from spotorch.config import clear_pipeline_cache
 
-    def load_pipelines(path: Any) -> list[Any]:
-        loaded.append(path)
-        return [types.SimpleNamespace(name="churn", routes=(Route("chat", ("run.*",)),))]
-
-    monkeypatch.setitem(sys.modules, "spotorch.config",
-                        types.SimpleNamespace(load_pipelines=load_pipelines))
+    demo = (Path(__file__).resolve().parent.parent / "examples/pipelines/demo.yaml").read_text()
+    (tmp_path / "churn.yaml").write_text(
+        demo.replace("name: demo", "name: churn").split("routes:")[0]
+        + 'routes:\n  - channel: chat\n    events: ["run.*"]\n')
+    clear_pipeline_cache()
+    monkeypatch.setenv("SPOTORCH_PIPELINES", str(tmp_path))
     monkeypatch.setenv("SPOTORCH_CHAT_WEBHOOK_URL", f"{web.url}/chat")
     monkeypatch.setenv("SPOTORCH_NOTIFY_LEDGER", "memory")
-    monkeypatch.setenv("SPOTORCH_PIPELINES", "/etc/spotorch/pipelines")
     notify.reset_runtime()
     try:
         data, _, _ = to_pubsub(event("run.failed", 3))
@@ -595,5 +594,4 @@ def test_handle_pubsub_cloudevent_builds_everything_from_env(
         notify.reset_runtime()
     assert [d.status for d in first] == [DeliveryStatus.SENT]
     assert [d.status for d in second] == [DeliveryStatus.DUPLICATE]
-    assert [str(p) for p in loaded] == ["/etc/spotorch/pipelines"]  # loaded once per process
     assert len(web.ok("/chat")) == 1

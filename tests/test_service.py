@@ -119,7 +119,7 @@ def test_lost_job_events_are_repaired_by_the_tick() -> None:
 
 def test_a_publish_that_fails_is_retried_by_the_tick_with_the_same_event_id() -> None:
     deps = make_deps()
-    launcher, publisher, clock = fakes(deps)
+    _, publisher, clock = fakes(deps)
     publisher.fail_next = 1
     start(deps)
     run, _ = deps.runs.load("r1")
@@ -210,7 +210,7 @@ def test_a_redelivered_event_costs_one_read_and_no_write() -> None:
 
 def test_cancel_stops_the_job_and_retry_resumes_from_the_checkpoint() -> None:
     deps = make_deps()
-    launcher, publisher, _ = fakes(deps)
+    launcher, _, _ = fakes(deps)
     start(deps)
     job1 = launcher.job_of("r1", 1)
     run = cancel_run(deps, "r1", "wrong data")

@@ -89,18 +89,27 @@ def _record_rejected(event: Any, event_id: str, event_type: str, reason: str) ->
 def object_event(event: Any) -> None:
     """GCS object finalized (Eventarc) or a GCS Pub/Sub notification: batch it, maybe start a run."""
     from spotorch import intake, triggers
-    from spotorch.service import start_run
 
     d = deps()
     obj = triggers.parse_object_event(_attr(event, "type"), _attr(event, "id"), event.data)
     ready = intake.handle_object_event(obj, pipelines=tuple(d.pipelines.values()), docs=d.docs,
                                        now=d.clock.now())
     for snap in ready:
-        run = start_run(d, snap.pipeline, run_id=intake.run_id_for(snap.pipeline, snap.snapshot_id),
-                        data_uri=snap.data_uri, snapshot_id=snap.snapshot_id,
-                        reason=f"data snapshot {snap.data_uri} complete")
+        run = _start_snapshot_run(d, snap, "complete")
         log.info(f"snapshot {snap.snapshot_id} ready", run_id=run.run_id if run else None,
                  event_id=_attr(event, "id"), pipeline=snap.pipeline)
+
+
+def _start_snapshot_run(d: Any, snap: Any, why: str) -> Any:
+    """The one run of a completed snapshot; then the snapshot is marked dispatched."""
+    from spotorch import intake
+    from spotorch.service import start_run
+
+    run = start_run(d, snap.pipeline, run_id=intake.run_id_for(snap.pipeline, snap.snapshot_id),
+                    data_uri=snap.data_uri, snapshot_id=snap.snapshot_id,
+                    reason=f"data snapshot {snap.data_uri} {why}")
+    intake.mark_dispatched(snap, docs=d.docs)  # also when skipped: it must not come back
+    return run
 
 
 def job_event(event: Any) -> None:
@@ -175,14 +184,12 @@ def parse_trainer_message(body: bytes) -> tuple[Any, str, str]:
 def tick_event(event: Any) -> None:
     """The reconcile tick (Cloud Scheduler via Pub/Sub)."""
     from spotorch import intake
-    from spotorch.service import start_run, tick
+    from spotorch.service import tick
 
     d = deps()
     for snap in intake.close_due_snapshots(pipelines=tuple(d.pipelines.values()), docs=d.docs,
                                            now=d.clock.now()):
-        start_run(d, snap.pipeline, run_id=intake.run_id_for(snap.pipeline, snap.snapshot_id),
-                  data_uri=snap.data_uri, snapshot_id=snap.snapshot_id,
-                  reason=f"data snapshot {snap.data_uri} quiet for its quiet period")
+        _start_snapshot_run(d, snap, "closed by the tick")
     runs = tick(d)
     log.info(f"tick: {len(runs)} active runs reconciled", event_id=_attr(event, "id"))
 

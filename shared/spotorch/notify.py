@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import importlib
 import os
 import threading
 import time
@@ -373,30 +372,12 @@ def decode_pubsub_cloudevent(cloud_event: Any) -> dict[str, Any]:
 
 
 def routes_from_pipelines(path: str) -> Callable[[str], Sequence[Route]]:
-    """Routes of each pipeline, read (once, lazily) with spotorch.config.load_pipelines(path).
-
-    The only coupling to the config loader. Unknown pipelines, or a deployment without the
-    loader, have no routes (and say so in the log).
-    """
-    loaded: dict[str, tuple[Route, ...]] | None = None
-    lock = threading.Lock()
-
-    def load() -> dict[str, tuple[Route, ...]]:
-        try:
-            config = importlib.import_module("spotorch.config")
-        except ImportError:
-            _log_json("ERROR", "spotorch.config is not available: no alert routes")
-            return {}
-        pipelines = config.load_pipelines(Path(path))
-        items = pipelines.values() if isinstance(pipelines, Mapping) else pipelines
-        return {p.name: tuple(p.routes) for p in items}
+    """Routes of each pipeline, from the pipelines loaded once per process (spotorch.config)."""
 
     def routes_for(pipeline: str) -> Sequence[Route]:
-        nonlocal loaded
-        with lock:
-            if loaded is None:
-                loaded = load()
-            routes = loaded.get(pipeline)
+        from spotorch.config import cached_pipelines
+
+        routes = {p.name: p.routes for p in cached_pipelines(Path(path))}.get(pipeline)
         if routes is None:
             _log_json("WARNING", "event of an unknown pipeline: no alert routes",
                       pipeline=pipeline)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from datetime import UTC, datetime
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any
 
 from spotorch import domain
@@ -354,10 +355,8 @@ def record_rejected(docs: DocumentStore, *, event_id: str, event_type: str, reas
            "payload": repr(payload)[:4000] if payload is not None else None,
            # A timestamp, not a number: Firestore's TTL policy only acts on timestamps.
            "expires_at": datetime.fromtimestamp(now + 30 * 24 * 3600, UTC)}
-    try:
+    with contextlib.suppress(ConflictError):  # recorded by an earlier delivery
         docs.put(COLLECTION_REJECTED, key, doc, None)
-    except ConflictError:
-        pass  # recorded by an earlier delivery
 
 
 def run_summary(run: Run) -> dict[str, Any]:

@@ -12,7 +12,8 @@ from spotorch.ports import ConflictError
 REQUIRED_INDEXES: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 # Single-field equality queries the code makes: (collection, field).
-QUERIED_FIELDS: tuple[tuple[str, str], ...] = (("runs", "active"), ("snapshots", "open"))
+QUERIED_FIELDS: tuple[tuple[str, str], ...] = (("runs", "active"), ("snapshots", "open"),
+                                               ("snapshots", "pending_dispatch"))
 
 
 class FirestoreDocumentStore:

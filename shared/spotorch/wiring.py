@@ -26,7 +26,7 @@ class ProductionDeps(Deps):
 def production_deps(settings: Settings | None = None) -> ProductionDeps:
     """Firestore, Vertex AI, GCS and Pub/Sub adapters configured from SPOTORCH_* variables."""
     from spotorch.checkpoints import StorageCheckpointStore
-    from spotorch.config import load_pipelines
+    from spotorch.config import cached_pipelines
     from spotorch.pipeline import RecoveryPolicy
     from spotorch.publisher import PubSubPublisher
     from spotorch.store import DocumentRunStore
@@ -36,7 +36,7 @@ def production_deps(settings: Settings | None = None) -> ProductionDeps:
     settings = settings or Settings.from_env()
     docs = FirestoreDocumentStore(project=settings.project, database=settings.firestore_database)
     classifier = Classifier.from_policy(RecoveryPolicy())
-    pipelines = {p.name: p for p in load_pipelines(settings.pipelines)}
+    pipelines = {p.name: p for p in cached_pipelines(settings.pipelines)}
     return ProductionDeps(
         runs=DocumentRunStore(docs),
         docs=docs,

@@ -23,6 +23,7 @@ from typing import Any
 
 import hcl2
 import pytest
+
 from spotorch import settings
 
 ROOT = Path(__file__).resolve().parent.parent

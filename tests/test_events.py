@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from spotorch import events
 from spotorch.events import (
     EVENT_KINDS,

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from spotorch_trainer import contract, latest_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -22,7 +22,7 @@ from spotorch.memory import (
     ManualClock,
 )
 from spotorch.pipeline import BatchMode, EscalationKind, Pipeline, RecoveryPolicy, Trigger
-from spotorch.ports import FailureClass, JobPhase
+from spotorch.ports import JobPhase
 from spotorch.service import Deps
 from spotorch.store import DocumentRunStore
 

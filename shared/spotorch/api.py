@@ -38,7 +38,7 @@ def _retry(deps: Any, body: Mapping[str, Any]) -> Response:
 
 
 def _submit(deps: Any, body: Mapping[str, Any]) -> Response:
-    from spotorch.service import submit, run_summary
+    from spotorch.service import run_summary, submit
 
     run = submit(deps, str(body["pipeline"]), str(body["data_uri"]),
                  request_id=str(body.get("request_id") or ""))

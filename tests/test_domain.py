@@ -291,3 +291,41 @@ def test_run_document_round_trips() -> None:
     assert Run.from_dict(run.to_dict()) == run
     assert run.to_dict()["active"] is True
     assert run.attempts[0].state is AttemptState.FAILED
+
+
+def stockout(run: Run, p: Pipeline, now: float) -> Run:
+    """The current attempt sits queued past the stockout wait, is cancelled, and the backoff ends."""
+    current = run.current
+    assert current is not None
+    intent = [i for i in run.outbox if i.kind == "launch"][-1]
+    run = decide(run, LaunchDone(intent.id, current.number, f"job-{current.number}"),
+                 Context(p, now))
+    run = decide(run, Tick(), Context(p, now + p.recovery.stockout_wait_s + 1))
+    run = decide(run, JobObserved(current.number, JobStatus(f"job-{current.number}",
+                                                            JobPhase.CANCELLED)),
+                 Context(p, now + p.recovery.stockout_wait_s + 2))
+    return decide(run, Tick(), Context(p, now + p.recovery.stockout_wait_s + 600))
+
+
+def test_stockouts_in_every_region_move_to_standard_and_stay_during_the_cooldown() -> None:
+    p = replace(pipeline(stockout_wait_s=60, spot_cooldown_s=3600),
+                job=replace(pipeline().job, regions=("us-central1", "europe-west4")))
+    run = new_run(run_id="r1", pipeline=p, now=T0, data_uri="d", snapshot_id=None)
+    run = stockout(run, p, T0)
+    assert [a.capacity for a in run.attempts] == [Capacity.SPOT, Capacity.SPOT]
+    run = stockout(run, p, T0 + 1000)
+    assert run.attempts[-1].capacity is Capacity.STANDARD
+    assert "no Spot capacity in any of 2 region(s)" in (run.escalated or {}).get("reason", "")
+    run = launched(run, p, T0 + 1700)
+    cooling = decide(run, Tick(), Context(p, T0 + 2000))
+    assert cooling.attempts[-1].cancel_reason is None  # no deadline: Spot preferred, but cooling
+    after = decide(run, Tick(), Context(p, T0 + 1700 + 3600))
+    assert after.attempts[-1].cancel_reason == "switch" and after.next_capacity is Capacity.SPOT
+
+
+def test_never_escalating_pipeline_keeps_waiting_for_spot_after_stockouts() -> None:
+    p = replace(pipeline(stockout_wait_s=60, escalation=EscalationKind.NEVER),
+                job=replace(pipeline().job, regions=("us-central1",)))
+    run = new_run(run_id="r1", pipeline=p, now=T0, data_uri="d", snapshot_id=None)
+    run = stockout(stockout(run, p, T0), p, T0 + 1000)
+    assert [a.capacity for a in run.attempts] == [Capacity.SPOT] * 3

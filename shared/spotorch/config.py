@@ -557,7 +557,8 @@ _RECOVERY: _Table = {
                               "escalate_after_preemptions")},
     **{k: (k, tuple) for k in ("retryable_exit_codes", *_PATTERN_LISTS)},
     **{k: (f"{k}_s", parse_duration) for k in ("backoff_base", "backoff_cap", "stockout_wait",
-                                                "restart_overhead", "expected_compute")},
+                                                "restart_overhead", "expected_compute",
+                                                "decision_interval", "spot_cooldown")},
     "escalation": ("escalation", EscalationKind),
 }
 _ROUTE: _Table = {"channel": ("channel", str), "events": ("events", tuple),

@@ -35,9 +35,10 @@ class Scenario:
     story: str
     expected_status: str
     recovery: Mapping[str, Any]
-    vertex_schedule: list[dict[str, Any]] = field(default_factory=list)
+    vertex_schedule: Mapping[str, Any] = field(default_factory=dict)  # docs/vertex-emulator.md
     trainer_env: Mapping[str, str] = field(default_factory=dict)
     deadline: str = "20m"
+    regions: tuple[str, ...] = ("us-central1",)
 
 
 _TRAINER_ENV = {"EXAMPLE_TOTAL_STEPS": "600", "EXAMPLE_STEP_SLEEP": "0.03",
@@ -50,20 +51,23 @@ SCENARIOS: Mapping[str, Scenario] = {
               "latest one and is preempted too; the run escalates to standard VMs and succeeds.",
         expected_status="SUCCEEDED",
         recovery={"escalation": "count", "escalate_after_preemptions": 2,
-                  "restart_overhead": "5s", "backoff_base": "1s", "stockout_wait": "60s"},
-        vertex_schedule=[{"attempt": 1, "after_s": 7.0}, {"attempt": 2, "after_s": 6.0}],
+                  "restart_overhead": "5s", "backoff_base": "1s", "stockout_wait": "60s",
+                  "decision_interval": "2s"},
+        vertex_schedule={"preempt": [{"attempt": 1, "after_s": 7.0}, {"attempt": 2, "after_s": 6.0}]},
         trainer_env=_TRAINER_ENV,
     ),
     "stockout": Scenario(
         name="stockout",
-        story="Spot has no capacity: the Spot attempt waits in the queue past the stockout wait, "
-              "is cancelled, and the run moves to standard VMs in the next region and succeeds.",
+        story="Spot has no capacity anywhere: the Spot attempt waits in the queue past the "
+              "stockout wait and is cancelled, the next region stocks out too, and the run "
+              "moves to standard VMs and succeeds.",
         expected_status="SUCCEEDED",
         recovery={"escalation": "deadline", "stockout_wait": "6s", "backoff_base": "1s",
-                  "max_stockouts": 2, "restart_overhead": "5s", "expected_compute": "40s"},
-        vertex_schedule=[{"spot_unavailable_from_s": 0}],
+                  "max_stockouts": 3, "restart_overhead": "5s", "expected_compute": "40s",
+                  "decision_interval": "2s", "spot_cooldown": "10m"},
+        vertex_schedule={"stockouts": [{"from_s": 0}]},
         trainer_env=_TRAINER_ENV,
-        deadline="90s",
+        regions=("us-central1", "europe-west4"),
     ),
     "user-error": Scenario(
         name="user-error",
@@ -81,6 +85,7 @@ def pipeline_document(scenario: Scenario) -> dict[str, Any]:
     base = yaml.safe_load((REPO / "examples" / "pipelines" / "demo.yaml").read_text())
     base["recovery"] = {**base.get("recovery", {}), **scenario.recovery}
     base["deadline"] = scenario.deadline
+    base["job"]["regions"] = list(scenario.regions)
     pools = base["job"]["worker_pools"]
     env = dict(pools[0].get("env") or {})
     env.update(scenario.trainer_env)
@@ -145,7 +150,7 @@ def run_demo(scenario: Scenario, *, timeout_s: float, quiet: bool) -> dict[str, 
     pipelines.mkdir()
     (pipelines / "demo.yaml").write_text(yaml.safe_dump(pipeline_document(scenario)))
     schedule = work / "vertex-schedule.json"
-    schedule.write_text(json.dumps(scenario.vertex_schedule))
+    schedule.write_text(json.dumps(dict(scenario.vertex_schedule)))
     say(f"spotorch demo ({scenario.name}): {scenario.story}")
     with WebhookReceiver() as webhook, SmtpReceiver() as smtp:
         alerts_env = {"SPOTORCH_CHAT_WEBHOOK_URL": f"{webhook.url}/chat",
@@ -253,7 +258,7 @@ def _human(report: Mapping[str, Any]) -> str:
         resumed = f", resumed from step {a['resumed_from_step']}" if a["resumed_from_step"] \
             is not None else ", fresh start"
         lines.append(f"  attempt {a['attempt']} on {a['capacity']}: {a['state']}"
-                     f" ({a['end_reason']}){resumed}, reached step {a['progress_reached']}")
+                     f" ({a['end_reason']}){resumed}, reached step {a['progress_reached'] or '-'}")
     if report.get("escalated"):
         lines.append(f"  escalated to {report['escalated']['to']}: {report['escalated']['reason']}")
     if report.get("metrics"):

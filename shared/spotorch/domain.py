@@ -186,6 +186,7 @@ class Run:
     next_capacity: Capacity | None = None
     next_reason: str | None = None  # why the next attempt runs on next_capacity
     region_index: int = 0
+    spot_unavailable_until: float | None = None  # after a stockout or preemption: don't count on Spot
     escalated: Mapping[str, Any] | None = None
     deadline_warned: bool = False
     end_reason: str | None = None
@@ -428,7 +429,7 @@ def policy_view(run: Run, ctx: Context, *, current: Capacity | None,
                       work_total_s=total_s, work_done_s=done_s,
                       restart_overhead_s=ctx.recovery.restart_overhead_s, current=current,
                       spot_available=spot_available, preemptions=run.counters.preemptions,
-                      changeovers=changeovers)
+                      changeovers=changeovers, tick_s=ctx.recovery.decision_interval_s)
 
 
 def _policy_capacity(run: Run, ctx: Context, *, current: Capacity | None,
@@ -667,36 +668,68 @@ def _recover(run: Run, ctx: Context, attempt: Attempt, failure: FailureClass) ->
     used = getattr(run.counters, counter) + 1
     progressed = (run.latest_checkpoint is not None
                   and run.latest_checkpoint.step > (attempt.resumed_from_step or -1))
-    no_progress = 0 if progressed else run.counters.no_progress + 1
+    ran = attempt.started_at is not None  # one that never ran says nothing about progress
+    no_progress = 0 if progressed else run.counters.no_progress + (1 if ran else 0)
     run = replace(run, counters=replace(run.counters, **{counter: used, "no_progress": no_progress}))
     limit = int(getattr(recovery, limit_field))
     if used > limit:
         run = _publish(run, ctx, "run.budget_exceeded", budget=budget, limit=limit, used=used)
         return _fail(run, ctx, failed_status,
-                     f"{budget} budget exhausted: {used} > {limit} ({attempt.end_reason})", failure)
+                     f"{budget} budget exhausted: {used} > {limit} (last: {_brief(attempt)})",
+                     failure)
     if failure is FailureClass.STOCKOUT:
         run = replace(run, region_index=run.region_index + 1)
-    spot_lost = failure in (FailureClass.PREEMPTED, FailureClass.STOCKOUT)
-    capacity = _policy_capacity(run, ctx, current=None, spot_available=not spot_lost)
-    reason = f"after {attempt.end_reason}"
-    if no_progress >= recovery.max_no_progress_attempts:
-        if attempt.capacity is Capacity.SPOT and recovery.escalation is not EscalationKind.NEVER:
-            capacity = Capacity.STANDARD  # Spot keeps failing before a checkpoint: stop paying for it
-            reason = f"{no_progress} attempts in a row without a newer checkpoint"
-        else:
-            run = _publish(run, ctx, "run.budget_exceeded", budget="no_progress",
-                           limit=recovery.max_no_progress_attempts, used=no_progress)
-            return _fail(run, ctx, RunStatus.FAILED_NO_PROGRESS,
-                         f"{no_progress} attempts in a row ended without a newer checkpoint",
-                         failure)
-    elif capacity is Capacity.STANDARD and attempt.capacity is Capacity.SPOT:
-        reason = _escalation_reason(run, ctx, failure)
+    if failure in (FailureClass.PREEMPTED, FailureClass.STOCKOUT):
+        run = replace(run, spot_unavailable_until=ctx.now + recovery.spot_cooldown_s)
+    if no_progress >= recovery.max_no_progress_attempts and (
+            attempt.capacity is not Capacity.SPOT or recovery.escalation is EscalationKind.NEVER):
+        run = _publish(run, ctx, "run.budget_exceeded", budget="no_progress",
+                       limit=recovery.max_no_progress_attempts, used=no_progress)
+        return _fail(run, ctx, RunStatus.FAILED_NO_PROGRESS,
+                     f"{no_progress} attempts in a row ended without a newer checkpoint", failure)
+    capacity, reason = _next_capacity(run, ctx, attempt, failure)
     if failure is FailureClass.PREEMPTED:
         return _launch(run, ctx, capacity, reason)  # not the job's fault: relaunch at once
     failures_in_row = used if failure is not FailureClass.STOCKOUT else run.counters.stockouts
     wait = backoff_s(recovery, run.run_id, failures_in_row)
     run = replace(run, next_action_at=ctx.now + wait, next_capacity=capacity, next_reason=reason)
     return _to(run, RunStatus.RECOVERING, ctx, f"{reason}; next attempt in {wait:.0f}s")
+
+
+def _next_capacity(run: Run, ctx: Context, attempt: Attempt,
+                   failure: FailureClass) -> tuple[Capacity, str]:
+    """Where the next attempt runs after a failure, and why; the first rule that applies wins."""
+    recovery = ctx.recovery
+    spot_lost = failure in (FailureClass.PREEMPTED, FailureClass.STOCKOUT)
+    capacity = _policy_capacity(run, ctx, current=None, spot_available=not spot_lost)
+    escalating = attempt.capacity is Capacity.SPOT and \
+        recovery.escalation is not EscalationKind.NEVER
+    regions = max(len(ctx.pipeline.job.regions), 1)
+    if escalating and run.counters.no_progress >= recovery.max_no_progress_attempts:
+        # Spot keeps failing before a checkpoint: stop paying for work that is lost.
+        return Capacity.STANDARD, (f"{run.counters.no_progress} attempts in a row without a "
+                                   "newer checkpoint")
+    if escalating and failure is FailureClass.STOCKOUT and run.counters.stockouts >= regions:
+        # Waited for Spot in every region: stop waiting.
+        return Capacity.STANDARD, (f"no Spot capacity in any of {regions} region(s) within "
+                                   "the stockout wait")
+    if capacity is Capacity.STANDARD and attempt.capacity is Capacity.SPOT:
+        return capacity, _escalation_reason(run, ctx, failure)
+    return capacity, f"after {_brief(attempt)} of attempt {attempt.number}"
+
+
+_BRIEF: Mapping[FailureClass, str] = {
+    FailureClass.PREEMPTED: "preemption", FailureClass.STOCKOUT: "stockout",
+    FailureClass.USER_ERROR: "user error", FailureClass.INFRA: "infrastructure error",
+    FailureClass.TIMEOUT: "timeout", FailureClass.CANCELLED: "cancel",
+    FailureClass.LAUNCH_REJECTED: "launch rejection",
+}
+
+
+def _brief(attempt: Attempt) -> str:
+    """A few words on how an attempt ended (its end_reason keeps the full message)."""
+    words = _BRIEF.get(attempt.failure, "failure") if attempt.failure else "end"
+    return f"{words} (exit code {attempt.exit_code})" if attempt.exit_code is not None else words
 
 
 def _escalation_reason(run: Run, ctx: Context, failure: FailureClass) -> str:
@@ -774,11 +807,12 @@ def _on_tick(run: Run, obs: Observation, ctx: Context) -> Run:
             current.capacity is Capacity.FLEX_START:
         return run
     spot_waiting = current.capacity is Capacity.SPOT and waiting and queued_for > 60.0
+    cooling = ctx.now < (run.spot_unavailable_until or 0.0)
     wanted = _policy_capacity(run, ctx, current=current.capacity,
-                              spot_available=not spot_waiting)
+                              spot_available=not (spot_waiting or cooling))
     run = _deadline_warning(run, ctx, wanted, current)
-    if wanted == current.capacity:
-        return run
+    if wanted == current.capacity or (wanted is Capacity.SPOT and cooling):
+        return run  # back to Spot only once it may have capacity again
     reason = (f"deadline policy: switch {current.capacity} -> {wanted} "
               f"(time left {_fmt_s((run.deadline_at or ctx.now) - ctx.now)})")
     run = replace(run, next_capacity=wanted, next_reason=reason)

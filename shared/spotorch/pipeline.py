@@ -67,9 +67,11 @@ class RecoveryPolicy:
     backoff_base_s: float = 5.0
     backoff_cap_s: float = 300.0
     stockout_wait_s: float = 900.0  # a SPOT attempt queued longer than this counts as a stockout
+    spot_cooldown_s: float = 1800.0  # after a stockout or preemption, no move back to Spot before this
     escalation: EscalationKind = EscalationKind.DEADLINE
     escalate_after_preemptions: int = 3  # for COUNT
     restart_overhead_s: float = 600.0  # time lost per relaunch: scheduling, image pull, restore
+    decision_interval_s: float = 300.0  # longest gap between decisions: the reconcile tick period
     expected_compute_s: float | None = None  # estimate of the whole task on standard VMs, if known
     preemption_patterns: tuple[str, ...] = ("(?i)preempt", "(?i)stockout", "(?i)spot",
                                             "(?i)resources? (are|were|is) (un)?available",

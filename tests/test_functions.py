@@ -133,3 +133,21 @@ def test_the_tick_reconciles(deps: Deps) -> None:
     assert post("on_tick", pubsub_event(b'{"time": "now"}', {}, "t1")).status_code == 200
     done, _ = deps.runs.load(run.run_id)
     assert done is not None and done.status is RunStatus.SUCCEEDED
+
+
+def test_a_log_sink_entry_without_run_labels_is_attributed_through_the_job(deps: Deps) -> None:
+    from spotorch.job_events import build_log_entry, encode
+    from spotorch.vertex import JobState
+
+    post("on_object_finalized", storage_event("datasets/a.csv"))
+    run = deps.runs.active()[0]
+    assert isinstance(deps.launcher, InMemoryLauncher)
+    job = deps.launcher.job_of(run.run_id, 1)
+    entry_ = build_log_entry(job_name=job, state=JobState.SUCCEEDED,
+                             previous_state=JobState.RUNNING, display_name="x", labels={},
+                             error_code=0, error_message="", create_time=1.0e9,
+                             start_time=1.0e9 + 5, end_time=1.0e9 + 60, update_time=1.0e9 + 60,
+                             insert_id="i9")
+    assert post("on_job_event", pubsub_event(encode(entry_), {}, "m9")).status_code == 200
+    done, _ = deps.runs.load(run.run_id)
+    assert done is not None and done.status is RunStatus.SUCCEEDED

@@ -161,12 +161,17 @@ def run_demo(scenario: Scenario, *, timeout_s: float, quiet: bool) -> dict[str, 
         say("starting the local stack (Firestore, Pub/Sub, GCS, Vertex AI emulators, functions)")
         with DevStack(pipelines_dir=pipelines, run_dir=work / "stack", extra_env=alerts_env,
                       vertex_schedule=schedule, vertex_grace_s=3.0, tick_seconds=2.0) as stack:
-            os.environ.update(stack.env)
-            stack.create_buckets([LANDING, CHECKPOINTS, MODELS])
-            report = _upload_and_follow(stack, FirestoreDocumentStore(project=stack.project),
-                                        timeout_s, say)
-            time.sleep(2.0)  # let the notifier deliver the last alerts
-            report["published"] = _published(stack)
+            saved = dict(os.environ)
+            os.environ.update(stack.env)  # our own clients talk to this stack
+            try:
+                stack.create_buckets([LANDING, CHECKPOINTS, MODELS])
+                report = _upload_and_follow(stack, FirestoreDocumentStore(project=stack.project),
+                                            timeout_s, say)
+                time.sleep(2.0)  # let the notifier deliver the last alerts
+                report["published"] = _published(stack)
+            finally:
+                os.environ.clear()
+                os.environ.update(saved)
         report["alerts"] = _alerts(webhook, smtp)
     report["events"] = [e["type"] for e in report["published"]]
     report["scenario"] = scenario.name

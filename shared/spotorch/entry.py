@@ -122,14 +122,25 @@ def job_event(event: Any) -> None:
 
 
 def _job_state(body: bytes, attributes: Mapping[str, str], event_id: str) -> None:
-    from spotorch.job_events import parse_job_message
+    from spotorch.job_events import NotAJobStateChange, UnattributedJobUpdate, parse_job_message
     from spotorch.service import job_changed
 
     d = deps()
-    update = parse_job_message(body, attributes, getattr(d, "classifier", None))
-    run = job_changed(d, update.run_id, update.attempt, update.status, event_id=event_id)
-    log.info(f"job {update.status.job_name} {update.status.phase}", run_id=update.run_id,
-             event_id=event_id, status=str(run.status) if run else "unknown run")
+    try:
+        update = parse_job_message(body, attributes, getattr(d, "classifier", None))
+        run_id, attempt, status = update.run_id, update.attempt, update.status
+    except NotAJobStateChange:
+        return  # a job's log line that reports no state: nothing to do, nothing wrong
+    except UnattributedJobUpdate as unattributed:
+        # A log-sink entry names the job, not the run: the job's own labels do.
+        status = unattributed.status
+        labels = d.launcher.get(status.job_name).labels
+        if labels.get("spotorch-run") is None:
+            return  # not one of ours
+        run_id, attempt = labels["spotorch-run"], int(labels.get("spotorch-attempt", "0"))
+    run = job_changed(d, run_id, attempt, status, event_id=event_id)
+    log.info(f"job {status.job_name} {status.phase}", run_id=run_id, event_id=event_id,
+             status=str(run.status) if run else "unknown run")
 
 
 def _trainer(body: bytes, attributes: Mapping[str, str], event_id: str) -> None:

@@ -73,7 +73,7 @@ class RecoveryPolicy:
     restart_overhead_s: float = 600.0  # time lost per relaunch: scheduling, image pull, restore
     decision_interval_s: float = 300.0  # longest gap between decisions: the reconcile tick period
     expected_compute_s: float | None = None  # estimate of the whole task on standard VMs, if known
-    preemption_patterns: tuple[str, ...] = ("(?i)preempt", "(?i)stockout", "(?i)spot",
+    preemption_patterns: tuple[str, ...] = ("(?i)preempt", "(?i)stockout", r"(?i)\bspot\b",
                                             "(?i)resources? (are|were|is) (un)?available",
                                             "(?i)capacity")
     infra_patterns: tuple[str, ...] = ("(?i)internal error", "(?i)unavailable", "(?i)quota")

@@ -37,11 +37,12 @@ def production_deps(settings: Settings | None = None) -> ProductionDeps:
     docs = FirestoreDocumentStore(project=settings.project, database=settings.firestore_database)
     classifier = Classifier.from_policy(RecoveryPolicy())
     pipelines = {p.name: p for p in cached_pipelines(settings.pipelines)}
+    regions = tuple(sorted({r for p in pipelines.values() for r in p.job.regions}))
     return ProductionDeps(
         runs=DocumentRunStore(docs),
         docs=docs,
         launcher=VertexJobLauncher(settings.project, endpoint=settings.vertex_endpoint,
-                                   classify=classifier),
+                                   classify=classifier, regions=regions or (settings.region,)),
         checkpoints=StorageCheckpointStore(),
         publisher=PubSubPublisher(settings.topic_path(settings.events_topic)),
         clock=SystemClock(),

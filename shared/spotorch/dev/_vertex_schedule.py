@@ -1,0 +1,165 @@
+"""When the Vertex emulator preempts Spot jobs and when Spot capacity is gone (pure)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from spotorch.vertex import LABEL_ATTEMPT, LABEL_PIPELINE, LABEL_RUN, label_value
+
+
+class ScheduleError(ValueError):
+    """A preemption schedule or trace that cannot be used."""
+
+
+@dataclass(frozen=True)
+class PreemptRule:
+    """Preempt matching SPOT jobs `after_s` seconds after they started running."""
+
+    after_s: float
+    attempt: int | None = None  # matched on the spotorch-attempt label; None: any
+    run: str | None = None  # matched on the spotorch-run label; None: any
+    pipeline: str | None = None  # matched on the spotorch-pipeline label; None: any
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        wanted = ((LABEL_ATTEMPT, None if self.attempt is None else str(self.attempt)),
+                  (LABEL_RUN, self.run), (LABEL_PIPELINE, self.pipeline))
+        return all(v is None or labels.get(k) == label_value(v) for k, v in wanted)
+
+
+@dataclass(frozen=True)
+class Window:
+    """Spot capacity gone from `from_s` (seconds after the emulator started) for `for_s` seconds."""
+
+    from_s: float = 0.0
+    for_s: float | None = None  # None: forever
+
+    def covers(self, t: float) -> bool:
+        return t >= self.from_s and (self.for_s is None or t < self.from_s + self.for_s)
+
+
+@dataclass(frozen=True)
+class SpotTrace:
+    """A spot availability trace replayed from the emulator's start; 0 means no Spot capacity."""
+
+    values: tuple[int, ...]
+    gap_s: float
+    speed: float = 1.0  # trace seconds per wall-clock second
+    offset: int = 0  # index of the tick the replay starts at
+
+    def available(self, t: float) -> bool:
+        """Whether Spot capacity exists t wall seconds after the start (the trace wraps around)."""
+        index = self.offset + int(t * self.speed / self.gap_s)
+        return self.values[index % len(self.values)] > 0
+
+    @classmethod
+    def load(cls, path: str | Path, *, speed: float = 1.0, offset: int = 0) -> SpotTrace:
+        """Read a trace file of /work/shared/traces ({"metadata": {"gap_seconds"}, "data"})."""
+        try:
+            raw = json.loads(Path(path).read_text())
+            values = tuple(int(v) for v in raw["data"])
+            gap = float(raw["metadata"]["gap_seconds"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ScheduleError(f"{path}: not a spot trace: {exc}") from exc
+        if not values or gap <= 0 or speed <= 0:
+            raise ScheduleError(f"{path}: empty trace, or gap/speed not positive")
+        return cls(values, gap, speed, offset)
+
+
+@dataclass(frozen=True)
+class SpotSchedule:
+    """Everything that decides when Spot jobs lose (or never get) their VMs."""
+
+    rules: tuple[PreemptRule, ...] = ()
+    every_spot_job_after_s: float | None = None
+    stockouts: tuple[Window, ...] = ()
+    trace: SpotTrace | None = None
+
+    def spot_available(self, t: float) -> bool:
+        """Whether Spot capacity exists t seconds after the emulator started."""
+        if any(w.covers(t) for w in self.stockouts):
+            return False
+        return self.trace is None or self.trace.available(t)
+
+    def preempt_after(self, labels: Mapping[str, str]) -> float | None:
+        """Seconds after start at which a SPOT job with these labels is preempted; None: never."""
+        delays = [r.after_s for r in self.rules if r.matches(labels)]
+        if self.every_spot_job_after_s is not None:
+            delays.append(self.every_spot_job_after_s)
+        return min(delays) if delays else None
+
+    def with_stockout(self, window: Window) -> SpotSchedule:
+        return replace(self, stockouts=(*self.stockouts, window))
+
+    def with_trace(self, trace: SpotTrace) -> SpotSchedule:
+        return replace(self, trace=trace)
+
+
+_RULE_KEYS = {"after_s", "attempt", "run", "pipeline"}
+_SCHEDULE_KEYS = {"preempt", "every_spot_job_after_s", "stockouts"}
+_WINDOW_KEYS = {"from_s", "for_s"}
+
+
+def _number(value: Any, where: str, *, optional: bool = False) -> float | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ScheduleError(f"{where}: expected a non-negative number, got {value!r}")
+    return float(value)
+
+
+def _keys(obj: Any, allowed: set[str], where: str) -> Mapping[str, Any]:
+    if not isinstance(obj, Mapping):
+        raise ScheduleError(f"{where}: expected an object")
+    unknown = set(obj) - allowed
+    if unknown:
+        raise ScheduleError(f"{where}: unknown keys {sorted(unknown)}; allowed {sorted(allowed)}")
+    return obj
+
+
+def _rule(obj: Any, where: str) -> PreemptRule:
+    raw = _keys(obj, _RULE_KEYS, where)
+    after = _number(raw.get("after_s"), f"{where}.after_s")
+    attempt = raw.get("attempt")
+    if attempt is not None and (isinstance(attempt, bool) or not isinstance(attempt, int)):
+        raise ScheduleError(f"{where}.attempt: expected an integer, got {attempt!r}")
+    run, pipeline = raw.get("run"), raw.get("pipeline")
+    return PreemptRule(after_s=after or 0.0, attempt=attempt,
+                       run=None if run is None else str(run),
+                       pipeline=None if pipeline is None else str(pipeline))
+
+
+def _window(obj: Any, where: str) -> Window:
+    raw = _keys(obj, _WINDOW_KEYS, where)
+    return Window(from_s=_number(raw.get("from_s", 0), f"{where}.from_s") or 0.0,
+                  for_s=_number(raw.get("for_s"), f"{where}.for_s", optional=True))
+
+
+def parse_schedule(obj: Any) -> SpotSchedule:
+    """A schedule from JSON: a list of rules, or {"preempt": [...], "every_spot_job_after_s": X,
+    "stockouts": [{"from_s": T, "for_s": N}]}; a rule is {"after_s", "attempt"?, "run"?,
+    "pipeline"?}; an omitted for_s means forever."""
+    if isinstance(obj, Sequence) and not isinstance(obj, str):
+        obj = {"preempt": list(obj)}
+    raw = _keys(obj, _SCHEDULE_KEYS, "schedule")
+    rules = raw.get("preempt", [])
+    windows = raw.get("stockouts", [])
+    if not isinstance(rules, list) or not isinstance(windows, list):
+        raise ScheduleError("schedule: preempt and stockouts must be lists")
+    return SpotSchedule(
+        rules=tuple(_rule(r, f"preempt[{i}]") for i, r in enumerate(rules)),
+        every_spot_job_after_s=_number(raw.get("every_spot_job_after_s"),
+                                       "every_spot_job_after_s", optional=True),
+        stockouts=tuple(_window(w, f"stockouts[{i}]") for i, w in enumerate(windows)),
+    )
+
+
+def load_schedule(path: str | Path) -> SpotSchedule:
+    """Read a schedule JSON file."""
+    try:
+        return parse_schedule(json.loads(Path(path).read_text()))
+    except (OSError, ValueError) as exc:
+        raise ScheduleError(f"{path}: {exc}") from exc

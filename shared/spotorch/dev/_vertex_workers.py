@@ -1,0 +1,147 @@
+"""The Vertex emulator's workers: each replica of each worker pool as a local process."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# Vertex's TF_CONFIG task type of each worker pool, by index.
+TF_TASK_TYPES = ("chief", "worker", "ps", "evaluator")
+FIRST_WORKER_PORT = 2222  # placeholder addresses in CLUSTER_SPEC: nothing listens there
+PYTHON_NAMES = frozenset({"python", "python3"})
+
+
+class SpawnError(RuntimeError):
+    """A replica's command could not be started (Vertex would report exit status 127)."""
+
+    def __init__(self, replica: str, reason: str) -> None:
+        super().__init__(f"{replica}: {reason}")
+        self.replica = replica
+
+
+@dataclass
+class Replica:
+    """One running replica: which pool and index, its process and its log file."""
+
+    pool: int
+    index: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def name(self) -> str:
+        return f"workerpool{self.pool}-{self.index}"
+
+    def exit_code(self) -> int | None:
+        """The exit status as a shell reports it (128+N when killed by signal N); None: running."""
+        code = self.process.poll()
+        if code is None:
+            return None
+        return 128 - code if code < 0 else code
+
+    def signal(self, sig: int) -> None:
+        """Signal the replica's whole process group (its children too), as a VM stop would.
+
+        Also after the leader exited: children it left behind keep the group (and so its id)
+        alive, and a VM that goes away takes them with it.
+        """
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, sig)
+
+
+def argv_of(pool: Any) -> list[str]:
+    """The command line of a worker pool (container or python package); [] when it has none.
+
+    The image is ignored: the command runs on this machine. "python"/"python3" as the command
+    becomes this interpreter, so workers see the same installed packages as the emulator.
+    """
+    if pool.python_package_spec and pool.python_package_spec.python_module:
+        spec = pool.python_package_spec
+        return [sys.executable, "-m", spec.python_module, *spec.args]
+    argv = [*pool.container_spec.command, *pool.container_spec.args]
+    if argv and argv[0] in PYTHON_NAMES:
+        argv[0] = sys.executable
+    return argv
+
+
+def cluster_spec(pools: Sequence[Any], pool: int, index: int) -> dict[str, Any]:
+    """CLUSTER_SPEC as Vertex sets it (with placeholder addresses)."""
+    port = FIRST_WORKER_PORT
+    cluster: dict[str, list[str]] = {}
+    for i, p in enumerate(pools):
+        if p.replica_count:
+            cluster[f"workerpool{i}"] = [f"127.0.0.1:{port + j}" for j in range(p.replica_count)]
+            port += p.replica_count
+    return {"cluster": cluster, "environment": "cloud",
+            "task": {"type": f"workerpool{pool}", "index": index}}
+
+
+def tf_config(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """TF_CONFIG derived from CLUSTER_SPEC: workerpool0..3 -> chief, worker, ps, evaluator."""
+    def tf_type(pool_name: str) -> str:
+        index = int(pool_name.removeprefix("workerpool"))
+        return TF_TASK_TYPES[index] if index < len(TF_TASK_TYPES) else pool_name
+
+    task = spec["task"]
+    return {"cluster": {tf_type(k): v for k, v in spec["cluster"].items()},
+            "task": {"type": tf_type(task["type"]), "index": task["index"]},
+            "environment": "cloud"}
+
+
+def replica_env(job_spec: Any, job_id: str, pool: int, index: int,
+                base_env: Mapping[str, str]) -> dict[str, str]:
+    """The environment of one replica: base (the emulator's own), then Vertex's, then the pool's."""
+    env = dict(base_env)
+    output = job_spec.base_output_directory.output_uri_prefix.rstrip("/")
+    if output:
+        env.update(AIP_MODEL_DIR=f"{output}/model", AIP_CHECKPOINT_DIR=f"{output}/checkpoints",
+                   AIP_TENSORBOARD_LOG_DIR=f"{output}/logs")
+    spec = cluster_spec(job_spec.worker_pool_specs, pool, index)
+    env.update(CLOUD_ML_JOB_ID=job_id, CLUSTER_SPEC=json.dumps(spec),
+               TF_CONFIG=json.dumps(tf_config(spec)), PYTHONUNBUFFERED="1")
+    env.update({e.name: e.value for e in job_spec.worker_pool_specs[pool].container_spec.env})
+    return env
+
+
+def spawn(job_spec: Any, job_id: str, log_dir: Path, base_env: Mapping[str, str]) -> list[Replica]:
+    """Start every replica of every pool; on failure, kill those started and raise SpawnError."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    replicas: list[Replica] = []
+    try:
+        for p, pool in enumerate(job_spec.worker_pool_specs):
+            argv = argv_of(pool)
+            for i in range(pool.replica_count):
+                name = f"workerpool{p}-{i}"
+                log_path = log_dir / f"{name}.log"
+                try:
+                    with log_path.open("ab") as log:
+                        # A session of its own: the emulator's Ctrl-C does not reach workers,
+                        # and a stop signals the whole process tree.
+                        process = subprocess.Popen(
+                            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=replica_env(job_spec, job_id, p, i, base_env),
+                            start_new_session=True)
+                except OSError as exc:
+                    raise SpawnError(name, f"cannot start {argv[:1]}: {exc}") from exc
+                replicas.append(Replica(p, i, process, log_path))
+    except SpawnError:
+        kill(replicas)
+        raise
+    return replicas
+
+
+def kill(replicas: Sequence[Replica]) -> None:
+    """SIGKILL every replica and reap it."""
+    for r in replicas:
+        r.signal(signal.SIGKILL)
+    for r in replicas:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            r.process.wait(timeout=5)

@@ -1,0 +1,74 @@
+"""End to end on the local stack: the demo's scenarios, with real checkpoints, events and alerts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from spotorch.demo import SCENARIOS, run_demo
+from spotorch.events import kind_of, validate_event
+
+pytestmark = [pytest.mark.emulator, pytest.mark.slow]
+
+_REPORTS: dict[str, dict[str, Any]] = {}
+
+
+def report(name: str) -> dict[str, Any]:
+    if name not in _REPORTS:
+        _REPORTS[name] = run_demo(SCENARIOS[name], timeout_s=180.0, quiet=True)
+    return _REPORTS[name]
+
+
+def kinds(r: dict[str, Any]) -> list[str]:
+    return [kind_of(t) for t in r["events"]]
+
+
+def test_default_scenario_resumes_from_checkpoints_escalates_and_succeeds() -> None:
+    r = report("default")
+    assert r["status"] == "SUCCEEDED", r.get("history")
+    capacities = [a["capacity"] for a in r["attempts"]]
+    assert capacities == ["spot", "spot", "standard"]
+    first, second, third = r["attempts"]
+    assert first["resumed_from_step"] is None and first["end_reason"].startswith("preempted")
+    assert second["resumed_from_step"] is not None and second["resumed_from_step"] > 0
+    assert third["resumed_from_step"] >= second["resumed_from_step"]
+    assert all(a["job_name"].startswith("projects/") and "/customJobs/" in a["job_name"]
+               for a in r["attempts"])
+    assert r["preemptions"] == 2 and r["escalated"]["to"] == "standard"
+    assert r["metrics"]["test_accuracy"] > 0.6 and r["model_uri"].endswith("model.npz")
+    assert r["timings_ms"]["upload_to_launch"] < 10_000
+    assert r["timings_ms"]["preemption_to_relaunch"] < 5_000
+    assert kinds(r)[0] == "run.created" and kinds(r)[-1] == "run.succeeded"
+    assert kinds(r).count("attempt.preempted") == 2 and "run.escalated" in kinds(r)
+
+
+def test_every_published_event_validates_against_its_schema() -> None:
+    r = report("default")
+    assert r["published"]
+    for event in r["published"]:
+        assert validate_event(event) == [], event
+
+
+def test_alerts_reach_chat_and_email() -> None:
+    r = report("default")
+    channels = {a["channel"] for a in r["alerts"]}
+    assert {"chat", "email"} <= channels
+    assert {"channel": "email", "event_type": "dev.spotorch.run.succeeded.v1"} in r["alerts"]
+
+
+def test_stockout_scenario_moves_to_standard_after_every_region() -> None:
+    r = report("stockout")
+    assert r["status"] == "SUCCEEDED", r.get("history")
+    assert [a["capacity"] for a in r["attempts"]] == ["spot", "spot", "standard"]
+    assert [a["region"] for a in r["attempts"][:2]] == ["us-central1", "europe-west4"]
+    assert r["attempts"][0]["failure_class"] == "stockout"
+    assert "no Spot capacity" in r["escalated"]["reason"]
+
+
+def test_user_error_scenario_fails_with_its_budget_and_says_why() -> None:
+    r = report("user-error")
+    assert r["status"] == "FAILED"
+    assert "user_errors budget exhausted" in r["end_reason"]
+    assert [a["exit_code"] for a in r["attempts"]] == [1, 1]
+    assert kinds(r)[-2:] == ["run.budget_exceeded", "run.failed"]

@@ -1,0 +1,486 @@
+"""The local Vertex AI emulator, driven through the real aiplatform_v1 client and the launcher."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import pytest
+from google.api_core import exceptions as api
+from google.cloud import aiplatform_v1 as v1
+from google.cloud.aiplatform_v1.services.job_service.transports.grpc import (
+    JobServiceGrpcTransport,
+)
+
+from spotorch.dev._vertex_schedule import (
+    PreemptRule,
+    ScheduleError,
+    SpotSchedule,
+    SpotTrace,
+    Window,
+    parse_schedule,
+)
+from spotorch.dev.emulators import EmulatorSet
+from spotorch.dev.vertex_emulator import READY_LINE, EmulatorError, VertexEmulator
+from spotorch.job_events import parse_job_message
+from spotorch.pipeline import Capacity, JobTemplate, WorkerPool
+from spotorch.ports import FailureClass, JobPhase, JobStatus, LaunchSpec
+from spotorch.vertex import LABEL_ATTEMPT, LABEL_RUN, RetryPolicy, VertexJobLauncher
+
+PROJECT = "spotorch-test"
+REGION = "us-central1"
+T = TypeVar("T")
+
+# A worker that reports SIGTERM in a file and exits 143, as the trainer does on preemption.
+TRAP = """
+import pathlib, signal, sys, time
+out = pathlib.Path(sys.argv[1])
+def on_term(signum, frame):
+    out.write_text("SIGTERM")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, on_term)
+pathlib.Path(sys.argv[1] + ".ready").write_text(str(__import__("os").getpid()))
+time.sleep(60)
+"""
+DEAF = """
+import pathlib, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+pathlib.Path(sys.argv[1] + ".ready").write_text("ready")
+time.sleep(60)
+"""
+
+
+def wait_for(fn: Callable[[], T | None], timeout: float = 20.0, what: str = "condition") -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = fn()
+        if value:
+            return value
+        time.sleep(0.03)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def spec(run: str, attempt: int, *command: str, capacity: Capacity = Capacity.SPOT,
+         pools: tuple[WorkerPool, ...] | None = None, env: Mapping[str, str] | None = None,
+         base_output_uri: str | None = None) -> LaunchSpec:
+    template = JobTemplate(worker_pools=pools or (WorkerPool(command=command),),
+                           base_output_uri=base_output_uri)
+    return LaunchSpec(run_id=run, pipeline="demo", attempt=attempt, capacity=capacity,
+                      region=REGION, template=template, env=dict(env or {}),
+                      labels={LABEL_RUN: run, LABEL_ATTEMPT: str(attempt)},
+                      display_name=f"{run} attempt {attempt}")
+
+
+class Harness:
+    """An emulator, a launcher on the real client, and the state changes it reported."""
+
+    def __init__(self, **options: Any) -> None:
+        options = {"grace_s": 0.5, "queued_s": 0.05, "pending_s": 0.05, "tick_s": 0.02,
+                   "job_events_topic": None, **options}
+        self.events: list[Mapping[str, Any]] = []
+        self.emulator = VertexEmulator(PROJECT, listener=self.events.append, **options)
+        self.address = self.emulator.start()
+        self.launcher = VertexJobLauncher(PROJECT, endpoint=self.address,
+                                          retry=RetryPolicy(attempts=2, base_s=0.01))
+
+    def states(self, job_name: str) -> list[str]:
+        return [e["jsonPayload"]["state"].removeprefix("JOB_STATE_") for e in list(self.events)
+                if e["jsonPayload"]["name"] == job_name]
+
+    def until(self, job_name: str, phase: JobPhase, timeout: float = 20.0) -> JobStatus:
+        return wait_for(lambda: (s := self.launcher.get(job_name)).phase is phase and s,
+                        timeout, f"{job_name} {phase}")
+
+    def raw_client(self) -> Any:
+        channel = grpc.insecure_channel(self.address)
+        return v1.JobServiceClient(transport=JobServiceGrpcTransport(channel=channel))
+
+
+@pytest.fixture
+def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Harness]]:
+    started: list[Harness] = []
+
+    def start(**options: Any) -> Harness:
+        options.setdefault("workdir", tmp_path_factory.mktemp("vertex"))
+        started.append(Harness(**options))
+        return started[-1]
+
+    yield start
+    for h in started:
+        h.emulator.stop()
+
+
+def test_a_job_runs_its_command_to_success(harness: Callable[..., Harness], tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")  # the emulator's own env
+    h = harness()
+    out = tmp_path / "env.json"
+    code = ("import json, os, sys; json.dump(dict(os.environ), open(sys.argv[1], 'w')); "
+            "print('trained')")
+    pool = WorkerPool(command=("python3", "-c", code), args=(str(out),),
+                      env=(("POOL_VAR", "p"),))
+    name = h.launcher.launch(spec("r-ok", 1, pools=(pool,), env={"SPOTORCH_RUN_ID": "r-ok"},
+                                  base_output_uri="gs://models/demo"))
+    status = h.until(name, JobPhase.SUCCEEDED)
+    assert status.failure is None and status.message == ""
+    assert status.create_time and status.start_time and status.end_time
+    assert status.create_time <= status.start_time <= status.end_time
+    env = json.loads(out.read_text())
+    assert env["AIP_MODEL_DIR"] == "gs://models/demo/r-ok/model"
+    assert env["AIP_CHECKPOINT_DIR"] == "gs://models/demo/r-ok/checkpoints"
+    assert env["AIP_TENSORBOARD_LOG_DIR"] == "gs://models/demo/r-ok/logs"
+    assert env["CLOUD_ML_JOB_ID"] == name.rsplit("/", 1)[1]
+    assert json.loads(env["TF_CONFIG"])["task"] == {"type": "chief", "index": 0}
+    assert json.loads(env["CLUSTER_SPEC"])["task"] == {"type": "workerpool0", "index": 0}
+    assert (env["POOL_VAR"], env["SPOTORCH_RUN_ID"]) == ("p", "r-ok")
+    assert env["STORAGE_EMULATOR_HOST"] == "http://127.0.0.1:9"
+    assert "trained" in (h.emulator.log_dir(name) / "workerpool0-0.log").read_text()
+    wait_for(lambda: "SUCCEEDED" in h.states(name))
+    assert h.states(name) == ["QUEUED", "PENDING", "RUNNING", "SUCCEEDED"]
+
+
+def test_a_nonzero_exit_fails_the_job_with_its_exit_code(harness: Callable[..., Harness]) -> None:
+    h = harness()
+    name = h.launcher.launch(spec("r-bad", 1, "sh", "-c", "echo oops >&2; exit 3"))
+    status = h.until(name, JobPhase.FAILED)
+    assert (status.failure, status.exit_code) == (FailureClass.USER_ERROR, 3)
+    assert "workerpool0-0 exited with a non-zero status of 3" in status.message
+    assert "oops" in (h.emulator.log_dir(name) / "workerpool0-0.log").read_text()
+    job = h.raw_client().get_custom_job(name=name)
+    assert job.error.code == 3 and job.state == v1.JobState.JOB_STATE_FAILED
+
+
+def test_a_command_that_cannot_start_fails_like_exit_127(harness: Callable[..., Harness]) -> None:
+    h = harness()
+    name = h.launcher.launch(spec("r-none", 1, "/nonexistent/trainer"))
+    status = h.until(name, JobPhase.FAILED)
+    assert (status.failure, status.exit_code) == (FailureClass.USER_ERROR, 127)
+
+
+def test_spot_jobs_are_preempted_by_schedule_and_standard_jobs_never(
+        harness: Callable[..., Harness], tmp_path: Path) -> None:
+    h = harness(schedule=[{"attempt": 1, "after_s": 1.5}])
+    spot_file = tmp_path / "spot"
+    spot = h.launcher.launch(spec("r-spot", 1, "python", "-c", TRAP, str(spot_file)))
+    finish = "import time; time.sleep(2.5)"
+    standard = h.launcher.launch(spec("r-std", 1, "python", "-c", finish,
+                                      capacity=Capacity.STANDARD))
+    other = h.launcher.launch(spec("r-spot", 2, "python", "-c", finish))  # attempt 2: no rule
+    status = h.until(spot, JobPhase.FAILED)
+    assert Path(f"{spot_file}.ready").exists()
+    assert spot_file.read_text() == "SIGTERM"  # the worker had its chance to checkpoint
+    assert status.failure is FailureClass.PREEMPTED and status.exit_code is None
+    assert "STOCKOUT" in status.message and "preempted" in status.message
+    assert status.start_time is not None and status.end_time is not None
+    assert status.end_time - status.start_time >= 1.4
+    assert h.until(standard, JobPhase.SUCCEEDED).failure is None
+    assert h.until(other, JobPhase.SUCCEEDED).failure is None
+    assert h.states(spot)[-2:] == ["RUNNING", "FAILED"]
+
+
+def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace_period(
+        harness: Callable[..., Harness], tmp_path: Path) -> None:
+    h = harness(grace_s=0.6)
+    name = h.launcher.launch(spec("r-deaf", 1, "python", "-c", DEAF, str(tmp_path / "deaf")))
+    h.until(name, JobPhase.RUNNING)
+    wait_for(lambda: (tmp_path / "deaf.ready").exists(), what="worker ready")
+    preempted_at = time.time()
+    assert h.emulator.preempt(name)
+    status = h.until(name, JobPhase.FAILED)
+    assert status.failure is FailureClass.PREEMPTED
+    assert status.end_time is not None and status.end_time - preempted_at >= 0.55
+    assert not h.emulator.preempt(name)  # ended: nothing to preempt
+
+
+def test_a_stockout_window_keeps_spot_jobs_queued(harness: Callable[..., Harness]) -> None:
+    h = harness(stockout_from_s=0.0, stockout_for_s=3.0)
+    quick = "print('done')"
+    spot = h.launcher.launch(spec("r-so", 1, "python", "-c", quick))
+    standard = h.launcher.launch(spec("r-so-std", 1, "python", "-c", quick,
+                                      capacity=Capacity.STANDARD))
+    h.until(standard, JobPhase.SUCCEEDED)  # standard capacity is unaffected
+    assert h.launcher.get(spot).phase is JobPhase.QUEUED
+    time.sleep(0.5)
+    assert h.launcher.get(spot).phase is JobPhase.QUEUED
+    status = h.until(spot, JobPhase.SUCCEEDED)  # capacity came back after the window
+    assert status.start_time is not None and status.create_time is not None
+    assert status.start_time - status.create_time >= 2.5
+
+
+def test_a_trace_replay_preempts_and_queues_spot_jobs(harness: Callable[..., Harness],
+                                                      tmp_path: Path) -> None:
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"metadata": {"gap_seconds": 300}, "data": [1, 0, 1]}))
+    # 300 trace seconds per tick at speed 200: capacity for 1.5 s, none for 1.5 s, then back.
+    h = harness(trace=trace, trace_speed=200.0)
+    running = h.launcher.launch(spec("r-tr", 1, "python", "-c", "import time; time.sleep(60)"))
+    h.until(running, JobPhase.RUNNING)
+    status = h.until(running, JobPhase.FAILED)
+    assert status.failure is FailureClass.PREEMPTED
+    late = h.launcher.launch(spec("r-tr", 2, "python", "-c", "print(1)"))
+    time.sleep(0.4)
+    assert h.launcher.get(late).phase is JobPhase.QUEUED  # no capacity yet
+    assert h.until(late, JobPhase.SUCCEEDED).failure is None
+
+
+def test_cancel_stops_queued_and_running_jobs(harness: Callable[..., Harness],
+                                              tmp_path: Path) -> None:
+    h = harness()
+    flag = tmp_path / "cancelled"
+    running = h.launcher.launch(spec("r-c", 1, "python", "-c", TRAP, str(flag),
+                                     capacity=Capacity.STANDARD))
+    queued = h.launcher.launch(spec("r-c", 2, "python", "-c", "print(1)"))
+    h.emulator.schedule = SpotSchedule(stockouts=(Window(0.0),))  # keep the SPOT job queued
+    h.until(running, JobPhase.RUNNING)
+    wait_for(lambda: Path(f"{flag}.ready").exists(), what="worker ready")
+    h.launcher.cancel(running)
+    h.launcher.cancel(queued)
+    for name in (running, queued):
+        status = h.until(name, JobPhase.CANCELLED)
+        assert status.failure is FailureClass.CANCELLED
+        assert h.raw_client().get_custom_job(name=name).error.code == 1
+    assert flag.read_text() == "SIGTERM"
+    assert h.states(running)[-2:] == ["CANCELLING", "CANCELLED"]
+    h.launcher.cancel(running)  # already ended: not an error
+    with pytest.raises(api.FailedPrecondition):
+        h.raw_client().cancel_custom_job(name=running)
+    with pytest.raises(api.NotFound):
+        h.raw_client().get_custom_job(name=f"projects/{PROJECT}/locations/{REGION}/customJobs/1")
+
+
+def test_list_filters_by_labels_and_pages(harness: Callable[..., Harness]) -> None:
+    h = harness(stockout_from_s=0.0)  # every SPOT job stays queued
+    names = {(run, attempt): h.launcher.launch(spec(run, attempt, "true"))
+             for run in ("r-a", "r-b") for attempt in (1, 2)}
+    assert len(set(names.values())) == 4
+    found = h.launcher.find("r-b", 2)
+    assert found is not None and found.job_name == names[("r-b", 2)]
+    assert found.phase is JobPhase.QUEUED and found.labels[LABEL_RUN] == "r-b"
+    assert h.launcher.find("r-c", 1) is None
+    client = h.raw_client()
+    parent = f"projects/{PROJECT}/locations/{REGION}"
+    by_run = [j.name for j in client.list_custom_jobs(
+        request={"parent": parent, "filter": 'labels.spotorch-run="r-a"'})]
+    assert sorted(by_run) == sorted([names[("r-a", 1)], names[("r-a", 2)]])
+    paged = list(client.list_custom_jobs(request={"parent": parent, "page_size": 1}))
+    assert len(paged) == 4
+    assert not list(client.list_custom_jobs(
+        request={"parent": f"projects/{PROJECT}/locations/europe-west4"}))
+    assert len(list(client.list_custom_jobs(
+        request={"parent": parent, "filter": 'state="JOB_STATE_QUEUED"'}))) == 4
+    with pytest.raises(api.InvalidArgument):
+        list(client.list_custom_jobs(request={"parent": parent, "filter": "labels.x OR y"}))
+    with pytest.raises(api.PermissionDenied):
+        list(client.list_custom_jobs(request={"parent": "projects/other/locations/us-central1"}))
+
+
+def test_jobs_vertex_would_refuse_are_refused(harness: Callable[..., Harness]) -> None:
+    client = harness().raw_client()
+    parent = f"projects/{PROJECT}/locations/{REGION}"
+    pool = {"machine_spec": {"machine_type": "n1-standard-4"}, "replica_count": 1,
+            "container_spec": {"image_uri": "img", "command": ["true"]}}
+    bad_jobs: list[dict[str, Any]] = [
+        {"display_name": "x", "labels": {"Bad Key": "v"},
+         "job_spec": {"worker_pool_specs": [pool]}},
+        {"display_name": "", "job_spec": {"worker_pool_specs": [pool]}},
+        {"display_name": "x", "job_spec": {"worker_pool_specs": []}},
+        {"display_name": "x", "job_spec": {"worker_pool_specs": [
+            {**pool, "container_spec": {"image_uri": "img"}}]}},
+    ]
+    for job in bad_jobs:
+        with pytest.raises(api.InvalidArgument):
+            client.create_custom_job(parent=parent, custom_job=job)
+    with pytest.raises(api.InvalidArgument):
+        client.create_custom_job(parent="projects/x", custom_job=bad_jobs[1])
+
+
+def test_every_replica_of_every_pool_runs(harness: Callable[..., Harness],
+                                          tmp_path: Path) -> None:
+    h = harness()
+    code = ("import json, os, sys; t = json.loads(os.environ['TF_CONFIG']); "
+            "open(os.path.join(sys.argv[1], t['task']['type'] + str(t['task']['index'])), 'w')"
+            ".write(os.environ['CLUSTER_SPEC'])")
+    chief = WorkerPool(command=("python", "-c", code), args=(str(tmp_path),))
+    workers = WorkerPool(replica_count=2, command=("python", "-c", code), args=(str(tmp_path),))
+    name = h.launcher.launch(spec("r-multi", 1, pools=(chief, workers)))
+    h.until(name, JobPhase.SUCCEEDED)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chief0", "worker0", "worker1"]
+    cluster = json.loads((tmp_path / "worker1").read_text())["cluster"]
+    assert [len(cluster["workerpool0"]), len(cluster["workerpool1"])] == [1, 2]
+    logs = sorted(p.name for p in h.emulator.log_dir(name).iterdir())
+    assert logs == ["workerpool0-0.log", "workerpool1-0.log", "workerpool1-1.log"]
+
+
+def test_one_failing_replica_fails_the_job_and_stops_the_others(
+        harness: Callable[..., Harness], tmp_path: Path) -> None:
+    h = harness()
+    chief = WorkerPool(command=("python", "-c", TRAP), args=(str(tmp_path / "chief"),))
+    worker = WorkerPool(command=("sh", "-c", "sleep 0.5; exit 7"))
+    name = h.launcher.launch(spec("r-partial", 1, pools=(chief, worker)))
+    status = h.until(name, JobPhase.FAILED)
+    assert (status.failure, status.exit_code) == (FailureClass.USER_ERROR, 7)
+    assert "workerpool1-0" in status.message
+    wait_for(lambda: (tmp_path / "chief").exists(), what="chief stopped")
+
+
+# --- schedules and traces (pure) ------------------------------------------------------------------
+
+def test_schedules_parse_from_json() -> None:
+    schedule = parse_schedule({"preempt": [{"attempt": 1, "after_s": 20},
+                                           {"run": "r-x", "after_s": 5}],
+                               "every_spot_job_after_s": 60,
+                               "stockouts": [{"from_s": 10, "for_s": 5}, {"from_s": 100}]})
+    assert schedule.rules == (PreemptRule(20.0, attempt=1), PreemptRule(5.0, run="r-x"))
+    assert schedule.preempt_after({LABEL_ATTEMPT: "1", LABEL_RUN: "r-x"}) == 5.0
+    assert schedule.preempt_after({LABEL_ATTEMPT: "1", LABEL_RUN: "r-y"}) == 20.0
+    assert schedule.preempt_after({LABEL_ATTEMPT: "2"}) == 60.0
+    assert [schedule.spot_available(t) for t in (0, 10, 14.9, 15, 99, 100, 1e9)] == \
+        [True, False, False, True, True, False, False]
+    assert parse_schedule([{"after_s": 3}]).preempt_after({}) == 3.0
+    assert SpotSchedule().preempt_after({LABEL_ATTEMPT: "1"}) is None
+
+
+@pytest.mark.parametrize("bad", [
+    {"preempt": [{"attempt": 1}]},
+    {"preempt": [{"after_s": -1}]},
+    {"preempt": [{"after_s": 1, "atempt": 2}]},
+    {"preempt": [{"after_s": 1, "attempt": "1"}]},
+    {"stockouts": [{"from_s": "soon"}]},
+    {"every_spot_job_after_s": True},
+    {"surprise": 1},
+    "nonsense",
+])
+def test_bad_schedules_are_refused(bad: Any) -> None:
+    with pytest.raises(ScheduleError):
+        parse_schedule(bad)
+    with pytest.raises(EmulatorError):
+        VertexEmulator(schedule=bad if not isinstance(bad, str) else {"x": bad})
+
+
+def test_traces_replay_at_speed_and_wrap() -> None:
+    trace = SpotTrace(values=(1, 0, 2), gap_s=30.0, speed=10.0)
+    assert [trace.available(t) for t in (0.0, 2.9, 3.0, 5.9, 6.0, 9.0)] == \
+        [True, True, False, False, True, True]
+    assert SpotTrace(values=(1, 0), gap_s=30.0, offset=1).available(0.0) is False
+
+
+def test_the_shared_traces_load() -> None:
+    root = Path("/work/shared/traces/preemption/1-node")
+    files = sorted(root.glob("*/*.json")) if root.exists() else []
+    if not files:
+        pytest.skip("no shared traces on this machine")
+    trace = SpotTrace.load(files[0], speed=100.0)
+    assert trace.gap_s > 0 and set(trace.values) <= {0, 1} and len(trace.values) > 100
+
+
+# --- Pub/Sub and the command line -----------------------------------------------------------------
+
+def _subscription(project: str) -> tuple[Any, str, str]:
+    from google.cloud import pubsub_v1
+
+    topic_name = f"vertex-events-{uuid.uuid4().hex[:8]}"
+    publisher, subscriber = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
+    topic = publisher.topic_path(project, topic_name)
+    publisher.create_topic(name=topic)
+    subscription = subscriber.subscription_path(project, topic_name)
+    subscriber.create_subscription(name=subscription, topic=topic)
+    return subscriber, subscription, topic_name
+
+
+def _pull(subscriber: Any, subscription: str, seconds: float) -> list[Any]:
+    messages: list[Any] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with contextlib.suppress(api.DeadlineExceeded):
+            response = subscriber.pull(request={"subscription": subscription,
+                                                "max_messages": 50}, timeout=2)
+            if response.received_messages:
+                subscriber.acknowledge(request={"subscription": subscription, "ack_ids": [
+                    m.ack_id for m in response.received_messages]})
+                messages += [m.message for m in response.received_messages]
+                if any(m.message.attributes["state"] == "JOB_STATE_SUCCEEDED"
+                       for m in response.received_messages):
+                    return messages
+    return messages
+
+
+@pytest.mark.emulator
+def test_state_changes_arrive_on_pubsub(emulators: EmulatorSet,
+                                        harness: Callable[..., Harness]) -> None:
+    subscriber, subscription, topic = _subscription(emulators.project)
+    h = harness(job_events_topic=topic)
+    name = h.launcher.launch(spec("r-ps", 3, "python", "-c", "print('hi')"))
+    h.until(name, JobPhase.SUCCEEDED)
+    messages = _pull(subscriber, subscription, 15.0)
+    updates = [parse_job_message(m.data, dict(m.attributes)) for m in messages]
+    assert {m.attributes["spotorch_source"] for m in messages} == {"job"}
+    assert {(u.run_id, u.attempt, u.status.job_name) for u in updates} == {("r-ps", 3, name)}
+    phases = [u.status.phase for u in sorted(updates, key=lambda u: u.observed_at)]
+    assert phases == [JobPhase.QUEUED, JobPhase.PENDING, JobPhase.RUNNING, JobPhase.SUCCEEDED]
+
+
+@pytest.mark.emulator
+def test_dropped_state_messages_leave_polling_to_tell(emulators: EmulatorSet,
+                                                      harness: Callable[..., Harness]) -> None:
+    subscriber, subscription, topic = _subscription(emulators.project)
+    h = harness(job_events_topic=topic, drop_events=1.0)
+    name = h.launcher.launch(spec("r-drop", 1, "true"))
+    assert h.until(name, JobPhase.SUCCEEDED).failure is None  # GetCustomJob still knows
+    wait_for(lambda: h.emulator.events_dropped >= 4, what="dropped events")
+    assert h.emulator.events_published == 0
+    assert _pull(subscriber, subscription, 1.5) == []
+
+
+def test_the_command_line_serves_until_sigterm_and_kills_its_workers(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PUBSUB_EMULATOR_HOST"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spotorch.dev.vertex_emulator", "--port", "0", "--project",
+         PROJECT, "--job-events-topic", "", "--grace-s", "0.5", "--queued-s", "0.05",
+         "--pending-s", "0.05", "--workdir", str(tmp_path / "work")],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
+    try:
+        lines: list[str] = []
+        stdout = proc.stdout
+        assert stdout is not None
+        reader = threading.Thread(target=lambda: lines.append(stdout.readline()))
+        reader.start()
+        reader.join(timeout=30)
+        assert lines and lines[0].startswith("vertex emulator listening on 127.0.0.1:")
+        address = lines[0].strip().rsplit(" ", 1)[1]
+        assert lines[0] == READY_LINE.format(address=address) + "\n"
+        launcher = VertexJobLauncher(PROJECT, endpoint=address)
+        pid_file = tmp_path / "worker"
+        name = launcher.launch(spec("r-cli", 1, "python", "-c", DEAF, str(pid_file),
+                                    capacity=Capacity.STANDARD))
+        wait_for(lambda: Path(f"{pid_file}.ready").exists(), what="worker ready")
+        assert launcher.get(name).phase is JobPhase.RUNNING
+        assert (tmp_path / "work").is_dir()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        assert stdout.read() == ""  # exactly one line
+        assert not list(_live_workers(pid_file))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _live_workers(marker: Path) -> Iterator[int]:
+    """Processes still running the DEAF worker of this test (found by their argument)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+                if str(marker).encode() in cmdline:
+                    yield int(entry.name)

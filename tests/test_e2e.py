@@ -72,3 +72,11 @@ def test_user_error_scenario_fails_with_its_budget_and_says_why() -> None:
     assert "user_errors budget exhausted" in r["end_reason"]
     assert [a["exit_code"] for a in r["attempts"]] == [1, 1]
     assert kinds(r)[-2:] == ["run.budget_exceeded", "run.failed"]
+
+
+def test_lost_job_events_are_repaired_by_the_tick_within_one_period() -> None:
+    r = run_demo(SCENARIOS["default"], timeout_s=180.0, quiet=True, lose_job_events=True)
+    assert r["status"] == "SUCCEEDED", r.get("history")
+    assert [a["capacity"] for a in r["attempts"]] == ["spot", "spot", "standard"]
+    # Only polling saw the preemptions: the relaunch came at the next tick (plus handling time).
+    assert r["timings_ms"]["preemption_to_relaunch"] <= r["tick_s"] * 1000 + 1500

@@ -24,6 +24,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 LANDING, CHECKPOINTS, MODELS = "spotorch-landing", "spotorch-checkpoints", "spotorch-models"
 PIPELINE = "demo"
+TICK_S = 2.0  # the local reconcile tick (production: Cloud Scheduler every 5 minutes)
 DATA_PREFIX = "datasets/demo/"
 
 
@@ -138,8 +139,13 @@ def _read_json(uri: str) -> Any:
         return None
 
 
-def run_demo(scenario: Scenario, *, timeout_s: float, quiet: bool) -> dict[str, Any]:
-    """Start the stack, upload a data snapshot, follow the run, collect the report, stop the stack."""
+def run_demo(scenario: Scenario, *, timeout_s: float, quiet: bool,
+             lose_job_events: bool = False) -> dict[str, Any]:
+    """Start the stack, upload a data snapshot, follow the run, collect the report, stop the stack.
+
+    lose_job_events: the Vertex emulator drops every job-state message, so only the reconcile
+    tick's polling learns what the jobs do (what happens when a log sink loses messages).
+    """
     from spotorch.dev.receivers import SmtpReceiver, WebhookReceiver
     from spotorch.dev.stack import DevStack
     from spotorch.store_firestore import FirestoreDocumentStore
@@ -160,7 +166,8 @@ def run_demo(scenario: Scenario, *, timeout_s: float, quiet: bool) -> dict[str, 
                       "SPOTORCH_EMAIL_TO": "ml-team@localhost"}
         say("starting the local stack (Firestore, Pub/Sub, GCS, Vertex AI emulators, functions)")
         with DevStack(pipelines_dir=pipelines, run_dir=work / "stack", extra_env=alerts_env,
-                      vertex_schedule=schedule, vertex_grace_s=3.0, tick_seconds=2.0) as stack:
+                      vertex_schedule=schedule, vertex_grace_s=3.0, tick_seconds=TICK_S,
+                      vertex_args=["--drop-events", "1.0"] if lose_job_events else []) as stack:
             saved = dict(os.environ)
             os.environ.update(stack.env)  # our own clients talk to this stack
             try:
@@ -175,6 +182,8 @@ def run_demo(scenario: Scenario, *, timeout_s: float, quiet: bool) -> dict[str, 
         report["alerts"] = _alerts(webhook, smtp)
     report["events"] = [e["type"] for e in report["published"]]
     report["scenario"] = scenario.name
+    report["job_events_lost"] = lose_job_events
+    report["tick_s"] = TICK_S
     report["expected_status"] = scenario.expected_status
     report["work_dir"] = str(work)
     return report
@@ -283,9 +292,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="default")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds to wait for the run")
+    parser.add_argument("--lose-job-events", action="store_true",
+                        help="drop every job-state message: only the tick's polling sees the jobs")
     args = parser.parse_args(argv)
     scenario = SCENARIOS[args.scenario]
-    report = run_demo(scenario, timeout_s=args.timeout, quiet=False)
+    report = run_demo(scenario, timeout_s=args.timeout, quiet=False,
+                      lose_job_events=args.lose_job_events)
     if args.json:
         print(json.dumps(report, default=str))
     else:

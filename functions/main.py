@@ -9,25 +9,25 @@ from spotorch.api import handle_request
 @functions_framework.cloud_event
 def on_object_finalized(event):  # type: ignore[no-untyped-def]
     """New data: a GCS object finalized (Eventarc) or its Pub/Sub notification."""
-    entry.guarded("on_object_finalized", entry.object_event)(event)
+    entry.on_object_finalized(event)
 
 
 @functions_framework.cloud_event
 def on_job_event(event):  # type: ignore[no-untyped-def]
     """A training job changed state, or its trainer reported progress."""
-    entry.guarded("on_job_event", entry.job_event)(event)
+    entry.on_job_event(event)
 
 
 @functions_framework.cloud_event
 def on_tick(event):  # type: ignore[no-untyped-def]
     """The periodic reconcile tick."""
-    entry.guarded("on_tick", entry.tick_event)(event)
+    entry.on_tick(event)
 
 
 @functions_framework.cloud_event
 def on_run_event(event):  # type: ignore[no-untyped-def]
     """spotorch's own events, turned into alerts."""
-    entry.guarded("on_run_event", entry.run_event)(event)
+    entry.on_run_event(event)
 
 
 @functions_framework.http

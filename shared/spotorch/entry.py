@@ -211,3 +211,10 @@ def run_event(event: Any) -> None:
 
     deliveries = handle_pubsub_cloudevent(event)
     log.info(f"notifier: {len(deliveries)} deliveries", event_id=_attr(event, "id"))
+
+
+# What each Cloud Function runs: its handler, guarded so bad events are acknowledged and recorded.
+on_object_finalized = guarded("on_object_finalized", object_event)
+on_job_event = guarded("on_job_event", job_event)
+on_tick = guarded("on_tick", tick_event)
+on_run_event = guarded("on_run_event", run_event)

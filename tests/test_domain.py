@@ -329,3 +329,27 @@ def test_never_escalating_pipeline_keeps_waiting_for_spot_after_stockouts() -> N
     run = new_run(run_id="r1", pipeline=p, now=T0, data_uri="d", snapshot_id=None)
     run = stockout(stockout(run, p, T0), p, T0 + 1000)
     assert [a.capacity for a in run.attempts] == [Capacity.SPOT] * 3
+
+
+def test_a_run_past_its_cost_budget_is_stopped_and_fails_with_budget() -> None:
+    p = replace(pipeline(), max_cost=1.0, prices=(("spot", 0.5), ("standard", 2.0)))
+    run = started(p)  # running on spot from T0 at 0.5 per hour
+    within = decide(run, Tick(), Context(p, T0 + 3600))
+    assert within.status is RunStatus.RUNNING
+    over = decide(run, Tick(), Context(p, T0 + 3 * 3600))
+    assert over.status is RunStatus.CANCELLING and kinds(over)[-1] == "cancel"
+    assert published(over)[-1] == "run.budget_exceeded"
+    done = ended(over, p, JobPhase.CANCELLED, now=T0 + 3 * 3600 + 30)
+    assert done.status is RunStatus.FAILED_BUDGET
+    assert "cost budget exhausted" in (done.end_reason or "")
+    assert published(done)[-1] == "run.failed"
+
+
+def test_cost_estimate_uses_accelerator_list_prices() -> None:
+    from spotorch.domain import cost_estimate
+    from spotorch.pipeline import WorkerPool
+
+    p = replace(pipeline(), job=replace(pipeline().job, worker_pools=(
+        WorkerPool(accelerator_type="NVIDIA_TESLA_A100", accelerator_count=8, replica_count=2),)))
+    run = started(p)
+    assert cost_estimate(run, Context(p, T0 + 3600)) == pytest.approx(1.147 * 16)

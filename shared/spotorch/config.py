@@ -570,6 +570,7 @@ _PIPELINE: _Table = {
     "checkpoint_uri": ("checkpoint_uri", str), "output_uri": ("output_uri", str),
     "recovery": ("recovery", lambda r: RecoveryPolicy(**_build(r, _RECOVERY))),
     "deadline": ("deadline_s", parse_duration), "max_cost": ("max_cost", float),
+    "prices": ("prices", lambda m: tuple((str(k), float(v)) for k, v in sorted(m.items()))),
     "routes": ("routes", lambda rs: tuple(Route(**_build(r, _ROUTE)) for r in rs)),
 }
 

@@ -37,6 +37,7 @@ class RunStatus(StrEnum):
     FAILED_INFRA = "FAILED_INFRA"  # infrastructure errors beyond their budget
     FAILED_TIMEOUT = "FAILED_TIMEOUT"  # the job hit its timeout more often than allowed
     FAILED_LAUNCH = "FAILED_LAUNCH"  # Vertex AI refused the job for good (bad spec, permissions)
+    FAILED_BUDGET = "FAILED_BUDGET"  # the estimated cost passed the pipeline's budget; job stopped
 
     @property
     def terminal(self) -> bool:
@@ -60,7 +61,8 @@ TRANSITIONS: Mapping[RunStatus, frozenset[RunStatus]] = {
     RunStatus.RUNNING: frozenset({RunStatus.RECOVERING, RunStatus.STARTING, RunStatus.CANCELLING})
     | _ENDINGS,
     RunStatus.RECOVERING: frozenset({RunStatus.STARTING, RunStatus.CANCELLING}) | _ENDINGS,
-    RunStatus.CANCELLING: frozenset({RunStatus.CANCELLED, RunStatus.SUCCEEDED}),
+    RunStatus.CANCELLING: frozenset({RunStatus.CANCELLED, RunStatus.SUCCEEDED,
+                                     RunStatus.FAILED_BUDGET}),
     **{s: frozenset() for s in _ENDINGS},
 }
 
@@ -189,6 +191,7 @@ class Run:
     spot_unavailable_until: float | None = None  # after a stockout or preemption: don't count on Spot
     escalated: Mapping[str, Any] | None = None
     deadline_warned: bool = False
+    stop_status: RunStatus | None = None  # how a CANCELLING run ends (None: CANCELLED)
     end_reason: str | None = None
     history: tuple[HistoryEntry, ...] = ()
     outbox: tuple[Intent, ...] = ()
@@ -227,6 +230,7 @@ class Run:
         ckpt = data.get("latest_checkpoint")
         data["latest_checkpoint"] = Checkpoint(**ckpt) if ckpt else None
         data["next_capacity"] = Capacity(data["next_capacity"]) if data.get("next_capacity") else None
+        data["stop_status"] = RunStatus(data["stop_status"]) if data.get("stop_status") else None
         data["history"] = tuple(HistoryEntry(**h) for h in data.get("history", ()))
         data["outbox"] = tuple(Intent(**i) for i in data.get("outbox", ()))
         data["seen"] = tuple(data.get("seen", ()))
@@ -601,6 +605,8 @@ def _attempt_ended(run: Run, ctx: Context, attempt: Attempt, status: JobStatus) 
     run = _with_attempt(run, attempt)
     run = _announce_end(run, ctx, attempt)
     if failure is FailureClass.CANCELLED:
+        if run.status is RunStatus.CANCELLING and run.stop_status is not None:
+            return _fail(run, ctx, run.stop_status, run.end_reason or "stopped", None)
         if run.status is RunStatus.CANCELLING or attempt.cancel_reason is None:
             why = run.end_reason if run.status is RunStatus.CANCELLING else \
                 "the job was cancelled outside spotorch"
@@ -767,17 +773,38 @@ def _cancel_attempt(run: Run, ctx: Context, attempt: Attempt, why: str) -> Run:
 
 def _on_cancel(run: Run, obs: Observation, ctx: Context) -> Run:
     assert isinstance(obs, CancelRequested)
+    return _stop(run, ctx, obs.reason, None)
+
+
+def _stop(run: Run, ctx: Context, reason: str, ends_as: RunStatus | None) -> Run:
+    """Stop a run: cancel its live job, then end as ends_as (None: CANCELLED)."""
     if run.status is RunStatus.CANCELLING:
         return run
     live = run.current if run.current is not None and run.current.live else None
     if live is None:
-        run = _to(run, RunStatus.CANCELLED, ctx, obs.reason)
-        return _publish(run, ctx, "run.cancelled", status=str(run.status), reason=obs.reason)
-    run = replace(run, end_reason=obs.reason)
-    run = _to(run, RunStatus.CANCELLING, ctx, obs.reason)
-    run = replace(run, end_reason=obs.reason)
-    # Drop a launch intent not carried out yet; if it was, LaunchDone will cancel its job.
+        if ends_as is not None:
+            return _fail(run, ctx, ends_as, reason, None)
+        run = _to(run, RunStatus.CANCELLED, ctx, reason)
+        return _publish(run, ctx, "run.cancelled", status=str(run.status), reason=reason)
+    run = _to(run, RunStatus.CANCELLING, ctx, reason)
+    run = replace(run, end_reason=reason, stop_status=ends_as)
+    # If the job is not created yet, LaunchDone cancels it when it appears.
     return _cancel_attempt(run, ctx, live, CANCEL_BY_OPERATOR)
+
+
+def _over_budget(run: Run, ctx: Context) -> Run | None:
+    """Stop a run whose estimated cost passed the pipeline's budget; None when within it."""
+    budget = ctx.pipeline.max_cost
+    if budget is None or run.status not in (RunStatus.STARTING, RunStatus.RUNNING,
+                                            RunStatus.RECOVERING):
+        return None
+    spent = cost_estimate(run, ctx)
+    if spent <= budget:
+        return None
+    run = _publish(run, ctx, "run.budget_exceeded", budget="cost", limit=budget,
+                   used=round(spent, 4))
+    return _stop(run, ctx, f"cost budget exhausted: {spent:.2f} > {budget:.2f}",
+                 RunStatus.FAILED_BUDGET)
 
 
 def _on_promote(run: Run, obs: Observation, ctx: Context) -> Run:
@@ -788,6 +815,9 @@ def _on_promote(run: Run, obs: Observation, ctx: Context) -> Run:
 
 
 def _on_tick(run: Run, obs: Observation, ctx: Context) -> Run:
+    stopped = _over_budget(run, ctx)
+    if stopped is not None:
+        return stopped
     current = run.current
     if run.status is RunStatus.RECOVERING:
         if run.next_action_at is not None and ctx.now >= run.next_action_at:
@@ -846,21 +876,16 @@ _HANDLERS: Mapping[type, Callable[[Run, Observation, Context], Run]] = {
 
 # ---------------------------------------------------------------- cost
 
-# List prices per node-hour by capacity; a pipeline's machine may override (see docs/pipelines.md).
-DEFAULT_PRICE_PER_HOUR: Mapping[Capacity, float] = {
-    Capacity.SPOT: 1.147, Capacity.STANDARD: 2.934, Capacity.FLEX_START: 1.467,
-}
-
-
 def cost_estimate(run: Run, ctx: Context) -> float:
     """Estimated compute cost so far: billed running time of every attempt at list prices."""
-    nodes = sum(p.replica_count * max(p.accelerator_count, 1) for p in ctx.pipeline.job.worker_pools)
+    from spotorch.prices import hourly_price
+
     total = 0.0
     for a in run.attempts:
         if a.started_at is None:
-            continue
+            continue  # queued or preempted time is not billed
         end = a.ended_at if a.ended_at is not None else ctx.now
-        total += max(end - a.started_at, 0.0) / 3600 * DEFAULT_PRICE_PER_HOUR[a.capacity] * nodes
+        total += max(end - a.started_at, 0.0) / 3600 * hourly_price(ctx.pipeline, a.capacity)
     return total if math.isfinite(total) else 0.0
 
 

@@ -138,6 +138,7 @@ class Pipeline:
     recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
     deadline_s: float | None = None  # from run creation; None: no deadline
     max_cost: float | None = None  # budget in currency units; None: unlimited
+    prices: tuple[tuple[str, float], ...] = ()  # capacity -> price per replica-hour (overrides)
     routes: tuple[Route, ...] = ()
     source: str = ""  # the file it was loaded from, for error messages
 

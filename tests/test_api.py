@@ -7,18 +7,12 @@ from typing import Any
 
 import pytest
 
+from fakes import fake_deps
 from spotorch import entry
-from spotorch.memory import (
-    InMemoryCheckpoints,
-    InMemoryDocumentStore,
-    InMemoryLauncher,
-    InMemoryPublisher,
-    ManualClock,
-)
+from spotorch.memory import InMemoryCheckpoints, InMemoryLauncher
 from spotorch.pipeline import Pipeline, Trigger
 from spotorch.ports import Checkpoint
 from spotorch.service import Deps
-from spotorch.store import DocumentRunStore
 
 MAIN = str(Path(__file__).resolve().parent.parent / "functions" / "main.py")
 
@@ -27,12 +21,8 @@ MAIN = str(Path(__file__).resolve().parent.parent / "functions" / "main.py")
 def api(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Deps]:
     import functions_framework
 
-    docs = InMemoryDocumentStore()
-    deps = Deps(runs=DocumentRunStore(docs), docs=docs, launcher=InMemoryLauncher(),
-                checkpoints=InMemoryCheckpoints(), publisher=InMemoryPublisher(),
-                clock=ManualClock(),
-                pipelines={"demo": Pipeline(name="demo", trigger=Trigger(bucket="landing"),
-                                            checkpoint_uri="gs://c/demo", output_uri="gs://m/demo")})
+    deps = fake_deps(Pipeline(name="demo", trigger=Trigger(bucket="landing"),
+                              checkpoint_uri="gs://c/demo", output_uri="gs://m/demo"))
     monkeypatch.setattr(entry, "deps", lambda: deps)
     return functions_framework.create_app("api", MAIN, "http").test_client(), deps
 

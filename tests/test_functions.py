@@ -12,33 +12,24 @@ import pytest
 from cloudevents.conversion import to_structured
 from cloudevents.http import CloudEvent
 
+from fakes import fake_deps
 from spotorch import entry
 from spotorch.domain import RunStatus
-from spotorch.memory import (
-    InMemoryCheckpoints,
-    InMemoryDocumentStore,
-    InMemoryLauncher,
-    InMemoryPublisher,
-    ManualClock,
-)
+from spotorch.memory import InMemoryLauncher
 from spotorch.pipeline import BatchMode, EscalationKind, Pipeline, RecoveryPolicy, Trigger
 from spotorch.ports import JobPhase
 from spotorch.service import Deps
-from spotorch.store import DocumentRunStore
 
 MAIN = str(Path(__file__).resolve().parent.parent / "functions" / "main.py")
 
 
 @pytest.fixture
 def deps(monkeypatch: pytest.MonkeyPatch) -> Iterator[Deps]:
-    docs = InMemoryDocumentStore()
     pipeline = Pipeline(name="demo", trigger=Trigger(bucket="landing", prefix="datasets/",
                                                      batch=BatchMode.EACH_OBJECT),
                         checkpoint_uri="gs://ckpt/demo", output_uri="gs://models/demo",
                         recovery=RecoveryPolicy(escalation=EscalationKind.NEVER))
-    fake = Deps(runs=DocumentRunStore(docs), docs=docs, launcher=InMemoryLauncher(),
-                checkpoints=InMemoryCheckpoints(), publisher=InMemoryPublisher(),
-                clock=ManualClock(), pipelines={"demo": pipeline})
+    fake = fake_deps(pipeline)
     monkeypatch.setattr(entry, "deps", lambda: fake)
     yield fake
 

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from fakes import fake_deps
 from spotorch import domain
 from spotorch.domain import RunStatus
 from spotorch.memory import (
@@ -35,18 +36,14 @@ from spotorch.service import (
     start_run,
     tick,
 )
-from spotorch.store import DocumentRunStore
 
 
 def make_deps(on_active: OnActiveRun = OnActiveRun.QUEUE, **recovery: object) -> Deps:
-    docs = InMemoryDocumentStore()
     p = Pipeline(name="p", trigger=Trigger(bucket="b", on_active_run=on_active),
                  checkpoint_uri="gs://c/p", output_uri="gs://m/p",
                  recovery=RecoveryPolicy(**{"escalation": EscalationKind.NEVER,  # type: ignore[arg-type]
                                             "backoff_base_s": 1.0, **recovery}))
-    return Deps(runs=DocumentRunStore(docs), docs=docs, launcher=InMemoryLauncher(),
-                checkpoints=InMemoryCheckpoints(), publisher=InMemoryPublisher(),
-                clock=ManualClock(), pipelines={"p": p}, events_topic="projects/x/topics/t")
+    return fake_deps(p, events_topic="projects/x/topics/t")
 
 
 def fakes(deps: Deps) -> tuple[InMemoryLauncher, InMemoryPublisher, ManualClock]:

@@ -1,0 +1,209 @@
+"""Escalation policies: pure functions that pick Spot or standard capacity at each decision point."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from spotorch.pipeline import Capacity, EscalationKind, RecoveryPolicy
+
+# How long, at worst, until the policy is consulted again (reconcile tick plus event latency).
+# Every deadline guard keeps one such period in hand, because nothing can react faster.
+DEFAULT_TICK_S = 300.0
+
+
+class PolicyError(Exception):
+    """Base of this module's errors."""
+
+
+class UnknownEscalation(PolicyError):
+    """The recovery policy names an escalation kind no policy implements."""
+
+
+@dataclass(frozen=True)
+class PolicyView:
+    """What a policy may know at a decision point; times are seconds since the run started."""
+
+    now_s: float  # seconds since the run started
+    deadline_s: float | None  # seconds since the run started; None = no deadline
+    work_total_s: float | None  # compute the whole task needs (same speed on spot and standard)
+    work_done_s: float  # compute already safely done (checkpointed / survives a restart)
+    restart_overhead_s: float  # time lost by each (re)launch before useful work
+    current: Capacity | None  # capacity of the live attempt (running or queued); None between
+    # False while Spot is known unavailable. On STANDARD, pass True only with positive evidence
+    # that Spot capacity is back: True makes the policy cancel standard and relaunch on Spot.
+    spot_available: bool
+    preemptions: int  # preemptions so far in this run
+    changeovers: int = 0  # capacity switches so far
+    tick_s: float = DEFAULT_TICK_S  # longest time until the next decision point (safety margin)
+
+
+@dataclass(frozen=True)
+class Slack:
+    """The run's position against its deadline, derived once per decision."""
+
+    remaining_s: float  # wall time left before the deadline
+    work_left_s: float  # compute still to do
+    overhead_s: float
+    tick_s: float
+
+    @property
+    def slack_s(self) -> float:
+        """Wall time left beyond the work itself: what waiting and restarts may still consume."""
+        return self.remaining_s - self.work_left_s
+
+    @property
+    def must_run_standard(self) -> bool:
+        """True when one more tick away from standard could make the deadline unreachable."""
+        return self.slack_s - self.overhead_s < self.tick_s
+
+    @property
+    def can_try_spot(self) -> bool:
+        """True when a Spot launch may fail at once and still leave time to launch standard."""
+        return self.slack_s - 2.0 * self.overhead_s >= self.tick_s
+
+
+def slack_of(view: PolicyView) -> Slack | None:
+    """The run's slack, or None when there is no deadline or the amount of work is unknown."""
+    if view.deadline_s is None or view.work_total_s is None:
+        return None
+    return Slack(remaining_s=view.deadline_s - view.now_s,
+                 work_left_s=max(view.work_total_s - view.work_done_s, 0.0),
+                 overhead_s=view.restart_overhead_s, tick_s=view.tick_s)
+
+
+# ---------------------------------------------------------------------------------------------
+# Baselines
+
+
+def always_spot(view: PolicyView) -> Capacity:
+    """Spot only: wait through every outage, whatever the deadline."""
+    return Capacity.SPOT
+
+
+def always_standard(view: PolicyView) -> Capacity:
+    """Standard VMs from the start."""
+    return Capacity.STANDARD
+
+
+def count_based(view: PolicyView, after_preemptions: int) -> Capacity:
+    """Spot until N preemptions, then standard for good (Flyte's interruptible last retry)."""
+    return Capacity.STANDARD if view.preemptions >= after_preemptions else Capacity.SPOT
+
+
+def greedy(view: PolicyView) -> Capacity:
+    """Spot whenever possible; standard only once the deadline forces it, then to the end."""
+    slack = slack_of(view)
+    if slack is None or slack.work_left_s <= 0.0:
+        return Capacity.SPOT
+    if view.current is Capacity.STANDARD or slack.must_run_standard:
+        # On standard the slack stays constant, so once forced there is no way back.
+        return Capacity.STANDARD
+    return Capacity.SPOT
+
+
+def uniform_progress(view: PolicyView) -> Capacity:
+    """Uniform Progress as published in "Can't Be Late" (Wu et al., NSDI'24): the reference."""
+    # The paper's four rules; cp(t) = work done, ep(t) = C0 * t / R0, d = restart overhead:
+    # 1. uniform progress: idle and cp(t) < ep(t) -> on-demand, stay on it to catch up;
+    # 2. exploitation: Spot whenever available (even when behind), stay until preempted;
+    # 3. hysteresis: on on-demand, stay until cp(t) >= ep(t + 2d);
+    # 4. safety net: idle and R(t) < C(t) + 2d -> on-demand until the end.
+    # Followed as the authors' simulator (sky_spot, strategy rc_cr_threshold) applies them:
+    # rule 4 also covers a run already on on-demand, and time is rounded to decision ticks
+    # (here: one tick of margin, the guard every policy in this module gets).
+    slack = slack_of(view)
+    if slack is None or slack.work_left_s <= 0.0:
+        return Capacity.SPOT
+    assert view.deadline_s is not None and view.work_total_s is not None
+    total, deadline, d = view.work_total_s, view.deadline_s, view.restart_overhead_s
+    done, now = view.work_done_s, view.now_s
+    running_spot = view.current is Capacity.SPOT and view.spot_available
+
+    def expected(t: float) -> float:
+        return total * t / deadline
+
+    if slack.must_run_standard:
+        return Capacity.STANDARD
+    if not running_spot and slack.slack_s < 2.0 * d + slack.tick_s:  # rule 4 (+ one tick)
+        return Capacity.STANDARD
+    if view.current is Capacity.STANDARD and done < expected(now + 2.0 * d):  # rule 3
+        return Capacity.STANDARD
+    if view.spot_available:  # rule 2
+        return Capacity.SPOT
+    if done < expected(now):  # rule 1
+        return Capacity.STANDARD
+    return Capacity.SPOT
+
+
+# ---------------------------------------------------------------------------------------------
+# spotorch's deadline policy
+
+
+@dataclass(frozen=True)
+class DeadlineTuning:
+    """Knobs of the deadline policy (tuned on the first half of every trace; see the benchmark)."""
+    # The optimum is flat: wait_reserve 0.15-0.25 and switch_reserve 0.1-0.3 are within 0.5%.
+
+    # Wait out an outage only with slack >= guard + wait_reserve x work left; else buy standard.
+    wait_reserve: float = 0.2
+    # Leave standard for Spot only with slack >= guard + switch_reserve x work left x overhead
+    # in hours: a round trip costs two overheads, and pays only if Spot then stays up a while.
+    switch_reserve: float = 0.2
+
+
+DEFAULT_TUNING = DeadlineTuning()
+
+
+def deadline_policy(view: PolicyView, tuning: DeadlineTuning = DEFAULT_TUNING) -> Capacity:
+    """spotorch's policy: spend slack on waiting for Spot and on switches, never the deadline."""
+    # Slack (time left minus work left) buys two things: idling through an outage for free,
+    # and the restart overheads of moving between Spot and standard. At a tight deadline the
+    # second matters most (the offline optimum hardly ever idles then); at a loose one, the
+    # first. Two reserves, both proportional to the work left, ration the two uses.
+    slack = slack_of(view)
+    if slack is None or slack.work_left_s <= 0.0:
+        return Capacity.SPOT
+    if slack.must_run_standard:
+        return Capacity.STANDARD
+    guard = 2.0 * slack.overhead_s + slack.tick_s  # a Spot launch, a fallback launch, a tick
+    if view.current is Capacity.STANDARD:
+        if not view.spot_available:
+            # Leaving standard inside an outage only to relaunch it later costs an overhead at
+            # the on-demand price and buys nothing: stay until Spot is back.
+            return Capacity.STANDARD
+        # A round trip to Spot costs two overheads and pays only if Spot stays up a while, so
+        # the bar rises with the overhead (in hours, against Spot up-times of about an hour).
+        reserve = tuning.switch_reserve * slack.work_left_s * slack.overhead_s / 3600.0
+        return Capacity.SPOT if slack.slack_s >= guard + reserve else Capacity.STANDARD
+    if view.spot_available:
+        return Capacity.SPOT if slack.can_try_spot else Capacity.STANDARD
+    reserve = tuning.wait_reserve * slack.work_left_s
+    return Capacity.SPOT if slack.slack_s >= guard + reserve else Capacity.STANDARD
+
+
+# ---------------------------------------------------------------------------------------------
+# Dispatch
+
+
+def _count(view: PolicyView, recovery: RecoveryPolicy) -> Capacity:
+    return count_based(view, recovery.escalate_after_preemptions)
+
+
+_DISPATCH: Mapping[EscalationKind, Callable[[PolicyView, RecoveryPolicy], Capacity]] = (
+    MappingProxyType({
+        EscalationKind.NEVER: lambda view, _recovery: always_spot(view),
+        EscalationKind.ALWAYS_STANDARD: lambda view, _recovery: always_standard(view),
+        EscalationKind.COUNT: _count,
+        EscalationKind.DEADLINE: lambda view, _recovery: deadline_policy(view),
+    }))
+
+
+def choose_capacity(view: PolicyView, recovery: RecoveryPolicy) -> Capacity:
+    """The capacity the run should be on now; a change means cancel and relaunch on it."""
+    try:
+        policy = _DISPATCH[recovery.escalation]
+    except KeyError as exc:
+        raise UnknownEscalation(str(recovery.escalation)) from exc
+    return policy(view, recovery)

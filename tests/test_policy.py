@@ -1,0 +1,170 @@
+"""Escalation policies: the dispatch table, the deadline guard, and Uniform Progress's rules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spotorch.pipeline import Capacity, EscalationKind, RecoveryPolicy
+from spotorch.policy import (
+    PolicyView,
+    UnknownEscalation,
+    choose_capacity,
+    deadline_policy,
+    greedy,
+    slack_of,
+    uniform_progress,
+)
+from spotorch.simulate import Scenario, Window, run_online
+
+H = 3600.0
+SPOT, STANDARD = Capacity.SPOT, Capacity.STANDARD
+
+
+def view(**overrides: Any) -> PolicyView:
+    """A run 10 h in, 48 h of work, 20 h done, deadline at 72 h, on Spot with Spot up."""
+    fields: dict[str, Any] = dict(now_s=10 * H, deadline_s=72 * H, work_total_s=48 * H,
+                                  work_done_s=20 * H, restart_overhead_s=0.2 * H,
+                                  current=SPOT, spot_available=True, preemptions=0,
+                                  tick_s=300.0)
+    fields.update(overrides)
+    return PolicyView(**fields)
+
+
+def recovery(kind: EscalationKind, after: int = 3) -> RecoveryPolicy:
+    return RecoveryPolicy(escalation=kind, escalate_after_preemptions=after)
+
+
+# Slack in this table = (deadline - now) - (total - done); 34 h in the default view.
+DISPATCH_TABLE = [
+    # NEVER: Spot, whatever happens
+    (EscalationKind.NEVER, {}, SPOT),
+    (EscalationKind.NEVER, {"now_s": 71 * H, "preemptions": 40}, SPOT),
+    # ALWAYS_STANDARD: standard, even with all the slack in the world
+    (EscalationKind.ALWAYS_STANDARD, {}, STANDARD),
+    (EscalationKind.ALWAYS_STANDARD, {"deadline_s": None}, STANDARD),
+    # COUNT: Spot until N preemptions, then standard
+    (EscalationKind.COUNT, {"preemptions": 2}, SPOT),
+    (EscalationKind.COUNT, {"preemptions": 3}, STANDARD),
+    (EscalationKind.COUNT, {"preemptions": 9, "current": None}, STANDARD),
+    # DEADLINE: Spot-first without a deadline or without a size
+    (EscalationKind.DEADLINE, {"deadline_s": None, "current": STANDARD}, SPOT),
+    (EscalationKind.DEADLINE, {"work_total_s": None, "spot_available": False}, SPOT),
+    # DEADLINE: plenty of slack -> Spot, and wait through an outage
+    (EscalationKind.DEADLINE, {}, SPOT),
+    (EscalationKind.DEADLINE, {"current": None, "spot_available": False}, SPOT),
+    # DEADLINE: an outage with too little slack for the reserve -> buy standard
+    (EscalationKind.DEADLINE, {"current": None, "spot_available": False, "now_s": 40 * H}, STANDARD),
+    # DEADLINE: on standard during an outage -> stay; Spot back with slack -> go back to Spot
+    (EscalationKind.DEADLINE, {"current": STANDARD, "spot_available": False}, STANDARD),
+    (EscalationKind.DEADLINE, {"current": STANDARD}, SPOT),
+    # DEADLINE: Spot back but only slack for the guard, not the switch reserve -> stay
+    (EscalationKind.DEADLINE, {"current": STANDARD, "now_s": 51.3 * H}, STANDARD),
+    # DEADLINE: the safety net, and a run already late
+    (EscalationKind.DEADLINE, {"now_s": 51.9 * H}, STANDARD),
+    (EscalationKind.DEADLINE, {"now_s": 80 * H}, STANDARD),
+    # DEADLINE: nothing left to do
+    (EscalationKind.DEADLINE, {"work_done_s": 48 * H, "now_s": 71 * H}, SPOT),
+]
+
+
+@pytest.mark.parametrize(("kind", "overrides", "expected"), DISPATCH_TABLE)
+def test_choose_capacity_table(kind: EscalationKind, overrides: dict[str, Any],
+                               expected: Capacity) -> None:
+    assert choose_capacity(view(**overrides), recovery(kind)) is expected
+
+
+def test_count_threshold_comes_from_the_recovery_policy() -> None:
+    assert choose_capacity(view(preemptions=1), recovery(EscalationKind.COUNT, after=1)) \
+        is STANDARD
+    assert choose_capacity(view(preemptions=1), recovery(EscalationKind.COUNT, after=5)) is SPOT
+
+
+def test_unknown_escalation_is_an_error() -> None:
+    bogus = RecoveryPolicy(escalation="sometimes")  # type: ignore[arg-type]
+    with pytest.raises(UnknownEscalation):
+        choose_capacity(view(), bogus)
+
+
+UP_TABLE = [
+    # rule 2: Spot whenever available, even behind the uniform line (ep(10 h) = 6.67 h)
+    ({"work_done_s": 2 * H, "current": None}, SPOT),
+    # rule 1: idle and behind the line -> standard; ahead of it -> wait
+    ({"work_done_s": 6 * H, "current": None, "spot_available": False}, STANDARD),
+    ({"work_done_s": 7 * H, "current": None, "spot_available": False}, SPOT),
+    # rule 3: on standard, stay until cp >= ep(t + 2d) = 6.93 h, even with Spot back
+    ({"work_done_s": 6.9 * H, "current": STANDARD}, STANDARD),
+    ({"work_done_s": 7.0 * H, "current": STANDARD}, SPOT),
+    # rule 4: idle with slack under 2d (plus a tick) -> standard
+    ({"work_done_s": 30 * H, "now_s": 53.7 * H, "current": None}, STANDARD),
+    # rule 2 again: a running Spot attempt is not interrupted by rule 4
+    ({"work_done_s": 30 * H, "now_s": 53.7 * H}, SPOT),
+]
+
+
+@pytest.mark.parametrize(("overrides", "expected"), UP_TABLE)
+def test_uniform_progress_rules(overrides: dict[str, Any], expected: Capacity) -> None:
+    assert uniform_progress(view(**overrides)) is expected
+
+
+def test_greedy_waits_until_forced_then_stays_on_standard() -> None:
+    assert greedy(view(current=None, spot_available=False, now_s=40 * H)) is SPOT
+    assert greedy(view(current=None, spot_available=False, now_s=51.9 * H)) is STANDARD
+    assert greedy(view(current=STANDARD, now_s=20 * H)) is STANDARD
+
+
+views = st.builds(
+    PolicyView,
+    now_s=st.floats(0, 100 * H), deadline_s=st.floats(0, 100 * H),
+    work_total_s=st.floats(1, 60 * H), work_done_s=st.floats(0, 60 * H),
+    restart_overhead_s=st.floats(0, H), current=st.sampled_from([None, SPOT, STANDARD]),
+    spot_available=st.booleans(), preemptions=st.integers(0, 50),
+    changeovers=st.integers(0, 50), tick_s=st.floats(1, 900))
+
+
+@settings(max_examples=300, deadline=None)
+@given(views)
+def test_deadline_guard_always_wins(v: PolicyView) -> None:
+    """Whenever one more tick off standard could be fatal, every deadline-aware policy says so."""
+    slack = slack_of(v)
+    assert slack is not None
+    if slack.work_left_s > 0 and slack.must_run_standard:
+        assert deadline_policy(v) is STANDARD
+        assert greedy(v) is STANDARD
+        assert uniform_progress(v) is STANDARD
+
+
+def markov_trace(rng: np.random.Generator, n: int, up_steps: float, down_steps: float
+                 ) -> np.ndarray:
+    """Spot availability as a two-state Markov chain with the given mean sojourns (in steps)."""
+    avail = np.empty(n, dtype=bool)
+    avail[0] = rng.random() < up_steps / (up_steps + down_steps)
+    for i in range(1, n):
+        leave = 1.0 / (up_steps if avail[i - 1] else down_steps)
+        avail[i] = avail[i - 1] != (rng.random() < leave)
+    return avail
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_deadline_never_missed_when_feasible(seed: int) -> None:
+    """Synthetic traces from always-up to never-up; the deadline policies always make it."""
+    rng = np.random.default_rng(seed)
+    step = 300
+    for _ in range(12):
+        task = int(rng.integers(4, 40)) * step
+        overhead = int(rng.choice([0, 60, 300, 720, 1200]))
+        task -= task % (np.gcd(step, overhead) or step)
+        deadline = -(-(task + overhead) // step) * step + int(rng.integers(0, 30)) * step
+        scenario = Scenario(task_s=task, deadline_s=deadline, overhead_s=overhead, step_s=step)
+        n = scenario.steps
+        avail = (np.ones(n, bool) if rng.random() < 0.1 else np.zeros(n, bool)
+                 if rng.random() < 0.1 else markov_trace(rng, n, *rng.uniform(1, 12, size=2)))
+        window = Window("t", "f", 0.0, avail, np.ones(n), 3.0)
+        for policy in (deadline_policy, greedy, uniform_progress):
+            outcome = run_online(window, scenario, policy)
+            assert outcome.met_deadline, (policy.__name__, scenario, avail.astype(int))
+            assert outcome.finished_s is not None and outcome.finished_s <= deadline

@@ -131,10 +131,11 @@ def _follow(docs: Any, timeout_s: float, say: Callable[[str], None]) -> Any:
 
 
 def _read_json(uri: str) -> Any:
-    from spotorch_trainer.storage import read_bytes
+    from spotorch_trainer.storage import GcsStorage
 
     try:
-        return json.loads(read_bytes(uri))
+        # A client of its own: the process-wide one would outlive this stack's fake GCS.
+        return json.loads(GcsStorage().read(uri))
     except Exception:
         return None
 

@@ -235,3 +235,25 @@ def test_deadline_policy_is_the_production_dispatch() -> None:
     win = window([1, 0, 0, 1, 1, 0, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1])
     (record,) = evaluate([win], scenario, ("deadline",))
     assert record.outcomes["deadline"] == run_online(win, scenario, deadline_policy)
+
+
+def test_production_view_of_spot_while_on_standard() -> None:
+    """With a cooldown, standard sees Spot only once the cooldown after the last outage ends."""
+    seen_on_standard: list[bool] = []
+
+    def back_to_spot_when_seen(v: PolicyView) -> Capacity:
+        if v.current is Capacity.STANDARD:
+            seen_on_standard.append(v.spot_available)
+            return Capacity.SPOT if v.spot_available else Capacity.STANDARD
+        return Capacity.SPOT if v.spot_available or v.current else Capacity.STANDARD
+
+    trace = window([1, 0] + [1] * 10)  # preempted at 10 min, Spot back at once
+    truthful = Scenario(task_s=3600, deadline_s=7200, overhead_s=0, step_s=600)
+    production = Scenario(task_s=3600, deadline_s=7200, overhead_s=0, step_s=600,
+                          spot_cooldown_s=1800)
+    out = run_online(trace, truthful, back_to_spot_when_seen)
+    assert seen_on_standard == [True] and out.changeovers == 2
+    seen_on_standard.clear()
+    out = run_online(trace, production, back_to_spot_when_seen)
+    assert seen_on_standard == [False, False, True]  # at 20, 30 and 40 min
+    assert out.changeovers == 2 and out.cost == pytest.approx((1 + 3 * 3 + 2) / 6)

@@ -845,6 +845,8 @@ def _on_tick(run: Run, obs: Observation, ctx: Context) -> Run:
         return run  # back to Spot only once it may have capacity again
     reason = (f"deadline policy: switch {current.capacity} -> {wanted} "
               f"(time left {_fmt_s((run.deadline_at or ctx.now) - ctx.now)})")
+    if spot_waiting:  # giving up on a Spot queue is evidence too: don't come straight back
+        run = replace(run, spot_unavailable_until=ctx.now + ctx.recovery.spot_cooldown_s)
     run = replace(run, next_capacity=wanted, next_reason=reason)
     run = _note(run, ctx, f"switch to {wanted}", reason)
     return _cancel_attempt(run, ctx, current, CANCEL_SWITCH)

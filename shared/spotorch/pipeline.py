@@ -67,7 +67,10 @@ class RecoveryPolicy:
     backoff_base_s: float = 5.0
     backoff_cap_s: float = 300.0
     stockout_wait_s: float = 900.0  # a SPOT attempt queued longer than this counts as a stockout
-    spot_cooldown_s: float = 1800.0  # after a stockout or preemption, no move back to Spot before this
+    # After a stockout, a preemption or a Spot queue given up, no move back to Spot before this:
+    # production cannot see Spot capacity while on standard (docs/policy-benchmark.md: 2 h keeps
+    # the deadline policy at or below Uniform Progress when replayed the way production sees it).
+    spot_cooldown_s: float = 7200.0
     escalation: EscalationKind = EscalationKind.DEADLINE
     escalate_after_preemptions: int = 3  # for COUNT
     restart_overhead_s: float = 600.0  # time lost per relaunch: scheduling, image pull, restore

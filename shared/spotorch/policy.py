@@ -144,7 +144,7 @@ def uniform_progress(view: PolicyView) -> Capacity:
 @dataclass(frozen=True)
 class DeadlineTuning:
     """Knobs of the deadline policy (tuned on the first half of every trace; see the benchmark)."""
-    # The optimum is flat: wait_reserve 0.15-0.25 and switch_reserve 0.1-0.3 are within 0.5%.
+    # The optimum is flat: wait_reserve 0.15-0.25 and switch_reserve 0.1-0.3 are within 1%.
 
     # Wait out an outage only with slack >= guard + wait_reserve x work left; else buy standard.
     wait_reserve: float = 0.2

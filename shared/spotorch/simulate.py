@@ -15,6 +15,11 @@
 #   (one every that much work); a switch the policy asks for checkpoints first (a cancel is
 #   graceful). Without it nothing is lost. The offline optimum knows every preemption in
 #   advance and is assumed to checkpoint just before each: a lower bound.
+# - By default policies see the trace's Spot availability at every tick, also while on
+#   standard. With --spot-cooldown-minutes they see what production sees (domain.py): on
+#   standard, Spot counts as available again once that long has passed since it was last seen
+#   unavailable (a preemption, or a Spot attempt given up while queued without capacity), and a
+#   switch back to Spot is refused before then.
 
 from __future__ import annotations
 
@@ -133,6 +138,7 @@ class Scenario:
     price_ratio: float = 3.0  # on-demand / Spot, when the trace has no prices or as multiplier
     od_price: float | None = None  # per node-hour; default: price_ratio x mean Spot price
     count_after: int = 3  # preemptions before the count policy escalates
+    spot_cooldown_s: float | None = None  # None: Spot seen at every tick; else production's view
 
     def __post_init__(self) -> None:
         for name in ("task_s", "deadline_s", "overhead_s", "step_s"):
@@ -231,6 +237,8 @@ def run_online(window: Window, scenario: Scenario, policy: OnlinePolicy) -> Outc
     prices = window.spot_price.tolist()
     od = window.od_price
     spot, standard = Capacity.SPOT, Capacity.STANDARD
+    cooldown = scenario.spot_cooldown_s
+    cool_until = -math.inf  # with a cooldown: until then, standard does not go back to Spot
     done = safe = cost = 0.0
     current: Capacity | None = None
     last: Capacity | None = None
@@ -238,14 +246,23 @@ def run_online(window: Window, scenario: Scenario, policy: OnlinePolicy) -> Outc
     overhead_left = 0.0
     preemptions = changeovers = 0
     for i, up in enumerate(avail):
+        now = i * dt
         if current is spot and running and not up:
             preemptions += 1
             current, running = None, False
             done = safe
-        want = policy(PolicyView(now_s=i * dt, deadline_s=deadline, work_total_s=total,
+            cool_until = now + (cooldown or 0.0)
+        # On standard, production cannot see Spot: it assumes it back after the cooldown.
+        seen = up if cooldown is None or current is not standard else now >= cool_until
+        want = policy(PolicyView(now_s=now, deadline_s=deadline, work_total_s=total,
                                  work_done_s=safe, restart_overhead_s=overhead, current=current,
-                                 spot_available=up, preemptions=preemptions,
+                                 spot_available=seen, preemptions=preemptions,
                                  changeovers=changeovers, tick_s=dt))
+        if cooldown is not None:
+            if current is spot and not running and not up and want is not spot:
+                cool_until = now + cooldown  # gave up on a Spot attempt queued without capacity
+            if current is standard and want is spot and now < cool_until:
+                want = standard  # as domain.py: back to Spot only once it may have capacity
         if want is not current:
             if last is not None and want is not last:
                 changeovers += 1
@@ -259,7 +276,7 @@ def run_online(window: Window, scenario: Scenario, policy: OnlinePolicy) -> Outc
             overhead_left -= lost
             if done + dt - lost >= total:
                 used = lost + total - done
-                return Outcome(cost + price * used * per_s, i * dt + used, preemptions,
+                return Outcome(cost + price * used * per_s, now + used, preemptions,
                                changeovers)
             done += dt - lost
             cost += price * dt * per_s
@@ -625,6 +642,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="Spot counts as available when the trace's count is at least this")
     parser.add_argument("--count-after", type=int, default=3,
                         help="preemptions before the count policy escalates")
+    parser.add_argument("--spot-cooldown-minutes", type=float, default=None,
+                        help="replay with production's view of Spot: unseen while on standard, "
+                             "assumed back this long after it was last seen unavailable")
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -642,7 +662,9 @@ def scenario_from_args(args: argparse.Namespace, deadline_hours: float) -> Scena
                     step_s=round(args.tick_minutes * 60.0),
                     checkpoint_s=None if checkpoint is None else _hours(checkpoint),
                     nodes=args.nodes, price_ratio=args.price_ratio,
-                    od_price=args.on_demand_price, count_after=args.count_after)
+                    od_price=args.on_demand_price, count_after=args.count_after,
+                    spot_cooldown_s=None if args.spot_cooldown_minutes is None
+                    else round(args.spot_cooldown_minutes * 60.0))
 
 
 @dataclass(frozen=True)
@@ -660,7 +682,7 @@ def plot_sweep(points: Sequence[SweepPoint], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
     for name in points[0].summary:
         ax.plot([p.slack_hours for p in points], [p.summary[name].mean_cost for p in points],
                 marker="o", label=name)
@@ -668,7 +690,7 @@ def plot_sweep(points: Sequence[SweepPoint], path: Path) -> None:
     ax.set_ylabel("mean cost per run")
     ax.set_title("spotorch simulate: cost vs deadline slack")
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

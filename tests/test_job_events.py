@@ -19,8 +19,8 @@ from spotorch.job_events import (
     parse_rfc3339,
 )
 from spotorch.pipeline import RecoveryPolicy
-from spotorch.ports import FailureClass, JobPhase
-from spotorch.vertex import LABEL_ATTEMPT, LABEL_RUN, Classifier, JobState
+from spotorch.ports import LABEL_ATTEMPT, LABEL_RUN, FailureClass, JobPhase
+from spotorch.vertex import Classifier, JobState
 from spotorch_trainer.contract import ATTR_SOURCE, SOURCE_JOB
 
 JOB = "projects/spotorch-test/locations/us-central1/customJobs/1234567890"

@@ -35,8 +35,8 @@ from spotorch.dev.emulators import EmulatorSet
 from spotorch.dev.vertex_emulator import READY_LINE, EmulatorError, VertexEmulator
 from spotorch.job_events import parse_job_message
 from spotorch.pipeline import Capacity, JobTemplate, WorkerPool
-from spotorch.ports import FailureClass, JobPhase, JobStatus, LaunchSpec
-from spotorch.vertex import LABEL_ATTEMPT, LABEL_RUN, RetryPolicy, VertexJobLauncher
+from spotorch.ports import LABEL_ATTEMPT, LABEL_RUN, FailureClass, JobPhase, JobStatus, LaunchSpec
+from spotorch.vertex import RetryPolicy, VertexJobLauncher
 
 PROJECT = "spotorch-test"
 REGION = "us-central1"

@@ -18,9 +18,6 @@ from spotorch.logs import logger
 
 log = logger("spotorch.entry")
 
-PUBSUB_PUBLISHED = "google.cloud.pubsub.topic.v1.messagePublished"
-
-
 @functools.cache
 def deps() -> Any:
     """The production dependencies, built once per instance on first use."""
@@ -123,6 +120,7 @@ def job_event(event: Any) -> None:
 
 def _job_state(body: bytes, attributes: Mapping[str, str], event_id: str) -> None:
     from spotorch.job_events import NotAJobStateChange, UnattributedJobUpdate, parse_job_message
+    from spotorch.ports import LABEL_ATTEMPT, LABEL_RUN
     from spotorch.service import job_changed
 
     d = deps()
@@ -135,9 +133,9 @@ def _job_state(body: bytes, attributes: Mapping[str, str], event_id: str) -> Non
         # A log-sink entry names the job, not the run: the job's own labels do.
         status = unattributed.status
         labels = d.launcher.get(status.job_name).labels
-        if labels.get("spotorch-run") is None:
+        if labels.get(LABEL_RUN) is None:
             return  # not one of ours
-        run_id, attempt = labels["spotorch-run"], int(labels.get("spotorch-attempt", "0"))
+        run_id, attempt = labels[LABEL_RUN], int(labels.get(LABEL_ATTEMPT, "0"))
     run = job_changed(d, run_id, attempt, status, event_id=event_id)
     log.info(f"job {status.job_name} {status.phase}", run_id=run_id, event_id=event_id,
              status=str(run.status) if run else "unknown run")

@@ -23,10 +23,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from spotorch.errors import InvalidEvent
-from spotorch.ports import JobStatus
+from spotorch.ports import LABEL_ATTEMPT, LABEL_RUN, JobStatus
 from spotorch.vertex import (
-    LABEL_ATTEMPT,
-    LABEL_RUN,
     Classifier,
     JobState,
     classify,

@@ -67,6 +67,12 @@ class JobStatus:
     end_time: float | None = None
 
 
+# Labels that tie a job to its run and attempt: set on every job, used to find (adopt) it.
+LABEL_RUN = "spotorch-run"
+LABEL_ATTEMPT = "spotorch-attempt"
+LABEL_PIPELINE = "spotorch-pipeline"
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """Everything needed to create the job of one attempt."""

@@ -30,6 +30,9 @@ from spotorch.domain import (
 from spotorch.errors import SpotorchError
 from spotorch.pipeline import Capacity, Pipeline
 from spotorch.ports import (
+    LABEL_ATTEMPT,
+    LABEL_PIPELINE,
+    LABEL_RUN,
     Checkpoint,
     CheckpointStore,
     Clock,
@@ -212,8 +215,7 @@ def launch_spec(deps: Deps, run: Run, intent: Intent) -> LaunchSpec:
         contract.ENV_MODEL_URI: run.output_uri,
         contract.ENV_EVENTS_TOPIC: deps.events_topic,
     }
-    labels = {"spotorch-run": run.run_id, "spotorch-attempt": str(number),
-              "spotorch-pipeline": run.pipeline}
+    labels = {LABEL_RUN: run.run_id, LABEL_ATTEMPT: str(number), LABEL_PIPELINE: run.pipeline}
     return LaunchSpec(run_id=run.run_id, pipeline=run.pipeline, attempt=number,
                       capacity=Capacity(payload["capacity"]), region=str(payload["region"]),
                       template=pipeline.job, env=env, labels=labels,

@@ -15,7 +15,16 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from spotorch.pipeline import Capacity, RecoveryPolicy, WorkerPool
-from spotorch.ports import FailureClass, JobPhase, JobStatus, LaunchError, LaunchSpec
+from spotorch.ports import (
+    LABEL_ATTEMPT,
+    LABEL_PIPELINE,
+    LABEL_RUN,
+    FailureClass,
+    JobPhase,
+    JobStatus,
+    LaunchError,
+    LaunchSpec,
+)
 from spotorch_trainer.contract import EXIT_PREEMPTED
 
 if TYPE_CHECKING:
@@ -24,9 +33,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 # Labels that identify the job of an attempt; find() and the job-state messages rely on them.
-LABEL_RUN = "spotorch-run"
-LABEL_ATTEMPT = "spotorch-attempt"
-LABEL_PIPELINE = "spotorch-pipeline"
 
 MAX_LABELS = 64
 MAX_LABEL_LEN = 63

@@ -353,3 +353,21 @@ def test_cost_estimate_uses_accelerator_list_prices() -> None:
         WorkerPool(accelerator_type="NVIDIA_TESLA_A100", accelerator_count=8, replica_count=2),)))
     run = started(p)
     assert cost_estimate(run, Context(p, T0 + 3600)) == pytest.approx(1.147 * 16)
+
+
+def test_spot_history_counts_only_what_spot_attempts_showed() -> None:
+    from spotorch.domain import spot_history
+
+    p = pipeline(escalation=EscalationKind.NEVER)
+    run = started(p)  # spot, running from T0
+    run = ended(run, p, JobPhase.FAILED, FailureClass.PREEMPTED, now=T0 + 3600)
+    intent = [i for i in run.outbox if i.kind == "launch"][-1]
+    run = decide(run, LaunchDone(intent.id, 2, "job-2"), Context(p, T0 + 3600))
+    history = spot_history(run, T0 + 3600 + 600)  # attempt 2 queued for 10 minutes
+    assert history.run_s == pytest.approx(3600)
+    assert history.wait_s == pytest.approx(600 - 60)
+    assert history.waits == 0 and history.down_at == pytest.approx(T0 + 3600 + 600)
+    running = decide(run, JobObserved(2, JobStatus("job-2", JobPhase.RUNNING)),
+                     Context(p, T0 + 3600 + 900))
+    after = spot_history(running, T0 + 3600 + 1000)
+    assert after.waits == 1 and after.wait_s == pytest.approx(900 - 60)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,8 @@ from spotorch.policy import (
     choose_capacity,
     deadline_policy,
     greedy,
+    mean_down_h,
+    mean_up_h,
     slack_of,
     uniform_progress,
 )
@@ -168,3 +171,41 @@ def test_deadline_never_missed_when_feasible(seed: int) -> None:
             outcome = run_online(window, scenario, policy)
             assert outcome.met_deadline, (policy.__name__, scenario, avail.astype(int))
             assert outcome.finished_s is not None and outcome.finished_s <= deadline
+
+
+def test_history_estimates_shrink_to_the_priors() -> None:
+    assert mean_up_h(view()) == pytest.approx(5.0) and mean_down_h(view()) == pytest.approx(1.0)
+    # 9 h run over 3 preemptions, weight 3 on 5 h: (9 + 15) / 6 = 4 h.
+    assert mean_up_h(view(spot_run_s=9 * H, preemptions=3)) == pytest.approx(4.0)
+    # 5 h queued over 2 outages seen to their end, weight 1 on 1 h: (5 + 1) / 3 = 2 h.
+    assert mean_down_h(view(spot_wait_s=5 * H, spot_waits=2)) == pytest.approx(2.0)
+
+
+# On standard with Spot back at 47 h: slack 5 h, work left 20 h, overhead 0.2 h.
+SWITCH_BACK = {"current": STANDARD, "now_s": 47 * H, "work_done_s": 28 * H}
+
+
+def test_switch_back_bar_follows_the_runs_spot_up_time() -> None:
+    """Short Spot up-times so far raise the bar for leaving standard; long ones lower it."""
+    # With no history the bar is 0.2 x 20 h x 0.2 = 0.8 h over the guard; slack is 5 h.
+    assert deadline_policy(view(**SWITCH_BACK)) is SPOT
+    # 40 preemptions in 2 h of Spot: U = (2 + 15) / 43 = 0.4 h, bar 20 x 0.2 / 0.4 = 10 h.
+    choppy = view(**SWITCH_BACK, preemptions=40, spot_run_s=2 * H)
+    assert deadline_policy(choppy) is STANDARD
+    # 45 h over 1 preemption: U = 15 h, bar 0.27 h: slack 1 h is enough (not for the prior).
+    steady = view(**{**SWITCH_BACK, "now_s": 51 * H}, preemptions=1, spot_run_s=45 * H)
+    assert deadline_policy(steady) is SPOT
+    assert deadline_policy(dataclasses.replace(steady, preemptions=0, spot_run_s=0.0)) \
+        is STANDARD
+    assert deadline_policy(dataclasses.replace(choppy, preemptions=0, spot_run_s=0.0)) is SPOT
+
+
+def test_assumed_spot_waits_for_the_runs_typical_outage() -> None:
+    """Spot only assumed back (a cooldown): leave standard no sooner than a mean outage."""
+    recent = view(**SWITCH_BACK, spot_assumed=True, spot_down_at_s=46 * H)  # 1 h ago
+    assert deadline_policy(recent) is SPOT  # prior mean outage 1 h: just passed
+    long_outages = dataclasses.replace(recent, spot_wait_s=8 * H, spot_waits=1)  # 4.5 h
+    assert deadline_policy(long_outages) is STANDARD
+    assert deadline_policy(dataclasses.replace(long_outages, spot_down_at_s=40 * H)) is SPOT
+    # Seen, not assumed: the truth needs no extra wait.
+    assert deadline_policy(dataclasses.replace(long_outages, spot_assumed=False)) is SPOT

@@ -257,3 +257,30 @@ def test_production_view_of_spot_while_on_standard() -> None:
     out = run_online(trace, production, back_to_spot_when_seen)
     assert seen_on_standard == [False, False, True]  # at 20, 30 and 40 min
     assert out.changeovers == 2 and out.cost == pytest.approx((1 + 3 * 3 + 2) / 6)
+
+
+def test_spot_history_comes_only_from_spot_attempts() -> None:
+    """History fields count what Spot attempts saw; standard learns nothing, in both modes."""
+    # Spot up 2 steps, preempted; queued 2 steps, runs 1; then standard for 3 steps while the
+    # trace flips (unseen); then Spot again.
+    trace = window([1, 1, 0, 0, 1, 0, 1, 0, 1, 1, 1, 1, 1, 1])
+    plan = {5: Capacity.STANDARD, 6: Capacity.STANDARD, 7: Capacity.STANDARD}
+    for cooldown in (None, 0):
+        seen: list[PolicyView] = []
+
+        def follow_plan(v: PolicyView, seen: list[PolicyView] = seen) -> Capacity:
+            seen.append(v)
+            return plan.get(len(seen) - 1, Capacity.SPOT)
+
+        scenario = Scenario(task_s=8 * 600, deadline_s=14 * 600, overhead_s=0, step_s=600,
+                            spot_cooldown_s=cooldown)
+        run_online(trace, scenario, follow_plan)
+        history = [(v.spot_run_s, v.spot_wait_s, v.spot_waits, v.preemptions, v.spot_down_at_s)
+                   for v in seen]
+        assert history[:9] == [
+            (0, 0, 0, 0, None), (600, 0, 0, 0, None), (1200, 0, 0, 1, 1200),
+            (1200, 600, 0, 1, 1800), (1200, 1200, 1, 1, 1800), (1800, 1200, 1, 2, 3000),
+            (1800, 1200, 1, 2, 3000), (1800, 1200, 1, 2, 3000), (1800, 1200, 1, 2, 3000)]
+        assert len(seen) == 10 and seen[9].spot_run_s == 2400
+        assert [v.spot_assumed for v in seen[5:10]] == [False] + [cooldown is not None] * 3 \
+            + [False]

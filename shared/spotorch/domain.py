@@ -429,11 +429,53 @@ def policy_view(run: Run, ctx: Context, *, current: Capacity | None,
     deadline_s = None if run.deadline_at is None else run.deadline_at - run.created_at
     changeovers = sum(1 for a, b in zip(run.attempts, run.attempts[1:], strict=False)
                       if a.capacity != b.capacity)
+    history = spot_history(run, ctx.now)
     return PolicyView(now_s=ctx.now - run.created_at, deadline_s=deadline_s,
                       work_total_s=total_s, work_done_s=done_s,
                       restart_overhead_s=ctx.recovery.restart_overhead_s, current=current,
                       spot_available=spot_available, preemptions=run.counters.preemptions,
-                      changeovers=changeovers, tick_s=ctx.recovery.decision_interval_s)
+                      changeovers=changeovers, tick_s=ctx.recovery.decision_interval_s,
+                      spot_run_s=history.run_s, spot_wait_s=history.wait_s,
+                      spot_waits=history.waits,
+                      spot_down_at_s=None if history.down_at is None
+                      else history.down_at - run.created_at,
+                      spot_assumed=current is Capacity.STANDARD)
+
+
+# A Spot attempt queued longer than this is waiting for capacity, not just being provisioned.
+SPOT_QUEUE_GRACE_S = 60.0
+
+
+@dataclass(frozen=True)
+class SpotHistory:
+    """What this run's own Spot attempts showed of Spot capacity (nothing is seen on standard)."""
+
+    run_s: float = 0.0  # time Spot attempts ran, until preemption, cancel or now
+    wait_s: float = 0.0  # time Spot attempts waited for capacity beyond provisioning
+    waits: int = 0  # Spot attempts that waited for capacity and then started
+    down_at: float | None = None  # last time a Spot attempt found no capacity (epoch seconds)
+
+
+def spot_history(run: Run, now: float) -> SpotHistory:
+    """Sum up the Spot attempts: running time, waits for capacity, and the last sign of none."""
+    run_s = wait_s = 0.0
+    waits = 0
+    down_at: float | None = None
+    for a in run.attempts:
+        if a.capacity is not Capacity.SPOT:
+            continue
+        queued_from = a.queued_since or a.created_at
+        queued_to = a.started_at or a.ended_at or now
+        waited = max(queued_to - queued_from - SPOT_QUEUE_GRACE_S, 0.0)
+        wait_s += waited
+        if waited > 0:
+            down_at = max(down_at or 0.0, queued_to if a.started_at is None else queued_from)
+            waits += a.started_at is not None
+        if a.started_at is not None:
+            run_s += max((a.ended_at or now) - a.started_at, 0.0)
+        if a.failure is FailureClass.PREEMPTED and a.ended_at is not None:
+            down_at = max(down_at or 0.0, a.ended_at)
+    return SpotHistory(run_s, wait_s, waits, down_at)
 
 
 def _policy_capacity(run: Run, ctx: Context, *, current: Capacity | None,

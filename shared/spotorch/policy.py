@@ -37,6 +37,16 @@ class PolicyView:
     preemptions: int  # preemptions so far in this run
     changeovers: int = 0  # capacity switches so far
     tick_s: float = DEFAULT_TICK_S  # longest time until the next decision point (safety margin)
+    # Spot history of this run, seen only through its own Spot attempts (a Spot attempt is
+    # "running" from when its VM starts until preemption/cancel, "queued" while it waits for
+    # capacity); nothing is learnt while on standard. Defaults: no history yet.
+    spot_run_s: float = 0.0  # total time Spot attempts ran, to preemption, cancel or now
+    spot_wait_s: float = 0.0  # total time Spot attempts sat queued without capacity, to now
+    spot_waits: int = 0  # queued Spot attempts that then started (outages seen to their end)
+    spot_down_at_s: float | None = None  # last time an attempt saw no Spot capacity (a
+    # preemption, or a tick spent queued); None: never
+    # True when spot_available on STANDARD is assumed (a cooldown elapsed), not observed.
+    spot_assumed: bool = False
 
 
 @dataclass(frozen=True)
@@ -144,16 +154,34 @@ def uniform_progress(view: PolicyView) -> Capacity:
 @dataclass(frozen=True)
 class DeadlineTuning:
     """Knobs of the deadline policy (tuned on the first half of every trace; see the benchmark)."""
-    # The optimum is flat: wait_reserve 0.15-0.25 and switch_reserve 0.1-0.3 are within 1%.
+    # The optimum is flat: each knob +-50% moves each cell by under 1%.
 
     # Wait out an outage only with slack >= guard + wait_reserve x work left; else buy standard.
     wait_reserve: float = 0.2
-    # Leave standard for Spot only with slack >= guard + switch_reserve x work left x overhead
-    # in hours: a round trip costs two overheads, and pays only if Spot then stays up a while.
-    switch_reserve: float = 0.2
+    # Leave standard for Spot only with slack >= guard + switch_reserve x work left x overhead /
+    # expected Spot up-time (all in hours): expected preemptions left x what each one costs.
+    switch_reserve: float = 1.0
+    # Prior of the run's mean Spot up-time and outage (hours), and its weight in pseudo-events.
+    prior_up_h: float = 5.0
+    prior_up_weight: float = 3.0
+    prior_down_h: float = 1.0
+    prior_down_weight: float = 1.0
 
 
 DEFAULT_TUNING = DeadlineTuning()
+
+
+def mean_up_h(view: PolicyView, tuning: DeadlineTuning = DEFAULT_TUNING) -> float:
+    """Expected Spot up-time (h) of this run: up-time seen per preemption, shrunk to a prior."""
+    # Up-times are censored by cancels; run time over preemptions is the exponential MLE.
+    weight = tuning.prior_up_weight
+    return (view.spot_run_s / 3600.0 + weight * tuning.prior_up_h) / (view.preemptions + weight)
+
+
+def mean_down_h(view: PolicyView, tuning: DeadlineTuning = DEFAULT_TUNING) -> float:
+    """Expected Spot outage (h) of this run: queued time per outage seen to its end, shrunk."""
+    weight = tuning.prior_down_weight
+    return (view.spot_wait_s / 3600.0 + weight * tuning.prior_down_h) / (view.spot_waits + weight)
 
 
 def deadline_policy(view: PolicyView, tuning: DeadlineTuning = DEFAULT_TUNING) -> Capacity:
@@ -173,9 +201,14 @@ def deadline_policy(view: PolicyView, tuning: DeadlineTuning = DEFAULT_TUNING) -
             # Leaving standard inside an outage only to relaunch it later costs an overhead at
             # the on-demand price and buys nothing: stay until Spot is back.
             return Capacity.STANDARD
-        # A round trip to Spot costs two overheads and pays only if Spot stays up a while, so
-        # the bar rises with the overhead (in hours, against Spot up-times of about an hour).
-        reserve = tuning.switch_reserve * slack.work_left_s * slack.overhead_s / 3600.0
+        if view.spot_assumed and view.spot_down_at_s is not None and \
+                view.now_s - view.spot_down_at_s < mean_down_h(view, tuning) * 3600.0:
+            # Spot is only assumed back: not before an outage of this run's typical length.
+            return Capacity.STANDARD
+        # A round trip to Spot costs two overheads; each expected preemption of the work left
+        # costs about as much again, so the bar scales with work left / expected up-time.
+        reserve = (tuning.switch_reserve * slack.work_left_s * slack.overhead_s / 3600.0
+                   / mean_up_h(view, tuning))
         return Capacity.SPOT if slack.slack_s >= guard + reserve else Capacity.STANDARD
     if view.spot_available:
         return Capacity.SPOT if slack.can_try_spot else Capacity.STANDARD

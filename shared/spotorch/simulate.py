@@ -19,7 +19,9 @@
 #   standard. With --spot-cooldown-minutes they see what production sees (domain.py): on
 #   standard, Spot counts as available again once that long has passed since it was last seen
 #   unavailable (a preemption, or a Spot attempt given up while queued without capacity), and a
-#   switch back to Spot is refused before then.
+#   switch back to Spot is refused before then, and policies get spot_assumed=True on standard.
+# - In both modes the Spot history in PolicyView (spot_run_s, spot_wait_s, spot_waits,
+#   spot_down_at_s) comes only from the run's own Spot attempts, as production observes it.
 
 from __future__ import annotations
 
@@ -245,6 +247,12 @@ def run_online(window: Window, scenario: Scenario, policy: OnlinePolicy) -> Outc
     running = False
     overhead_left = 0.0
     preemptions = changeovers = 0
+    # Spot history as production sees it: only through Spot attempts (running or queued), in
+    # both modes, never from the trace while on standard or idle.
+    spot_run_s = spot_wait_s = 0.0
+    spot_waits = 0
+    queued = False  # the live Spot attempt spent the last step waiting for capacity
+    last_down: float | None = None  # when a Spot attempt last saw Spot unavailable
     for i, up in enumerate(avail):
         now = i * dt
         if current is spot and running and not up:
@@ -252,12 +260,21 @@ def run_online(window: Window, scenario: Scenario, policy: OnlinePolicy) -> Outc
             current, running = None, False
             done = safe
             cool_until = now + (cooldown or 0.0)
+            last_down = now
+        if queued and current is spot and up:
+            spot_waits += 1  # a queued Spot attempt got capacity: one outage seen to its end
+        queued = False
+        if current is spot and not up:
+            last_down = now  # a Spot attempt still queued: Spot seen unavailable now
         # On standard, production cannot see Spot: it assumes it back after the cooldown.
         seen = up if cooldown is None or current is not standard else now >= cool_until
         want = policy(PolicyView(now_s=now, deadline_s=deadline, work_total_s=total,
                                  work_done_s=safe, restart_overhead_s=overhead, current=current,
                                  spot_available=seen, preemptions=preemptions,
-                                 changeovers=changeovers, tick_s=dt))
+                                 changeovers=changeovers, tick_s=dt, spot_run_s=spot_run_s,
+                                 spot_wait_s=spot_wait_s, spot_waits=spot_waits,
+                                 spot_down_at_s=last_down,
+                                 spot_assumed=cooldown is not None and current is standard))
         if cooldown is not None:
             if current is spot and not running and not up and want is not spot:
                 cool_until = now + cooldown  # gave up on a Spot attempt queued without capacity
@@ -268,6 +285,13 @@ def run_online(window: Window, scenario: Scenario, policy: OnlinePolicy) -> Outc
                 changeovers += 1
             current, last, running = want, want, False
             safe = done  # a requested switch is a graceful cancel: checkpoint first
+        if current is spot:
+            if up:
+                spot_run_s += dt
+            else:
+                spot_wait_s += dt
+                queued = True
+                last_down = now
         if current is standard or up:
             price = od if current is standard else prices[i]
             if not running:

@@ -105,6 +105,47 @@ def bench_throughput(deps: Deps, docs: FirestoreDocumentStore, runs: int, events
             "firestore_round_trips_per_event": round(docs.round_trips / events, 2)}
 
 
+def job_event(run_id: str, job: str, state: Any, n: int) -> CloudEvent:
+    from spotorch.job_events import build_log_entry, encode, message_attributes
+
+    now = time.time()
+    entry_ = build_log_entry(job_name=job, state=state, previous_state=None, display_name=run_id,
+                             labels={"spotorch-run": run_id, "spotorch-attempt": "1"},
+                             error_code=0, error_message="", create_time=now - 60,
+                             start_time=now - 30, end_time=now, update_time=now,
+                             insert_id=f"{run_id}-{n}")
+    data = encode(entry_)
+    return CloudEvent({"type": "google.cloud.pubsub.topic.v1.messagePublished",
+                       "id": f"j-{run_id}-{n}", "source": "//pubsub.googleapis.com/p"},
+                      {"message": {"data": base64.b64encode(data).decode(),
+                                   "attributes": message_attributes(entry_),
+                                   "messageId": f"j-{run_id}-{n}"}})
+
+
+def bench_job_events(deps: Deps, docs: FirestoreDocumentStore, launcher: InMemoryLauncher,
+                     runs: int, threads: int) -> dict[str, Any]:
+    """Job state events that change runs and publish: RUNNING, then SUCCEEDED, for many runs."""
+    from spotorch.vertex import JobState
+
+    ids = [f"bench-job-{i}" for i in range(runs)]
+    for run_id in ids:
+        start_run(deps, "bench", run_id=run_id, data_uri="gs://b/j/", snapshot_id=run_id,
+                  reason="benchmark")
+    jobs = {run_id: launcher.job_of(run_id, 1) for run_id in ids}
+    work = [job_event(r, jobs[r], JobState.RUNNING, 1) for r in ids] + \
+        [job_event(r, jobs[r], JobState.SUCCEEDED, 2) for r in ids]
+    docs.round_trips = 0
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        list(pool.map(entry.job_event, work[:runs]))  # every job runs before it ends
+        list(pool.map(entry.job_event, work[runs:]))
+    elapsed = time.perf_counter() - t0
+    done = sum(1 for r in ids if getattr(deps.runs.load(r)[0], "status", None) == "SUCCEEDED")
+    return {"events": len(work), "seconds": round(elapsed, 2),
+            "events_per_s": round(len(work) / elapsed, 1), "runs_succeeded": done,
+            "firestore_round_trips_per_event": round(docs.round_trips / len(work), 2)}
+
+
 def bench_state_changes(deps: Deps, docs: FirestoreDocumentStore,
                         launcher: InMemoryLauncher) -> dict[str, Any]:
     """Round trips of events that decide and carry out side effects (launch, publish)."""
@@ -172,6 +213,7 @@ def main() -> int:
         entry.deps = lambda: deps  # type: ignore[assignment]
         results = {
             "throughput": bench_throughput(deps, docs, args.runs, args.events, args.threads),
+            "job_state_events": bench_job_events(deps, docs, launcher, args.runs * 5, args.threads),
             "round_trips_by_event": bench_state_changes(deps, docs, launcher),
             "duplicate_storm": bench_storm(deps, launcher, args.storm, args.threads),
             "cpus": os.cpu_count(),

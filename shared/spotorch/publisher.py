@@ -21,7 +21,10 @@ class PubSubPublisher:
             import google.cloud.pubsub_v1 as pubsub_v1
 
             options = pubsub_v1.types.PublisherOptions(enable_message_ordering=True)
-            self._client = pubsub_v1.PublisherClient(publisher_options=options)
+            # Each publish is awaited (the outbox needs to know), so batching only adds latency.
+            batch = pubsub_v1.types.BatchSettings(max_messages=1, max_latency=0.0)
+            self._client = pubsub_v1.PublisherClient(batch_settings=batch,
+                                                     publisher_options=options)
         return self._client
 
     def publish(self, event: Mapping[str, Any]) -> None:

@@ -28,7 +28,7 @@ from spotorch.domain import (
     TrainerReported,
 )
 from spotorch.errors import SpotorchError
-from spotorch.pipeline import Capacity, Pipeline
+from spotorch.pipeline import Capacity, OnActiveRun, Pipeline
 from spotorch.ports import (
     LABEL_ATTEMPT,
     LABEL_PIPELINE,
@@ -153,7 +153,8 @@ def _carry_out(deps: Deps, run: Run, version: Any, mine: Sequence[str], *,
         except ConflictError:
             # Someone changed the run meanwhile: apply our results to the fresh copy instead.
             after = apply(deps, run.run_id, results) or after
-    if was_active and not after.active:
+    if was_active and not after.active and \
+            deps.pipeline(after.pipeline).trigger.on_active_run is OnActiveRun.QUEUE:
         promote_next(deps, after.pipeline)  # the oldest queued run of the pipeline may start
     return after
 

@@ -7,7 +7,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -382,10 +382,6 @@ def run_summary(run: Run) -> dict[str, Any]:
         "history": [{"at": h.at, "what": h.what, "reason": h.reason} for h in run.history],
     }
 
-
-def replace_clock(deps: Deps, clock: Clock) -> Deps:
-    """The same dependencies with another clock (tests and the simulator)."""
-    return replace(deps, clock=clock)
 
 
 def submit(deps: Deps, pipeline_name: str, data_uri: str, *, request_id: str = "") -> Run | None:

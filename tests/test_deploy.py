@@ -56,9 +56,6 @@ HTTP_ENTRY_POINTS = frozenset({"api"})
 NOTIFIER = "on_run_event"
 MAX_EVENT_TIMEOUT_S = 540
 # Used when store_firestore.py does not say (the queries the issue describes).
-DEFAULT_INDEXES = (("runs", ("active",)), ("runs", ("pipeline", "active")),
-                   ("snapshots", ("pipeline", "open")))
-
 # Project-level roles deploy/ may grant, and why no narrower grant exists.
 PROJECT_ROLES = {
     "roles/datastore.user": "Firestore has no per-collection IAM (narrowed by a condition)",
@@ -259,15 +256,10 @@ def secret_env_names() -> tuple[str, ...] | None:
 
 
 def required_indexes() -> tuple[tuple[str, tuple[str, ...]], ...]:
-    try:
-        store = importlib.import_module("spotorch.store_firestore")
-    except ModuleNotFoundError:
-        return DEFAULT_INDEXES
-    indexes = getattr(store, "REQUIRED_INDEXES", None)
-    if indexes is None:
-        return DEFAULT_INDEXES
-    queried = tuple((c, (f,)) for c, f in getattr(store, "QUERIED_FIELDS", ()))
-    return tuple(indexes) + queried
+    """Composite indexes the store declares, plus the single fields it queries."""
+    from spotorch.store_firestore import QUERIED_FIELDS, REQUIRED_INDEXES
+
+    return tuple(REQUIRED_INDEXES) + tuple((c, (f,)) for c, f in QUERIED_FIELDS)
 
 
 def required_ttl() -> set[tuple[str, str]]:

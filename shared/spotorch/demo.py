@@ -277,7 +277,9 @@ def _human(report: Mapping[str, Any]) -> str:
     if report.get("escalated"):
         lines.append(f"  escalated to {report['escalated']['to']}: {report['escalated']['reason']}")
     if report.get("metrics"):
-        lines.append(f"  model {report['model_uri']}: {json.dumps(report['metrics'])}")
+        scores = {k: round(v, 4) for k, v in report["metrics"].items()
+                  if isinstance(v, float) and k.startswith("test_")}
+        lines.append(f"  model {report['model_uri']}: {json.dumps(scores)}")
     lines.append(f"  {len(report['published'])} events published, "
                  f"{len(report['alerts'])} alerts delivered")
     lines.append(f"  timings (ms): {json.dumps(report['timings_ms'])}")

@@ -100,7 +100,7 @@ def _say(quiet: bool, text: str) -> None:
 
 
 def _iso(ts: float | None) -> str | None:
-    from spotorch.events import rfc3339
+    from spotorch_trainer.contract import rfc3339
 
     return None if ts is None else rfc3339(ts)
 

@@ -17,6 +17,8 @@ from spotorch.events import build_event
 from spotorch.pipeline import Capacity, EscalationKind, Pipeline, RecoveryPolicy
 from spotorch.policy import PolicyView, choose_capacity
 from spotorch.ports import Checkpoint, FailureClass, JobPhase, JobStatus
+from spotorch.prices import hourly_price
+from spotorch_trainer.contract import rfc3339
 
 
 class RunStatus(StrEnum):
@@ -404,8 +406,6 @@ def new_run(*, run_id: str, pipeline: Pipeline, now: float, data_uri: str,
 
 
 def _iso(ts: float | None) -> str | None:
-    from spotorch.events import rfc3339
-
     return None if ts is None else rfc3339(ts)
 
 
@@ -922,8 +922,6 @@ _HANDLERS: Mapping[type, Callable[[Run, Observation, Context], Run]] = {
 
 def cost_estimate(run: Run, ctx: Context) -> float:
     """Estimated compute cost so far: billed running time of every attempt at list prices."""
-    from spotorch.prices import hourly_price
-
     total = 0.0
     for a in run.attempts:
         if a.started_at is None:

@@ -158,10 +158,9 @@ _JOB_SOURCES: Mapping[str, Callable[[bytes, Mapping[str, str], str], None]] = {
 
 def parse_trainer_message(body: bytes) -> tuple[Any, str, str]:
     """A trainer event (spotorch_trainer) as an observation, its run id and its stable id."""
-    from datetime import datetime
-
     from spotorch.domain import TrainerReported
     from spotorch_trainer import contract
+    from spotorch_trainer.contract import parse_rfc3339
 
     try:
         data = json.loads(body)
@@ -175,8 +174,7 @@ def parse_trainer_message(body: bytes) -> tuple[Any, str, str]:
     if data["kind"] not in contract.EVENT_KINDS:
         raise InvalidEvent(f"unknown trainer event kind {data['kind']!r}")
     try:
-        at = datetime.fromisoformat(str(data["time"]).replace("Z", "+00:00")).timestamp() \
-            if data.get("time") else time.time()
+        at = parse_rfc3339(str(data["time"])) if data.get("time") else time.time()
         report = TrainerReported(
             attempt=int(data["attempt"]), kind=str(data["kind"]), at=at,
             step=None if data.get("step") is None else int(data["step"]),

@@ -9,9 +9,10 @@ import re
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from spotorch_trainer.contract import rfc3339
 
 TYPE_PREFIX = "dev.spotorch."
 TYPE_VERSION = "v1"
@@ -66,11 +67,6 @@ def kind_of(type_: str) -> str:
 def version_of(type_: str) -> str:
     """Version suffix of a full type, e.g. dev.spotorch.run.failed.v1 -> v1."""
     return _parse_type(type_)["version"]
-
-
-def rfc3339(ts: float) -> str:
-    """RFC 3339 UTC timestamp with milliseconds, as CloudEvents `time` wants."""
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def build_event(*, run_id: str, pipeline: str, sequence: int, kind: str,

@@ -167,7 +167,7 @@ class GcsObjectReader:
     def _storage(self) -> Any:
         with self._lock:
             if self._client is None:
-                from google.cloud import storage  # type: ignore[attr-defined]
+                import google.cloud.storage as storage
 
                 self._client = storage.Client(project=self._project)
             return self._client

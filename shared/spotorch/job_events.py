@@ -19,7 +19,6 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from spotorch.errors import InvalidEvent
@@ -31,7 +30,7 @@ from spotorch.vertex import (
     parse_job_name,
     parse_job_state,
 )
-from spotorch_trainer.contract import ATTR_SOURCE, SOURCE_JOB
+from spotorch_trainer.contract import ATTR_SOURCE, SOURCE_JOB, parse_rfc3339, rfc3339
 
 RESOURCE_TYPE = "ml_job"
 LOG_ID = "spotorch-vertex-emulator%2Fjob_state"  # emulator only; Vertex's own log id is unverified
@@ -89,20 +88,8 @@ class JobUpdate:
     observed_at: float  # seconds since the epoch: the entry's timestamp
 
 
-def rfc3339(ts: float) -> str:
-    """RFC 3339 UTC timestamp with microseconds."""
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
-_FRACTION = re.compile(r"(\.\d{6})\d+")
-
-
-def parse_rfc3339(text: str) -> float:
-    """Seconds since the epoch of an RFC 3339 timestamp (nanoseconds are cut to microseconds)."""
-    value = datetime.fromisoformat(_FRACTION.sub(r"\1", text.strip()).replace("Z", "+00:00"))
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return value.timestamp()
 
 
 def build_log_entry(*, job_name: str, state: JobState, previous_state: JobState | None,
@@ -118,7 +105,7 @@ def build_log_entry(*, job_name: str, state: JobState, previous_state: JobState 
         "displayName": display_name,
         "state": f"JOB_STATE_{state.name}",
         "labels": dict(labels),
-        "updateTime": rfc3339(update_time),
+        "updateTime": rfc3339(update_time, "microseconds"),
     }
     if previous_state is not None:
         payload["previousState"] = f"JOB_STATE_{previous_state.name}"
@@ -126,13 +113,13 @@ def build_log_entry(*, job_name: str, state: JobState, previous_state: JobState 
         payload["error"] = {"code": error_code, "message": error_message}
     for key, ts in (("createTime", create_time), ("startTime", start_time), ("endTime", end_time)):
         if ts is not None:
-            payload[key] = rfc3339(ts)
+            payload[key] = rfc3339(ts, "microseconds")
     return {
         "logName": f"projects/{project}/logs/{LOG_ID}",
         "resource": {"type": RESOURCE_TYPE,
                      "labels": {"job_id": job_id, "project_id": project, "task_name": "service"}},
-        "timestamp": rfc3339(update_time),
-        "receiveTimestamp": rfc3339(update_time),
+        "timestamp": rfc3339(update_time, "microseconds"),
+        "receiveTimestamp": rfc3339(update_time, "microseconds"),
         "severity": _SEVERITIES.get(state, "INFO"),
         "insertId": insert_id,
         "jsonPayload": payload,

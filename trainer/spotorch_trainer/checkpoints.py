@@ -12,11 +12,11 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from spotorch_trainer import contract
+from spotorch_trainer.contract import rfc3339
 from spotorch_trainer.storage import Payload, Storage, join, storage_for
 
 STATE_FILE = "state.pkl"  # where Run.checkpoint(state) pickles the state object
@@ -33,9 +33,6 @@ class CheckpointRef(NamedTuple):
     uri: str
 
 
-def rfc3339(t: float) -> str:
-    """UTC RFC 3339 timestamp with milliseconds, e.g. 2025-01-31T12:00:00.123Z."""
-    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def marker_bytes(step: int, names: Sequence[str], now: float) -> bytes:

@@ -5,6 +5,9 @@ Pure constants and tiny pure helpers, importable by both the trainer helper and 
 
 from __future__ import annotations
 
+import re
+from datetime import UTC, datetime
+
 # Environment variables spotorch sets on every worker of every attempt.
 ENV_RUN_ID = "SPOTORCH_RUN_ID"
 ENV_ATTEMPT = "SPOTORCH_ATTEMPT"
@@ -84,3 +87,20 @@ EVENT_DATA_FIELDS = ("event_id", "kind", "run_id", "attempt", "pipeline", "step"
 def checkpoint_uri(root: str, step: int) -> str:
     """URI of the checkpoint taken at this step under a run's checkpoint root (local path or gs://)."""
     return f"{root.rstrip('/')}/{checkpoint_dir_name(step)}"
+
+
+# Timestamps on the wire (event times, markers, log entries): RFC 3339 in UTC.
+_SUBMICRO = re.compile(r"(\.\d{6})\d+")
+
+
+def rfc3339(ts: float, timespec: str = "milliseconds") -> str:
+    """RFC 3339 UTC timestamp, e.g. 2026-01-31T12:00:00.123Z."""
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec=timespec).replace("+00:00", "Z")
+
+
+def parse_rfc3339(text: str) -> float:
+    """Seconds since the epoch of an RFC 3339 timestamp (nanoseconds cut to microseconds)."""
+    value = datetime.fromisoformat(_SUBMICRO.sub(r"\1", text.strip()).replace("Z", "+00:00"))
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.timestamp()

@@ -16,7 +16,7 @@ from concurrent.futures import wait
 from typing import Any, Protocol
 
 from spotorch_trainer import contract
-from spotorch_trainer.checkpoints import rfc3339
+from spotorch_trainer.contract import rfc3339
 from spotorch_trainer.env import TrainerEnv
 
 log = logging.getLogger("spotorch_trainer")

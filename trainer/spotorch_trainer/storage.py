@@ -155,7 +155,7 @@ class GcsStorage:
     def client(self) -> Any:
         with self._lock:
             if self._client is None:
-                from google.cloud import storage  # lazy: only gs:// users pay for the import
+                import google.cloud.storage as storage  # lazy: only gs:// users pay for it
 
                 self._client = storage.Client()
             return self._client

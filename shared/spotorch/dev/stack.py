@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import datetime as dt
 import importlib.util
 import json
 import os
@@ -51,6 +50,7 @@ from spotorch.dev._stack_procs import (
     tcp_probe,
     wait_ready,
 )
+from spotorch_trainer.contract import rfc3339
 
 HOST = "127.0.0.1"
 CLOUDEVENT, HTTP = "cloudevent", "http"
@@ -214,7 +214,7 @@ class PulledMessage:
 
 
 def _now_rfc3339() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return rfc3339(time.time())
 
 
 def _spotorch_root() -> str:

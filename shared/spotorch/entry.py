@@ -125,7 +125,7 @@ def _job_state(body: bytes, attributes: Mapping[str, str], event_id: str) -> Non
 
     d = deps()
     try:
-        update = parse_job_message(body, attributes, getattr(d, "classifier", None))
+        update = parse_job_message(body, attributes)
         run_id, attempt, status = update.run_id, update.attempt, update.status
     except NotAJobStateChange:
         return  # a job's log line that reports no state: nothing to do, nothing wrong

@@ -27,7 +27,7 @@ sys.path[:0] = [str(REPO / "shared"), str(REPO / "trainer")]
 from cloudevents.http import CloudEvent  # noqa: E402
 
 from spotorch import entry  # noqa: E402
-from spotorch.dev.emulators import running  # noqa: E402
+from spotorch.local.emulators import running  # noqa: E402
 from spotorch.memory import InMemoryCheckpoints, InMemoryLauncher  # noqa: E402
 from spotorch.pipeline import (  # noqa: E402
     EscalationKind,
@@ -154,7 +154,7 @@ def bench_state_changes(deps: Deps, docs: FirestoreDocumentStore,
     job = launcher.job_of("bench-sc", 1)
     cases = {}
     for name, phase in (("running", JobPhase.RUNNING), ("preempted", JobPhase.FAILED)):
-        from spotorch.ports import FailureClass
+        from spotorch.domain import FailureClass
 
         failure = FailureClass.PREEMPTED if phase is JobPhase.FAILED else None
         status = launcher.set_status(job, phase, failure=failure)
@@ -172,7 +172,7 @@ def bench_storm(deps: Deps, launcher: InMemoryLauncher, storm: int, threads: int
     start_run(deps, "bench", run_id="bench-storm", data_uri="gs://b/z/", snapshot_id="storm",
               reason="benchmark")
     job = launcher.job_of("bench-storm", 1)
-    from spotorch.ports import FailureClass
+    from spotorch.domain import FailureClass
 
     status = launcher.set_status(job, JobPhase.FAILED, failure=FailureClass.PREEMPTED)
     before = launcher.created

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "shared"))
 
 from spotorch.policy import deadline_policy, uniform_progress  # noqa: E402
-from spotorch.simulate import (  # noqa: E402
+from spotorch.sim.simulate import (  # noqa: E402
     POLICIES,
     Outcome,
     RunRecord,
@@ -462,7 +462,7 @@ Wall time: {grid_s:.0f} s for the grid ({runs} runs x 6 policies, plus 4 replays
 production's view) and {bound_s:.0f} s for the
 Markov part, with {args.workers} worker processes on a {os.cpu_count()}-core machine shared with
 other work (Python {platform.python_version()}). The same replay, one cell at a time:
-`.venv/bin/python -m spotorch.simulate --task-hours 48 --deadline-hours 60
+`.venv/bin/python -m spotorch.sim.simulate --task-hours 48 --deadline-hours 60
 --restart-overhead-hours 0.2 --window-stride-hours 24 --workers 2`.
 
 ## Setup

@@ -14,7 +14,7 @@ for extra in (ROOT / "shared", ROOT / "trainer", ROOT / "functions", ROOT):
     if str(extra) not in sys.path:
         sys.path.insert(0, str(extra))
 
-from spotorch.dev.emulators import EmulatorSet, reset_firestore, running  # noqa: E402
+from spotorch.local.emulators import EmulatorSet, reset_firestore, running  # noqa: E402
 from spotorch.settings import TOPIC_GCS_NOTIFICATIONS  # noqa: E402
 
 PROJECT = "spotorch-test"

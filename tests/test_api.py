@@ -9,9 +9,9 @@ import pytest
 
 from fakes import fake_deps
 from spotorch import entry
+from spotorch.domain import Checkpoint
 from spotorch.memory import InMemoryCheckpoints, InMemoryLauncher
 from spotorch.pipeline import Pipeline, Trigger
-from spotorch.ports import Checkpoint
 from spotorch.service import Deps
 
 MAIN = str(Path(__file__).resolve().parent.parent / "functions" / "main.py")

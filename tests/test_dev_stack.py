@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from spotorch import settings as S
-from spotorch.dev import _push_adapter as adapter
-from spotorch.dev._stack_procs import group_members, is_same_process
-from spotorch.dev.stack import (
+from spotorch.local import _push_adapter as adapter
+from spotorch.local._stack_procs import group_members, is_same_process
+from spotorch.local.stack import (
     DEAD_LETTER_SUBSCRIPTION,
     DevStack,
     StackConfig,
@@ -348,7 +348,7 @@ def test_dev_up_and_down(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 @pytest.mark.emulator
 @pytest.mark.slow  # a stack of its own
 @pytest.mark.skipif(not vertex_available(),
-                    reason="spotorch.dev.vertex_emulator (a colleague's module) is not there yet")
+                    reason="spotorch.local.vertex_emulator (a colleague's module) is not there yet")
 def test_vertex_emulator_runs_with_the_stack_env(tmp_path: Path) -> None:
     with DevStack(project=PROJECT, run_dir=tmp_path / "run", functions={}, tick_seconds=None,
                   vertex=True, vertex_grace_s=1.0, vertex_args=("--queued-s", "0.1")) as stack:

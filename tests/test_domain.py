@@ -10,9 +10,13 @@ from spotorch.domain import (
     TRANSITIONS,
     AttemptState,
     CancelRequested,
+    Checkpoint,
     Context,
+    FailureClass,
     IntentDone,
     JobObserved,
+    JobPhase,
+    JobStatus,
     LaunchDone,
     LaunchFailed,
     Run,
@@ -24,7 +28,6 @@ from spotorch.domain import (
 )
 from spotorch.events import kind_of
 from spotorch.pipeline import Capacity, EscalationKind, Pipeline, RecoveryPolicy, Trigger
-from spotorch.ports import Checkpoint, FailureClass, JobPhase, JobStatus
 
 T0 = 1_800_000_000.0
 

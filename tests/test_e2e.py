@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from spotorch.demo import SCENARIOS, run_demo
 from spotorch.events import kind_of, validate_event
+from spotorch.local.demo import SCENARIOS, run_demo
 
 pytestmark = [pytest.mark.emulator, pytest.mark.slow]
 

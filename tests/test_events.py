@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from spotorch import events
+from spotorch.domain import FailureClass
 from spotorch.events import (
     EVENT_KINDS,
     build_event,
@@ -25,7 +26,6 @@ from spotorch.events import (
     validate_event,
 )
 from spotorch.pipeline import Capacity
-from spotorch.ports import FailureClass
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = ROOT / "schemas" / "events"

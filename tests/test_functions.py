@@ -14,10 +14,9 @@ from cloudevents.http import CloudEvent
 
 from fakes import fake_deps
 from spotorch import entry
-from spotorch.domain import RunStatus
+from spotorch.domain import JobPhase, RunStatus
 from spotorch.memory import InMemoryLauncher
 from spotorch.pipeline import BatchMode, EscalationKind, Pipeline, RecoveryPolicy, Trigger
-from spotorch.ports import JobPhase
 from spotorch.service import Deps
 
 MAIN = str(Path(__file__).resolve().parent.parent / "functions" / "main.py")

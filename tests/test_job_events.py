@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from spotorch.domain import FailureClass, JobPhase
 from spotorch.errors import InvalidEvent
 from spotorch.job_events import (
     ATTR_LOG_TIMESTAMP,
@@ -19,7 +20,7 @@ from spotorch.job_events import (
     parse_rfc3339,
 )
 from spotorch.pipeline import RecoveryPolicy
-from spotorch.ports import LABEL_ATTEMPT, LABEL_RUN, FailureClass, JobPhase
+from spotorch.ports import LABEL_ATTEMPT, LABEL_RUN
 from spotorch.vertex import Classifier, JobState
 from spotorch_trainer.contract import ATTR_SOURCE, SOURCE_JOB
 

@@ -13,10 +13,10 @@ import pytest
 from cloudevents.http import CloudEvent
 
 from spotorch import _notify_channels, notify
-from spotorch.dev.emulators import EmulatorSet
-from spotorch.dev.receivers import SmtpReceiver, WebhookReceiver
 from spotorch.errors import InvalidEvent
 from spotorch.events import build_event, to_pubsub
+from spotorch.local.emulators import EmulatorSet
+from spotorch.local.receivers import SmtpReceiver, WebhookReceiver
 from spotorch.notify import (
     SECRET_ENV,
     BrokenChannel,
@@ -275,7 +275,7 @@ def test_client_errors_are_not_retried(web: WebhookReceiver,
 
 def test_unreachable_webhook_and_a_buggy_channel_fail_alone(
         smtp: SmtpReceiver, channels: dict[str, notify.Channel]) -> None:
-    from spotorch.dev.emulators import free_port
+    from spotorch.local.emulators import free_port
 
     class Buggy:
         def send(self, alert: notify.Alert) -> None:

@@ -22,7 +22,7 @@ from spotorch.policy import (
     slack_of,
     uniform_progress,
 )
-from spotorch.simulate import Scenario, Window, run_online
+from spotorch.sim.simulate import Scenario, Window, run_online
 
 H = 3600.0
 SPOT, STANDARD = Capacity.SPOT, Capacity.STANDARD

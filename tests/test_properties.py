@@ -6,8 +6,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spotorch.domain import (
+    Checkpoint,
     Context,
+    FailureClass,
     JobObserved,
+    JobPhase,
+    JobStatus,
     LaunchDone,
     Observation,
     Run,
@@ -17,7 +21,6 @@ from spotorch.domain import (
     new_run,
 )
 from spotorch.pipeline import EscalationKind, Pipeline, RecoveryPolicy, Trigger
-from spotorch.ports import Checkpoint, FailureClass, JobPhase, JobStatus
 
 T0 = 1_800_000_000.0
 P = Pipeline(name="p", trigger=Trigger(bucket="b"), checkpoint_uri="gs://c", output_uri="gs://m",

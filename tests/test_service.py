@@ -9,7 +9,7 @@ import pytest
 
 from fakes import fake_deps
 from spotorch import domain
-from spotorch.domain import RunStatus
+from spotorch.domain import Checkpoint, FailureClass, JobPhase, RunStatus
 from spotorch.memory import (
     InMemoryCheckpoints,
     InMemoryDocumentStore,
@@ -25,7 +25,7 @@ from spotorch.pipeline import (
     RecoveryPolicy,
     Trigger,
 )
-from spotorch.ports import Checkpoint, FailureClass, JobPhase, LaunchError
+from spotorch.ports import LaunchError
 from spotorch.service import (
     Deps,
     NotRetryable,

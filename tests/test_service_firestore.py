@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
+from spotorch.domain import FailureClass, JobPhase
 from spotorch.memory import InMemoryCheckpoints, InMemoryLauncher, InMemoryPublisher, ManualClock
 from spotorch.pipeline import EscalationKind, Pipeline, RecoveryPolicy, Trigger
-from spotorch.ports import ConflictError, FailureClass, JobPhase
+from spotorch.ports import ConflictError
 from spotorch.service import Deps, job_changed, start_run
 from spotorch.store import DocumentRunStore
 

@@ -12,7 +12,7 @@ import pytest
 
 from spotorch.pipeline import Capacity
 from spotorch.policy import PolicyView, always_spot, always_standard, deadline_policy
-from spotorch.simulate import (
+from spotorch.sim.simulate import (
     POLICIES,
     TRACES_ENV,
     Scenario,
@@ -223,7 +223,7 @@ def test_plot_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 def test_runs_as_a_module(tmp_path: Path) -> None:
     write_traces(tmp_path)
-    done = subprocess.run([sys.executable, "-m", "spotorch.simulate", str(tmp_path), *SMALL,
+    done = subprocess.run([sys.executable, "-m", "spotorch.sim.simulate", str(tmp_path), *SMALL,
                            "--json", "--policies", "standard,optimal"],
                           capture_output=True, text=True, check=True, timeout=60)
     assert json.loads(done.stdout)["runs"] == 12

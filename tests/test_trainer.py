@@ -425,7 +425,7 @@ def _clean_env() -> dict[str, str]:
 
 def test_unreachable_pubsub_costs_at_most_the_timeout(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from spotorch.dev.emulators import free_port
+    from spotorch.local.emulators import free_port
 
     monkeypatch.setenv("PUBSUB_EMULATOR_HOST", f"127.0.0.1:{free_port()}")  # nobody listens
     reporter = PubSubReporter("projects/p/topics/t", timeout_s=0.5)

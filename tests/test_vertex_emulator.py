@@ -23,7 +23,9 @@ from google.cloud.aiplatform_v1.services.job_service.transports.grpc import (
     JobServiceGrpcTransport,
 )
 
-from spotorch.dev._vertex_schedule import (
+from spotorch.domain import FailureClass, JobPhase, JobStatus
+from spotorch.job_events import parse_job_message
+from spotorch.local._vertex_schedule import (
     PreemptRule,
     ScheduleError,
     SpotSchedule,
@@ -31,11 +33,10 @@ from spotorch.dev._vertex_schedule import (
     Window,
     parse_schedule,
 )
-from spotorch.dev.emulators import EmulatorSet
-from spotorch.dev.vertex_emulator import READY_LINE, EmulatorError, VertexEmulator
-from spotorch.job_events import parse_job_message
+from spotorch.local.emulators import EmulatorSet
+from spotorch.local.vertex_emulator import READY_LINE, EmulatorError, VertexEmulator
 from spotorch.pipeline import Capacity, JobTemplate, WorkerPool
-from spotorch.ports import LABEL_ATTEMPT, LABEL_RUN, FailureClass, JobPhase, JobStatus, LaunchSpec
+from spotorch.ports import LABEL_ATTEMPT, LABEL_RUN, LaunchSpec
 from spotorch.vertex import RetryPolicy, VertexJobLauncher
 
 PROJECT = "spotorch-test"
@@ -445,7 +446,7 @@ def test_dropped_state_messages_leave_polling_to_tell(emulators: EmulatorSet,
 def test_the_command_line_serves_until_sigterm_and_kills_its_workers(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PUBSUB_EMULATOR_HOST"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "spotorch.dev.vertex_emulator", "--port", "0", "--project",
+        [sys.executable, "-m", "spotorch.local.vertex_emulator", "--port", "0", "--project",
          PROJECT, "--job-events-topic", "", "--grace-s", "0.5", "--queued-s", "0.05",
          "--pending-s", "0.05", "--workdir", str(tmp_path / "work")],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)

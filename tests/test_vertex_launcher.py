@@ -14,9 +14,10 @@ import pytest
 from google.api_core import exceptions as api
 from google.cloud import aiplatform_v1 as v1
 
-from spotorch.dev._vertex_filter import matches, parse_filter
+from spotorch.domain import FailureClass, JobPhase
+from spotorch.local._vertex_filter import matches, parse_filter
 from spotorch.pipeline import Capacity, JobTemplate, RecoveryPolicy, WorkerPool
-from spotorch.ports import FailureClass, JobPhase, LaunchError, LaunchSpec
+from spotorch.ports import LaunchError, LaunchSpec
 from spotorch.vertex import (
     LABEL_ATTEMPT,
     LABEL_PIPELINE,

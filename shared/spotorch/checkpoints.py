@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spotorch.ports import Checkpoint
+from spotorch.domain import Checkpoint
 
 
 class StorageCheckpointStore:

@@ -12,14 +12,14 @@ from collections.abc import Callable, Mapping, Sequence
 # Subcommand -> (module, function, help). Each takes the remaining argv and returns an exit code.
 # Modules are imported only when their subcommand runs.
 DELEGATES: Mapping[str, tuple[str, str, str]] = {
-    "demo": ("spotorch.demo", "main", "run the end-to-end demo on the local stack"),
-    "simulate": ("spotorch.simulate", "main", "replay spot traces through the policies"),
+    "demo": ("spotorch.local.demo", "main", "run the end-to-end demo on the local stack"),
+    "simulate": ("spotorch.sim.simulate", "main", "replay spot traces through the policies"),
     "validate": ("spotorch.config", "validate_main", "check pipeline files"),
 }
 DEV_DELEGATES: Mapping[str, tuple[str, str, str]] = {
-    "up": ("spotorch.dev.stack", "up_main", "start the local stack in the background"),
-    "down": ("spotorch.dev.stack", "down_main", "stop the local stack"),
-    "vertex": ("spotorch.dev.vertex_emulator", "main", "run the local Vertex AI emulator"),
+    "up": ("spotorch.local.stack", "up_main", "start the local stack in the background"),
+    "down": ("spotorch.local.stack", "down_main", "stop the local stack"),
+    "vertex": ("spotorch.local.vertex_emulator", "main", "run the local Vertex AI emulator"),
 }
 API_ACTIONS: Mapping[str, tuple[str, Sequence[str]]] = {
     "status": ("GET", ("run_id",)),

@@ -1,7 +1,7 @@
 """Job-state messages on Pub/Sub: the Cloud Logging LogEntry they carry, parsed into JobStatus.
 
 Two producers, one shape (a LogEntry for resource.type="ml_job", as a log sink publishes it):
-- the local Vertex emulator (spotorch.dev.vertex_emulator) builds its messages with
+- the local Vertex emulator (spotorch.local.vertex_emulator) builds its messages with
   `build_log_entry` / `message_attributes` below: jsonPayload carries the job's state, labels and
   error as CustomJob fields (camelCase), plus the previous state and a text line;
 - a production log sink on resource.type="ml_job" to Pub/Sub. What Vertex writes there is
@@ -21,8 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from spotorch.domain import JobStatus
 from spotorch.errors import InvalidEvent
-from spotorch.ports import LABEL_ATTEMPT, LABEL_RUN, JobStatus
+from spotorch.ports import LABEL_ATTEMPT, LABEL_RUN
 from spotorch.vertex import (
     Classifier,
     JobState,

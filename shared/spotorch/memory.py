@@ -9,14 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from spotorch.ports import (
-    Checkpoint,
-    ConflictError,
-    JobPhase,
-    JobStatus,
-    LaunchError,
-    LaunchSpec,
-)
+from spotorch.domain import Checkpoint, JobPhase, JobStatus
+from spotorch.ports import ConflictError, LaunchError, LaunchSpec
 
 
 class InMemoryDocumentStore:

@@ -1,71 +1,15 @@
-"""Ports: the small contracts between the service layer and the outside world, and their vocabulary."""
+"""Ports: the small contracts between the service layer and the outside world.
+
+They speak the domain's vocabulary (spotorch.domain); the domain never imports them."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
+from spotorch.domain import Checkpoint, JobStatus, Run
 from spotorch.pipeline import Capacity, JobTemplate
-
-if TYPE_CHECKING:
-    from spotorch.domain import Run
-
-
-class JobPhase(StrEnum):
-    """Where a job is in its life, in Vertex AI's terms (mapped from JobState)."""
-
-    QUEUED = "QUEUED"  # accepted; waiting for capacity (a SPOT job without capacity stays here)
-    PENDING = "PENDING"  # capacity found; VMs and containers starting
-    RUNNING = "RUNNING"  # workers running
-    SUCCEEDED = "SUCCEEDED"  # every worker exited 0
-    FAILED = "FAILED"  # ended with an error; see the failure class
-    CANCELLING = "CANCELLING"  # cancel requested, workers stopping
-    CANCELLED = "CANCELLED"  # stopped by a cancel
-
-    @property
-    def terminal(self) -> bool:
-        return self in _TERMINAL_PHASES
-
-    @property
-    def rank(self) -> int:
-        """Order of phases in a job's life; a later report never moves a job backwards."""
-        return _PHASE_RANK[self]
-
-
-_TERMINAL_PHASES = frozenset({JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.CANCELLED})
-_PHASE_RANK = {JobPhase.QUEUED: 0, JobPhase.PENDING: 1, JobPhase.RUNNING: 2,
-               JobPhase.CANCELLING: 3, JobPhase.SUCCEEDED: 4, JobPhase.FAILED: 4,
-               JobPhase.CANCELLED: 4}
-
-
-class FailureClass(StrEnum):
-    """Why an attempt ended without success; each class has its own retry budget."""
-
-    PREEMPTED = "preempted"  # Spot VMs taken back while running
-    STOCKOUT = "stockout"  # no capacity: a SPOT job queued too long, or a STOCKOUT error at start
-    USER_ERROR = "user_error"  # the training code exited non-zero
-    INFRA = "infra"  # Google-side internal error, quota, API failure
-    TIMEOUT = "timeout"  # the job hit its scheduling timeout
-    CANCELLED = "cancelled"  # cancelled (by spotorch or by someone else)
-    LAUNCH_REJECTED = "launch_rejected"  # the API refused the job for good (bad spec, permissions)
-
-
-@dataclass(frozen=True)
-class JobStatus:
-    """What the launcher knows about one job right now."""
-
-    job_name: str
-    phase: JobPhase
-    failure: FailureClass | None = None
-    exit_code: int | None = None
-    message: str = ""
-    labels: Mapping[str, str] = field(default_factory=dict)
-    create_time: float | None = None
-    start_time: float | None = None
-    end_time: float | None = None
-
 
 # Labels that tie a job to its run and attempt: set on every job, used to find (adopt) it.
 LABEL_RUN = "spotorch-run"
@@ -157,14 +101,6 @@ class DocumentStore(Protocol):
     def query(self, collection: str, field_name: str, value: Any) -> Sequence[dict[str, Any]]:
         """Documents whose field equals value."""
         ...
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """A complete checkpoint: its step and where it is."""
-
-    step: int
-    uri: str
 
 
 class CheckpointStore(Protocol):

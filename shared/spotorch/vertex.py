@@ -14,14 +14,12 @@ from datetime import datetime, timedelta
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from spotorch.domain import FailureClass, JobPhase, JobStatus
 from spotorch.pipeline import Capacity, RecoveryPolicy, WorkerPool
 from spotorch.ports import (
     LABEL_ATTEMPT,
     LABEL_PIPELINE,
     LABEL_RUN,
-    FailureClass,
-    JobPhase,
-    JobStatus,
     LaunchError,
     LaunchSpec,
 )

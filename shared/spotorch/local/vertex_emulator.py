@@ -25,8 +25,8 @@ from types import TracebackType
 from typing import Any
 
 from spotorch import job_events
-from spotorch.dev._vertex_filter import FilterError, matches, parse_filter
-from spotorch.dev._vertex_schedule import (
+from spotorch.local._vertex_filter import FilterError, matches, parse_filter
+from spotorch.local._vertex_schedule import (
     ScheduleError,
     SpotSchedule,
     SpotTrace,
@@ -34,11 +34,11 @@ from spotorch.dev._vertex_schedule import (
     load_schedule,
     parse_schedule,
 )
-from spotorch.dev._vertex_workers import Replica, SpawnError, kill, spawn
+from spotorch.local._vertex_workers import Replica, SpawnError, kill, spawn
 from spotorch.settings import TOPIC_JOB_EVENTS
 from spotorch.vertex import JobState
 
-log = logging.getLogger("spotorch.dev.vertex_emulator")
+log = logging.getLogger("spotorch.local.vertex_emulator")
 
 SERVICE = "google.cloud.aiplatform.v1.JobService"
 READY_LINE = "vertex emulator listening on {address}"
@@ -603,7 +603,7 @@ class VertexEmulator:
 # --- command line ---------------------------------------------------------------------------------
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m spotorch.dev.vertex_emulator",
+    p = argparse.ArgumentParser(prog="python -m spotorch.local.vertex_emulator",
                                 description="Local Vertex AI JobService emulator (gRPC).")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0: a free port")

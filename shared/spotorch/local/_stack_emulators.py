@@ -1,8 +1,8 @@
 """Command lines of the three emulators, for starting them all at once without blocking.
 
-spotorch.dev.emulators starts one emulator at a time and asks `gcloud info` for the SDK on each
+spotorch.local.emulators starts one emulator at a time and asks `gcloud info` for the SDK on each
 start (about a second apiece); the stack resolves the SDK once and starts the three in parallel.
-The flags are the same as spotorch.dev.emulators uses.
+The flags are the same as spotorch.local.emulators uses.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from spotorch.dev import emulators
+from spotorch.local import emulators
 
 HEALTH_PATHS = {"firestore": "/", "pubsub": "/", "gcs": "/storage/v1/b"}
 

@@ -20,7 +20,7 @@ from types import TracebackType
 from typing import Any, Self
 from urllib.parse import parse_qs, urlsplit
 
-from spotorch.dev.emulators import free_port
+from spotorch.local.emulators import free_port
 
 
 class ReceiverError(RuntimeError):

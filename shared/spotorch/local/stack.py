@@ -33,10 +33,10 @@ from types import TracebackType
 from typing import Any
 
 from spotorch import settings as S
-from spotorch.dev import _stack_emulators as _emu
-from spotorch.dev import emulators
-from spotorch.dev._stack_emulators import HEALTH_PATHS
-from spotorch.dev._stack_procs import (
+from spotorch.local import _stack_emulators as _emu
+from spotorch.local import emulators
+from spotorch.local._stack_emulators import HEALTH_PATHS
+from spotorch.local._stack_procs import (
     Child,
     Probe,
     any_probe,
@@ -80,7 +80,7 @@ TOPICS = (S.TOPIC_GCS_NOTIFICATIONS, S.TOPIC_JOB_EVENTS, S.TOPIC_TRAINER_EVENTS,
 OBSERVER_SUBSCRIPTION = "spotorch-events-observer"
 DEAD_LETTER_SUBSCRIPTION = "spotorch-dead-letter-observer"
 
-VERTEX_MODULE = "spotorch.dev.vertex_emulator"
+VERTEX_MODULE = "spotorch.local.vertex_emulator"
 VERTEX_READY_LINE = "vertex emulator listening on"
 
 # How pushes reach the functions:
@@ -429,7 +429,7 @@ class DevStack:
     def _spawn_adapter(self) -> tuple[Child, Probe]:
         port = self._adapter_port
         assert port is not None
-        argv = [sys.executable, "-m", "spotorch.dev._push_adapter", "--host", HOST,
+        argv = [sys.executable, "-m", "spotorch.local._push_adapter", "--host", HOST,
                 "--port", str(port)]
         for name in self._pushed_functions():
             argv += ["--route", f"{name}={self.function_url(name)}"]
@@ -861,7 +861,7 @@ def up_main(argv: Sequence[str]) -> int:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_spotorch_root(), env.get("PYTHONPATH")) if p)
     env["PYTHONUNBUFFERED"] = "1"
-    child = spawn("supervisor", [sys.executable, "-m", "spotorch.dev.stack", "supervise",
+    child = spawn("supervisor", [sys.executable, "-m", "spotorch.local.stack", "supervise",
                                  "--config", str(config_path), "--state", str(state_path)],
                   log_path, env)
     deadline = time.monotonic() + args.timeout
@@ -980,7 +980,7 @@ def _supervise(config_path: Path, state_path: Path) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m spotorch.dev.stack up|down|supervise ...` (the CLI wires up/down itself)."""
+    """`python -m spotorch.local.stack up|down|supervise ...` (the CLI wires up/down itself)."""
     args = list(sys.argv[1:] if argv is None else argv)
     command, rest = (args[0], args[1:]) if args else ("", [])
     if command == "up":
@@ -993,7 +993,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.add_argument("--state", type=Path, required=True)
         ns = parser.parse_args(rest)
         return _supervise(ns.config, ns.state)
-    sys.stderr.write("usage: python -m spotorch.dev.stack up|down [options]\n")
+    sys.stderr.write("usage: python -m spotorch.local.stack up|down [options]\n")
     return 2
 
 

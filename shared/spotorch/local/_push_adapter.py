@@ -10,7 +10,7 @@ without "data". So push subscriptions point here instead:
 and this re-posts a binary-mode CloudEvent, exactly as Eventarc would, to the function's URL and
 answers Pub/Sub with the function's status (2xx acknowledges, anything else makes it redeliver).
 
-Run as `python -m spotorch.dev._push_adapter --port P --route NAME=URL ... [--storage-topic T]`.
+Run as `python -m spotorch.local._push_adapter --port P --route NAME=URL ... [--storage-topic T]`.
 """
 
 from __future__ import annotations

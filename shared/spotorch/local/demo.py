@@ -147,8 +147,8 @@ def run_demo(scenario: Scenario, *, timeout_s: float, quiet: bool,
     lose_job_events: the Vertex emulator drops every job-state message, so only the reconcile
     tick's polling learns what the jobs do (what happens when a log sink loses messages).
     """
-    from spotorch.dev.receivers import SmtpReceiver, WebhookReceiver
-    from spotorch.dev.stack import DevStack
+    from spotorch.local.receivers import SmtpReceiver, WebhookReceiver
+    from spotorch.local.stack import DevStack
     from spotorch.store_firestore import FirestoreDocumentStore
 
     say: Callable[[str], None] = lambda text: _say(quiet, text)  # noqa: E731

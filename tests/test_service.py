@@ -152,6 +152,7 @@ def test_a_job_created_but_never_recorded_is_adopted() -> None:
     run = domain.new_run(run_id="r1", pipeline=p, now=clock.now(), data_uri="d", snapshot_id=None)
     deps.runs.save(run, None)
     intent = run.outbox[-1]
+    assert isinstance(intent, domain.LaunchIntent)
     from spotorch.service import launch_spec
 
     launcher.launch(launch_spec(deps, run, intent))  # created, then the function died

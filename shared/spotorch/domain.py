@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 from spotorch.events import build_event
 from spotorch.pipeline import Capacity, EscalationKind, Pipeline, RecoveryPolicy
@@ -191,14 +191,62 @@ class Attempt:
 
 
 @dataclass(frozen=True)
-class Intent:
-    """A side effect decided in a transaction and carried out after it commits (the outbox)."""
+class LaunchIntent:
+    """Create the job of an attempt (or adopt the one a lost creation left behind)."""
 
     id: str
-    kind: str  # "launch", "cancel" or "publish"
-    attempt: int | None = None
-    payload: Mapping[str, Any] = field(default_factory=dict)
+    attempt: int
+    capacity: Capacity
+    region: str
+    resume_step: int | None = None
+    resume_uri: str | None = None
     claimed_until: float = 0.0  # an executor owns it until then; afterwards the tick may take it
+    kind: ClassVar[str] = "launch"
+
+
+@dataclass(frozen=True)
+class CancelIntent:
+    """Ask Vertex AI to stop the job of an attempt."""
+
+    id: str
+    attempt: int
+    job_name: str
+    reason: str
+    claimed_until: float = 0.0
+    kind: ClassVar[str] = "cancel"
+
+
+@dataclass(frozen=True)
+class PublishIntent:
+    """Publish one of spotorch's own CloudEvents (structured JSON form)."""
+
+    id: str
+    event: Mapping[str, Any]
+    claimed_until: float = 0.0
+    kind: ClassVar[str] = "publish"
+
+
+# A side effect decided in a transaction and carried out after it commits (the outbox).
+Intent = LaunchIntent | CancelIntent | PublishIntent
+_INTENT_TYPES: Mapping[str, type[LaunchIntent] | type[CancelIntent] | type[PublishIntent]] = {
+    t.kind: t for t in (LaunchIntent, CancelIntent, PublishIntent)}
+
+
+def intent_to_dict(intent: Intent) -> dict[str, Any]:
+    """An intent as stored in the run document: its fields plus its kind."""
+    doc = asdict(intent)
+    doc["kind"] = intent.kind
+    if isinstance(intent, LaunchIntent):
+        doc["capacity"] = str(intent.capacity)
+    return doc
+
+
+def intent_from_dict(doc: Mapping[str, Any]) -> Intent:
+    data = {k: v for k, v in doc.items() if k != "kind"}
+    kind = _INTENT_TYPES[str(doc["kind"])]
+    if kind is LaunchIntent:
+        data["capacity"] = Capacity(data["capacity"])
+    return kind(**data)
 
 
 @dataclass(frozen=True)
@@ -281,6 +329,7 @@ class Run:
         doc = asdict(self)
         doc["active"] = self.active
         doc["latest_checkpoint"] = asdict(self.latest_checkpoint) if self.latest_checkpoint else None
+        doc["outbox"] = [intent_to_dict(i) for i in self.outbox]
         return doc
 
     @classmethod
@@ -297,7 +346,7 @@ class Run:
         data["next_capacity"] = Capacity(data["next_capacity"]) if data.get("next_capacity") else None
         data["stop_status"] = RunStatus(data["stop_status"]) if data.get("stop_status") else None
         data["history"] = tuple(HistoryEntry(**h) for h in data.get("history", ()))
-        data["outbox"] = tuple(Intent(**i) for i in data.get("outbox", ()))
+        data["outbox"] = tuple(intent_from_dict(i) for i in data.get("outbox", ()))
         data["seen"] = tuple(data.get("seen", ()))
         return cls(**data)
 
@@ -413,18 +462,20 @@ def _to(run: Run, status: RunStatus, ctx: Context, reason: str = "") -> Run:
     return _note(run, ctx, f"status {status}", reason)
 
 
-def _intent(run: Run, ctx: Context, kind: str, attempt: int | None = None,
-            **payload: Any) -> Run:
-    intent = Intent(f"{run.run_id}/{run.intent_seq + 1}", kind, attempt, payload,
-                    claimed_until=ctx.now + LAUNCH_LEASE_S)
-    return replace(run, intent_seq=run.intent_seq + 1, outbox=(*run.outbox, intent))
+def _next_intent_id(run: Run) -> tuple[Run, str]:
+    return replace(run, intent_seq=run.intent_seq + 1), f"{run.run_id}/{run.intent_seq + 1}"
+
+
+def _add(run: Run, intent: Intent) -> Run:
+    return replace(run, outbox=(*run.outbox, intent))
 
 
 def _publish(run: Run, ctx: Context, kind: str, **data: Any) -> Run:
     seq = run.event_seq + 1
     event = build_event(run_id=run.run_id, pipeline=run.pipeline, sequence=seq, kind=kind,
                         data=data, time=ctx.now)
-    return _intent(replace(run, event_seq=seq), ctx, "publish", event=event)
+    run, intent_id = _next_intent_id(replace(run, event_seq=seq))
+    return _add(run, PublishIntent(intent_id, event, claimed_until=ctx.now + LAUNCH_LEASE_S))
 
 
 def _with_attempt(run: Run, attempt: Attempt) -> Run:
@@ -569,8 +620,11 @@ def _launch(run: Run, ctx: Context, capacity: Capacity, reason: str) -> Run:
     run = _to(run, RunStatus.STARTING, ctx, reason)
     run = _note(run, ctx, f"launch attempt {number} on {capacity} in {region}",
                 reason + (f"; resume from step {ckpt.step}" if ckpt else "; fresh start"))
-    return _intent(run, ctx, "launch", number, capacity=str(capacity), region=region,
-                   resume_step=ckpt.step if ckpt else None, resume_uri=ckpt.uri if ckpt else None)
+    run, intent_id = _next_intent_id(run)
+    return _add(run, LaunchIntent(intent_id, number, capacity, region,
+                                  resume_step=ckpt.step if ckpt else None,
+                                  resume_uri=ckpt.uri if ckpt else None,
+                                  claimed_until=ctx.now + LAUNCH_LEASE_S))
 
 
 # ---------------------------------------------------------------- decide
@@ -873,7 +927,9 @@ def _cancel_attempt(run: Run, ctx: Context, attempt: Attempt, why: str) -> Run:
     run = _with_attempt(run, attempt)
     if attempt.job_name is None:
         return run  # not created yet: LaunchDone cancels it when it appears
-    return _intent(run, ctx, "cancel", attempt.number, job_name=attempt.job_name, reason=why)
+    run, intent_id = _next_intent_id(run)
+    return _add(run, CancelIntent(intent_id, attempt.number, attempt.job_name, why,
+                                  claimed_until=ctx.now + LAUNCH_LEASE_S))
 
 
 def _on_cancel(run: Run, obs: Observation, ctx: Context) -> Run:

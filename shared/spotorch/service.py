@@ -9,10 +9,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, assert_never
 
 from spotorch import domain
 from spotorch.domain import (
+    CancelIntent,
     CancelRequested,
     Checkpoint,
     Context,
@@ -22,15 +23,17 @@ from spotorch.domain import (
     JobStatus,
     LaunchDone,
     LaunchFailed,
+    LaunchIntent,
     Observation,
     Promote,
+    PublishIntent,
     Run,
     RunStatus,
     Tick,
     TrainerReported,
 )
 from spotorch.errors import SpotorchError
-from spotorch.pipeline import Capacity, OnActiveRun, Pipeline
+from spotorch.pipeline import OnActiveRun, Pipeline
 from spotorch.ports import (
     LABEL_ATTEMPT,
     LABEL_PIPELINE,
@@ -159,30 +162,26 @@ def _carry_out(deps: Deps, run: Run, version: Any, mine: Sequence[str], *,
     return after
 
 
-_Performer = Callable[[Deps, Run, Intent], Observation | None]
-
-
 def _perform(deps: Deps, run: Run, intent: Intent) -> Observation | None:
     try:
-        return _PERFORMERS[intent.kind](deps, run, intent)
+        match intent:
+            case PublishIntent():
+                deps.publisher.publish(intent.event)
+                return IntentDone(intent.id)
+            case CancelIntent():
+                deps.launcher.cancel(intent.job_name)
+                return IntentDone(intent.id)
+            case LaunchIntent():
+                return _perform_launch(deps, run, intent)
+            case _:
+                assert_never(intent)
     except Exception as exc:  # a failed side effect stays in the outbox; the tick retries it
         log.warning("intent %s (%s) of run %s failed: %s", intent.id, intent.kind, run.run_id, exc,
                     extra={"run_id": run.run_id})
         return None
 
 
-def _perform_publish(deps: Deps, run: Run, intent: Intent) -> Observation:
-    deps.publisher.publish(intent.payload["event"])
-    return IntentDone(intent.id)
-
-
-def _perform_cancel(deps: Deps, run: Run, intent: Intent) -> Observation:
-    deps.launcher.cancel(str(intent.payload["job_name"]))
-    return IntentDone(intent.id)
-
-
-def _perform_launch(deps: Deps, run: Run, intent: Intent) -> Observation | None:
-    assert intent.attempt is not None
+def _perform_launch(deps: Deps, run: Run, intent: LaunchIntent) -> Observation | None:
     if deps.clock.now() > intent.claimed_until - LEASE_MARGIN_S:
         return None  # our claim is nearly over: let the tick re-claim it rather than race it
     try:
@@ -192,33 +191,24 @@ def _perform_launch(deps: Deps, run: Run, intent: Intent) -> Observation | None:
     return LaunchDone(intent.id, intent.attempt, job_name)
 
 
-_PERFORMERS: Mapping[str, _Performer] = {
-    "publish": _perform_publish,
-    "cancel": _perform_cancel,
-    "launch": _perform_launch,
-}
-
-
-def launch_spec(deps: Deps, run: Run, intent: Intent) -> LaunchSpec:
+def launch_spec(deps: Deps, run: Run, intent: LaunchIntent) -> LaunchSpec:
     """The job of one attempt: the pipeline's template plus the trainer's env and identifying labels."""
     pipeline = deps.pipeline(run.pipeline)
-    number = int(intent.attempt or 0)
-    payload = intent.payload
+    number = intent.attempt
     env = {
         contract.ENV_RUN_ID: run.run_id,
         contract.ENV_ATTEMPT: str(number),
         contract.ENV_PIPELINE: run.pipeline,
         contract.ENV_CHECKPOINT_URI: run.checkpoint_uri,
-        contract.ENV_RESUME_FROM: str(payload.get("resume_uri") or ""),
-        contract.ENV_RESUME_STEP: "" if payload.get("resume_step") is None
-        else str(payload["resume_step"]),
+        contract.ENV_RESUME_FROM: intent.resume_uri or "",
+        contract.ENV_RESUME_STEP: "" if intent.resume_step is None else str(intent.resume_step),
         contract.ENV_DATA_URI: run.data_uri,
         contract.ENV_MODEL_URI: run.output_uri,
         contract.ENV_EVENTS_TOPIC: deps.events_topic,
     }
     labels = {LABEL_RUN: run.run_id, LABEL_ATTEMPT: str(number), LABEL_PIPELINE: run.pipeline}
     return LaunchSpec(run_id=run.run_id, pipeline=run.pipeline, attempt=number,
-                      capacity=Capacity(payload["capacity"]), region=str(payload["region"]),
+                      capacity=intent.capacity, region=intent.region,
                       template=pipeline.job, env=env, labels=labels,
                       display_name=f"spotorch-{run.run_id}-a{number}"[:128])
 

@@ -28,7 +28,7 @@ from cloudevents.http import CloudEvent  # noqa: E402
 
 from spotorch import entry  # noqa: E402
 from spotorch.local.emulators import running  # noqa: E402
-from spotorch.memory import InMemoryCheckpoints, InMemoryLauncher  # noqa: E402
+from spotorch.memory import InMemoryCheckpoints, InMemoryLauncher, InMemoryObjectStore  # noqa: E402
 from spotorch.pipeline import (  # noqa: E402
     EscalationKind,
     OnActiveRun,
@@ -71,7 +71,8 @@ def build(project: str) -> tuple[Deps, FirestoreDocumentStore, InMemoryLauncher]
                         recovery=RecoveryPolicy(escalation=EscalationKind.NEVER))
     deps = Deps(runs=DocumentRunStore(docs), docs=docs, launcher=launcher,
                 checkpoints=InMemoryCheckpoints(), publisher=PubSubPublisher(topic),
-                clock=SystemClock(), pipelines={"bench": pipeline})
+                clock=SystemClock(), pipelines={"bench": pipeline},
+                objects=InMemoryObjectStore())
     return deps, docs, launcher
 
 

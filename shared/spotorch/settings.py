@@ -34,6 +34,8 @@ COLLECTION_RUNS = "runs"
 COLLECTION_SNAPSHOTS = "snapshots"
 COLLECTION_DEDUPE = "dedupe"
 COLLECTION_REJECTED = "rejected_events"
+COLLECTION_LISTINGS = "listings"  # per landing prefix: where the reconcile listing goes on
+COLLECTION_JOBS = "jobs"  # job id -> run, attempt, job name: attributes log-sink entries
 
 
 @dataclass(frozen=True)

@@ -111,7 +111,7 @@ def job_event(run_id: str, job: str, state: Any, n: int) -> CloudEvent:
 
     now = time.time()
     entry_ = build_log_entry(job_name=job, state=state, previous_state=None, display_name=run_id,
-                             labels={"spotorch-run": run_id, "spotorch-attempt": "1"},
+                             labels={"spotorch_run": run_id, "spotorch_attempt": "1"},
                              error_code=0, error_message="", create_time=now - 60,
                              start_time=now - 30, end_time=now, update_time=now,
                              insert_id=f"{run_id}-{n}")

@@ -13,9 +13,9 @@ from spotorch.errors import SpotorchError
 from spotorch.pipeline import Capacity, JobTemplate
 
 # Labels that tie a job to its run and attempt: set on every job, used to find (adopt) it.
-LABEL_RUN = "spotorch-run"
-LABEL_ATTEMPT = "spotorch-attempt"
-LABEL_PIPELINE = "spotorch-pipeline"
+LABEL_RUN = "spotorch_run"
+LABEL_ATTEMPT = "spotorch_attempt"
+LABEL_PIPELINE = "spotorch_pipeline"
 
 
 @dataclass(frozen=True)

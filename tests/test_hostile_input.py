@@ -18,9 +18,16 @@ from hypothesis import strategies as st
 from spotorch.domain import RunStatus
 from spotorch.memory import InMemoryLauncher
 from spotorch.service import Deps
-from test_functions import deps, landed, post, pubsub_event, sink_line, storage_event  # noqa: F401
+from test_functions import deps as functions_deps  # noqa: F401  (the "deps" fixture)
+from test_functions import landed, post, pubsub_event, sink_line, storage_event
 
 BIG = 2 ** 63
+
+
+@pytest.fixture
+def deps(functions_deps: Deps) -> Deps:  # noqa: F811 (a fixture parameter, by pytest)
+    """The functions' dependencies on in-memory adapters (test_functions' fixture)."""
+    return functions_deps
 
 
 def trainer(**fields: Any) -> bytes:
@@ -87,7 +94,7 @@ def assert_rejected_and_nothing_changed(deps: Deps, resp: Any, event_id: str) ->
 
 
 @pytest.fixture
-def running(deps: Deps) -> tuple[Deps, str]:  # noqa: F811
+def running(deps: Deps) -> tuple[Deps, str]:
     landed(deps, "datasets/a.csv")
     post("on_object_finalized", storage_event("datasets/a.csv"))
     run = deps.runs.active()[0]
@@ -114,7 +121,7 @@ def test_hostile_job_lines(running: tuple[Deps, str], payload: bytes) -> None:
 
 
 @pytest.mark.parametrize("event", OBJECT_ATTACKS, ids=range(len(OBJECT_ATTACKS)))
-def test_hostile_object_events(deps: Deps, event: CloudEvent) -> None:  # noqa: F811
+def test_hostile_object_events(deps: Deps, event: CloudEvent) -> None:
     resp = post("on_object_finalized", event)
     assert_rejected_and_nothing_changed(deps, resp, "obj-attack")
     assert deps.runs.active() == [] and isinstance(deps.launcher, InMemoryLauncher) \
@@ -125,7 +132,7 @@ def test_hostile_object_events(deps: Deps, event: CloudEvent) -> None:  # noqa: 
     {"message": {"data": "!!!not base64"}}, {"message": "x"}, {"message": {"data": 12}},
     {"message": {"data": base64.b64encode(b"{}").decode(), "attributes": ["a"]}}, [1], "text",
 ])
-def test_hostile_pubsub_envelopes(deps: Deps, envelope: Any) -> None:  # noqa: F811
+def test_hostile_pubsub_envelopes(deps: Deps, envelope: Any) -> None:
     event = CloudEvent({"type": "google.cloud.pubsub.topic.v1.messagePublished", "id": "env",
                         "source": "//pubsub.googleapis.com/projects/p/topics/t"}, envelope)
     for target in ("on_job_event", "on_tick", "on_run_event"):
@@ -148,7 +155,7 @@ trainer_like = st.fixed_dictionaries(
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=trainer_like)
-def test_generated_trainer_reports_never_answer_5xx(deps: Deps, body: dict[str, Any]) -> None:  # noqa: F811
+def test_generated_trainer_reports_never_answer_5xx(deps: Deps, body: dict[str, Any]) -> None:
     payload = json.dumps(body, allow_nan=True).encode()
     resp = post("on_job_event", pubsub_event(payload, {"spotorch_source": "trainer"}, "gen"))
     assert resp.status_code < 500, (body, resp.data[:300])
@@ -157,7 +164,7 @@ def test_generated_trainer_reports_never_answer_5xx(deps: Deps, body: dict[str, 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=st.dictionaries(st.sampled_from(["resource", "textPayload", "jsonPayload",
                                              "timestamp", "labels"]), json_values, max_size=5))
-def test_generated_job_entries_never_answer_5xx(deps: Deps, body: dict[str, Any]) -> None:  # noqa: F811
+def test_generated_job_entries_never_answer_5xx(deps: Deps, body: dict[str, Any]) -> None:
     payload = json.dumps(body, allow_nan=True).encode()
     resp = post("on_job_event", pubsub_event(payload, {}, "gen"))
     assert resp.status_code < 500, (body, resp.data[:300])

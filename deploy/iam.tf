@@ -203,9 +203,9 @@ resource "time_sleep" "eventarc_agent_ready" {
 
 # --- builds ----------------------------------------------------------------------------------------
 
-# What Google documents for a function's build account: fetch the source from the source bucket,
-# push the image to Artifact Registry, write build logs. The role is granted on the project: a build
-# has no narrower resource to hold it.
+# The role Google's Cloud Run functions docs name for a custom build account: it covers reading
+# the source zip, pushing the image to Artifact Registry and writing build logs. It is broader than
+# that (project-wide); it is granted on the project because Cloud Build has no narrower home for it.
 resource "google_project_iam_member" "build_builder" {
   project = var.project_id
   role    = "roles/cloudbuild.builds.builder"

@@ -24,7 +24,7 @@ locals {
       entry_point   = "on_job_event", topic = "trainer_events", secrets = false, ordered = false,
       max_instances = var.burst_max_instances
     }
-    # One message every 5 minutes.
+    # One message per tick_schedule (every 5 minutes by default).
     "spotorch-on-tick" = {
       entry_point   = "on_tick", topic = "tick", secrets = false, ordered = false,
       max_instances = var.max_instances

@@ -189,9 +189,10 @@ resource "google_project_iam_member" "eventarc_agent" {
   member  = "serviceAccount:${google_project_service_identity.eventarc.email}"
 }
 
-# IAM changes take up to a few minutes to reach Eventarc; the object-finalized functions (their
-# triggers) wait for this. 90 s is what fresh projects needed in #25294; a failure after it is
-# fixed by applying again (docs/deploy.md).
+# IAM changes take a while to reach Eventarc; the object-finalized functions (their triggers) wait
+# for this. The workaround in #25294 waits a minute after creating the agents and another after
+# granting them; this waits 90 s after the grant. Only the first apply waits (time_sleep runs on
+# create); a failure after it is fixed by applying again (docs/deploy.md).
 resource "time_sleep" "eventarc_agent_ready" {
   create_duration = "90s"
 

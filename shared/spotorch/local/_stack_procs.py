@@ -17,7 +17,8 @@ from pathlib import Path
 Probe = Callable[[], bool]
 
 # What a process that lost the race for its port prints before it exits.
-_PORT_TAKEN = ("address already in use", "errno 98", "address in use")
+_PORT_TAKEN = ("address already in use", "errno 98", "address in use",
+               "connection in use")  # the last: gunicorn, after retrying for a while
 
 
 class ProcError(RuntimeError):

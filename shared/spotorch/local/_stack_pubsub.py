@@ -94,10 +94,13 @@ class PubSubAdmin:
 
     def create_topics(self) -> None:
         from google.api_core.exceptions import AlreadyExists
+        from google.api_core.retry import Retry
 
         for topic in TOPICS:
             with contextlib.suppress(AlreadyExists):
-                self.client("publisher").create_topic(name=self.topic_path(topic))
+                # Bounded: the default retry waits 600 s for an emulator that is not there.
+                self.client("publisher").create_topic(name=self.topic_path(topic),
+                                                      retry=Retry(timeout=30), timeout=10)
 
     def create_subscriptions(self, push_endpoint: Callable[[str, str], str]) -> None:
         """Push subscriptions to the functions, with retry backoff and dead letters; observers."""

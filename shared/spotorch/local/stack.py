@@ -158,6 +158,7 @@ class DevStack:
             if self.processes.launch(self._pubsub_admin.build_clients,
                                      self._pubsub_admin.create_topics):
                 break
+            self._pubsub_admin.close()  # its channel names the old port
         else:
             raise StackError("processes lost their reserved ports three times in a row")
         self._pubsub_admin.create_subscriptions(self.push_endpoint)

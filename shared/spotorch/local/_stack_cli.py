@@ -74,6 +74,9 @@ def _pipeline_lines(pipelines: Mapping[str, Any] | None) -> list[str]:
         lines += [f"    {problem}" for problem in problems]
     if pipelines.get("buckets"):
         lines.append(f"buckets (created): {', '.join(pipelines['buckets'])}")
+    for route in pipelines.get("unrouted") or []:
+        lines.append(f"not routed to the local receivers: {route} (Secret Manager is not "
+                     "emulated; this route sends where its target says)")
     return lines
 
 

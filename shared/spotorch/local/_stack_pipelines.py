@@ -60,7 +60,8 @@ class PipelineSet:
                 "loaded": [{"name": p.name, "file": str(p.file), "trigger": p.trigger,
                             "buckets": list(p.buckets)} for p in self.loaded],
                 "rejected": {f: list(problems) for f, problems in self.rejected.items()},
-                "buckets": list(self.buckets)}
+                "buckets": list(self.buckets),
+                "unrouted": sorted({f"{r.channel}: {r.target}" for r in unrouted(self.routes)})}
 
 
 def default_pipelines_dir(cwd: Path) -> Path:
@@ -132,6 +133,12 @@ def fingerprint(source: Path) -> tuple[tuple[str, int, int], ...]:
             continue
         out.append((str(f), stat.st_mtime_ns, stat.st_size))
     return tuple(out)
+
+
+def unrouted(routes: Iterable[RouteInfo]) -> list[RouteInfo]:
+    """Routes whose target the receivers cannot take over: a Secret Manager reference (not
+    emulated) or a literal address list; they go wherever that target says."""
+    return [r for r in routes if r.target and not _ENV_NAME.match(r.target)]
 
 
 def env_targets(routes: Iterable[RouteInfo]) -> dict[str, str]:

@@ -284,7 +284,7 @@ def test_list_filters_by_labels_and_pages(harness: Callable[..., Harness]) -> No
     client = h.raw_client()
     parent = f"projects/{PROJECT}/locations/{REGION}"
     by_run = [j.name for j in client.list_custom_jobs(
-        request={"parent": parent, "filter": 'labels.spotorch-run="r-a"'})]
+        request={"parent": parent, "filter": f'labels.{LABEL_RUN}="r-a"'})]
     assert sorted(by_run) == sorted([names[("r-a", 1)], names[("r-a", 2)]])
     paged = list(client.list_custom_jobs(request={"parent": parent, "page_size": 1}))
     assert len(paged) == 4

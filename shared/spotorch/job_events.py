@@ -17,31 +17,10 @@ from typing import Any
 
 from spotorch.domain import JobPhase
 from spotorch.errors import InvalidEvent
-from spotorch.ports import LABEL_ATTEMPT, LABEL_RUN
-from spotorch.vertex import (
-    JobState,
-    parse_job_name,
-)
-from spotorch_trainer.contract import ATTR_SOURCE, SOURCE_JOB, parse_rfc3339, rfc3339
+from spotorch_trainer.contract import ATTR_SOURCE, SOURCE_JOB, parse_rfc3339
 
 RESOURCE_TYPE = "ml_job"
-LOG_ID = "spotorch-vertex-emulator%2Fjob_state"  # emulator only; Vertex's own log id is unverified
-ATTR_RUN_ID = "run_id"
-ATTR_ATTEMPT = "attempt"
-ATTR_JOB_NAME = "job_name"
-ATTR_STATE = "state"
 ATTR_LOG_TIMESTAMP = "logging.googleapis.com/timestamp"  # what a log sink sets on each message
-
-# The service's state lines, as the emulator writes them and as we expect Vertex's (unverified).
-STATE_LINES: Mapping[JobState, str] = {
-    JobState.QUEUED: "Job is queued.",
-    JobState.PENDING: "Waiting for job to be provisioned.",
-    JobState.RUNNING: "Job is running.",
-    JobState.SUCCEEDED: "Job completed successfully.",
-    JobState.FAILED: "Job failed.",
-    JobState.CANCELLING: "Job is being cancelled.",
-    JobState.CANCELLED: "Job was cancelled.",
-}
 
 
 @dataclass(frozen=True)
@@ -73,63 +52,10 @@ STATE_LINE_TABLE: tuple[tuple[str, str], ...] = (
     (r"(?i)^job is queued", "QUEUED"),  # unverified
 )
 DEFAULT_STATE_LINES = StateLines.from_table(STATE_LINE_TABLE)
-_SEVERITIES: Mapping[JobState, str] = {JobState.FAILED: "ERROR", JobState.CANCELLED: "WARNING"}
 
 
 class NotAJobStateChange(InvalidEvent):
     """A well-formed ml_job log entry that reports no state change (e.g. a worker's log line)."""
-
-
-def build_log_entry(*, job_name: str, state: JobState, previous_state: JobState | None,
-                    display_name: str, labels: Mapping[str, str], error_code: int,
-                    error_message: str, create_time: float | None, start_time: float | None,
-                    end_time: float | None, update_time: float, insert_id: str) -> dict[str, Any]:
-    """The LogEntry (JSON form) the emulator publishes for one state change of a job."""
-    project, _, job_id = parse_job_name(job_name)
-    line = STATE_LINES.get(state, f"Job state is {state.name}.")
-    payload: dict[str, Any] = {
-        "message": f"{line} {error_message}".strip() if error_message else line,
-        "name": job_name,
-        "displayName": display_name,
-        "state": f"JOB_STATE_{state.name}",
-        "labels": dict(labels),
-        "updateTime": rfc3339(update_time, "microseconds"),
-    }
-    if previous_state is not None:
-        payload["previousState"] = f"JOB_STATE_{previous_state.name}"
-    if error_code or error_message:
-        payload["error"] = {"code": error_code, "message": error_message}
-    for key, ts in (("createTime", create_time), ("startTime", start_time), ("endTime", end_time)):
-        if ts is not None:
-            payload[key] = rfc3339(ts, "microseconds")
-    return {
-        "logName": f"projects/{project}/logs/{LOG_ID}",
-        "resource": {"type": RESOURCE_TYPE,
-                     "labels": {"job_id": job_id, "project_id": project, "task_name": "service"}},
-        "timestamp": rfc3339(update_time, "microseconds"),
-        "receiveTimestamp": rfc3339(update_time, "microseconds"),
-        "severity": _SEVERITIES.get(state, "INFO"),
-        "insertId": insert_id,
-        "jsonPayload": payload,
-    }
-
-
-def message_attributes(entry: Mapping[str, Any]) -> dict[str, str]:
-    """Pub/Sub attributes of an emulator job-state message: source, run, attempt, job, state."""
-    payload = entry["jsonPayload"]
-    labels = payload.get("labels", {})
-    return {
-        ATTR_SOURCE: SOURCE_JOB,
-        ATTR_RUN_ID: labels.get(LABEL_RUN, ""),
-        ATTR_ATTEMPT: labels.get(LABEL_ATTEMPT, ""),
-        ATTR_JOB_NAME: payload["name"],
-        ATTR_STATE: payload["state"],
-        ATTR_LOG_TIMESTAMP: entry["timestamp"],
-    }
-
-
-def encode(entry: Mapping[str, Any]) -> bytes:
-    return json.dumps(entry, sort_keys=True).encode()
 
 
 # --- parsing ------------------------------------------------------------------------------------

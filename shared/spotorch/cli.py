@@ -34,6 +34,7 @@ DEV_DELEGATES: Mapping[str, tuple[str, str, str]] = {
 }
 CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True, "max_content_width": 100}
 CHIEF_REPLICA = "workerpool0-0"
+PIPE_WIDTH = 220
 PASS_THROUGH = {"ignore_unknown_options": True, "allow_extra_args": True,
                 "help_option_names": []}  # the delegate prints its own --help
 
@@ -121,8 +122,11 @@ def _backend(ctx: click.Context) -> Backend:
 def _console(err: bool = False) -> Any:
     from rich.console import Console
 
-    # Colours only on a terminal (Rich checks isatty and NO_COLOR); never wrap JSON.
-    return Console(stderr=err, highlight=False, soft_wrap=False)
+    # Colours only on a terminal (Rich checks isatty and NO_COLOR). Into a pipe or file, lines
+    # are not cut to 80 columns: grep and awk see whole rows.
+    stream = sys.stderr if err else sys.stdout
+    width = None if stream.isatty() else int(os.environ.get("COLUMNS") or PIPE_WIDTH)
+    return Console(stderr=err, highlight=False, soft_wrap=False, width=width)
 
 
 def _print_json(data: Any) -> None:
@@ -288,25 +292,26 @@ def watch(ctx: click.Context, run_id: str, interval: float, timeout: float, as_j
     """
     backend = _backend(ctx)
     deadline = time.monotonic() + timeout if timeout else None
-    views = _views(backend, run_id, interval, deadline)
+    views = _views(backend, run_id, interval, deadline, first=_view(backend, run_id))
     final = _watch_json(views) if as_json else _watch_live(views)
     if final is None:
-        raise OperatorFailure(f"run {run_id} still {'live'} after {timeout:.0f}s")
+        raise OperatorFailure(f"run {run_id} still live after {timeout:.0f}s")
     if final["status"] != "SUCCEEDED":
         raise OperatorFailure(f"run {run_id} ended {final['status']}: {final.get('reason') or ''}")
 
 
-def _views(backend: Backend, run_id: str, interval: float,
-           deadline: float | None) -> Iterator[dict[str, Any]]:
+def _views(backend: Backend, run_id: str, interval: float, deadline: float | None,
+           first: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Views of the run every interval until it ends (the last one is its end)."""
+    view = first
     while True:
-        view = _view(backend, run_id)
         yield view
         if not view["active"]:
             return
         if deadline is not None and time.monotonic() > deadline:
             return
         time.sleep(interval)
+        view = _view(backend, run_id)
 
 
 def _watch_json(views: Iterator[dict[str, Any]]) -> dict[str, Any] | None:

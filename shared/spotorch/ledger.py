@@ -158,6 +158,8 @@ class Ledger:
 
 
 def _money(amount: float) -> str:
+    if amount < 0.01:
+        return f"${amount:.4f}"  # a small test run's cents still say something
     return f"${amount:,.2f}" if amount < 100 else f"${amount:,.0f}"
 
 

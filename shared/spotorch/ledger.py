@@ -38,7 +38,8 @@ class PriceTable:
 
 
 _CE_GPU = "Compute Engine GPU pricing (on-demand and Spot list prices), FACTS.md 'Prices'"
-_CE_VM = "Compute Engine VM instance pricing, N1 predefined (on-demand and Spot), prices.py"
+_CE_VM = ("Compute Engine VM instance pricing, n1-standard-4 in us-central1 (on-demand; Spot "
+          "changes at most once a day)")
 
 # Compute Engine list prices: Vertex AI custom training bills its own rates, a little higher; a
 # pipeline with a negotiated or current Vertex rate sets `prices` and those win (see docs).
@@ -148,19 +149,23 @@ class Ledger:
         """The ledger in one line, as alerts and summaries say it."""
         pct = f" ({self.savings_pct:.0f}%)" if self.savings_pct is not None else ""
         verb = "saved" if self.savings >= 0 else "cost"
-        line = (f"{_money(self.total)} spent; {verb} {_money(abs(self.savings))}{pct} "
+        line = (f"{money(self.total)} spent; {verb} {money(abs(self.savings))}{pct} "
                 "against standard VMs")
         if self.preemptions:
             plural = "s" if self.preemptions != 1 else ""
-            line += (f"; {self.preemptions} preemption{plural} cost {_money(self.lost_cost)} of "
+            line += (f"; {self.preemptions} preemption{plural} cost {money(self.lost_cost)} of "
                      f"redone work ({self.lost_steps} steps)")
         return line
 
 
-def _money(amount: float) -> str:
-    if amount < 0.01:
-        return f"${amount:.4f}"  # a small test run's cents still say something
-    return f"${amount:,.2f}" if amount < 100 else f"${amount:,.0f}"
+def money(amount: float | None) -> str:
+    """Dollars as people read them: whole dollars from $100, four decimals below a cent."""
+    if amount is None:
+        return "-"
+    sign, value = ("-" if amount < 0 else ""), abs(amount)
+    if 0 < value < 0.01:
+        return f"{sign}${value:.4f}"  # a small run's fractions of a cent still say something
+    return f"{sign}${value:,.2f}" if value < 100 else f"{sign}${value:,.0f}"
 
 
 def billed_seconds(attempt: Attempt, now: float) -> float:

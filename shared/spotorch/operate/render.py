@@ -21,10 +21,11 @@ def status_style(status: str) -> str:
 
 
 def money(amount: float | None, currency: str = "USD") -> str:
-    if amount is None:
-        return "-"
-    sign = "-" if amount < 0 else ""
-    return f"{sign}${abs(amount):,.2f}" if currency == "USD" else f"{amount:,.2f} {currency}"
+    from spotorch.ledger import money as dollars
+
+    if currency == "USD" or amount is None:
+        return dollars(amount)
+    return f"{amount:,.2f} {currency}"
 
 
 def _pct(value: float | None) -> str:

@@ -56,9 +56,9 @@ def _badge(status: str) -> str:
 
 
 def money(amount: float | None) -> str:
-    if amount is None:
-        return "-"
-    return f"{'-' if amount < 0 else ''}${abs(amount):,.2f}"
+    from spotorch.ledger import money as dollars
+
+    return dollars(amount)
 
 
 def page(title: str, body: str, *, target: str, refresh_s: int | None = None) -> str:

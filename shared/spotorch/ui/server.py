@@ -113,6 +113,8 @@ class UIServer:
                 rows, token = self._rows(args)
                 return 200, HTML, pages.runs_page(rows, args, token, target=self.target_label,
                                                   refresh_s=self.refresh_s).encode()
+            if parts == ["favicon.ico"]:
+                return 204, "image/x-icon", b""
             if parts == ["healthz"]:
                 return 200, "text/plain", b"ok"
             if parts == ["api", "runs"]:

@@ -87,14 +87,20 @@ def _lane(a: Attempt, y: float, scale: Scale, run_end: float) -> list[str]:
                        f'y2="{y + LANE_H + 2:.1f}" stroke="{PREEMPT_COLOUR}" stroke-width="3"/>'
                        f'<text x="{xe + 4:.1f}" y="{y + 12:.1f}" class="mark" '
                        f'fill="{PREEMPT_COLOUR}">preempted</text></g>')
-        elif a.state is AttemptState.SUCCEEDED:
-            out.append(f'<text class="succeeded mark" x="{xe + 4:.1f}" y="{y + 18:.1f}" '
-                       f'fill="{OK_COLOUR}">succeeded</text>')
-        elif a.failure is not None:
-            out.append(f'<text class="ended mark" x="{xe + 4:.1f}" y="{y + 18:.1f}" '
-                       f'fill="{PREEMPT_COLOUR}">{escape(str(a.failure))}</text>')
+        if a.state is AttemptState.SUCCEEDED:
+            out.append(_end_label("succeeded", "succeeded", OK_COLOUR, xe, y))
+        elif a.failure is not None and a.failure is not FailureClass.PREEMPTED:
+            out.append(_end_label("ended", str(a.failure), PREEMPT_COLOUR, xe, y))
     out.append("</g>")
     return out
+
+
+def _end_label(cls: str, text: str, colour: str, x: float, y: float) -> str:
+    """How an attempt ended, right of its end; near the right edge, inside its bar in white."""
+    if x > WIDTH - RIGHT - 90:
+        return (f'<text class="{cls} mark" x="{x - 4:.1f}" y="{y + 18:.1f}" text-anchor="end" '
+                f'fill="#fff">{escape(text)}</text>')
+    return f'<text class="{cls} mark" x="{x + 4:.1f}" y="{y + 18:.1f}" fill="{colour}">{escape(text)}</text>'
 
 
 def _progress_points(run: Run, run_end: float) -> list[tuple[float, int]]:

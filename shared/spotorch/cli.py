@@ -133,20 +133,11 @@ def _print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2))
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("spotorch")
-    except PackageNotFoundError:
-        return "unknown"
-
-
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 
 
 @click.group(cls=SuggestingGroup, context_settings=CONTEXT)
-@click.version_option(_version(), "--version", "-V", prog_name="spotorch")
+@click.version_option(None, "--version", "-V", package_name="spotorch", prog_name="spotorch")
 @click.option("--project", envvar="SPOTORCH_PROJECT", show_envvar=True,
               help="Google Cloud project of a deployed spotorch (default: the local stack "
                    "when it is up, else the config file).")
@@ -456,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     """The console script: run the command tree; expected failures print one line."""
     try:
         result = cli.main(args=argv, prog_name="spotorch", standalone_mode=False)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
     except click.ClickException as exc:
@@ -465,10 +457,11 @@ def main(argv: list[str] | None = None) -> int:
         click.echo("spotorch: aborted", err=True)
         return 1
     except BrokenPipeError:
-        # The reader went away (`spotorch runs | head`): stop quietly, flush nothing more.
+        # The reader went away (`spotorch runs | head`): stop quietly, flush nothing more, and
+        # exit 1 as click itself does when the pipe closes inside a command.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        return 0
+        return 1
     except KeyboardInterrupt:
         return 130
     return result if isinstance(result, int) else 0

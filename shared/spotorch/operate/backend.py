@@ -187,6 +187,20 @@ def backend_for(target: Target) -> Backend:
                    pipelines=load_pipelines(target.pipelines), target=target)
 
 
+def _probe(host_port: str, timeout_s: float = 2.0) -> None:
+    """Fail at once, naming it, when the local Firestore emulator does not answer."""
+    import socket
+
+    host, _, port = host_port.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s):
+            return
+    except (OSError, ValueError) as exc:
+        raise OperatorError(f"cannot read runs from the local stack's Firestore emulator at "
+                            f"{host_port}: {exc} (is the stack up? `eval \"$(spotorch dev up)\"`)"
+                            ) from None
+
+
 class _LazyFirestore:
     """A Firestore client built on first use (the CLI starts without importing it)."""
 
@@ -196,6 +210,9 @@ class _LazyFirestore:
 
     def collection(self, name: str) -> Any:
         if self._client is None:
+            emulator = os.environ.get("FIRESTORE_EMULATOR_HOST")
+            if emulator:
+                _probe(emulator)
             from google.cloud import firestore
 
             self._client = firestore.Client(project=self.project, database=self.database)

@@ -13,6 +13,7 @@ from spotorch.ports import DocumentStore
 from spotorch.settings import COLLECTION_RUNS
 
 MAX_PAGE = 500
+READ_TIMEOUT_S = 20.0
 
 # Names `--status` accepts besides the statuses themselves.
 STATUS_GROUPS: Mapping[str, frozenset[RunStatus]] = {
@@ -136,12 +137,20 @@ class FirestoreRunReader:
     index serves it, no composite index to deploy); status and pipeline are filtered here.
     """
 
-    def __init__(self, client: Any, collection: str = COLLECTION_RUNS) -> None:
+    def __init__(self, client: Any, collection: str = COLLECTION_RUNS,
+                 timeout_s: float = READ_TIMEOUT_S) -> None:
         self.client = client
         self.collection = collection
+        self.timeout_s = timeout_s
+
+    def _deadline(self) -> dict[str, Any]:
+        # Without these the client retries an unreachable Firestore for minutes.
+        from google.api_core.retry import Retry
+
+        return {"retry": Retry(timeout=self.timeout_s), "timeout": self.timeout_s}
 
     def get(self, run_id: str) -> Run | None:
-        snap = self.client.collection(self.collection).document(run_id).get()
+        snap = self.client.collection(self.collection).document(run_id).get(**self._deadline())
         return Run.from_dict(snap.to_dict()) if snap.exists else None
 
     def list(self, query: RunQuery) -> RunPage:
@@ -155,7 +164,7 @@ class FirestoreRunReader:
             at, _ = decode_token(query.page_token)
             q = q.where(filter=FieldFilter("created_at", "<=", at))
         q = q.order_by("created_at", direction=firestore.Query.DESCENDING)
-        runs = (Run.from_dict(snap.to_dict()) for snap in q.stream())
+        runs = (Run.from_dict(snap.to_dict()) for snap in q.stream(**self._deadline()))
         return page_of(_ties_sorted(runs), query)
 
 

@@ -42,7 +42,7 @@ form.filters label{display:flex;flex-direction:column;font-size:12px;color:#4755
 .ledger b{display:block;font-size:20px}.ledger .saved b{color:#166534}.ledger .lost b{color:#991b1b}
 .legend span{display:inline-block;margin-right:16px;font-size:12px}
 .legend i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:-2px}
-section{margin:20px 0}.muted{color:#64748b;font-size:12px}
+td.t{white-space:nowrap}section{margin:20px 0}.muted{color:#64748b;font-size:12px}
 .error{background:#fee2e2;color:#991b1b;padding:12px 16px;border:1px solid #fecaca}
 """
 
@@ -92,7 +92,7 @@ def runs_page(rows: Sequence[Mapping[str, Any]], args: Mapping[str, str],
         lines.append(
             f'<tr class="run" data-run-id="{escape(r["run_id"])}" data-status="{escape(r["status"])}">'
             f'<td><a href="{link}">{escape(r["run_id"])}</a></td><td>{escape(r["pipeline"])}</td>'
-            f'<td>{_badge(r["status"])}</td><td>{escape(r["created_at"])}</td>'
+            f'<td>{_badge(r["status"])}</td><td class="t">{escape(r["created_at"])}</td>'
             f'<td class="num">{r["attempts"]}</td><td class="num">{r["preemptions"]}</td>'
             f'<td class="num">{r["step"]}{"/" + str(r["total_steps"]) if r["total_steps"] else ""}'
             f'</td><td class="num cost">{money(r["cost"])}</td>'
@@ -151,13 +151,13 @@ def run_page(view: Mapping[str, Any], svg: str, *, target: str, refresh_s: int) 
     attempts = "".join(
         f'<tr class="attempt"><td>{a["attempt"]}</td><td>{escape(a["capacity"])}</td>'
         f'<td>{escape(a["region"])}</td><td>{escape(a["state"])}</td>'
-        f'<td>{escape(a["job_id"] or "-")}</td><td>{escape(a["started_at"] or "-")}</td>'
-        f'<td>{escape(a["ended_at"] or "-")}</td>'
+        f'<td>{escape(a["job_id"] or "-")}</td><td class="t">{escape(a["started_at"] or "-")}</td>'
+        f'<td class="t">{escape(a["ended_at"] or "-")}</td>'
         f'<td class="num">{"-" if a["resumed_from_step"] is None else a["resumed_from_step"]}</td>'
         f'<td class="num">{"-" if a["progress_step"] is None else a["progress_step"]}</td>'
         f'<td class="num">{money(costs.get(a["attempt"], {}).get("cost"))}</td>'
         f'<td>{escape(a["end_reason"] or "")}</td></tr>' for a in view["attempts"])
-    history = "".join(f'<tr class="event"><td>{escape(h["at"])}</td><td>{escape(h["what"])}</td>'
+    history = "".join(f'<tr class="event"><td class="t">{escape(h["at"])}</td><td>{escape(h["what"])}</td>'
                       f'<td>{escape(h["reason"])}</td></tr>' for h in view["history"])
     body = (f'<h1>{escape(view["run_id"])}</h1>{_facts(view)}{_ledger(view["cost"])}'
             f'<section><h2>Timeline</h2><div class="legend">{legend}</div>{svg}</section>'

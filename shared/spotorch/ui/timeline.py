@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from html import escape
 
 from spotorch.domain import Attempt, AttemptState, FailureClass, Run
-from spotorch.ledger import Ledger
+from spotorch.ledger import Ledger, money
 from spotorch.operate.times import duration
 from spotorch.pipeline import Capacity
 
@@ -179,7 +179,7 @@ def _cost_panel(book: Ledger, run: Run, scale: Scale, top: float, run_end: float
             f'<line x1="{LEFT}" y1="{y(0):.1f}" x2="{WIDTH - RIGHT}" y2="{y(0):.1f}" class="axis"/>',
             f'<path class="cost" d="{d}" fill="none" stroke="{COST_COLOUR}" stroke-width="2"/>',
             f'<text x="{LEFT - 6}" y="{y(peak) + 4:.1f}" class="tick" text-anchor="end">'
-            f'${book.total:,.2f}</text>']
+            f'{money(book.total)}</text>']
 
 
 def _time_axis(scale: Scale, y: float) -> list[str]:

@@ -22,19 +22,21 @@ def test_the_story_run_is_priced_attempt_by_attempt() -> None:
     assert [round(a.billed_s) for a in book.attempts] == [1200, 1200, 900]
     assert [a.per_hour for a in book.attempts] == [SPOT, SPOT, STANDARD]
     assert book.total == pytest.approx((1200 * SPOT + 1200 * SPOT + 900 * STANDARD) / 3600)
-    # Attempt 1 reached 110, attempt 2 resumed at 100: 10 of its 110 steps redone; then 20 of 120.
+    # Each attempt starts up for the 600 s restart overhead, then computes. Attempt 1 reached 110,
+    # attempt 2 resumed at 100: 10 of its 110 steps redone; then 20 of 120.
+    overhead = PIPELINE.recovery.restart_overhead_s
     assert [a.lost_steps for a in book.attempts] == [10, 20, 0]
-    lost = 1200 * SPOT / 3600 * 10 / 110 + 1200 * SPOT / 3600 * 20 / 120
+    lost = (1200 - overhead) * SPOT / 3600 * 10 / 110 + (1200 - overhead) * SPOT / 3600 * 20 / 120
     assert book.lost_cost == pytest.approx(lost)
-    useful_s = 1200 * 100 / 110 + 1200 * 100 / 120 + 900
+    useful_s = (1200 - overhead) * 100 / 110 + (1200 - overhead) * 100 / 120 + (900 - overhead)
     assert book.useful_s == pytest.approx(useful_s)
-    standard = (useful_s + PIPELINE.recovery.restart_overhead_s) / 3600 * STANDARD
+    standard = (useful_s + overhead) / 3600 * STANDARD
     assert book.standard_equivalent == pytest.approx(standard)
     assert book.savings == pytest.approx(standard - book.total)
     assert book.savings_pct == pytest.approx((standard - book.total) / standard * 100)
     assert book.preemptions == 2
-    assert "saved $0.12 (61%) against standard VMs; 2 preemptions cost $0.0034 of redone work " \
-           "(30 steps)" in book.sentence()
+    assert book.sentence() == ("$0.07 spent; saved $0.03 (28%) against standard VMs; "
+                               "2 preemptions cost $0.0017 of redone work (30 steps)")
 
 
 def test_a_live_attempt_is_billed_up_to_now_and_grows() -> None:
@@ -54,6 +56,16 @@ def test_an_attempt_that_never_started_costs_nothing() -> None:
                                 created_at=0.0, queued_since=0.0),))
     book = ledger(run, PIPELINE, 10_000.0)
     assert book.total == 0 and book.standard_equivalent == 0 and book.savings_pct is None
+    assert book.sentence() == "nothing billed yet"
+
+
+def test_a_short_attempt_is_all_start_up_and_compared_with_one_standard_start_up() -> None:
+    deps = deps_for()
+    run = running_run(deps)  # 300 s on Spot so far, less than the 600 s restart overhead
+    book = ledger(run, PIPELINE, deps.clock.now())
+    assert book.useful_s == 0
+    assert book.standard_equivalent == pytest.approx(300 * STANDARD / 3600)
+    assert book.savings_pct == pytest.approx((STANDARD - SPOT) / STANDARD * 100)
 
 
 def test_accelerators_and_replicas_multiply() -> None:
@@ -95,6 +107,6 @@ def test_every_price_entry_names_a_source_and_an_iso_date() -> None:
 def test_ledger_json_rounds_and_carries_the_sentence() -> None:
     deps = deps_for()
     data = ledger_dict(ledger(preempted_twice_then_standard(deps), PIPELINE, deps.clock.now()))
-    assert data["savings_pct"] == 60.9 and data["lost_steps"] == 30
+    assert data["savings_pct"] == 27.8 and data["lost_steps"] == 30
     assert [a["capacity"] for a in data["attempts"]] == ["spot", "spot", "standard"]
     assert str(data["summary"]).startswith("$0.07 spent")

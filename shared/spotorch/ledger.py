@@ -125,7 +125,7 @@ class AttemptCost:
     per_hour: float
     cost: float
     lost_steps: int  # steps it ran that the next attempt had to redo
-    lost_s: float  # billed time spent on those steps
+    lost_s: float  # compute time spent on those steps
     lost_cost: float
 
 
@@ -136,7 +136,7 @@ class Ledger:
     currency: str
     attempts: tuple[AttemptCost, ...]
     total: float
-    standard_equivalent: float  # useful compute time x standard price + one start-up overhead
+    standard_equivalent: float  # kept compute time x standard price + one start-up
     savings: float
     savings_pct: float | None  # of the standard equivalent; None when that is zero
     useful_s: float
@@ -147,6 +147,8 @@ class Ledger:
 
     def sentence(self) -> str:
         """The ledger in one line, as alerts and summaries say it."""
+        if self.total == 0 and self.standard_equivalent == 0:
+            return "nothing billed yet"
         pct = f" ({self.savings_pct:.0f}%)" if self.savings_pct is not None else ""
         verb = "saved" if self.savings >= 0 else "cost"
         line = (f"{money(self.total)} spent; {verb} {money(abs(self.savings))}{pct} "
@@ -192,30 +194,39 @@ def _lost_work(attempt: Attempt, successor: Attempt | None) -> tuple[int, float]
 
 
 def ledger(run: Run, pipeline: Pipeline | None, now: float, table: PriceTable = PRICES) -> Ledger:
-    """The cost ledger of a run at time `now` (a live attempt is billed up to now)."""
+    """The cost ledger of a run at time `now` (a live attempt is billed up to now).
+
+    Each attempt's billed time is its start-up (the pipeline's restart overhead, at most the
+    whole attempt) and its compute; the compute spent on steps the next attempt redid is lost.
+    The standard equivalent is the kept compute plus one start-up, at standard prices: what the
+    same useful work would have cost on standard VMs without interruptions.
+    """
+    overhead_s = pipeline.recovery.restart_overhead_s if pipeline is not None else 0.0
     lines: list[AttemptCost] = []
     basis: list[str] = []
     useful_s = 0.0
     standard_useful = 0.0
+    startup: tuple[float, float] | None = None  # (seconds, standard price) of one start-up
     for i, attempt in enumerate(run.attempts):
         successor = run.attempts[i + 1] if i + 1 < len(run.attempts) else None
         rate = hourly_rate(pipeline, attempt.capacity, attempt.region, table)
         standard = hourly_rate(pipeline, Capacity.STANDARD, attempt.region, table)
         basis += [*rate.basis, *standard.basis]
         billed = billed_seconds(attempt, now)
+        compute = max(billed - overhead_s, 0.0)
         lost_steps, lost_fraction = _lost_work(attempt, successor)
-        lost_s = billed * lost_fraction if billed else 0.0
+        lost_s = compute * lost_fraction
         cost = billed / 3600 * rate.per_hour
         lines.append(AttemptCost(attempt.number, attempt.capacity, attempt.region, billed,
-                                 rate.per_hour, cost, lost_steps, lost_s, cost * lost_fraction))
-        useful_s += billed - lost_s
-        standard_useful += (billed - lost_s) / 3600 * standard.per_hour
+                                 rate.per_hour, cost, lost_steps, lost_s,
+                                 lost_s / 3600 * rate.per_hour))
+        useful_s += compute - lost_s
+        standard_useful += (compute - lost_s) / 3600 * standard.per_hour
+        if billed > 0:
+            startup = (max(startup[0] if startup else 0.0, min(overhead_s, billed)),
+                       standard.per_hour)
     total = sum(line.cost for line in lines)
-    overhead_s = pipeline.recovery.restart_overhead_s if pipeline is not None else 0.0
-    first_region = run.attempts[0].region if run.attempts else ""
-    startup = overhead_s / 3600 * hourly_rate(pipeline, Capacity.STANDARD, first_region,
-                                              table).per_hour if useful_s > 0 else 0.0
-    standard_equivalent = standard_useful + startup
+    standard_equivalent = standard_useful + (startup[0] / 3600 * startup[1] if startup else 0.0)
     savings = standard_equivalent - total
     return Ledger(
         currency=table.currency, attempts=tuple(lines), total=total,

@@ -32,25 +32,38 @@ def _pct(value: float | None) -> str:
     return "" if value is None else f" ({value:.0f}%)"
 
 
-def runs_table(rows: Sequence[Mapping[str, Any]]) -> Any:
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, elastic: str,
+           right: frozenset[str] = frozenset()) -> Any:
+    """A plain table whose columns keep their full width; only `elastic` gives way (cut with an
+    ellipsis, one line per row) when the terminal is too narrow."""
     from rich.table import Table
     from rich.text import Text
 
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for name, justify in (("RUN", "left"), ("PIPELINE", "left"), ("STATUS", "left"),
-                          ("CREATED", "left"), ("ATTEMPTS", "right"), ("STEP", "right"),
-                          ("COST", "right"), ("SAVED", "right"), ("REASON", "left")):
-        table.add_column(name, justify=justify,  # type: ignore[arg-type]
-                         overflow="fold" if name == "RUN" else "ellipsis",
-                         no_wrap=name != "REASON", max_width=48 if name == "REASON" else None)
+    for i, name in enumerate(headers):
+        cells = [name, *(c.plain if isinstance(c, Text) else str(c) for c in (r[i] for r in rows))]
+        width = max(len(c) for c in cells)
+        table.add_column(name, justify="right" if name in right else "left", no_wrap=True,
+                         overflow="ellipsis", min_width=None if name == elastic else width,
+                         max_width=60 if name == elastic else None)
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def runs_table(rows: Sequence[Mapping[str, Any]]) -> Any:
+    from rich.text import Text
+
+    cells = []
     for r in rows:
         step = f"{r['step']}/{r['total_steps']}" if r.get("total_steps") else str(r.get("step", 0))
-        table.add_row(r["run_id"], r["pipeline"], Text(r["status"], style=status_style(r["status"])),
-                      r["created_at"], str(r["attempts"]), step,
-                      money(r["cost"], r["currency"]),
+        cells.append([r["run_id"], r["pipeline"], Text(r["status"], style=status_style(r["status"])),
+                      r["created_at"], str(r["attempts"]), step, money(r["cost"], r["currency"]),
                       money(r["savings"], r["currency"]) + _pct(r.get("savings_pct")),
-                      r.get("reason") or "")
-    return table
+                      r.get("reason") or ""])
+    return _table(("RUN", "PIPELINE", "STATUS", "CREATED", "ATTEMPTS", "STEP", "COST", "SAVED",
+                   "REASON"), cells, elastic="REASON",
+                  right=frozenset({"ATTEMPTS", "STEP", "COST", "SAVED"}))
 
 
 def _kv(rows: Sequence[tuple[str, Any]]) -> Any:
@@ -103,24 +116,22 @@ def show_run(view: Mapping[str, Any]) -> list[Any]:
         ("lost work", f"{cost['lost_steps']} steps redone after {cost['preemptions']} "
                       f"preemption(s), {money(cost['lost_cost'], cost['currency'])}"),
     ])
-    attempts = Table(box=None, header_style="bold", pad_edge=False)
-    for name in ("#", "CAPACITY", "REGION", "STATE", "JOB", "STARTED", "ENDED", "RAN",
-                 "RESUMED", "REACHED", "COST", "END REASON"):
-        attempts.add_column(name, overflow="fold" if name in ("JOB", "END REASON") else "ellipsis")
     costs = {a["attempt"]: a for a in cost["attempts"]}
-    for a in view["attempts"]:
-        line = costs.get(a["attempt"], {})
-        attempts.add_row(
-            str(a["attempt"]), Text(a["capacity"], style="green" if a["capacity"] == "spot"
-                                    else "yellow"),
-            a["region"], a["state"], a["job_id"] or "-", a.get("started_at") or "-",
-            a.get("ended_at") or "-", _attempt_duration(a),
-            "-" if a["resumed_from_step"] is None else str(a["resumed_from_step"]),
-            "-" if a["progress_step"] is None else str(a["progress_step"]),
-            money(line.get("cost"), cost["currency"]), a.get("end_reason") or "")
+    attempts = _table(
+        ("#", "CAPACITY", "REGION", "STATE", "JOB", "STARTED", "ENDED", "RAN", "RESUMED",
+         "REACHED", "COST", "END REASON"),
+        [[str(a["attempt"]),
+          Text(a["capacity"], style="green" if a["capacity"] == "spot" else "yellow"),
+          a["region"], a["state"], a["job_id"] or "-", a.get("started_at") or "-",
+          a.get("ended_at") or "-", _attempt_duration(a),
+          "-" if a["resumed_from_step"] is None else str(a["resumed_from_step"]),
+          "-" if a["progress_step"] is None else str(a["progress_step"]),
+          money(costs.get(a["attempt"], {}).get("cost"), cost["currency"]),
+          a.get("end_reason") or ""] for a in view["attempts"]],
+        elastic="END REASON", right=frozenset({"RESUMED", "REACHED", "COST"}))
     history = Table(box=None, header_style="bold", pad_edge=False)
-    history.add_column("AT", no_wrap=True)
-    history.add_column("WHAT")
+    history.add_column("AT", no_wrap=True, min_width=20)
+    history.add_column("WHAT", min_width=16)
     history.add_column("WHY", overflow="fold")
     for h in view["history"]:
         history.add_row(h["at"], h["what"], h["reason"])

@@ -312,7 +312,8 @@ def test_actions_send_an_identity_token_when_asked(
         return "id-token-123"
 
     assert HttpActions(url, token).post("cancel", {"run_id": "r"})["status"] == "CANCELLING"
-    assert handler.seen[-1]["Authorization"] == "Bearer id-token-123" and audiences == [url]
+    assert handler.seen[-1]["Authorization"] == "Bearer id-token-123"
+    assert audiences == [url.rstrip("/")]  # the service URL as Cloud Run checks it
     HttpActions(url).post("cancel", {"run_id": "r"})
     assert "Authorization" not in handler.seen[-1]
 
@@ -352,12 +353,12 @@ def test_targets_follow_options_env_stack_and_config(tmp_path: Path) -> None:
     assert local.vertex_workdir == tmp_path / "vertex" and local.pipelines == "/p"
     deployed = resolve(project="acme", stack_state=state, environ={})
     assert not deployed.local and deployed.needs_token
-    assert deployed.api_url == "https://us-central1-acme.cloudfunctions.net/api/"
+    assert deployed.api_url == "https://us-central1-acme.cloudfunctions.net/spotorch-api/"
     (tmp_path / "spotorch").mkdir()
     (tmp_path / "spotorch" / "config.toml").write_text('project = "team"\nregion = "europe-west4"\n')
     configured = resolve(stack_state=tmp_path / "none.json",
                          environ={"XDG_CONFIG_HOME": str(tmp_path)})
-    assert configured.api_url == "https://europe-west4-team.cloudfunctions.net/api/"
+    assert configured.api_url == "https://europe-west4-team.cloudfunctions.net/spotorch-api/"
     assert configured.source == "config file"
     dead = tmp_path / "dead.json"
     dead.write_text(json.dumps({"status": "ready", "supervisor": {"pid": 2**22 + 12345}}))

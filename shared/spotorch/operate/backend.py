@@ -75,7 +75,9 @@ class HttpActions:
         request = urllib.request.Request(url, data=json.dumps(dict(body)).encode(), method="POST",
                                          headers={"Content-Type": "application/json"})
         if self.token is not None:
-            request.add_header("Authorization", f"Bearer {self.token(self.base_url)}")
+            # The audience is the service URL as Cloud Run spells it: no trailing slash.
+            audience = self.base_url.rstrip("/")
+            request.add_header("Authorization", f"Bearer {self.token(audience)}")
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 reply: dict[str, Any] = json.loads(response.read() or b"{}")

@@ -20,6 +20,7 @@ from typing import Any
 from spotorch import settings as S
 
 ENV_API_URL = "SPOTORCH_API_URL"
+API_FUNCTION = "spotorch-api"
 ENV_CONFIG = "SPOTORCH_CONFIG"
 DEFAULT_STACK_STATE = Path(".spotorch/stack.json")
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -59,7 +60,7 @@ def check_url(url: str) -> str:
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise TargetError(f"api URL {url!r} is not an http(s) URL with a host "
-                          "(e.g. https://us-central1-PROJECT.cloudfunctions.net/api)")
+                          "(e.g. https://us-central1-PROJECT.cloudfunctions.net/spotorch-api)")
     return url.rstrip("/") + "/"
 
 
@@ -137,8 +138,9 @@ def resolve(*, project: str | None = None, api_url: str | None = None,
     url = (api_url or env.get(ENV_API_URL)
            or (stack_env.get(ENV_API_URL) if use_stack else None) or conf.get("api_url"))
     if url is None and emulator is None:
-        # A deployed project's api function (Cloud Functions 2nd gen URL).
-        url = f"https://{chosen_region}-{chosen_project}.cloudfunctions.net/api"
+        # A deployed project's api function (deploy/functions.tf names it spotorch-api); its
+        # Cloud Run URL (`terraform output api_url`) works as well, through --api-url.
+        url = f"https://{chosen_region}-{chosen_project}.cloudfunctions.net/{API_FUNCTION}"
     source = ("options" if (project or api_url) else "environment" if env.get(ENV_API_URL)
               or env.get(S.ENV_PROJECT) else "local stack" if use_stack
               else "config file" if conf else "defaults")

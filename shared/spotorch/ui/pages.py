@@ -42,7 +42,7 @@ form.filters label{display:flex;flex-direction:column;font-size:12px;color:#4755
 .ledger b{display:block;font-size:20px}.ledger .saved b{color:#166534}.ledger .lost b{color:#991b1b}
 .legend span{display:inline-block;margin-right:16px;font-size:12px}
 .legend i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:-2px}
-td.t{white-space:nowrap}section{margin:20px 0}.muted{color:#64748b;font-size:12px}
+td.t{white-space:nowrap}td.reason{min-width:200px}section{margin:20px 0}.muted{color:#64748b;font-size:12px}
 .error{background:#fee2e2;color:#991b1b;padding:12px 16px;border:1px solid #fecaca}
 """
 
@@ -150,13 +150,13 @@ def run_page(view: Mapping[str, Any], svg: str, *, target: str, refresh_s: int) 
     costs = {a["attempt"]: a for a in view["cost"]["attempts"]}
     attempts = "".join(
         f'<tr class="attempt"><td>{a["attempt"]}</td><td>{escape(a["capacity"])}</td>'
-        f'<td>{escape(a["region"])}</td><td>{escape(a["state"])}</td>'
+        f'<td class="t">{escape(a["region"])}</td><td>{escape(a["state"])}</td>'
         f'<td>{escape(a["job_id"] or "-")}</td><td class="t">{escape(a["started_at"] or "-")}</td>'
         f'<td class="t">{escape(a["ended_at"] or "-")}</td>'
         f'<td class="num">{"-" if a["resumed_from_step"] is None else a["resumed_from_step"]}</td>'
         f'<td class="num">{"-" if a["progress_step"] is None else a["progress_step"]}</td>'
         f'<td class="num">{money(costs.get(a["attempt"], {}).get("cost"))}</td>'
-        f'<td>{escape(a["end_reason"] or "")}</td></tr>' for a in view["attempts"])
+        f'<td class="reason">{escape(a["end_reason"] or "")}</td></tr>' for a in view["attempts"])
     history = "".join(f'<tr class="event"><td class="t">{escape(h["at"])}</td><td>{escape(h["what"])}</td>'
                       f'<td>{escape(h["reason"])}</td></tr>' for h in view["history"])
     body = (f'<h1>{escape(view["run_id"])}</h1>{_facts(view)}{_ledger(view["cost"])}'

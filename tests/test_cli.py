@@ -373,3 +373,15 @@ def test_main_turns_expected_failures_into_exit_codes(monkeypatch: pytest.Monkey
     assert capsys.readouterr().err.startswith("spotorch: api URL 'notaurl' is not")
     assert cli_module.main(["nope"]) == 2
     assert cli_module.main(["--version"]) == 0
+
+
+def test_delegated_commands_keep_their_own_options_and_exit_codes(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    examples = str(Path(__file__).resolve().parent.parent / "examples" / "pipelines")
+    assert cli_module.main(["validate", examples]) == 0
+    assert "OK" in capsys.readouterr().out
+    assert cli_module.main(["validate", "/nonexistent/pipelines"]) == 1
+    assert cli_module.main(["demo", "--help"]) == 0  # argparse's help of the demo itself
+    assert "--scenario" in capsys.readouterr().out
+    assert cli_module.main(["dev", "up", "--help"]) == 0
+    assert "--no-vertex" in capsys.readouterr().out

@@ -171,7 +171,12 @@ def _delegate(table: Mapping[str, tuple[str, str, str]], name: str) -> click.Com
     @click.pass_context
     def run(ctx: click.Context) -> int:
         main: Callable[[list[str]], int] = getattr(importlib.import_module(module), func)
-        code = int(main(list(ctx.args)) or 0)
+        try:
+            code = int(main(list(ctx.args)) or 0)
+        except SystemExit as exc:  # argparse's --help (0) and usage errors (2)
+            if isinstance(exc.code, str):
+                click.echo(exc.code, err=True)
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         ctx.exit(code)
         return code
 

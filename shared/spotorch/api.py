@@ -11,10 +11,10 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from spotorch.errors import SpotorchError
-from spotorch.operate.reads import BadQuery, RunQuery, RunReader, parse_statuses
 
 if TYPE_CHECKING:
     from spotorch.domain import Run
+    from spotorch.operate.reads import RunReader
     from spotorch.service import Deps
 
 Response = tuple[str, int, dict[str, str]]
@@ -74,6 +74,7 @@ def _get(deps: Deps, body: Mapping[str, Any]) -> Response:
 
 
 def _list(deps: Deps, body: Mapping[str, Any]) -> Response:
+    from spotorch.operate.reads import RunQuery, parse_statuses
     from spotorch.operate.times import parse_since
     from spotorch.operate.views import run_row
 
@@ -125,6 +126,9 @@ ROUTES: Mapping[tuple[str, str], Route] = {
 
 def handle_request(request: HttpRequest, deps: Deps | None = None) -> Response:
     """Route /<action> to the service layer; errors come back as JSON with a clear message."""
+    # Imported per request, not with functions/main.py: the event functions' cold starts stay light.
+    from spotorch.operate.reads import BadQuery
+
     action = request.path.strip("/").split("/")[-1]
     route = ROUTES.get((request.method, action))
     if route is None:

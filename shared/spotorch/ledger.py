@@ -11,9 +11,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from spotorch.domain import Attempt, Run
 from spotorch.pipeline import Capacity, Pipeline, WorkerPool
+
+if TYPE_CHECKING:  # only annotations: spotorch.domain may import this module (terminal events)
+    from spotorch.domain import Attempt, Run
 
 ANY_REGION = "*"
 

@@ -164,6 +164,8 @@ def _adapter() -> TypeAdapter[Pipeline]:
 
 
 def _strip_titles(node: Any) -> Any:
+    """pydantic titles every class and field after its Python name; the file has its own names.
+    (No field of the format is called "title", so no property is lost.)"""
     if isinstance(node, dict):
         return {k: _strip_titles(v) for k, v in node.items() if k != "title"}
     return [_strip_titles(v) for v in node] if isinstance(node, list) else node
@@ -188,9 +190,14 @@ def pipeline_schema_text() -> str:
     return _cached_schema()
 
 
+@functools.cache
+def _schema_tree() -> Mapping[str, Any]:
+    return pipeline_schema()  # read-only here: pipeline_schema() gives callers their own copy
+
+
 def _schema_at(loc: Sequence[int | str]) -> Mapping[str, Any]:
     """The schema node of a field location (for its known keys, enum values)."""
-    root = pipeline_schema()
+    root = _schema_tree()
 
     def resolve(node: Any) -> Mapping[str, Any]:
         while isinstance(node, Mapping) and "$ref" in node:
@@ -244,6 +251,12 @@ def _type_message(wanted: str, value: Any) -> str:
     return f"must be {wanted}, not {_kind(value)}{'; quote it' if quote else ''}"
 
 
+def _choices(error: Any, schema: Mapping[str, Any]) -> str:
+    if "enum" in schema:
+        return ", ".join(map(str, schema["enum"]))
+    return str(error.get("ctx", {}).get("expected", "")).replace("'", "").replace(" or ", ", ")
+
+
 def _items_of(ctx: Mapping[str, Any], key: str) -> str:
     entries = str(ctx.get("field_type", "")).lower() == "dictionary"
     return _plural(int(ctx[key]), "entry" if entries else "item")
@@ -252,11 +265,10 @@ def _items_of(ctx: Mapping[str, Any], key: str) -> str:
 # pydantic error type -> message, from (error, the schema node of its field, the value).
 _MESSAGES: Mapping[str, Callable[[Any, Mapping[str, Any], Any], str]] = {
     "missing": lambda e, s, v: "is required",
-    "enum": lambda e, s, v: (f"must be one of {', '.join(map(str, s.get('enum', ())))}; "
-                             f"got {_show(v)}"),
+    "enum": lambda e, s, v: (f"must be one of {_choices(e, s)}; got {_show(v)}"),
     "literal_error": lambda e, s, v: f"must be {e['ctx']['expected']}; got {_show(v)}",
-    "greater_than_equal": lambda e, s, v: f"must be at least {e['ctx']['ge']}; got {_show(v)}",
-    "less_than_equal": lambda e, s, v: f"must be at most {e['ctx']['le']}; got {_show(v)}",
+    "greater_than_equal": lambda e, s, v: f"must be at least {e['ctx']['ge']:g}; got {_show(v)}",
+    "less_than_equal": lambda e, s, v: f"must be at most {e['ctx']['le']:g}; got {_show(v)}",
     "too_short": lambda e, s, v: f"needs at least {_items_of(e['ctx'], 'min_length')}",
     "too_long": lambda e, s, v: f"takes at most {_items_of(e['ctx'], 'max_length')}",
     "string_too_short": lambda e, s, v: "must not be empty",
@@ -288,8 +300,10 @@ def _describe(error: Any, originals: Mapping[str, Any]) -> tuple[str, str]:
     kind = str(error["type"])
     if kind == "unexpected_keyword_argument":
         return path, _unknown_field(loc)
-    if "[key]" in error["loc"]:
-        return path, f"key {error['msg']}"
+    if "[key]" in error["loc"]:  # the key itself is wrong, not its value
+        message = _MESSAGES.get(kind)
+        text = message(error, {}, loc[-1]) if message else str(error["msg"])
+        return path, f"key {text}"
     if kind in _WANTED:
         return path, _type_message(_WANTED[kind], value)
     message = _MESSAGES.get(kind)

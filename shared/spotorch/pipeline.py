@@ -109,9 +109,8 @@ class JobTemplate(FileSection):
         validation_alias="flex_max_wait", description="FLEX_START max_wait_duration.")] = \
         24 * 3600.0
     # Vertex's base_output_directory; AIP_MODEL_DIR lives below
-    base_output_uri: Annotated[str | None, Matches(
-        GcsUri.__metadata__[0].pattern, "must be a gs://bucket/path URI"),
-        Field(description="Vertex AI base_output_directory.")] = None
+    base_output_uri: Annotated[GcsUri | None, Field(
+        description="Vertex AI base_output_directory.")] = None
 
 
 class EscalationKind(StrEnum):
@@ -154,8 +153,8 @@ class RecoveryPolicy(FileSection):
         description="After a stockout or preemption, how long before a run on standard VMs may "
                     "move back to Spot.")] = 7200.0
     escalation: EscalationKind = EscalationKind.DEADLINE
-    escalate_after_preemptions: Annotated[int, Field(ge=0, description="For escalation: count.")] \
-        = 3
+    escalate_after_preemptions: Annotated[int, Field(
+        ge=0, description="For escalation: count.")] = 3
     # time lost per relaunch: scheduling, image pull, restore
     restart_overhead_s: Annotated[float, Duration(), Field(
         validation_alias="restart_overhead", description="Time lost per relaunch.")] = 600.0
@@ -223,8 +222,8 @@ class Trigger(FileSection):
     min_objects: Annotated[int, Field(ge=1, le=2000)] = 1
     # path segments below the prefix that name a snapshot (0: the prefix)
     snapshot_depth: Annotated[int, Field(
-        ge=0, le=16, description="Path segments below the prefix that name a snapshot folder.")] \
-        = 1
+        ge=0, le=16,
+        description="Path segments below the prefix that name a snapshot folder.")] = 1
     on_active_run: Annotated[OnActiveRun, OneOf(("queue", "supersede", "skip"))] = \
         OnActiveRun.QUEUE
 
@@ -271,8 +270,8 @@ class Pipeline(FileSection):
                     "{checkpoint_uri}/{run_id}.")] = ""
     # root; each run writes its model under {output_uri}/{run_id}
     output_uri: Annotated[GcsUri, Field(
-        description="Root of models; each run writes its model under {output_uri}/{run_id}.")] \
-        = ""
+        description="Root of models; each run writes its model under "
+                    "{output_uri}/{run_id}.")] = ""
     recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
     # from run creation; None: no deadline
     deadline_s: Annotated[float | None, Duration(), Field(

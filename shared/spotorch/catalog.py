@@ -1,6 +1,6 @@
 """The names validation knows: regions, machine types, accelerator types and which fit which.
 
-The table ships with spotorch (spotorch/data/machines.json, with its sources, date and notes);
+The table ships with spotorch (spotorch/machines.json, with its sources, date and notes);
 $SPOTORCH_MACHINES names more files of the same shape (separated by the OS path separator),
 whose regions, machine types and accelerators are added to it or replace the built-in ones.
 """
@@ -19,7 +19,8 @@ from typing import Any
 from spotorch.errors import ConfigError, Problem
 
 CATALOG_ENV = "SPOTORCH_MACHINES"
-BUILTIN = Path(__file__).resolve().parent / "data" / "machines.json"
+# Beside __init__.py: the function bundle carries the spotorch package's own data files.
+BUILTIN = Path(__file__).resolve().parent / "machines.json"
 
 # accelerator type -> the counts a machine type takes; None: not known, so not checked.
 Fits = Mapping[str, tuple[int, ...]] | None

@@ -208,6 +208,7 @@ SEMANTIC = {
     "addresses on a chat route": ("routes: [{channel: chat, events: ['*'], target: a@b.com}]\n",
                                   "routes[0].target", "email routes"),
     "reserved label": ("", "job.labels.spotorch-run", "reserved"),
+    "reserved label key": ("", "job.labels.spotorch_run", "reserved"),
     "reserved env": ("", "job.worker_pools[0].env.SPOTORCH_RUN_ID", "reserved"),
     "two chiefs": ("", "job.worker_pools[0].replica_count", "must be 1"),
 }
@@ -220,6 +221,7 @@ EDITS = {
                                       "checkpoint_uri: gs://landing/data/ckpt"),
     "trigger inside the output": ("output_uri: gs://models/minimal", "output_uri: gs://landing/"),
     "reserved label": ("job:\n", "job:\n  labels: {spotorch-run: x}\n"),
+    "reserved label key": ("job:\n", "job:\n  labels: {spotorch_run: x}\n"),
     "reserved env": ("image_uri: python:3.11-slim",
                      "image_uri: python:3.11-slim\n      env: {SPOTORCH_RUN_ID: x}"),
     "two chiefs": ("image_uri: python:3.11-slim", "image_uri: python:3.11-slim\n"

@@ -124,6 +124,8 @@ _HEADLINES: Mapping[str, tuple[Severity, Callable[[Mapping[str, Any]], str]]] = 
 
 
 def _fact(value: Any) -> str:
+    if isinstance(value, Mapping) and isinstance(value.get("summary"), str):
+        return str(value["summary"])  # the cost ledger: its one line ("saved $412 (64%) ...")
     if isinstance(value, float):
         return f"{value:.2f}" if value != int(value) else str(int(value))
     return str(value)

@@ -26,11 +26,16 @@ DELEGATES: Mapping[str, tuple[str, str, str]] = {
     "demo": ("spotorch.local.demo", "main", "Run the end-to-end demo on the local stack."),
     "simulate": ("spotorch.sim.simulate", "main", "Replay spot traces through the policies."),
     "validate": ("spotorch.config", "validate_main", "Check pipeline files; every problem listed."),
+    "dead-letters": ("spotorch.deadletters", "main",
+                     "List dead-lettered messages with their reason; replay chosen ones."),
 }
 DEV_DELEGATES: Mapping[str, tuple[str, str, str]] = {
     "up": ("spotorch.local.stack", "up_main", "Start the local stack in the background."),
     "down": ("spotorch.local.stack", "down_main", "Stop the local stack."),
     "vertex": ("spotorch.local.vertex_emulator", "main", "Run the local Vertex AI emulator."),
+    "restart": ("spotorch.local.stack", "restart_main", "Restart one piece of the local stack."),
+    "reload": ("spotorch.local.stack", "reload_main", "Reload the stack's pipelines now."),
+    "alerts": ("spotorch.local.stack", "alerts_main", "Show the alerts the local receivers got."),
 }
 CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True, "max_content_width": 100}
 CHIEF_REPLICA = "workerpool0-0"

@@ -46,7 +46,8 @@ SCHEMA_ENV = "SPOTORCH_PIPELINE_SCHEMA"  # the schema file, when it is not shipp
 PIPELINE_SUFFIXES = (".yaml", ".yml")
 DEFAULT_IGNORE: tuple[str, ...] = BUILTIN_IGNORE  # always on; files add to them
 RESERVED_ENV_PREFIXES = ("SPOTORCH_", "AIP_")  # set by spotorch and by Vertex AI on every worker
-RESERVED_LABEL_PREFIX = "spotorch-"  # spotorch-run, spotorch-attempt, spotorch-pipeline
+# spotorch_run, spotorch_attempt, ... (and the hyphenated keys of earlier releases)
+RESERVED_LABEL_PREFIXES = ("spotorch_", "spotorch-")
 MAX_NODES = 20_000  # YAML aliases can expand a small file into a huge one; pipelines are small
 MAX_DEPTH = 32  # and a recursive alias into an endless one
 SCHEMA_HEADER = {
@@ -511,9 +512,9 @@ def _check_pools(doc: Any) -> _Found:
 def _check_labels(doc: Any) -> _Found:
     labels = _get(doc, "job.labels")
     for key in labels if isinstance(labels, Mapping) else ():
-        if str(key).startswith(RESERVED_LABEL_PREFIX):
-            yield f"job.labels.{key}", (f"is reserved: spotorch sets the "
-                                        f"{RESERVED_LABEL_PREFIX}* labels")
+        if str(key).startswith(RESERVED_LABEL_PREFIXES):
+            yield f"job.labels.{key}", ("is reserved: spotorch sets the spotorch_* labels "
+                                        "(spotorch-* too, from earlier releases)")
 
 
 def _selects_some_kind(pattern: str) -> bool:

@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any, ClassVar
 
 from spotorch.events import build_event
+from spotorch.ledger import ledger, ledger_dict
 from spotorch.pipeline import Capacity, EscalationKind, Pipeline, RecoveryPolicy
 from spotorch.policy import PolicyView, choose_capacity
 from spotorch.prices import hourly_price
@@ -813,7 +814,7 @@ def _attempt_ended(run: Run, ctx: Context, attempt: Attempt, status: JobStatus) 
         return _publish(run, ctx, "run.succeeded", status=str(run.status),
                         attempts=len(run.attempts), preemptions=run.counters.preemptions,
                         cost_estimate=round(cost_estimate(run, ctx), 4),
-                        model_uri=run.output_uri)
+                        model_uri=run.output_uri, cost=_cost(run, ctx))
     failure = _failure_of(attempt, status)
     reason = _END_REASONS[failure](attempt, status)
     attempt = _end_attempt(attempt, ctx, status, reason, failure)
@@ -827,7 +828,7 @@ def _attempt_ended(run: Run, ctx: Context, attempt: Attempt, status: JobStatus) 
                 "the job was cancelled outside spotorch"
             run = _to(run, RunStatus.CANCELLED, ctx, why or "cancelled")
             return _publish(run, ctx, "run.cancelled", status=str(run.status),
-                            reason=run.end_reason)
+                            reason=run.end_reason, cost=_cost(run, ctx))
         if attempt.cancel_reason == CANCEL_SWITCH:
             return _launch(run, ctx, run.next_capacity or Capacity.STANDARD,
                            run.next_reason or "capacity switch")
@@ -981,7 +982,7 @@ def _fail(run: Run, ctx: Context, status: RunStatus, reason: str,
     run = _to(run, status, ctx, reason)
     return _publish(run, ctx, "run.failed", status=str(status), reason=reason,
                     failure_class=str(failure) if failure else None, attempts=len(run.attempts),
-                    preemptions=run.counters.preemptions)
+                    preemptions=run.counters.preemptions, cost=_cost(run, ctx))
 
 
 def _cancel_attempt(run: Run, ctx: Context, attempt: Attempt, why: str) -> Run:
@@ -1010,7 +1011,8 @@ def _stop(run: Run, ctx: Context, reason: str, ends_as: RunStatus | None) -> Run
         if ends_as is not None:
             return _fail(run, ctx, ends_as, reason, None)
         run = _to(run, RunStatus.CANCELLED, ctx, reason)
-        return _publish(run, ctx, "run.cancelled", status=str(run.status), reason=reason)
+        return _publish(run, ctx, "run.cancelled", status=str(run.status), reason=reason,
+                        cost=_cost(run, ctx))
     run = _to(run, RunStatus.CANCELLING, ctx, reason)
     run = replace(run, end_reason=reason, stop_status=ends_as)
     # If the job is not created yet, LaunchDone cancels it when it appears.
@@ -1103,6 +1105,11 @@ _HANDLERS: Mapping[type, Callable[[Run, Observation, Context], Run]] = {
 
 
 # ---------------------------------------------------------------- cost
+
+def _cost(run: Run, ctx: Context) -> dict[str, object]:
+    """The run's cost ledger (spotorch.ledger) as its terminal event carries it."""
+    return ledger_dict(ledger(run, ctx.pipeline, ctx.now))
+
 
 def cost_estimate(run: Run, ctx: Context) -> float:
     """Estimated compute cost so far: billed running time of every attempt at list prices."""

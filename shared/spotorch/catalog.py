@@ -112,6 +112,20 @@ def _pools(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [p if isinstance(p, Mapping) else {} for p in pools] if isinstance(pools, list) else []
 
 
+def _candidates(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    hardware = doc.get("hardware")
+    found = hardware.get("candidates") if isinstance(hardware, Mapping) else None
+    return [c if isinstance(c, Mapping) else {} for c in found] if isinstance(found, list) else []
+
+
+def _shapes(doc: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """(field path, mapping) of every machine shape: the worker pools, then the candidates."""
+    for i, pool in enumerate(_pools(doc)):
+        yield f"job.worker_pools[{i}]", pool
+    for i, candidate in enumerate(_candidates(doc)):
+        yield f"hardware.candidates[{i}]", candidate
+
+
 def _regions(doc: Mapping[str, Any]) -> list[Any]:
     job = doc.get("job")
     regions = job.get("regions", ["us-central1"]) if isinstance(job, Mapping) else []
@@ -123,8 +137,7 @@ def check_names(doc: Mapping[str, Any], catalog: Catalog) -> _Found:
     for i, region in enumerate(_regions(doc)):
         if isinstance(region, str) and region not in catalog.regions:
             yield f"job.regions[{i}]", _unknown("region", region, sorted(catalog.regions), catalog)
-    for i, pool in enumerate(_pools(doc)):
-        where = f"job.worker_pools[{i}]"
+    for where, pool in _shapes(doc):
         machine, kind = pool.get("machine_type"), pool.get("accelerator_type")
         count = pool.get("accelerator_count", 0)
         if isinstance(machine, str) and machine not in catalog.machine_types:
@@ -149,12 +162,12 @@ def check_names(doc: Mapping[str, Any], catalog: Catalog) -> _Found:
 def accelerator_region_warnings(doc: Mapping[str, Any], catalog: Catalog) -> _Found:
     """Warnings: an accelerator in a region the table says does not offer it (only where the
     table lists the accelerator's regions; the built-in one lists none)."""
-    for i, pool in enumerate(_pools(doc)):
+    for where, pool in _shapes(doc):
         kind = pool.get("accelerator_type")
         offered = catalog.accelerator_regions.get(kind) if isinstance(kind, str) else None
         if offered is None:
             continue
         for j, region in enumerate(_regions(doc)):
             if isinstance(region, str) and region not in offered:
-                yield f"job.regions[{j}]", (f"{kind} (job.worker_pools[{i}]) is not offered in "
+                yield f"job.regions[{j}]", (f"{kind} ({where}) is not offered in "
                                             f"{region} according to {catalog.where()}")

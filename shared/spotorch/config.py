@@ -509,6 +509,30 @@ def _check_pools(doc: Any) -> _Found:
                 yield f"{where}.env.{key}", f"is reserved: spotorch and Vertex AI set {reserved}"
 
 
+def _check_candidates(doc: Any) -> _Found:
+    candidates = [c if isinstance(c, Mapping) else {}
+                  for c in _items(doc, "hardware.candidates")]
+    seen: set[str] = set()
+    for i, candidate in enumerate(candidates):
+        where = f"hardware.candidates[{i}]"
+        name = candidate.get("name")
+        if isinstance(name, str) and name in seen:
+            yield f"{where}.name", f"{name!r} is already the name of another candidate"
+        seen.add(str(name))
+        kind, count = candidate.get("accelerator_type"), candidate.get("accelerator_count", 0)
+        if kind and not count:
+            yield f"{where}.accelerator_count", "must be at least 1 when accelerator_type is set"
+        if count and not kind:
+            yield f"{where}.accelerator_type", "is required when accelerator_count is set"
+        if candidate.get("tpu_topology") and not str(kind or "").startswith("TPU_"):
+            yield f"{where}.tpu_topology", "applies only to a TPU accelerator_type"
+        env = candidate.get("env")
+        for key in env if isinstance(env, Mapping) else ():
+            if str(key).startswith(RESERVED_ENV_PREFIXES):
+                reserved = " and ".join(f"{p}*" for p in RESERVED_ENV_PREFIXES)
+                yield f"{where}.env.{key}", f"is reserved: spotorch and Vertex AI set {reserved}"
+
+
 def _check_labels(doc: Any) -> _Found:
     labels = _get(doc, "job.labels")
     for key in labels if isinstance(labels, Mapping) else ():
@@ -629,6 +653,7 @@ def _no_effect(doc: Any) -> _Found:
 _CHECKS: tuple[Callable[[Any], _Found], ...] = (
     _check_positive_durations, _check_deadline, _check_backoff, _check_batch_options,
     _check_ignore, _check_overlap, _check_regexes, _check_pools, _check_labels, _check_routes,
+    _check_candidates,
 )
 
 

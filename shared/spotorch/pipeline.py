@@ -79,6 +79,9 @@ class WorkerPool(FileSection):
     env: Annotated[tuple[tuple[str, str], ...], Pairs(_ENV_NAME, Annotated[str, StringOrNumber()]),
                    Field(description="Names to strings or numbers; SPOTORCH_* and AIP_* are "
                                      "reserved.")] = ()
+    tpu_topology: Annotated[str | None, Matches(
+        r"^[0-9]+(x[0-9]+){1,2}$", "must be a TPU topology like 2x2 or 2x2x1"),
+        Field(description="Vertex AI machine_spec.tpu_topology, for TPU machine types.")] = None
 
 
 @dataclass(frozen=True)
@@ -250,6 +253,65 @@ class Route(FileSection):
 _Price = Annotated[float, Field(ge=0)]
 
 
+# --- hardware candidates (issue 19): probed, then the cheapest that meets the deadline wins ------
+
+_CANDIDATE_NAME = Annotated[str, Matches(
+    r"^[a-z]([a-z0-9-]{0,18}[a-z0-9])?$",
+    "must be 1-20 lowercase letters, digits and dashes, starting with a letter (it becomes part "
+    "of probe job labels)")]
+
+
+@dataclass(frozen=True)
+class HardwareCandidate(FileSection):
+    """One machine shape the chief pool may run on: CPU, GPU or TPU."""
+
+    FILE_REQUIRES: ClassVar[tuple[str, ...]] = ("name", "machine_type")
+
+    name: _CANDIDATE_NAME
+    machine_type: Annotated[str, Matches(
+        r"^[a-z][a-z0-9]*(-[a-z0-9]+)+$",
+        "must be a Compute Engine machine type like n1-standard-8 or ct5lp-hightpu-4t")]
+    accelerator_type: Annotated[str | None, Matches(
+        r"^(NVIDIA_[A-Z0-9_]+|TPU_[A-Z0-9_]+)$",
+        "must be a Vertex AI accelerator type like NVIDIA_L4 or TPU_V5_LITEPOD"),
+        Field(description="Both or neither of accelerator_type and accelerator_count.")] = None
+    accelerator_count: Annotated[int, Field(ge=0)] = 0
+    replica_count: Annotated[int, Field(ge=1)] = 1
+    tpu_topology: Annotated[str | None, Matches(
+        r"^[0-9]+(x[0-9]+){1,2}$", "must be a TPU topology like 2x2 or 2x2x1"),
+        Field(description="Vertex AI machine_spec.tpu_topology, for TPU machine types.")] = None
+    env: Annotated[tuple[tuple[str, str], ...], Pairs(_ENV_NAME, Annotated[str, StringOrNumber()]),
+                   Field(description="Added to the chief pool's env on this shape (e.g. a "
+                                     "framework flag); SPOTORCH_* and AIP_* are reserved.")] = ()
+
+
+@dataclass(frozen=True)
+class HardwareSearch(FileSection):
+    """Candidates probed before the full run; the cheapest expected to meet the deadline wins."""
+
+    FILE_REQUIRES: ClassVar[tuple[str, ...]] = ("candidates", "total_steps")
+
+    candidates: Annotated[tuple[HardwareCandidate, ...], Field(
+        min_length=1, max_length=8,
+        description="Shapes for the chief pool (worker_pools[0]); names must be unique.")] = ()
+    total_steps: Annotated[int, Field(
+        ge=1, description="Steps of the full run: projected time is total_steps / measured "
+                          "rate.")] = 1
+    probe_steps: Annotated[int, Field(
+        ge=1, description="Steps each probe runs (SPOTORCH_PROBE_STEPS); the first is not "
+                          "timed.")] = 50
+    probe_timeout_s: Annotated[float, Duration(), Field(
+        validation_alias="probe_timeout",
+        description="A probe still running after this is cancelled and unfit.")] = 1800.0
+    probe_budget: Annotated[float | None, Field(
+        ge=0, description="Most the probes may cost together (Spot prices, probe_timeout each); "
+                          "candidates beyond it are not probed.")] = None
+    cache_ttl_s: Annotated[float, Duration(), Field(
+        validation_alias="cache_ttl",
+        description="How long probe results of the same code and candidate are reused.")] = \
+        7 * 24 * 3600.0
+
+
 @dataclass(frozen=True)
 class Pipeline(FileSection):
     """Everything spotorch needs to know to turn data into a trained model."""
@@ -287,6 +349,8 @@ class Pipeline(FileSection):
     source: str = ""  # the file it was loaded from, for error messages
     version: Annotated[Literal[1], Field(description="Format version of this file; 1.")] = 1
     description: str = ""
+    hardware: Annotated[HardwareSearch | None, Field(
+        description="Hardware candidates to probe before the full run (docs/hardware.md).")] = None
 
     def run_checkpoint_uri(self, run_id: str) -> str:
         return f"{self.checkpoint_uri.rstrip('/')}/{run_id}"

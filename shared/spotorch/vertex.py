@@ -274,6 +274,8 @@ def _worker_pool(v1: Any, pool: WorkerPool, spec_env: Mapping[str, str]) -> Any:
             raise ValueError(f"unknown accelerator type {pool.accelerator_type!r}")
         machine["accelerator_type"] = v1.AcceleratorType[name]
         machine["accelerator_count"] = pool.accelerator_count
+    if pool.tpu_topology:  # MachineSpec.tpu_topology, e.g. "2x2" for a TPU slice
+        machine["tpu_topology"] = pool.tpu_topology
     return v1.WorkerPoolSpec(
         machine_spec=v1.MachineSpec(**machine),
         replica_count=pool.replica_count,

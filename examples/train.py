@@ -242,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     with Run(total_steps=cfg.total_steps, checkpoint_every=cfg.checkpoint_every or None,
-             keep_last=cfg.keep, progress_interval_s=cfg.progress_interval) as run:
+             keep_last=cfg.keep, progress_interval_s=cfg.progress_interval,
+             samples_per_step=cfg.batch_size) as run:
         data_uri = cfg.data or run.env.data_uri
         if not data_uri:
             raise SystemExit("no data: set SPOTORCH_DATA_URI or pass --data")

@@ -19,7 +19,7 @@ from spotorch_trainer.checkpoints import (
 )
 from spotorch_trainer.env import EnvError, TrainerEnv
 from spotorch_trainer.events import ListReporter, LogReporter, PubSubReporter, event_message
-from spotorch_trainer.run import Preempted, Run, resume_point
+from spotorch_trainer.run import Preempted, ProbeDone, Run, resume_point
 from spotorch_trainer.storage import (
     GcsStorage,
     LocalStorage,
@@ -42,6 +42,7 @@ __all__ = [
     "LocalStorage",
     "LogReporter",
     "Preempted",
+    "ProbeDone",
     "PubSubReporter",
     "Run",
     "Storage",

@@ -104,3 +104,11 @@ def parse_rfc3339(text: str) -> float:
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
     return value.timestamp()
+
+# Probes (issue 19): spotorch runs the training code for this many steps on a candidate machine
+# shape; after them the trainer writes PROBE_REPORT under its checkpoint root and exits 0.
+ENV_PROBE_STEPS = "SPOTORCH_PROBE_STEPS"
+PROBE_REPORT = "probe.json"
+# Keys of the probe report (JSON); absent measurements are null.
+PROBE_FIELDS = ("steps", "steps_per_s", "samples_per_s", "step_time_cv", "peak_host_rss_mb",
+                "peak_accelerator_mb", "oom", "error", "time")

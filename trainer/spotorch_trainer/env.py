@@ -65,6 +65,7 @@ class TrainerEnv:
     events_topic: str | None = None
     managed: bool = False  # True when spotorch launched this worker (SPOTORCH_RUN_ID is set)
     chief: bool = True  # only the chief replica writes checkpoints and reports events
+    probe_steps: int | None = None  # a probe: run this many steps, report the rate, exit 0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> TrainerEnv:
@@ -92,4 +93,5 @@ class TrainerEnv:
             events_topic=_get(env, contract.ENV_EVENTS_TOPIC),
             managed=run_id is not None,
             chief=is_chief(env),
+            probe_steps=_int(env, contract.ENV_PROBE_STEPS),
         )

@@ -15,6 +15,7 @@ On SIGTERM (Spot preemption) the loop finishes its current step, the body saves 
 
 from __future__ import annotations
 
+import json
 import logging
 import pickle
 import signal
@@ -44,7 +45,8 @@ from spotorch_trainer.events import (
     event_message,
     reporter_for,
 )
-from spotorch_trainer.storage import Payload, Storage
+from spotorch_trainer.probe import StepTimer
+from spotorch_trainer.storage import Payload, Storage, join, storage_for
 
 log = logging.getLogger("spotorch_trainer")
 
@@ -56,6 +58,14 @@ class Preempted(SystemExit):
         super().__init__(contract.EXIT_PREEMPTED)
         self.step = step
         self.checkpoint = checkpoint
+
+
+class ProbeDone(SystemExit):
+    """Raised by steps() after a probe's steps, once its report is written: exits 0."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(0)
+        self.step = step
 
 
 # Exit code reported in a "failed" event for an exception that ends the run (first match wins).
@@ -101,7 +111,8 @@ class Run:
                  keep_last: int = 3, progress_interval_s: float = 10.0,
                  env: TrainerEnv | None = None, reporter: Reporter | None = None,
                  storage: Storage | None = None, handle_sigterm: bool = True,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 samples_per_step: int | None = None) -> None:
         self.env = env if env is not None else TrainerEnv.from_env()
         self.total_steps = total_steps
         self.checkpoint_every = checkpoint_every
@@ -127,6 +138,9 @@ class Run:
         self.start_step = 0  # the step this attempt starts at (the resumed checkpoint's)
         self.step = 0  # steps completed so far
         self._current: int | None = None  # the step the loop body is running, if any
+        # A probe (SPOTORCH_PROBE_STEPS): time the steps, report, stop cleanly after them.
+        self._probe = StepTimer(samples_per_step) if self.env.probe_steps else None
+        self._probe_reported = False
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -172,6 +186,8 @@ class Run:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        if self._probe is not None and exc is not None and not isinstance(exc, ProbeDone):
+            self._write_probe_report(exc)  # out of memory or a crash: the candidate is unfit
         if self._stop_requested and isinstance(exc, Exception):
             # Whatever broke after SIGTERM (a cut network, a killed child) is the preemption's
             # doing, not a bug: exit as preempted so spotorch resumes instead of counting an error.
@@ -207,12 +223,18 @@ class Run:
         if self._stop_requested:
             self._preempt()
         extra_step_given = False
-        for i in range(first, self.total_steps):
+        last = self.total_steps
+        if self._probe is not None and self.env.probe_steps:
+            last = min(last, first + self.env.probe_steps)
+        for i in range(first, last):
             self._current = i
+            began = time.monotonic()
             try:
                 yield i
             finally:
                 self._current = None
+            if self._probe is not None:
+                self._probe.record(time.monotonic() - began)
             self.step = i + 1
             self.report_progress()
             if self._stop_requested:
@@ -221,6 +243,10 @@ class Run:
                 if saved or not self._uses_due or extra_step_given:
                     self._preempt()
                 extra_step_given = True
+        if self._probe is not None:
+            self._write_probe_report(None)
+            log.info("probe done after %d steps", self._probe.steps)
+            raise ProbeDone(self.step)
 
     def should_stop(self) -> bool:
         """True once SIGTERM (or request_stop) arrived: save and leave within the grace period."""
@@ -299,6 +325,18 @@ class Run:
         return self._last_checkpoint
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _write_probe_report(self, error: BaseException | None) -> None:
+        if self._probe is None or self._probe_reported or not self.env.chief:
+            return
+        self._probe_reported = True
+        report = dict(self._probe.report(self._clock(), error))
+        uri = join(self.env.checkpoint_uri, contract.PROBE_REPORT)
+        try:
+            (self._storage or storage_for(uri)).write(uri, json.dumps(report).encode())
+            log.info("probe report %s: %s", uri, report)
+        except Exception as exc:  # spotorch then sees a probe without a report: unfit, with why
+            log.error("could not write the probe report %s: %s", uri, exc)
 
     def _checkpoint_uri(self) -> str | None:
         return self._last_checkpoint.uri if self._last_checkpoint else None

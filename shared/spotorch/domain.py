@@ -317,6 +317,8 @@ class Run:
     intent_seq: int = 0
     seen: tuple[str, ...] = ()
     retry_of: str | None = None
+    # issue 19: the hardware choice (spotorch.hardware.HardwareChoice.to_doc()) the run runs on
+    hardware: Mapping[str, Any] | None = None
 
     @property
     def active(self) -> bool:
@@ -531,16 +533,20 @@ def backoff_s(recovery: RecoveryPolicy, run_id: str, failures: int) -> float:
 def new_run(*, run_id: str, pipeline: Pipeline, now: float, data_uri: str,
             snapshot_id: str | None, queued: bool = False,
             resume_from: Checkpoint | None = None, retry_of: str | None = None,
-            reason: str = "") -> Run:
-    """A new run: created, announced, and (unless queued) its first attempt launched."""
+            reason: str = "", hardware: Mapping[str, Any] | None = None) -> Run:
+    """A new run: created, announced, and (unless queued) its first attempt launched.
+
+    hardware: the choice among the pipeline's hardware candidates (issue 19), if one was made."""
     deadline = now + pipeline.deadline_s if pipeline.deadline_s else None
     run = Run(run_id=run_id, pipeline=pipeline.name, status=RunStatus.PENDING, created_at=now,
               updated_at=now, data_uri=data_uri, snapshot_id=snapshot_id, deadline_at=deadline,
               checkpoint_uri=pipeline.run_checkpoint_uri(retry_of or run_id),
               output_uri=pipeline.run_output_uri(run_id), latest_checkpoint=resume_from,
-              retry_of=retry_of)
+              retry_of=retry_of, hardware=hardware)
     ctx = Context(pipeline, now)
     run = _note(run, ctx, "created", reason)
+    if hardware is not None:
+        run = _note(run, ctx, "hardware chosen", str(hardware.get("reason", "")))
     run = _publish(run, ctx, "run.created", status=str(RunStatus.PENDING), data_uri=data_uri,
                    snapshot_id=snapshot_id, deadline=_iso(deadline), reason=reason)
     if queued:
@@ -559,6 +565,9 @@ def _work_estimates(run: Run, ctx: Context) -> tuple[float | None, float]:
     """Estimated compute of the whole task and the part already checkpointed, in seconds."""
     total_steps = run.progress.total_steps
     total_s = ctx.recovery.expected_compute_s
+    measured = (run.hardware or {}).get("expected_compute_s")  # probed before the run (issue 19)
+    if isinstance(measured, int | float) and measured > 0:
+        total_s = float(measured)
     if total_steps and run.progress.rate:
         total_s = total_steps / run.progress.rate
     if total_s is None or not total_steps:

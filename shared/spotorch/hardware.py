@@ -146,8 +146,9 @@ def result_of(candidate: str, report: Mapping[str, Any] | None, *, succeeded: bo
     if report is not None and report.get("oom"):
         return replace(base, reason=unfit_reason(None, str(report.get("error") or
                                                          "out of memory")))
-    if not succeeded:
-        return replace(base, reason=unfit_reason(exit_code, message))
+    if not succeeded:  # the trainer's own account of the error says more than the job's
+        said = str((report or {}).get("error") or "")
+        return replace(base, reason=unfit_reason(exit_code, said or message))
     rate = _num(report or {}, "steps_per_s")
     if rate is None or rate <= 0:
         return replace(base, reason="no measurement: the trainer wrote no probe report "

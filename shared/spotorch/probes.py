@@ -21,14 +21,24 @@ from spotorch.hardware import (
     PROBE_CANDIDATE_LABEL,
     PROBE_LABEL,
     PROBE_REPORT,
+    HardwareChoice,
     ProbeResult,
     apply,
     cache_key,
+    choose,
+    fresh,
     plan_probes,
     result_of,
 )
 from spotorch.pipeline import Capacity, HardwareCandidate, Pipeline
-from spotorch.ports import LABEL_PIPELINE, JobLauncher, LaunchError, LaunchSpec
+from spotorch.ports import (
+    LABEL_PIPELINE,
+    ConflictError,
+    DocumentStore,
+    JobLauncher,
+    LaunchError,
+    LaunchSpec,
+)
 from spotorch_trainer import contract
 
 log = logging.getLogger(__name__)
@@ -158,3 +168,48 @@ def run_probes(pipeline: Pipeline, session: ProbeSession, launcher: JobLauncher,
             sleep(poll_s)
     results |= {p.candidate.name: p.result for p in probes if p.result is not None}
     return {c.name: results[c.name] for c in search.candidates if c.name in results}
+
+
+# --- the probe cache: one document per pipeline, candidate name -> result --------------------
+
+COLLECTION_PROBES = "hardware_probes"
+
+
+def load_cache(docs: DocumentStore, pipeline: str) -> dict[str, ProbeResult]:
+    """The pipeline's cached probe results (fresh or not; plan_probes and choose judge)."""
+    doc, _ = docs.get(COLLECTION_PROBES, pipeline)
+    found = (doc or {}).get("results") or {}
+    return {name: ProbeResult.from_doc(r) for name, r in found.items() if isinstance(r, Mapping)}
+
+
+def save_cache(docs: DocumentStore, pipeline: str, results: Mapping[str, ProbeResult],
+               now: float) -> None:
+    """Merge results into the pipeline's cache (last writer wins: results are measurements)."""
+    for _ in range(3):
+        doc, version = docs.get(COLLECTION_PROBES, pipeline)
+        merged = dict((doc or {}).get("results") or {})
+        merged |= {name: r.to_doc() for name, r in results.items()}
+        try:
+            docs.put(COLLECTION_PROBES, pipeline, {"pipeline": pipeline, "results": merged,
+                                                  "updated_at": now}, version)
+            return
+        except ConflictError:
+            continue
+    log.warning("probe cache of %s not saved: kept changing under us", pipeline)
+
+
+def cached_choice(docs: DocumentStore, pipeline: Pipeline, now: float,
+                  deadline_s: float | None) -> HardwareChoice | None:
+    """The choice from fresh cached probe results of the same code, or None when any candidate
+    lacks one (then the run starts on the pipeline's own worker pools)."""
+    search = pipeline.hardware
+    if search is None:
+        return None
+    cache = load_cache(docs, pipeline.name)
+    fresh_results = {c.name: cache[c.name] for c in search.candidates
+                     if fresh(cache.get(c.name), cache_key(pipeline, c, search.probe_steps), now,
+                              search.cache_ttl_s)}
+    if len(fresh_results) < len(search.candidates):
+        return None
+    choice = choose(pipeline, fresh_results, deadline_s)
+    return choice if choice.chosen is not None else None

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, assert_never
 
-from spotorch import domain
+from spotorch import domain, hardware, probes
 from spotorch.domain import (
     CancelIntent,
     CancelRequested,
@@ -36,7 +36,7 @@ from spotorch.domain import (
     TrainerReported,
 )
 from spotorch.errors import InvalidEvent, SpotorchError
-from spotorch.pipeline import OnActiveRun, Pipeline
+from spotorch.pipeline import JobTemplate, OnActiveRun, Pipeline
 from spotorch.ports import (
     LABEL_ATTEMPT,
     LABEL_BUCKET,
@@ -263,6 +263,28 @@ def record_job(deps: Deps, job_name: str, run_id: str, attempt: int, pipeline: s
                     extra={"run_id": run_id})
 
 
+# ---------------------------------------------------------------- hardware (issue 19)
+
+def _hardware_choice(deps: Deps, pipeline: Pipeline) -> dict[str, Any] | None:
+    """The choice among the pipeline's candidates from fresh cached probes; None: none made."""
+    if pipeline.hardware is None:
+        return None
+    try:
+        choice = probes.cached_choice(deps.docs, pipeline, deps.clock.now(), pipeline.deadline_s)
+    except Exception as exc:  # the run still starts, on the pipeline's own worker pools
+        log.warning("no hardware choice for %s: %s", pipeline.name, exc)
+        return None
+    return None if choice is None else choice.to_doc()
+
+
+def _hardware_template(pipeline: Pipeline, run: Run) -> JobTemplate:
+    """The pipeline's job template, on the candidate the run's hardware choice names."""
+    chosen = (run.hardware or {}).get("chosen")
+    search = pipeline.hardware
+    candidate = next((c for c in search.candidates if c.name == chosen), None) if search else None
+    return pipeline.job if candidate is None else hardware.apply(pipeline.job, candidate)
+
+
 def launch_spec(deps: Deps, run: Run, intent: LaunchIntent) -> LaunchSpec:
     """The job of one attempt: the pipeline's template plus the trainer's env and identifying labels."""
     pipeline = deps.pipeline(run.pipeline)
@@ -282,7 +304,7 @@ def launch_spec(deps: Deps, run: Run, intent: LaunchIntent) -> LaunchSpec:
               LABEL_BUCKET: str(run.bucket)}
     return LaunchSpec(run_id=run.run_id, pipeline=run.pipeline, attempt=number,
                       capacity=intent.capacity, region=intent.region,
-                      template=pipeline.job, env=env, labels=labels,
+                      template=_hardware_template(pipeline, run), env=env, labels=labels,
                       display_name=f"spotorch-{run.run_id}-a{number}"[:128])
 
 
@@ -305,7 +327,8 @@ def start_run(deps: Deps, pipeline_name: str, *, run_id: str, data_uri: str,
     run = domain.new_run(run_id=run_id, pipeline=pipeline, now=deps.clock.now(),
                          data_uri=data_uri, snapshot_id=snapshot_id,
                          queued=bool(active) and rule == "queue", resume_from=resume_from,
-                         retry_of=retry_of, reason=reason)
+                         retry_of=retry_of, reason=reason,
+                         hardware=_hardware_choice(deps, pipeline))
     try:
         version = deps.runs.save(run, None)
     except ConflictError:

@@ -1,0 +1,77 @@
+"""The service on a hardware choice (issue 19): a run starts on the chosen candidate, records the
+table, and the deadline policy works from the measured compute instead of the pipeline's guess."""
+
+from __future__ import annotations
+
+from spotorch import domain
+from spotorch.hardware import ProbeResult, cache_key
+from spotorch.memory import InMemoryLauncher, ManualClock
+from spotorch.pipeline import (
+    EscalationKind,
+    HardwareCandidate,
+    HardwareSearch,
+    JobTemplate,
+    Pipeline,
+    RecoveryPolicy,
+    Trigger,
+    WorkerPool,
+)
+from spotorch.probes import load_cache, save_cache
+from spotorch.service import start_run
+from tests.fakes import fake_deps
+
+CPU = HardwareCandidate("cpu", "n1-standard-8")
+L4 = HardwareCandidate("l4", "g2-standard-8", "NVIDIA_L4", 1)
+
+
+def _pipeline() -> Pipeline:
+    return Pipeline(
+        name="p", trigger=Trigger(bucket="b"), checkpoint_uri="gs://c/p", output_uri="gs://m/p",
+        job=JobTemplate(worker_pools=(WorkerPool(image_uri="img", command=("python", "t.py")),)),
+        deadline_s=3 * 3600.0,
+        recovery=RecoveryPolicy(escalation=EscalationKind.DEADLINE, expected_compute_s=600.0),
+        hardware=HardwareSearch(candidates=(CPU, L4), total_steps=36_000, probe_steps=20))
+
+
+def _start(deps: object) -> domain.Run:
+    run = start_run(deps, "p", run_id="r1", data_uri="gs://b/d/", snapshot_id="s",  # type: ignore[arg-type]
+                    reason="t")
+    assert run is not None
+    return run
+
+
+def test_a_run_starts_on_the_candidate_chosen_from_cached_probes() -> None:
+    pipeline = _pipeline()
+    deps = fake_deps(pipeline)
+    assert isinstance(deps.clock, ManualClock) and isinstance(deps.launcher, InMemoryLauncher)
+    now = deps.clock.now()
+    save_cache(deps.docs, "p", {
+        "cpu": ProbeResult("cpu", True, steps_per_s=2.0, measured_at=now,
+                           key=cache_key(pipeline, CPU, 20)),
+        "l4": ProbeResult("l4", True, steps_per_s=4.0, measured_at=now,
+                          key=cache_key(pipeline, L4, 20))}, now)
+    assert set(load_cache(deps.docs, "p")) == {"cpu", "l4"}
+    run = _start(deps)
+    # cpu needs 5 h: misses the 3 h deadline; l4 2.5 h + 10 min
+    assert run.hardware is not None and run.hardware["chosen"] == "l4"
+    assert [r["candidate"] for r in run.hardware["rows"]] == ["cpu", "l4"]
+    assert any(h.what == "hardware chosen" for h in run.history)
+    (job,) = deps.launcher.jobs.values()
+    (pool,) = job.spec.template.worker_pools
+    assert (pool.machine_type, pool.accelerator_type) == ("g2-standard-8", "NVIDIA_L4")
+    # the deadline policy sees the measured 2.5 h, not the pipeline's 600 s guess
+    view = domain.policy_view(run, domain.Context(pipeline, now), current=None,
+                              spot_available=True)
+    assert view.work_total_s == 2.5 * 3600.0
+
+
+def test_without_fresh_probes_the_run_starts_on_the_pipeline_pools() -> None:
+    pipeline = _pipeline()
+    deps = fake_deps(pipeline)
+    assert isinstance(deps.launcher, InMemoryLauncher)
+    save_cache(deps.docs, "p", {"cpu": ProbeResult("cpu", True, steps_per_s=2.0,
+                                                   key="other-code")}, 0.0)
+    run = _start(deps)
+    assert run.hardware is None
+    (job,) = deps.launcher.jobs.values()
+    assert job.spec.template.worker_pools[0].machine_type == "n1-standard-4"

@@ -3,6 +3,8 @@ table, and the deadline policy works from the measured compute instead of the pi
 
 from __future__ import annotations
 
+from tests.fakes import fake_deps
+
 from spotorch import domain
 from spotorch.hardware import ProbeResult, cache_key
 from spotorch.memory import InMemoryLauncher, ManualClock
@@ -18,7 +20,6 @@ from spotorch.pipeline import (
 )
 from spotorch.probes import load_cache, save_cache
 from spotorch.service import start_run
-from tests.fakes import fake_deps
 
 CPU = HardwareCandidate("cpu", "n1-standard-8")
 L4 = HardwareCandidate("l4", "g2-standard-8", "NVIDIA_L4", 1)

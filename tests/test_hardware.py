@@ -312,3 +312,39 @@ def test_the_probe_budget_leaves_out_the_dearest_candidates() -> None:
     assert [r.candidate for r in plan.skipped] == ["v5e"]
     assert "probe budget" in plan.skipped[0].reason
     assert plan.budget_used == pytest.approx(0.08 + 0.223)
+
+
+# --- spotorch advise ------------------------------------------------------------------------
+
+
+def test_advise_prints_the_table_from_earlier_probes_without_launching(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from spotorch.cli import main
+    from spotorch.config import load_pipeline
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "hardware" / "tabular-ranker.yaml"
+    pipeline = load_pipeline(example)
+    search = pipeline.hardware
+    assert search is not None
+    import time as _time
+
+    now = _time.time()
+    rates = {"cpu": 4.0, "l4": 12.0}
+    results = {c.name: ProbeResult(c.name, True, steps_per_s=rates[c.name], measured_at=now,
+                                   key=cache_key(pipeline, c, search.probe_steps)).to_doc()
+               for c in search.candidates if c.name in rates}
+    results["v5e"] = ProbeResult("v5e", False, reason="out of memory (HBM)", measured_at=now,
+                                 key=cache_key(pipeline, search.candidates[2], 50)).to_doc()
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"results": results}))
+    assert main(["advise", str(example), "--results", str(path), "--json"]) == 0
+    table = json.loads(capsys.readouterr().out)["hardware"]
+    # 200,000 steps: cpu at 4/s is 13.9 h (misses 8 h); l4 at 12/s is 4.6 h
+    assert table["chosen"] == "l4"
+    fits = {r["candidate"]: (r["fit"], r["meets_deadline"]) for r in table["rows"]}
+    assert fits == {"cpu": (True, False), "l4": (True, True), "v5e": (False, None)}
+    assert main(["advise", str(example), "--results", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "l4 *" in text and "out of memory (HBM)" in text and "chosen: l4" in text

@@ -28,6 +28,8 @@ DELEGATES: Mapping[str, tuple[str, str, str]] = {
     "validate": ("spotorch.config", "validate_main", "Check pipeline files; every problem listed."),
     "dead-letters": ("spotorch.deadletters", "main",
                      "List dead-lettered messages with their reason; replay chosen ones."),
+    "advise": ("spotorch.advise", "main",
+               "The table of hardware candidates from earlier probes; --probe runs them."),
 }
 DEV_DELEGATES: Mapping[str, tuple[str, str, str]] = {
     "up": ("spotorch.local.stack", "up_main", "Start the local stack in the background."),

@@ -65,6 +65,7 @@ class Config:
     step_sleep: float = 0.0
     fail_at_step: int | None = None
     progress_interval: float = 5.0
+    working_memory_mb: int = 0
 
 
 # Option name -> (type, help). The EXAMPLE_* variable is the upper-cased name.
@@ -86,6 +87,8 @@ _OPTIONS: Mapping[str, tuple[type, str]] = {
     "step_sleep": (float, "seconds to sleep per step, to make a demo run last"),
     "fail_at_step": (int, "fail with exit code 1 at this step (user-error demo)"),
     "progress_interval": (float, "seconds between progress events"),
+    "working_memory_mb": (int, "MiB held from the first step on: stands in for a bigger model's "
+                               "activations (out-of-memory probes)"),
 }
 
 
@@ -263,7 +266,10 @@ def main(argv: list[str] | None = None) -> int:
         rng = np.random.Generator(np.random.PCG64())
         rng.bit_generator.state = state["rng"]
 
+        working: list[np.ndarray] = []
         for step in run.steps():
+            if cfg.working_memory_mb and not working:
+                working.append(np.ones(cfg.working_memory_mb * 2**17))  # 8-byte floats
             if cfg.fail_at_step is not None and step >= cfg.fail_at_step:
                 raise DeliberateFailure(f"failing at step {step} as asked (--fail-at-step)")
             if cfg.step_sleep:

@@ -44,18 +44,22 @@ def test_probes_run_as_processes_and_the_faster_cheaper_candidate_wins(tmp_path:
     fast = HardwareCandidate("fast", "n1-standard-4", env=(("EXAMPLE_STEP_SLEEP", "0.002"),))
     slow = HardwareCandidate("slow", "n1-standard-8", env=(("EXAMPLE_STEP_SLEEP", "0.04"),))
     broken = HardwareCandidate("broken", "n1-standard-4", env=(("EXAMPLE_FAIL_AT_STEP", "3"),))
+    # The same workload on a machine the emulator gives 400 MiB of address space: out of memory.
+    small = HardwareCandidate("small", "n1-highcpu-2")
     pool = WorkerPool(image_uri="local", command=(sys.executable, str(ROOT / "examples" /
                                                                      "train.py")),
-                      env=(("EXAMPLE_TOTAL_STEPS", "100000"), ("EXAMPLE_CHECKPOINT_EVERY", "0")))
+                      env=(("EXAMPLE_TOTAL_STEPS", "100000"), ("EXAMPLE_CHECKPOINT_EVERY", "0"),
+                           ("EXAMPLE_WORKING_MEMORY_MB", "500"), ("OPENBLAS_NUM_THREADS", "1")))
     pipeline = Pipeline(name="hw", trigger=Trigger(bucket="landing"),
                         checkpoint_uri=str(tmp_path / "ckpt"), output_uri=str(tmp_path / "out"),
                         job=JobTemplate(worker_pools=(pool,)),
-                        hardware=HardwareSearch(candidates=(slow, fast, broken),
+                        hardware=HardwareSearch(candidates=(slow, fast, broken, small),
                                                 total_steps=100_000, probe_steps=40,
                                                 probe_timeout_s=120.0))
     emulator = VertexEmulator("spotorch-test", workdir=tmp_path / "vertex", grace_s=0.5,
                               queued_s=0.05, pending_s=0.05, job_events_topic=None,
-                              quotas=QuotaLimits.unlimited())
+                              quotas=QuotaLimits.unlimited(),
+                              memory_limits={"n1-highcpu-2": 400})
     address = emulator.start()
     try:
         launcher = VertexJobLauncher("spotorch-test", endpoint=address,
@@ -73,6 +77,8 @@ def test_probes_run_as_processes_and_the_faster_cheaper_candidate_wins(tmp_path:
     assert results["fast"].samples_per_s == pytest.approx(64 * results["fast"].steps_per_s)
     assert not results["broken"].fit
     assert results["broken"].reason.startswith("failed (DeliberateFailure: failing at step 3")
+    assert not results["small"].fit and results["small"].reason.startswith("out of memory"), \
+        results["small"]
     choice = choose(pipeline, results, deadline_s=24 * 3600.0)
     print("\n".join(table_lines(choice)))
     assert choice.chosen == "fast"

@@ -10,7 +10,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from spotorch.local._vertex_jobs import (
     CODE_CANCELLED,
@@ -36,8 +36,10 @@ class JobRunner:
 
     def __init__(self, *, grace_s: float, queued_s: float, pending_s: float,
                  on_change: Callable[[JobRecord], None] = lambda record: None,
-                 synthetic_run_s: float | None = None) -> None:
+                 synthetic_run_s: float | None = None,
+                 memory_limits: Mapping[str, int] | None = None) -> None:
         self.grace_s = grace_s
+        self.memory_limits = dict(memory_limits or {})  # emulated machine memory (MiB)
         # Synthetic jobs (scale benchmarks): no worker process; a job runs this long, then
         # succeeds, unless Spot preempts it first. Everything else (states, lines, quotas) as usual.
         self.synthetic_run_s = synthetic_run_s
@@ -70,7 +72,8 @@ class JobRunner:
             self.set_state(job, JobState.RUNNING, now)
             return
         try:
-            job.replicas = spawn(job.proto.job_spec, job.job_id, job.log_dir, os.environ)
+            job.replicas = spawn(job.proto.job_spec, job.job_id, job.log_dir, os.environ,
+                                 self.memory_limits)
         except SpawnError as exc:
             message = (f"The replica {exc.replica} exited with a non-zero status of 127. "
                        f"Termination reason: ContainerCannotRun. {exc}")

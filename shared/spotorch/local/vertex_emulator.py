@@ -69,7 +69,8 @@ class VertexEmulator:
                  tick_s: float = 0.05,
                  listener: Callable[[Mapping[str, Any]], None] | None = None,
                  log_format: LogFormat | None = None, quotas: QuotaLimits | None = None,
-                 persist: bool = False, synthetic_run_s: float | None = None) -> None:
+                 persist: bool = False, synthetic_run_s: float | None = None,
+                 memory_limits: Mapping[str, int] | None = None) -> None:
         """project None: serve any project. schedule: a SpotSchedule, its JSON form or a JSON file.
 
         trace: a spot trace file replayed at trace_speed from trace_offset; stockout_from_s /
@@ -80,6 +81,8 @@ class VertexEmulator:
         persist: keep the jobs in WORKDIR/jobs.json and take them up again at the next start.
         synthetic_run_s: run no worker processes; each job runs this long and succeeds (unless
         preempted). For scale benchmarks: thousands of jobs on two cores.
+        memory_limits: machine type -> MiB of address space each replica gets (RLIMIT_AS), to
+        emulate a smaller machine running out of memory; unlisted shapes are not limited.
         """
         if not 0.0 <= drop_events <= 1.0:
             raise EmulatorError("drop_events is a fraction between 0 and 1")
@@ -99,7 +102,8 @@ class VertexEmulator:
         self._store = JobStore(self.workdir / JOBS_FILE if persist and self.workdir else None)
         self._runner = JobRunner(grace_s=grace_s, queued_s=queued_s, pending_s=pending_s,
                                  on_change=lambda record: self._store.save(),
-                                 synthetic_run_s=synthetic_run_s)
+                                 synthetic_run_s=synthetic_run_s,
+                                 memory_limits=memory_limits)
         self._service = JobService(project, self._store, self._runner,
                                    QuotaMeter(quotas or QuotaLimits()),
                                    lambda: self.workdir or Path("."))

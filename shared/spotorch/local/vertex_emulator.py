@@ -155,6 +155,11 @@ class VertexEmulator:
     def quotas(self) -> QuotaLimits:
         return self._service.quota.limits
 
+    @quotas.setter
+    def quotas(self, limits: QuotaLimits) -> None:
+        """Change the limits while serving (a benchmark sets up without them, measures with)."""
+        self._service.quota.limits = limits
+
     def start(self) -> str:
         """Serve on host:port (port 0: a free one) and return the address."""
         from concurrent import futures

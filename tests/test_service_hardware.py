@@ -3,6 +3,7 @@ table, and the deadline policy works from the measured compute instead of the pi
 
 from __future__ import annotations
 
+import pytest
 from tests.fakes import fake_deps
 
 from spotorch import domain
@@ -76,3 +77,21 @@ def test_without_fresh_probes_the_run_starts_on_the_pipeline_pools() -> None:
     assert run.hardware is None
     (job,) = deps.launcher.jobs.values()
     assert job.spec.template.worker_pools[0].machine_type == "n1-standard-4"
+
+
+def test_the_ledger_prices_the_chosen_shape() -> None:
+    from spotorch.ledger import hourly_rate, ledger
+
+    pipeline = _pipeline()
+    deps = fake_deps(pipeline)
+    assert isinstance(deps.clock, ManualClock)
+    now = deps.clock.now()
+    save_cache(deps.docs, "p", {
+        c.name: ProbeResult(c.name, True, steps_per_s=rate, measured_at=now,
+                            key=cache_key(pipeline, c, 20)) for c, rate in ((CPU, 2.0), (L4, 4.0))},
+        now)
+    run = _start(deps)
+    book = ledger(run, pipeline, now)
+    assert hourly_rate(pipeline, run.attempts[0].capacity, "us-central1").per_hour == 0.04
+    # the first attempt is billed as g2-standard-8 + L4 (0.04 host + 0.223), not n1-standard-4
+    assert book.attempts[0].per_hour == pytest.approx(0.04 + 0.223)

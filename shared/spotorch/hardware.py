@@ -17,8 +17,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from spotorch.pipeline import Capacity, HardwareCandidate, JobTemplate, Pipeline, WorkerPool
-from spotorch.prices import shape_hourly_price
+from spotorch.ledger import hourly_rate
+from spotorch.pipeline import Capacity, HardwareCandidate, Pipeline
+from spotorch.shapes import apply, describe, on_candidate
+
+__all__ = ["apply", "describe", "on_candidate"]  # re-exported: callers find the shapes here
 
 PROBE_LABEL = "spotorch_probe"  # on every probe job: "1"; never an attempt of a run
 PROBE_CANDIDATE_LABEL = "spotorch_candidate"
@@ -34,56 +37,11 @@ OOM_PATTERNS: tuple[re.Pattern[str], ...] = tuple(re.compile(p) for p in (
 OOM_EXIT_CODES = frozenset({137})  # 128 + SIGKILL: what the OOM killer leaves
 
 
-# --- candidates -----------------------------------------------------------------------------
-
-
-def describe(candidate: HardwareCandidate) -> str:
-    """The shape in a few words: "g2-standard-8 + 1 x NVIDIA_L4 (2x2), 2 replicas"."""
-    text = candidate.machine_type
-    if candidate.accelerator_type:
-        text += f" + {candidate.accelerator_count} x {candidate.accelerator_type}"
-    if candidate.tpu_topology:
-        text += f" ({candidate.tpu_topology})"
-    if candidate.replica_count > 1:
-        text += f", {candidate.replica_count} replicas"
-    return text
-
-
-def _on_shape(pool: WorkerPool, candidate: HardwareCandidate, replicas: int) -> WorkerPool:
-    env = {**dict(pool.env), **dict(candidate.env)}
-    return replace(pool, machine_type=candidate.machine_type,
-                   accelerator_type=candidate.accelerator_type,
-                   accelerator_count=candidate.accelerator_count,
-                   tpu_topology=candidate.tpu_topology, replica_count=replicas,
-                   env=tuple(env.items()))
-
-
-def apply(template: JobTemplate, candidate: HardwareCandidate) -> JobTemplate:
-    """The job template on a candidate's shape.
-
-    The chief pool takes the shape with one replica (Vertex's chief is alone in workerpool0); a
-    candidate with replica_count N > 1 gets N - 1 more replicas of the same shape and container
-    in workerpool1, in place of the template's own other pools (a candidate is a whole shape).
-    """
-    chief = template.worker_pools[0]
-    pools = [_on_shape(chief, candidate, 1)]
-    if candidate.replica_count > 1:
-        pools.append(_on_shape(chief, candidate, candidate.replica_count - 1))
-    return replace(template, worker_pools=tuple(pools))
-
-
-def on_candidate(pipeline: Pipeline, candidate: HardwareCandidate) -> Pipeline:
-    """The pipeline whose job runs on the candidate's shape."""
-    return replace(pipeline, job=apply(pipeline.job, candidate))
-
-
 def candidate_price(pipeline: Pipeline, candidate: HardwareCandidate, capacity: Capacity) -> float:
-    """Price per hour of the whole job on this candidate (all replicas)."""
-    override = dict(pipeline.prices).get(str(capacity))
-    if override is not None:  # the pipeline's own price per replica-hour wins, as in the ledger
-        return override * candidate.replica_count
-    return candidate.replica_count * shape_hourly_price(
-        candidate.machine_type, candidate.accelerator_type, candidate.accelerator_count, capacity)
+    """Price per hour of the whole job on this candidate (all replicas) in the pipeline's first
+    region: the ledger's price table, so the table and the run's ledger agree."""
+    return hourly_rate(on_candidate(pipeline, candidate), capacity,
+                       pipeline.job.regions[0]).per_hour
 
 
 def cache_key(pipeline: Pipeline, candidate: HardwareCandidate, probe_steps: int) -> str:
@@ -348,14 +306,6 @@ def choose(pipeline: Pipeline, results: Mapping[str, ProbeResult],
         marked.append(r)
     compute_s = None if best.compute_hours is None else best.compute_hours * 3600.0
     return HardwareChoice(tuple(marked), best.candidate, reason, warning, compute_s, deadline_s)
-
-
-def chosen_candidate(pipeline: Pipeline, choice: HardwareChoice) -> HardwareCandidate | None:
-    """The candidate the choice names, from the pipeline's list."""
-    search = pipeline.hardware
-    if search is None or choice.chosen is None:
-        return None
-    return next((c for c in search.candidates if c.name == choice.chosen), None)
 
 
 # --- the table as text (spotorch advise, spotorch show) -----------------------------------------

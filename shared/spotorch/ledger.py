@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from spotorch.pipeline import Capacity, Pipeline, WorkerPool
+from spotorch.shapes import run_pipeline
 
 if TYPE_CHECKING:  # only annotations: spotorch.domain may import this module (terminal events)
     from spotorch.domain import Attempt, Run
@@ -52,6 +53,12 @@ PRICES = PriceTable(
         "n1-standard-4": {ANY_REGION: Price(
             {Capacity.STANDARD: 0.19, Capacity.SPOT: 0.04, Capacity.FLEX_START: 0.095},
             _CE_VM, "2026-11-30")},
+        # N1 list prices scale with the size (vCPUs and memory in the same ratio): n1-standard-4's
+        # per 4 vCPUs. Derived, not read from the price page (issue 19 compares CPU sizes).
+        **{f"n1-standard-{n}": {ANY_REGION: Price(
+            {Capacity.STANDARD: 0.19 * n / 4, Capacity.SPOT: 0.04 * n / 4,
+             Capacity.FLEX_START: 0.095 * n / 4},
+            _CE_VM + f", scaled to {n} vCPUs", "2026-11-30")} for n in (8, 16, 32, 64, 96)},
     },
     accelerators={
         "NVIDIA_TESLA_A100": {ANY_REGION: Price(
@@ -63,6 +70,11 @@ PRICES = PriceTable(
         "NVIDIA_TESLA_T4": {ANY_REGION: Price(
             {Capacity.STANDARD: 0.35, Capacity.SPOT: 0.14, Capacity.FLEX_START: 0.175},
             _CE_GPU + ", europe-west1", "2026-11-30")},
+        # per TPU v5e chip-hour: from memory of Cloud TPU list prices, NOT verified here; Vertex
+        # AI's TPU training prices differ. Override with the pipeline's `prices`.
+        "TPU_V5_LITEPOD": {ANY_REGION: Price(
+            {Capacity.STANDARD: 1.20, Capacity.SPOT: 0.48, Capacity.FLEX_START: 0.60},
+            "Cloud TPU v5e pricing as remembered (unverified)", "2026-12-01")},
     },
 )
 
@@ -205,6 +217,8 @@ def ledger(run: Run, pipeline: Pipeline | None, now: float, table: PriceTable = 
     same useful work would have cost on standard VMs without interruptions.
     """
     overhead_s = pipeline.recovery.restart_overhead_s if pipeline is not None else 0.0
+    if pipeline is not None:  # issue 19: priced on the shape the run's hardware choice names
+        pipeline = run_pipeline(pipeline, run.hardware)
     lines: list[AttemptCost] = []
     basis: list[str] = []
     useful_s = 0.0

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, assert_never
 
-from spotorch import domain, hardware, probes
+from spotorch import domain, probes, shapes
 from spotorch.domain import (
     CancelIntent,
     CancelRequested,
@@ -279,10 +279,7 @@ def _hardware_choice(deps: Deps, pipeline: Pipeline) -> dict[str, Any] | None:
 
 def _hardware_template(pipeline: Pipeline, run: Run) -> JobTemplate:
     """The pipeline's job template, on the candidate the run's hardware choice names."""
-    chosen = (run.hardware or {}).get("chosen")
-    search = pipeline.hardware
-    candidate = next((c for c in search.candidates if c.name == chosen), None) if search else None
-    return pipeline.job if candidate is None else hardware.apply(pipeline.job, candidate)
+    return shapes.run_pipeline(pipeline, run.hardware).job
 
 
 def launch_spec(deps: Deps, run: Run, intent: LaunchIntent) -> LaunchSpec:

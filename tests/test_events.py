@@ -52,6 +52,11 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "run.budget_exceeded": {"budget": "cost", "limit": 10.0, "used": 10.5},
     "run.deadline_at_risk": {"deadline": "2025-11-30T06:00:00Z", "remaining_work_s": None,
                              "time_left_s": -30.0, "action": "escalate"},
+    "run.hardware_chosen": {"chosen": "l4", "reason": "cheapest", "warning": "",
+                            "expected_compute_s": 9000.0, "deadline_s": None,
+                            "rows": [{"candidate": "l4", "shape": "g2-standard-8", "fit": True,
+                                      "reason": "chosen", "steps_per_s": 4.0,
+                                      "meets_deadline": None, "chosen": True}]},
 }
 
 # One way to break each kind: (data field, wrong value or None to drop it).
@@ -66,6 +71,7 @@ BREAKS: dict[str, tuple[str, Any]] = {
     "run.cancelled": ("status", 3),
     "run.budget_exceeded": ("used", None),
     "run.deadline_at_risk": ("time_left_s", "soon"),
+    "run.hardware_chosen": ("rows", []),
 }
 
 

@@ -58,6 +58,13 @@ def test_a_run_starts_on_the_candidate_chosen_from_cached_probes() -> None:
     assert run.hardware is not None and run.hardware["chosen"] == "l4"
     assert [r["candidate"] for r in run.hardware["rows"]] == ["cpu", "l4"]
     assert any(h.what == "hardware chosen" for h in run.history)
+    from spotorch.events import validate_event
+    from spotorch.memory import InMemoryPublisher
+
+    assert isinstance(deps.publisher, InMemoryPublisher)
+    (event,) = [e for e in deps.publisher.events if e["type"].endswith("run.hardware_chosen.v1")]
+    validate_event(event)
+    assert event["data"]["chosen"] == "l4" and len(event["data"]["rows"]) == 2
     (job,) = deps.launcher.jobs.values()
     (pool,) = job.spec.template.worker_pools
     assert (pool.machine_type, pool.accelerator_type) == ("g2-standard-8", "NVIDIA_L4")
@@ -95,3 +102,27 @@ def test_the_ledger_prices_the_chosen_shape() -> None:
     assert hourly_rate(pipeline, run.attempts[0].capacity, "us-central1").per_hour == 0.04
     # the first attempt is billed as g2-standard-8 + L4 (0.04 host + 0.223), not n1-standard-4
     assert book.attempts[0].per_hour == pytest.approx(0.04 + 0.223)
+
+
+def test_spotorch_show_has_the_hardware_table() -> None:
+    from rich.console import Console
+
+    from spotorch.operate.render import show_run
+    from spotorch.operate.views import run_view
+
+    pipeline = _pipeline()
+    deps = fake_deps(pipeline)
+    assert isinstance(deps.clock, ManualClock)
+    now = deps.clock.now()
+    save_cache(deps.docs, "p", {
+        c.name: ProbeResult(c.name, True, steps_per_s=rate, measured_at=now,
+                            key=cache_key(pipeline, c, 20)) for c, rate in ((CPU, 2.0), (L4, 4.0))},
+        now)
+    view = run_view(_start(deps), pipeline, now)
+    assert view["hardware"]["chosen"] == "l4"
+    console = Console(width=200, record=True, color_system=None)
+    for part in show_run(view):
+        console.print(part)
+    text = console.export_text()
+    assert "hardware" in text and "l4 *" in text and "misses deadline" in text
+    assert "chosen: l4: cheapest expected Spot cost" in text

@@ -31,6 +31,7 @@ EVENT_KINDS: Mapping[str, str] = {
     "run.cancelled": "the run was cancelled by an operator or superseded",
     "run.budget_exceeded": "a retry budget or the cost budget ran out",
     "run.deadline_at_risk": "the deadline can no longer be met on Spot alone",
+    "run.hardware_chosen": "the run's machine shape was chosen from probe measurements",
 }
 
 # Kinds after which a run never changes again.

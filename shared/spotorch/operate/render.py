@@ -135,8 +135,36 @@ def show_run(view: Mapping[str, Any]) -> list[Any]:
     history.add_column("WHY", overflow="fold")
     for h in view["history"]:
         history.add_row(h["at"], h["what"], h["reason"])
-    return [head, Rule("attempts", align="left"), attempts, Rule("history", align="left"),
-            history, Text(f"prices: {'; '.join(cost['basis'])}", style="dim")]
+    hardware = _hardware_table(view.get("hardware"))
+    return [head, *hardware, Rule("attempts", align="left"), attempts,
+            Rule("history", align="left"), history,
+            Text(f"prices: {'; '.join(cost['basis'])}", style="dim")]
+
+
+def _num(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _hardware_table(choice: Mapping[str, Any] | None) -> list[Any]:
+    """The hardware candidates the run chose among (issue 19), or nothing."""
+    if not choice:
+        return []
+    from rich.rule import Rule
+    from rich.text import Text
+
+    rows = [[r["candidate"] + (" *" if r.get("chosen") else ""), r.get("shape", ""),
+             _num(r.get("steps_per_s"), ".2f"), _num(r.get("expected_hours"), ".2f"),
+             _num(r.get("spot_cost"), ".4f"), _num(r.get("standard_cost"), ".4f"),
+             ("yes" if r.get("meets_deadline") is not False else "misses deadline")
+             if r.get("fit") else "no", r.get("reason", "")]
+            for r in choice.get("rows", ())]
+    table = _table(("CANDIDATE", "SHAPE", "STEPS/S", "HOURS", "SPOT", "STANDARD", "FITS", "WHY"),
+                   rows, elastic="WHY", right=frozenset({"STEPS/S", "HOURS", "SPOT", "STANDARD"}))
+    lines = [Rule("hardware", align="left"), table,
+             Text(f"chosen: {choice.get('reason', '')}", style="dim")]
+    if choice.get("warning"):
+        lines.append(Text(f"warning: {choice['warning']}", style="yellow"))
+    return lines
 
 
 def change_lines(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> list[str]:

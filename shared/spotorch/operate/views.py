@@ -101,6 +101,7 @@ def run_view(run: Run, pipeline: Pipeline | None, now: float) -> dict[str, Any]:
         "checkpoint_uri": run.checkpoint_uri, "model_uri": run.output_uri,
         "model_ready": run.status is RunStatus.SUCCEEDED, "retry_of": run.retry_of,
         "escalated": dict(run.escalated) if run.escalated else None,
+        "hardware": dict(run.hardware) if run.hardware else None,  # issue 19: the probed table
         "progress": {"step": p.step, "total_steps": p.total_steps,
                      "fraction": progress_fraction(run), "at": iso(p.at),
                      "steps_per_s": p.rate, "metrics": dict(p.metrics)},

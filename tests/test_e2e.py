@@ -80,3 +80,21 @@ def test_lost_job_events_are_repaired_by_the_tick_within_one_period() -> None:
     assert [a["capacity"] for a in r["attempts"]] == ["spot", "spot", "standard"]
     # Only polling saw the preemptions: the relaunch came at the next tick (plus handling time).
     assert r["timings_ms"]["preemption_to_relaunch"] <= r["tick_s"] * 1000 + 1500
+
+
+def test_hardware_scenario_trains_on_the_cheapest_candidate_that_meets_the_deadline() -> None:
+    r = report("hardware")
+    assert r["status"] == "SUCCEEDED", r.get("history")
+    table = r["hardware"]
+    rows = {row["candidate"]: row for row in table["rows"]}
+    assert len(rows) >= 3
+    assert not rows["small"]["fit"] and rows["small"]["reason"].startswith("out of memory")
+    # by the table's own figures: the cheapest fit candidate expected to meet the deadline
+    meeting = [row for row in rows.values() if row["fit"] and row["meets_deadline"]]
+    cheapest = min(meeting, key=lambda row: row["spot_cost"])
+    assert table["chosen"] == cheapest["candidate"] == "l4"
+    assert rows["cpu"]["meets_deadline"] is False  # too slow for the deadline
+    assert rows["a100"]["spot_cost"] > rows["l4"]["spot_cost"]
+    assert kinds(r)[:2] == ["run.created", "run.hardware_chosen"]
+    # the run was billed on the chosen shape (an L4 and its host), not the pipeline's CPU pool
+    assert r["cost"]["attempts"][0]["per_hour"] > 0.2

@@ -545,13 +545,13 @@ def new_run(*, run_id: str, pipeline: Pipeline, now: float, data_uri: str,
               retry_of=retry_of, hardware=hardware)
     ctx = Context(pipeline, now)
     run = _note(run, ctx, "created", reason)
+    run = _publish(run, ctx, "run.created", status=str(RunStatus.PENDING), data_uri=data_uri,
+                   snapshot_id=snapshot_id, deadline=_iso(deadline), reason=reason)
     if hardware is not None:  # issue 19: the table travels with the event
         run = _note(run, ctx, "hardware chosen", str(hardware.get("reason", "")))
         run = _publish(run, ctx, "run.hardware_chosen", **{
             k: hardware.get(k) for k in ("chosen", "reason", "warning", "expected_compute_s",
                                          "deadline_s", "rows")})
-    run = _publish(run, ctx, "run.created", status=str(RunStatus.PENDING), data_uri=data_uri,
-                   snapshot_id=snapshot_id, deadline=_iso(deadline), reason=reason)
     if queued:
         return _to(run, RunStatus.QUEUED, ctx, "waiting for the active run of the pipeline")
     return _launch(run, ctx, _policy_capacity(run, ctx, current=None, spot_available=True),

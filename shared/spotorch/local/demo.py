@@ -40,6 +40,8 @@ class Scenario:
     trainer_env: Mapping[str, str] = field(default_factory=dict)
     deadline: str = "20m"
     regions: tuple[str, ...] = ("us-central1",)
+    hardware: Mapping[str, Any] | None = None  # hardware candidates probed before the upload
+    vertex_args: tuple[str, ...] = ()
 
 
 _TRAINER_ENV = {"EXAMPLE_TOTAL_STEPS": "600", "EXAMPLE_STEP_SLEEP": "0.03",
@@ -78,6 +80,31 @@ SCENARIOS: Mapping[str, Scenario] = {
         recovery={"escalation": "never", "max_user_errors": 1, "backoff_base": "1s"},
         trainer_env={**_TRAINER_ENV, "EXAMPLE_FAIL_AT_STEP": "120"},
     ),
+    "hardware": Scenario(
+        name="hardware",
+        story="Four candidate shapes are probed (10 steps each, on Spot, in parallel): one runs "
+              "out of memory, the CPU one is too slow for the deadline, the A100 costs more; "
+              "the run trains on the cheapest one expected to meet the deadline, the L4.",
+        expected_status="SUCCEEDED",
+        recovery={"escalation": "deadline", "restart_overhead": "5s", "backoff_base": "1s",
+                  "decision_interval": "2s"},
+        trainer_env={**_TRAINER_ENV, "EXAMPLE_WORKING_MEMORY_MB": "500",
+                     "OPENBLAS_NUM_THREADS": "1"},
+        # The emulator runs every shape at this machine's speed; each candidate's step sleep
+        # stands in for its speed, and the emulator gives n1-highcpu-2 400 MiB (an emulation).
+        hardware={"total_steps": 600, "probe_steps": 10, "probe_timeout": "90s",
+                  "candidates": [
+                      {"name": "small", "machine_type": "n1-highcpu-2"},
+                      {"name": "cpu", "machine_type": "n1-standard-4",
+                       "env": {"EXAMPLE_STEP_SLEEP": 2.2}},
+                      {"name": "l4", "machine_type": "g2-standard-8",
+                       "accelerator_type": "NVIDIA_L4", "accelerator_count": 1,
+                       "env": {"EXAMPLE_STEP_SLEEP": 0.15}},
+                      {"name": "a100", "machine_type": "a2-highgpu-1g",
+                       "accelerator_type": "NVIDIA_TESLA_A100", "accelerator_count": 1,
+                       "env": {"EXAMPLE_STEP_SLEEP": 0.1}}]},
+        vertex_args=("--memory-limits", json.dumps({"n1-highcpu-2": 400})),
+    ),
 }
 
 
@@ -91,6 +118,8 @@ def pipeline_document(scenario: Scenario) -> dict[str, Any]:
     env = dict(pools[0].get("env") or {})
     env.update(scenario.trainer_env)
     pools[0]["env"] = env
+    if scenario.hardware is not None:
+        base["hardware"] = dict(scenario.hardware)
     return dict(base)
 
 
@@ -168,13 +197,14 @@ def run_demo(scenario: Scenario, *, timeout_s: float, quiet: bool,
         say("starting the local stack (Firestore, Pub/Sub, GCS, Vertex AI emulators, functions)")
         with DevStack(pipelines_dir=pipelines, run_dir=work / "stack", extra_env=alerts_env,
                       vertex_schedule=schedule, vertex_grace_s=3.0, tick_seconds=TICK_S,
-                      vertex_args=["--drop-events", "1.0"] if lose_job_events else []) as stack:
+                      vertex_args=[*(["--drop-events", "1.0"] if lose_job_events else []),
+                                   *scenario.vertex_args]) as stack:
             saved = dict(os.environ)
             os.environ.update(stack.env)  # our own clients talk to this stack
             try:
                 stack.create_buckets([LANDING, CHECKPOINTS, MODELS])
                 report = _upload_and_follow(stack, FirestoreDocumentStore(project=stack.project),
-                                            timeout_s, say)
+                                            timeout_s, say, pipelines / "demo.yaml")
                 time.sleep(2.0)  # let the notifier deliver the last alerts
                 report["published"] = _published(stack)
             finally:
@@ -192,8 +222,39 @@ def run_demo(scenario: Scenario, *, timeout_s: float, quiet: bool,
     return report
 
 
-def _upload_and_follow(stack: Any, docs: Any, timeout_s: float,
-                       say: Callable[[str], None]) -> dict[str, Any]:
+def _probe(docs: Any, pipeline_file: Path, data_uri: str, say: Callable[[str], None]) -> None:
+    """Probe the pipeline's hardware candidates on the stack's Vertex emulator; cache results."""
+    from spotorch.config import load_pipeline
+    from spotorch.hardware import choose, table_lines
+    from spotorch.probes import ProbeSession, run_probes, save_cache
+    from spotorch.settings import Settings
+    from spotorch.vertex import VertexJobLauncher
+    from spotorch_trainer.storage import GcsStorage
+
+    pipeline = load_pipeline(pipeline_file)
+    settings = Settings.from_env()
+    launcher = VertexJobLauncher(settings.project, endpoint=settings.vertex_endpoint,
+                                 regions=pipeline.job.regions)
+    storage = GcsStorage()  # a client of its own, for this stack's fake GCS
+
+    def read(uri: str) -> bytes | None:
+        try:
+            return storage.read(uri)
+        except Exception:
+            return None
+
+    session = ProbeSession(f"probe-{pipeline.name}-{int(time.time())}", pipeline.checkpoint_uri,
+                           data_uri, pipeline.job.regions[0])
+    say(f"probing {len(pipeline.hardware.candidates) if pipeline.hardware else 0} hardware "
+        f"candidates on {data_uri}")
+    results = run_probes(pipeline, session, launcher, read, poll_s=0.5)
+    save_cache(docs, pipeline.name, results, time.time())
+    for line in table_lines(choose(pipeline, results, pipeline.deadline_s)):
+        say(f"  {line}")
+
+
+def _upload_and_follow(stack: Any, docs: Any, timeout_s: float, say: Callable[[str], None],
+                       pipeline_file: Path | None = None) -> dict[str, Any]:
     sys.path.insert(0, str(REPO / "examples"))
     from make_data import make_dataset, to_csv
 
@@ -203,6 +264,9 @@ def _upload_and_follow(stack: Any, docs: Any, timeout_s: float,
     for i, rows in enumerate(range(0, len(y), 1000)):
         stack.upload(LANDING, f"{snapshot}part-{i:05d}.csv", to_csv(x[rows:rows + 1000],
                                                                    y[rows:rows + 1000]))
+    if pipeline_file is not None and "hardware:" in pipeline_file.read_text():
+        # the shards are there, the marker not yet: probes train on the snapshot, no run starts
+        _probe(docs, pipeline_file, f"gs://{LANDING}/{snapshot}", say)
     stack.upload(LANDING, f"{snapshot}_SUCCESS", b"")
     say(f"uploaded 3 CSV shards and _SUCCESS to gs://{LANDING}/{snapshot}")
     run = _follow(docs, timeout_s, say)
@@ -236,6 +300,7 @@ def _report(run: Any, uploaded_at: float) -> dict[str, Any]:
         "preemptions": run.counters.preemptions, "escalated": summary["escalated"],
         "model_uri": f"{run.output_uri}/model.npz" if metrics is not None else None,
         "metrics": metrics, "history": summary["history"],
+        "hardware": dict(run.hardware) if run.hardware else None,
     }
 
 

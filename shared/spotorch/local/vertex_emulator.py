@@ -6,6 +6,7 @@ The real aiplatform_v1.JobServiceClient talks to it over insecure gRPC; docs/ver
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import random
 import signal
@@ -317,6 +318,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quota-job-submissions", type=int, default=defaults.job_submission,
                    help="job submissions per minute per region (0: unlimited)")
     p.add_argument("--no-quotas", action="store_true", help="no request quotas at all")
+    p.add_argument("--memory-limits", type=json.loads, default=None,
+                   help='JSON {"machine type": MiB}: emulate smaller machines (RLIMIT_AS per '
+                        'replica); unlisted shapes are not limited')
     p.add_argument("--persist", action="store_true",
                    help=f"keep jobs in WORKDIR/{JOBS_FILE}; at start, take up the saved ones")
     return p
@@ -351,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             grace_s=args.grace_s, workdir=args.workdir, job_events_topic=args.job_events_topic,
             drop_events=args.drop_events, seed=args.seed, queued_s=args.queued_s,
             pending_s=args.pending_s, log_format=_log_format(args), quotas=_quotas(args),
-            persist=args.persist)
+            persist=args.persist, memory_limits=args.memory_limits)
         address = emulator.start()
     except (EmulatorError, ScheduleError, LogFormatError) as exc:
         print(f"vertex emulator: {exc}", file=sys.stderr)

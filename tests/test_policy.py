@@ -102,6 +102,11 @@ UP_TABLE = [
     # rule 3: on standard, stay until cp >= ep(t + 2d) = 6.93 h, even with Spot back
     ({"work_done_s": 6.9 * H, "current": STANDARD}, STANDARD),
     ({"work_done_s": 7.0 * H, "current": STANDARD}, SPOT),
+    # on standard with Spot unavailable: stay, even far ahead of the line (the authors' rule;
+    # the old one returned Spot, i.e. left standard to wait)
+    ({"work_done_s": 19.0 * H, "current": STANDARD, "spot_available": False}, STANDARD),
+    # a queued Spot attempt is idle for rule 4: capacity back but slack under 2d + tick
+    ({"work_done_s": 30 * H, "now_s": 53.7 * H, "current": SPOT, "spot_queued": True}, STANDARD),
     # rule 4: idle with slack under 2d (plus a tick) -> standard
     ({"work_done_s": 30 * H, "now_s": 53.7 * H, "current": None}, STANDARD),
     # rule 2 again: a running Spot attempt is not interrupted by rule 4

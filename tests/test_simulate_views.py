@@ -11,11 +11,18 @@ import numpy as np
 import pytest
 
 from spotorch.pipeline import Capacity
-from spotorch.policy import PolicyView, deadline_policy, uniform_progress
+from spotorch.policy import (
+    PolicyView,
+    RegionRecord,
+    deadline_policy,
+    rank_regions,
+    uniform_progress,
+)
 from spotorch.sim.simulate import (
     Flex,
     FlexWait,
     Probes,
+    RegionChoice,
     Scenario,
     ScenarioError,
     View,
@@ -192,3 +199,37 @@ def test_cli_views(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         assert payload["policies"]["optimal"]["mean_cost_ratio_to_optimal"] == pytest.approx(1.0)
     assert main([*small, "--probe-wait-seconds", "0"]) == 2
     assert "wait_s" in capsys.readouterr().err
+
+
+def zone_window(zones: list[list[int]], past: list[list[int]]) -> Window:
+    z = np.array(zones, dtype=bool)
+    return Window("fam", "fam", 0.0, z[0], np.ones(z.shape[1]), 3.0, zones=z,
+                  zone_past=np.array(past, dtype=bool).reshape(len(zones), -1))
+
+
+def test_fixed_order_moves_on_after_a_stockout_and_history_goes_to_the_best_zone() -> None:
+    """Zone 0 down, zone 1 down, zone 2 up; the record has seen the same the day before."""
+    n = 24
+    zones = [[0] * n, [0] * n, [1] * n]
+    past = [[0] * 6, [0] * 6, [1] * 6]
+    scenario = Scenario(task_s=2 * H, deadline_s=4 * H, overhead_s=0, step_s=600,
+                        stockout_wait_s=1200.0)
+
+    def spot(view: PolicyView) -> Capacity:
+        return SPOT
+
+    fixed = run_online(zone_window(zones, past), scenario, spot)
+    # Two steps queued in zone 0, stockout; two in zone 1, stockout; then 2 h in zone 2.
+    assert fixed.finished_s == pytest.approx(4 * 600 + 2 * H)
+    history = run_online(zone_window(zones, past),
+                         dataclasses.replace(scenario, regions=RegionChoice.HISTORY), spot)
+    assert history.finished_s == pytest.approx(2 * H)
+    assert history.cost == pytest.approx(2.0)
+
+
+def test_history_ranks_by_capacity_share_then_preemptions() -> None:
+    records = [RegionRecord(observed_s=24 * H, available_s=6 * H, preemptions=1),
+               RegionRecord(observed_s=24 * H, available_s=20 * H, preemptions=9),
+               RegionRecord(observed_s=24 * H, available_s=20 * H, preemptions=2),
+               RegionRecord(observed_s=0.0, available_s=0.0)]
+    assert rank_regions(records) == [2, 1, 3, 0]  # unobserved: the prior's 0.5

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
+from typing import NamedTuple
 
 from spotorch.pipeline import Capacity, EscalationKind, RecoveryPolicy
 
@@ -56,9 +57,11 @@ class PolicyView:
     flex_wait_s: float | None = None
 
 
-@dataclass(frozen=True)
-class Slack:
+class Slack(NamedTuple):
     """The run's position against its deadline, derived once per decision."""
+
+    # A NamedTuple, not a frozen dataclass: as immutable, and built several times per
+    # simulated tick (the benchmark replays millions of ticks), at a fifth of the cost.
 
     remaining_s: float  # wall time left before the deadline
     work_left_s: float  # compute still to do
@@ -288,13 +291,42 @@ def probe_worth(view: PolicyView, terms: ProbeTerms,
     slack = slack_of(view)
     if slack is None or slack.work_left_s <= 0.0:
         return False
-    decide = policy or deadline_policy
-    seen = replace(view, spot_available=True, spot_assumed=False)
-    if decide(seen) is not Capacity.SPOT:
-        return False
     gain = terms.saving_per_s * (slack.work_left_s - 2.0 * slack.overhead_s)
     p_hit = 1.0 - math.exp(-terms.wait_s / max(mean_down_h(view) * 3600.0, 1.0))
-    return p_hit * (gain - terms.hit_cost) > (1.0 - p_hit) * terms.miss_cost
+    if p_hit * (gain - terms.hit_cost) <= (1.0 - p_hit) * terms.miss_cost:
+        return False
+    decide = policy or deadline_policy
+    # vars() and a constructor, not dataclasses.replace: this runs at every tick on standard.
+    seen = PolicyView(**{**vars(view), "spot_available": True, "spot_assumed": False})
+    return decide(seen) is Capacity.SPOT
+
+
+# ---------------------------------------------------------------------------------------------
+# Regions chosen by history
+
+
+@dataclass(frozen=True)
+class RegionRecord:
+    """What the shared record holds of one region's Spot capacity for one shape, within its TTL."""
+
+    observed_s: float  # time covered by observations (attempts, probes) of any run
+    available_s: float  # of which Spot had capacity
+    preemptions: int = 0  # capacity lost while observed (running attempts preempted)
+
+
+def rank_regions(records: Sequence[RegionRecord], prior_available: float = 0.5,
+                 prior_weight_s: float = 3600.0) -> list[int]:
+    """Region indices, best first, for the next Spot attempt (ties keep the configured order)."""
+    # Capacity share observed, shrunk to a prior so a region seen for minutes is not ranked on
+    # them; then the preemption rate (capacity that comes and goes costs a relaunch each time).
+    def key(index: int) -> tuple[float, float, int]:
+        r = records[index]
+        share = (r.available_s + prior_available * prior_weight_s) / \
+            (r.observed_s + prior_weight_s)
+        rate = r.preemptions / max(r.available_s, 1.0)
+        return (-round(share, 6), rate, index)
+
+    return sorted(range(len(records)), key=key)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 
@@ -108,6 +108,13 @@ class Probes:
             [f"probe wait_s must be > 0, got {self.wait_s}"] if self.wait_s <= 0 else [])
 
 
+class RegionChoice(StrEnum):
+    """Where a multi-zone window's Spot attempts go."""
+
+    FIXED = "fixed"  # the pipeline's order: stay in a region until a stockout, then the next
+    HISTORY = "history"  # ranked by the shared record of every region (policy.rank_regions)
+
+
 class FlexWait(StrEnum):
     """Distribution of a FLEX_START attempt's queue wait."""
 
@@ -156,6 +163,11 @@ class Scenario:
     spot_cooldown_s: float = 7200.0
     probes: Probes | None = None
     flex: Flex | None = None  # FLEX_START offered to the policies; None: not allowed
+    # Multi-zone windows only: how Spot regions are chosen, the record's TTL, and how long a
+    # Spot attempt waits for capacity before it counts as a stockout (RecoveryPolicy's).
+    regions: RegionChoice = RegionChoice.FIXED
+    region_ttl_s: float = 24 * 3600.0
+    stockout_wait_s: float = 900.0
 
     def __post_init__(self) -> None:
         problems = [] if self.probes is None else self.probes.problems()
@@ -195,9 +207,13 @@ class Window:
     trace: str
     family: str
     start_s: float
-    avail: BoolArray  # per step
+    avail: BoolArray  # per step (multi-zone: the first zone's)
     spot_price: FloatArray  # per node-hour, per step
     od_price: float  # per node-hour
+    # Multi-zone windows (zone_windows): availability per zone x step, and the steps before the
+    # window (at most the region record's TTL) that the shared record has already seen.
+    zones: BoolArray | None = None
+    zone_past: BoolArray | None = None
 
 
 def resample(trace: Trace, step_s: int, nodes: int) -> tuple[BoolArray, FloatArray]:
@@ -247,3 +263,24 @@ class Outcome:
     def met_deadline(self) -> bool:
         return self.finished_s is not None
 
+
+def zone_windows(traces: Sequence[Trace], scenario: Scenario, stride_s: float) -> list[Window]:
+    """Multi-zone windows: the same slice of several zones' traces (one family, one shape)."""
+    if len({t.gap_s for t in traces}) != 1:
+        raise TraceError("zone traces must share gap_seconds: " + ", ".join(t.name for t in traces))
+    step = int(scenario.step_s)
+    resampled = [resample(t, step, scenario.nodes) for t in traces]
+    length = min(len(a) for a, _ in resampled)
+    zones = np.stack([a[:length] for a, _ in resampled])
+    # Prices: the first zone's (the public multi-zone family has none: 1.0 everywhere).
+    first = windows_of(traces[0], scenario, stride_s)
+    past = int(scenario.region_ttl_s // step)
+    n = scenario.steps
+    out = []
+    for win in first:
+        s = int(win.start_s // step)
+        if s + n > length:
+            break
+        out.append(replace(win, trace=win.family, avail=zones[0, s:s + n],
+                           zones=zones[:, s:s + n], zone_past=zones[:, max(s - past, 0):s]))
+    return out

@@ -43,14 +43,16 @@ from spotorch.pipeline import Capacity, EscalationKind, RecoveryPolicy
 from spotorch.policy import (
     PolicyView,
     ProbeTerms,
+    RegionRecord,
     always_standard,
     choose_capacity,
     flex_max_wait_s,
     greedy,
     probe_worth,
+    rank_regions,
     uniform_progress,
 )
-from spotorch.sim.model import Flex, FlexWait, Outcome, Scenario, View, Window
+from spotorch.sim.model import Flex, FlexWait, Outcome, RegionChoice, Scenario, View, Window
 
 OnlinePolicy = Callable[[PolicyView], Capacity]
 
@@ -69,6 +71,35 @@ def flex_waits(flex: Flex, window: Window) -> np.random.Generator:
     return np.random.default_rng([flex.seed, key])
 
 
+class ZoneRecord:
+    """The shared record of a multi-zone window: every zone's last TTL of Spot behaviour."""
+
+    # Assumed to be as complete as a fleet of runs and probes observing every zone at every
+    # step would make it: the most a history can know (an upper bound for this choice).
+
+    def __init__(self, window: Window, scenario: Scenario) -> None:
+        assert window.zones is not None and window.zone_past is not None
+        full = np.concatenate([window.zone_past, window.zones], axis=1)
+        self.past = window.zone_past.shape[1]
+        self.ttl = int(scenario.region_ttl_s // scenario.step_s)
+        self.dt = float(scenario.step_s)
+        zero = np.zeros((full.shape[0], 1), dtype=np.int64)
+        self.up = np.concatenate([zero, np.cumsum(full, axis=1)], axis=1)
+        drops = np.concatenate([zero, (full[:, :-1] & ~full[:, 1:]).astype(np.int64)], axis=1)
+        self.drops = np.concatenate([zero, np.cumsum(drops, axis=1)], axis=1)
+
+    def ranked(self, step: int, avoid: int | None = None) -> list[int]:
+        """Zones best first at this step, from what the record saw before it."""
+        b = self.past + step
+        a = max(b - self.ttl, 0)
+        records = [RegionRecord(observed_s=(b - a) * self.dt,
+                                available_s=float(self.up[z, b] - self.up[z, a]) * self.dt,
+                                preemptions=int(self.drops[z, b] - self.drops[z, a]))
+                   for z in range(self.up.shape[0])]
+        order = rank_regions(records)
+        return [z for z in order if z != avoid] or order
+
+
 def run_online(window: Window, scenario: Scenario, policy: OnlinePolicy) -> Outcome:
     """Replay a window through a production policy function, deciding at every step."""
     dt, overhead = float(scenario.step_s), float(scenario.overhead_s)
@@ -76,6 +107,16 @@ def run_online(window: Window, scenario: Scenario, policy: OnlinePolicy) -> Outc
         scenario.checkpoint_s
     per_s = scenario.nodes / 3600.0
     avail = window.avail.tolist()
+    # Multi-zone: Spot attempts run in one zone at a time; zone_up[z] is zone z's availability.
+    zone_up = window.zones.tolist() if window.zones is not None else [avail]
+    record = ZoneRecord(window, scenario) \
+        if window.zones is not None and scenario.regions is RegionChoice.HISTORY else None
+    multizone = window.zones is not None
+    zone = 0
+    avoid: int | None = None  # the zone that just stocked out (history: not straight back)
+    prefer: int | None = None  # the zone a probe just found capacity in
+    probe_zone = 0
+    queued_steps = 0
     prices = window.spot_price.tolist()
     od = window.od_price
     n = len(avail)
@@ -102,9 +143,20 @@ def run_online(window: Window, scenario: Scenario, policy: OnlinePolicy) -> Outc
     probe_due: int | None = None  # step at which the probe in flight answers
     probe_hit = False
     flex_start = flex_end = 0  # live flex attempt: step it gets capacity, step it gives up
-    for i, up in enumerate(avail):
+    for i in range(n):
+        up = zone_up[zone][i]
         now = i * dt
         just_preempted = False
+        if multizone and current is SPOT and not running and \
+                queued_steps * dt >= scenario.stockout_wait_s:
+            # As domain.py: a Spot attempt queued past the stockout wait is cancelled, the run
+            # moves to the next region and decides again with Spot unavailable.
+            current, just_preempted, queued_steps, queued = None, True, 0, False
+            cool_until = spot_cooldown_until(now, cooldown)
+            avoid = zone
+            if record is None:
+                zone = (zone + 1) % len(zone_up)
+            up = zone_up[zone][i]
         if current is SPOT and running and not up:
             preemptions += 1
             current, running, just_preempted = None, False, True
@@ -125,6 +177,7 @@ def run_online(window: Window, scenario: Scenario, policy: OnlinePolicy) -> Outc
                 answer = probe_hit
                 if probe_hit:
                     cool_until = None  # capacity confirmed: the cooldown's guess is void
+                    prefer = probe_zone
                 else:
                     last_down = now
         elif probe_due is not None and current is not STANDARD:
@@ -164,7 +217,9 @@ def run_online(window: Window, scenario: Scenario, policy: OnlinePolicy) -> Outc
             if probe_worth(view, terms, policy):
                 probes_sent += 1
                 wait_steps = max(1, math.ceil(probes.wait_s / dt))
-                hit_at = next((j for j in range(i, min(i + wait_steps, n)) if avail[j]), None)
+                probe_zone = zone if record is None else record.ranked(i)[0]
+                probed = zone_up[probe_zone]
+                hit_at = next((j for j in range(i, min(i + wait_steps, n)) if probed[j]), None)
                 probe_hit = hit_at is not None
                 if hit_at is not None:
                     paid = probes.billed_s * prices[hit_at] * per_s
@@ -178,6 +233,12 @@ def run_online(window: Window, scenario: Scenario, policy: OnlinePolicy) -> Outc
                 changeovers += 1
             current, last, running = want, want, False
             safe = done  # a requested switch is a graceful cancel: checkpoint first
+            if want is SPOT and multizone:
+                if prefer is not None:
+                    zone = prefer
+                elif record is not None:
+                    zone = record.ranked(i, avoid)[0]
+                up, avoid, prefer, queued_steps = zone_up[zone][i], None, None, 0
             if want is FLEX:
                 assert flex is not None and view is not None and rng is not None
                 cap = flex_max_wait_s(view, flex.max_wait_s)
@@ -187,10 +248,12 @@ def run_online(window: Window, scenario: Scenario, policy: OnlinePolicy) -> Outc
         if current is SPOT:
             if up:
                 spot_run_s += dt
+                queued_steps = 0
             else:
                 spot_wait_s += dt
                 queued = True
                 last_down = now
+                queued_steps += 1
         active = current is STANDARD or (current is SPOT and up) or \
             (current is FLEX and i >= flex_start)
         if active:

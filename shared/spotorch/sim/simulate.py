@@ -32,6 +32,7 @@ from spotorch.sim.model import (
     FlexWait,
     Outcome,
     Probes,
+    RegionChoice,
     Scenario,
     ScenarioError,
     SimulateError,
@@ -43,17 +44,19 @@ from spotorch.sim.model import (
     load_trace,
     resample,
     windows_of,
+    zone_windows,
 )
 from spotorch.sim.optimal import brute_force, optimal
 from spotorch.sim.replay import OnlinePolicy, online_policies, run_online, run_standard
 
 __all__ = [
     "POLICIES", "TRACES_ENV", "Flex", "FlexWait", "OnlinePolicy", "Outcome", "PolicySummary",
-    "Probes", "RunRecord", "Scenario", "ScenarioError", "SimulateError", "Trace", "TraceError",
+    "Probes", "RegionChoice", "RunRecord", "Scenario", "ScenarioError", "SimulateError",
+    "Trace", "TraceError",
     "View", "Window", "brute_force", "default_trace_paths", "evaluate", "evaluate_files",
     "evaluate_trace", "find_trace_files", "format_table", "load_trace", "main",
     "online_policies", "optimal", "resample", "run_online", "run_standard", "summarize",
-    "windows_of",
+    "windows_of", "zone_windows",
 ]
 
 TRACES_ENV = "SPOTORCH_TRACES"

@@ -28,7 +28,7 @@ from cloudevents.http import CloudEvent  # noqa: E402
 
 from spotorch import entry  # noqa: E402
 from spotorch.local.emulators import running  # noqa: E402
-from spotorch.memory import InMemoryCheckpoints, InMemoryLauncher  # noqa: E402
+from spotorch.memory import InMemoryCheckpoints, InMemoryLauncher, InMemoryObjectStore  # noqa: E402
 from spotorch.pipeline import (  # noqa: E402
     EscalationKind,
     OnActiveRun,
@@ -71,7 +71,8 @@ def build(project: str) -> tuple[Deps, FirestoreDocumentStore, InMemoryLauncher]
                         recovery=RecoveryPolicy(escalation=EscalationKind.NEVER))
     deps = Deps(runs=DocumentRunStore(docs), docs=docs, launcher=launcher,
                 checkpoints=InMemoryCheckpoints(), publisher=PubSubPublisher(topic),
-                clock=SystemClock(), pipelines={"bench": pipeline})
+                clock=SystemClock(), pipelines={"bench": pipeline},
+                objects=InMemoryObjectStore())
     return deps, docs, launcher
 
 
@@ -110,7 +111,7 @@ def job_event(run_id: str, job: str, state: Any, n: int) -> CloudEvent:
 
     now = time.time()
     entry_ = build_log_entry(job_name=job, state=state, previous_state=None, display_name=run_id,
-                             labels={"spotorch-run": run_id, "spotorch-attempt": "1"},
+                             labels={"spotorch_run": run_id, "spotorch_attempt": "1"},
                              error_code=0, error_message="", create_time=now - 60,
                              start_time=now - 30, end_time=now, update_time=now,
                              insert_id=f"{run_id}-{n}")

@@ -9,19 +9,31 @@ locals {
   # Functions fed by our push subscriptions (pubsub.tf). Deployed as HTTP functions: main.py
   # declares them @functions_framework.cloud_event, and functions-framework turns the push body
   # into the same CloudEvent Eventarc would deliver.
+  #
+  # max_instances: where messages arrive in bursts (every job of a zone preempted at once, each
+  # trainer reporting; a snapshot of many shards landing), a low cap turns the burst into 429s.
+  # Pub/Sub counts each 429 as a failed delivery, so a burst alone could push messages to the
+  # dead-letter topic after max_delivery_attempts. Those functions get var.burst_max_instances.
+  # More instances do not add write conflicts: each event writes its own run's document.
   pushed_functions = {
     "spotorch-on-job-event" = {
-      entry_point = "on_job_event", topic = "job_events", secrets = false, ordered = false
+      entry_point   = "on_job_event", topic = "job_events", secrets = false, ordered = false,
+      max_instances = var.burst_max_instances
     }
     "spotorch-on-trainer-event" = {
-      entry_point = "on_job_event", topic = "trainer_events", secrets = false, ordered = false
+      entry_point   = "on_job_event", topic = "trainer_events", secrets = false, ordered = false,
+      max_instances = var.burst_max_instances
     }
+    # One message per tick_schedule (every 5 minutes by default).
     "spotorch-on-tick" = {
-      entry_point = "on_tick", topic = "tick", secrets = false, ordered = false
+      entry_point   = "on_tick", topic = "tick", secrets = false, ordered = false,
+      max_instances = var.max_instances
     }
-    # spotorch's events are published with the run as ordering key: alerts arrive in run order.
+    # spotorch's events are published with the run as ordering key: alerts arrive in run order,
+    # one message of a run at a time, so more instances would not drain a run's backlog faster.
     "spotorch-on-run-event" = {
-      entry_point = "on_run_event", topic = "events", secrets = true, ordered = true
+      entry_point   = "on_run_event", topic = "events", secrets = true, ordered = true,
+      max_instances = var.max_instances
     }
   }
 
@@ -103,7 +115,7 @@ resource "google_cloudfunctions2_function" "pushed" {
     runtime           = var.python_runtime
     entry_point       = each.value.entry_point
     docker_repository = google_artifact_registry_repository.functions.id
-    service_account   = var.build_service_account
+    service_account   = google_service_account.build.id # projects/P/serviceAccounts/EMAIL
 
     source {
       storage_source {
@@ -117,7 +129,7 @@ resource "google_cloudfunctions2_function" "pushed" {
     available_memory               = var.function_memory
     timeout_seconds                = local.event_timeout_s
     min_instance_count             = 0
-    max_instance_count             = var.max_instances
+    max_instance_count             = each.value.max_instances
     ingress_settings               = "ALLOW_INTERNAL_ONLY" # Pub/Sub push counts as internal
     all_traffic_on_latest_revision = true
     service_account_email          = google_service_account.functions.email
@@ -135,6 +147,7 @@ resource "google_cloudfunctions2_function" "pushed" {
   }
 
   depends_on = [
+    google_project_iam_member.build_builder,
     google_project_iam_member.functions_firestore,
     google_secret_manager_secret_iam_member.functions_read_alerts,
     google_secret_manager_secret_version.alert,
@@ -161,7 +174,7 @@ resource "google_cloudfunctions2_function" "objects" {
     runtime           = var.python_runtime
     entry_point       = "on_object_finalized"
     docker_repository = google_artifact_registry_repository.functions.id
-    service_account   = var.build_service_account
+    service_account   = google_service_account.build.id # projects/P/serviceAccounts/EMAIL
 
     source {
       storage_source {
@@ -175,7 +188,7 @@ resource "google_cloudfunctions2_function" "objects" {
     available_memory               = var.function_memory
     timeout_seconds                = local.event_timeout_s
     min_instance_count             = 0
-    max_instance_count             = var.max_instances
+    max_instance_count             = var.burst_max_instances # many objects land at once
     ingress_settings               = "ALLOW_INTERNAL_ONLY"
     all_traffic_on_latest_revision = true
     service_account_email          = google_service_account.functions.email
@@ -194,10 +207,12 @@ resource "google_cloudfunctions2_function" "objects" {
     }
   }
 
+  # The trigger is created with the function: the Eventarc agent must be ready first (iam.tf).
   depends_on = [
+    google_project_iam_member.build_builder,
     google_project_iam_member.functions_event_receiver,
     google_project_iam_member.functions_firestore,
-    google_project_iam_member.gcs_agent_publisher,
+    time_sleep.eventarc_agent_ready,
   ]
 }
 
@@ -221,7 +236,7 @@ resource "google_cloudfunctions2_function" "api" {
     runtime           = var.python_runtime
     entry_point       = "api"
     docker_repository = google_artifact_registry_repository.functions.id
-    service_account   = var.build_service_account
+    service_account   = google_service_account.build.id # projects/P/serviceAccounts/EMAIL
 
     source {
       storage_source {
@@ -242,7 +257,7 @@ resource "google_cloudfunctions2_function" "api" {
     environment_variables          = local.function_env
   }
 
-  depends_on = [google_project_iam_member.functions_firestore]
+  depends_on = [google_project_iam_member.build_builder, google_project_iam_member.functions_firestore]
 }
 
 resource "google_cloud_run_v2_service_iam_member" "api_invoker" {

@@ -13,11 +13,32 @@ resource "google_service_account" "training" {
   depends_on   = [google_project_service.api]
 }
 
+# Cloud Build runs the functions' builds as this account, not as the project's default build
+# account: projects created since mid-2024 (or under the "disable default grants" organisation
+# policy) leave the default without the rights a build needs.
+resource "google_service_account" "build" {
+  account_id   = "spotorch-build"
+  display_name = "spotorch function builds (Cloud Build runs as this)"
+  depends_on   = [google_project_service.api]
+}
+
 # Service agents spotorch's resources rely on.
 resource "google_project_service_identity" "pubsub" {
-  provider = google-beta
-  project  = var.project_id
-  service  = "pubsub.googleapis.com"
+  provider   = google-beta
+  project    = var.project_id
+  service    = "pubsub.googleapis.com"
+  depends_on = [google_project_service.api]
+}
+
+# Enabling eventarc.googleapis.com does not create its service agent at once, and a Cloud Storage
+# trigger created before the agent exists with its role fails with "Permission denied while using
+# the Eventarc Service Agent" (hashicorp/terraform-provider-google#25294). So: create the agent,
+# give it its role explicitly, and let the grant propagate before any trigger (eventarc_agent_ready).
+resource "google_project_service_identity" "eventarc" {
+  provider   = google-beta
+  project    = var.project_id
+  service    = "eventarc.googleapis.com"
+  depends_on = [google_project_service.api]
 }
 
 data "google_storage_project_service_account" "gcs" {
@@ -47,6 +68,7 @@ resource "google_project_iam_custom_role" "vertex_jobs" {
   title       = "spotorch Vertex AI custom jobs"
   description = "Create, get, list and cancel Vertex AI custom jobs; nothing else."
   permissions = local.vertex_job_permissions
+  depends_on  = [google_project_service.api]
 }
 
 # --- functions: project level (no resource-level IAM exists for these) -------------------------
@@ -157,4 +179,36 @@ resource "google_service_account_iam_member" "pubsub_agent_token_creator" {
   service_account_id = google_service_account.functions.name
   role               = "roles/iam.serviceAccountTokenCreator"
   member             = local.pubsub_agent
+}
+
+# The Eventarc service agent's own role. Google grants it when the API is enabled, but only once
+# the agent exists; granting it here makes the order explicit.
+resource "google_project_iam_member" "eventarc_agent" {
+  project = var.project_id
+  role    = "roles/eventarc.serviceAgent"
+  member  = "serviceAccount:${google_project_service_identity.eventarc.email}"
+}
+
+# IAM changes take a while to reach Eventarc; the object-finalized functions (their triggers) wait
+# for this. The workaround in #25294 waits a minute after creating the agents and another after
+# granting them; this waits 90 s after the grant. Only the first apply waits (time_sleep runs on
+# create); a failure after it is fixed by applying again (docs/deploy.md).
+resource "time_sleep" "eventarc_agent_ready" {
+  create_duration = "90s"
+
+  depends_on = [
+    google_project_iam_member.eventarc_agent,
+    google_project_iam_member.gcs_agent_publisher,
+  ]
+}
+
+# --- builds ----------------------------------------------------------------------------------------
+
+# The role Google's Cloud Run functions docs name for a custom build account: it covers reading
+# the source zip, pushing the image to Artifact Registry and writing build logs. It is broader than
+# that (project-wide); it is granted on the project because Cloud Build has no narrower home for it.
+resource "google_project_iam_member" "build_builder" {
+  project = var.project_id
+  role    = "roles/cloudbuild.builds.builder"
+  member  = "serviceAccount:${google_service_account.build.email}"
 }

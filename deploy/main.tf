@@ -2,10 +2,6 @@
 # environment every function reads (settings.FUNCTION_ENV), the APIs the project must have.
 # tests/test_deploy.py reads these locals and compares them with the Python sources.
 
-data "google_project" "this" {
-  project_id = var.project_id
-}
-
 locals {
   # settings.TOPIC_*; spotorch-gcs-notifications is local-stack only (production uses Eventarc).
   topics = {
@@ -37,11 +33,16 @@ locals {
   model_buckets      = toset(concat(var.model_buckets, var.pipeline_model_buckets))
   training_buckets   = setunion(local.checkpoint_buckets, local.model_buckets)
 
+  # Every resource below depends on all of these (directly or through another resource), so a
+  # fresh project enables them before anything uses them. serviceusage (enabling APIs) and
+  # cloudresourcemanager (project IAM) are what Terraform itself calls first: docs/deploy.md
+  # enables them with gcloud before the first apply; they are listed so the state records them.
   apis = toset([
     "aiplatform.googleapis.com",
     "artifactregistry.googleapis.com",
     "cloudbuild.googleapis.com",
     "cloudfunctions.googleapis.com",
+    "cloudresourcemanager.googleapis.com",
     "cloudscheduler.googleapis.com",
     "eventarc.googleapis.com",
     "firestore.googleapis.com",
@@ -50,6 +51,7 @@ locals {
     "pubsub.googleapis.com",
     "run.googleapis.com",
     "secretmanager.googleapis.com",
+    "serviceusage.googleapis.com",
     "storage.googleapis.com",
   ])
 }

@@ -1,12 +1,13 @@
-"""Builds the Cloud Functions source bundle, offline: main.py, spotorch, spotorch_trainer, schemas,
-requirements.txt and the pipelines; and a tfvars file of what those pipelines need (buckets,
-service accounts, alert targets)."""
+"""Builds the Cloud Functions source bundle, offline: main.py, the spotorch and spotorch_trainer
+modules it imports (production code only), schemas, requirements.txt and the pipelines; and a
+tfvars file of what those pipelines need (buckets, service accounts, alert targets)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import json
+import modulefinder
 import re
 import sys
 import tomllib
@@ -29,6 +30,10 @@ BUNDLE_PIPELINES = "pipelines"  # the functions' SPOTORCH_PIPELINES; relative to
 # Repository path -> where it goes in the bundle.
 PACKAGES = (("shared/spotorch", "spotorch"), ("trainer/spotorch_trainer", "spotorch_trainer"))
 FUNCTIONS_DIR = "functions"
+# Not production code: the local stack, emulators and demo, and the simulator (which imports
+# numpy, not a runtime dependency). The bundle never holds them, and production code that imports
+# them stops the build: the deployed functions would fail to import.
+NON_PRODUCTION = ("spotorch.local", "spotorch.sim")
 SCHEMAS_DIR = "schemas"  # spotorch looks for schemas/events next to the spotorch package
 
 
@@ -100,16 +105,74 @@ def pipeline_files(pipelines: Path) -> tuple[Path, ...]:
     return files
 
 
+class _ImportRecorder(modulefinder.ModuleFinder):
+    """A ModuleFinder that remembers who imported what, to name the culprit of a bad import."""
+
+    def __init__(self, path: list[str]) -> None:
+        super().__init__(path=path)
+        self.importers: dict[str, set[str]] = {}
+
+    def import_hook(self, name: str, caller: Any = None, fromlist: Any = None,
+                    level: int = -1) -> Any:
+        if caller is not None:
+            self.importers.setdefault(name, set()).add(caller.__name__)
+        return super().import_hook(name, caller, fromlist, level)
+
+
+def _is_non_production(module: str) -> bool:
+    return any(module == bad or module.startswith(bad + ".") for bad in NON_PRODUCTION)
+
+
+def production_modules(root: Path) -> dict[str, Path]:
+    """The spotorch and spotorch_trainer modules functions/main.py imports, directly or through
+    others, imports inside functions included; module name -> source file.
+
+    The search path holds only the repository's own code, so third-party and standard-library
+    imports are noted as missing and not followed: what they need comes from requirements.txt."""
+    main = root / FUNCTIONS_DIR / "main.py"
+    homes = [root / src.rsplit("/", 1)[0] for src, _ in PACKAGES]
+    finder = _ImportRecorder(path=[str(root / FUNCTIONS_DIR), *map(str, homes)])
+    try:
+        finder.run_script(str(main))
+    except SyntaxError as exc:
+        raise PackageError(f"cannot read the imports of {exc.filename}: {exc}") from exc
+    found = {name: Path(module.__file__) for name, module in finder.modules.items()
+             if module.__file__ and name != "__main__"}
+    bad = sorted(name for name in found if _is_non_production(name))
+    if bad:
+        culprits = sorted({c for name in bad for c in finder.importers.get(name, ())
+                           if not _is_non_production(c)})
+        raise PackageError(f"production code imports non-production modules {', '.join(bad)} "
+                           f"(from {', '.join(culprits) or '?'}): the functions could not import "
+                           f"them once deployed")
+    return found
+
+
+def _module_files(root: Path, modules: Mapping[str, Path]) -> Iterator[tuple[str, Path]]:
+    """(archive name, path) for each module's source, plus the data files (py.typed, ...) of each
+    package it holds; caches and the files of packages not imported stay out."""
+    for src, dest in PACKAGES:
+        base = root / src
+        if not (base / "__init__.py").is_file():
+            raise PackageError(f"package {base} is missing")
+        for name, path in sorted(modules.items()):
+            if name != dest and not name.startswith(dest + "."):
+                continue
+            yield f"{dest}/{path.resolve().relative_to(base.resolve()).as_posix()}", path
+            if path.name == "__init__.py":
+                for data in sorted(path.parent.iterdir()):
+                    if data.is_file() and data.suffix not in {".py", *SKIP_SUFFIXES}:
+                        yield (f"{dest}/{data.resolve().relative_to(base.resolve()).as_posix()}",
+                               data)
+
+
 def bundle_sources(root: Path, pipelines: Path) -> dict[str, Path]:
     """Every file of the bundle: archive name -> path in the repository or the pipelines dir."""
     functions = root / FUNCTIONS_DIR
     if not (functions / "main.py").is_file():
         raise PackageError(f"{functions / 'main.py'} is missing")
     files = {p.name: p for p in sorted(functions.glob("*.py"))}
-    for src, dest in PACKAGES:
-        if not (root / src / "__init__.py").is_file():
-            raise PackageError(f"package {root / src} is missing")
-        files.update(_tree(root / src, dest))
+    files.update(_module_files(root, production_modules(root)))
     if (root / SCHEMAS_DIR).is_dir():
         files.update(_tree(root / SCHEMAS_DIR, SCHEMAS_DIR))
     for path in pipeline_files(pipelines):

@@ -145,9 +145,15 @@ variable "function_memory" {
 }
 
 variable "max_instances" {
-  description = "Upper bound on instances per function: bounds cost and Firestore contention."
+  description = "Upper bound on instances of the steady functions (tick, notifier): bounds cost."
   type        = number
   default     = 10
+}
+
+variable "burst_max_instances" {
+  description = "Upper bound on instances of the functions that get bursts (object finalized, job and trainer events): above it Pub/Sub and Eventarc get 429s, which use up delivery attempts."
+  type        = number
+  default     = 100
 }
 
 variable "max_delivery_attempts" {
@@ -174,19 +180,13 @@ variable "scheduler_region" {
 }
 
 variable "job_log_filter" {
-  description = "Log sink filter for Vertex AI job state lines. The default keeps the service's own lines (not the container's stdout); unverified against live logs, the tick's polling covers anything it misses."
+  description = "Log sink filter for Vertex AI job state lines. The default keeps Vertex's own service lines (task_name \"service\"), not the containers' output (task_name \"workerpool0-0\", ...); the tick's polling covers anything it misses."
   type        = string
-  default     = "resource.type=\"ml_job\" AND logName:\"ml.googleapis.com\""
+  default     = "resource.type=\"ml_job\" AND resource.labels.task_name=\"service\""
 }
 
 variable "use_custom_vertex_role" {
   description = "Grant the functions a custom role with only the four customJobs permissions instead of roles/aiplatform.user."
   type        = bool
   default     = true
-}
-
-variable "build_service_account" {
-  description = "Service account Cloud Build uses to build the functions (full resource name); null uses the project default."
-  type        = string
-  default     = null
 }

@@ -15,7 +15,10 @@ for extra in (ROOT / "shared", ROOT / "trainer", ROOT / "functions", ROOT):
         sys.path.insert(0, str(extra))
 
 from spotorch.local.emulators import EmulatorSet, reset_firestore, running  # noqa: E402
+from spotorch.logs import setup_logging  # noqa: E402
 from spotorch.settings import TOPIC_GCS_NOTIFICATIONS  # noqa: E402
+
+setup_logging()  # as every function process does: spotorch's records as JSON lines on stdout
 
 PROJECT = "spotorch-test"
 

@@ -6,6 +6,7 @@ from spotorch.memory import (
     InMemoryCheckpoints,
     InMemoryDocumentStore,
     InMemoryLauncher,
+    InMemoryObjectStore,
     InMemoryPublisher,
     ManualClock,
 )
@@ -20,4 +21,5 @@ def fake_deps(*pipelines: Pipeline, events_topic: str = "") -> Deps:
     return Deps(runs=DocumentRunStore(docs), docs=docs, launcher=InMemoryLauncher(),
                 checkpoints=InMemoryCheckpoints(), publisher=InMemoryPublisher(),
                 clock=ManualClock(), pipelines={p.name: p for p in pipelines},
+                objects=InMemoryObjectStore(),
                 events_topic=events_topic)

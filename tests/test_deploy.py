@@ -63,6 +63,8 @@ PROJECT_ROLES = {
     "roles/logging.logWriter": "log entries are written to the project",
     "roles/pubsub.publisher": "the GCS service agent publishes to Eventarc's own topic",
     "${local.vertex_role}": "Vertex AI custom jobs are project resources",
+    "roles/cloudbuild.builds.builder": "a function build runs in the project, no narrower home",
+    "roles/eventarc.serviceAgent": "the Eventarc service agent's own role, granted before triggers",
 }
 # Roles on service accounts: acting as the training identity (or a pipeline's own job identity),
 # and Pub/Sub minting push tokens for the functions identity.
@@ -75,6 +77,38 @@ SERVICE_ACCOUNT_GRANTS = (
 BROAD_ROLE = re.compile(r"^roles/(owner|editor|viewer|browser)$|\.admin$|Admin$|^roles/iam\.|"
                         r"^roles/resourcemanager\.")
 PUBLIC_MEMBERS = frozenset({"allUsers", "allAuthenticatedUsers"})
+# Vertex's own job-state lines, not the containers' output (FACTS: gcloud's stream-logs code).
+JOB_LOG_FILTER = 'resource.type="ml_job" AND resource.labels.task_name="service"'
+# Eventarc's service agent needs time after it is granted its role (provider issue #25294).
+EVENTARC_AGENT_WAIT_S = 60
+# Functions fed by bursts (a zone preempting every job, a snapshot's shards landing together):
+# Cloud Run's default cap is 100; far below it a burst turns into 429s that use up deliveries.
+BURST_TOPICS = frozenset({settings.TOPIC_JOB_EVENTS, settings.TOPIC_TRAINER_EVENTS})
+MIN_BURST_INSTANCES = 50
+# Resource type (prefix) -> the APIs it needs; every type deploy/ uses must be listed.
+RESOURCE_APIS: dict[str, frozenset[str]] = {
+    "google_project_service": frozenset({"serviceusage.googleapis.com"}),
+    "google_project_service_identity": frozenset({"serviceusage.googleapis.com"}),
+    "google_project_iam_member": frozenset({"cloudresourcemanager.googleapis.com"}),
+    "google_project_iam_custom_role": frozenset({"iam.googleapis.com"}),
+    "google_service_account": frozenset({"iam.googleapis.com"}),
+    "google_cloudfunctions2_function": frozenset({
+        "cloudfunctions.googleapis.com", "cloudbuild.googleapis.com", "run.googleapis.com",
+        "artifactregistry.googleapis.com"}),
+    "google_cloud_run_v2_service_iam_member": frozenset({"run.googleapis.com"}),
+    "google_artifact_registry_repository": frozenset({"artifactregistry.googleapis.com"}),
+    "google_storage": frozenset({"storage.googleapis.com"}),
+    "google_pubsub": frozenset({"pubsub.googleapis.com"}),
+    "google_logging_project_sink": frozenset({"logging.googleapis.com"}),
+    "google_cloud_scheduler_job": frozenset({"cloudscheduler.googleapis.com"}),
+    "google_firestore": frozenset({"firestore.googleapis.com"}),
+    "google_secret_manager": frozenset({"secretmanager.googleapis.com"}),
+    "time_sleep": frozenset(),
+}
+# What the functions call at run time, beyond the resources deploy/ creates.
+RUNTIME_APIS = frozenset({"aiplatform.googleapis.com"})
+EVENT_TRIGGER_APIS = frozenset({"eventarc.googleapis.com"})
+APIS_RESOURCE = "google_project_service.api"
 
 
 # --- reading Terraform ---------------------------------------------------------------------------
@@ -158,6 +192,18 @@ class Instance:
         match = re.fullmatch(r"\$\{local\.(\w+)\}", raw)
         if match:
             return tf.locals.get(match.group(1), raw)
+        match = re.fullmatch(r"\$\{var\.(\w+)\}", raw)
+        if match:
+            return tf.variables.get(match.group(1), {}).get("default", raw)
+        return raw
+
+    def resolved(self, raw: Any, tf: Tf, depth: int = 3) -> Any:
+        """value(), repeated: each.value.x may name a variable, whose default is the value."""
+        for _ in range(depth):
+            new = self.value(raw, tf)
+            if new == raw:
+                break
+            raw = new
         return raw
 
 
@@ -330,6 +376,9 @@ def check_topics(tf: Tf, code_topics: set[str]) -> list[str]:
     log_filter = tf.variables.get("job_log_filter", {}).get("default", "")
     if 'resource.type="ml_job"' not in log_filter:
         problems.append('the log sink filter does not select resource.type="ml_job"')
+    if log_filter != JOB_LOG_FILTER:
+        problems.append(f"the log sink filter {log_filter!r} does not select Vertex's service "
+                        f"lines: {JOB_LOG_FILTER}")
     tick = tf.resource("google_cloud_scheduler_job").get("tick", {})
     tick_topic = block(tick, "pubsub_target").get("topic_name")
     if topic_ref(tf, settings.TOPIC_TICK) not in str(tick_topic):
@@ -556,6 +605,185 @@ def check_references(tf: Tf) -> list[str]:
     return problems
 
 
+# --- a fresh project: APIs first, service agents ready, a build identity that can build ---------
+
+_REF = re.compile(r"\b(?:data\.)?[a-z][a-z0-9_]*\.[A-Za-z_]\w*")
+
+
+def addresses(tf: Tf) -> set[str]:
+    return ({f"{t}.{n}" for t, named in tf.resources.items() for n in named}
+            | {f"data.{t}.{n}" for t, named in tf.data.items() for n in named})
+
+
+def _refs(tf: Tf, expr: Any, known: set[str], seen: set[str]) -> set[str]:
+    """Resources and data sources an expression uses, directly or through locals."""
+    text = str(expr)
+    found = {m.group(0) for m in _REF.finditer(text) if m.group(0) in known}
+    for name in set(re.findall(r"\blocal\.(\w+)", text)) - seen:
+        seen.add(name)
+        found |= _refs(tf, tf.locals.get(name), known, seen)
+    return found
+
+
+def dependency_graph(tf: Tf) -> dict[str, set[str]]:
+    """address -> what it references or names in depends_on (what Terraform orders it after)."""
+    known = addresses(tf)
+    bodies = {**{f"{t}.{n}": b for t, named in tf.resources.items() for n, b in named.items()},
+              **{f"data.{t}.{n}": b for t, named in tf.data.items() for n, b in named.items()}}
+    return {address: _refs(tf, body, known, set()) - {address}
+            for address, body in bodies.items()}
+
+
+def depends_on(graph: Mapping[str, set[str]], address: str, target: str) -> bool:
+    todo, seen = [address], set()
+    while todo:
+        current = todo.pop()
+        if current == target:
+            return current != address
+        if current not in seen:
+            seen.add(current)
+            todo.extend(graph.get(current, ()))
+    return False
+
+
+def enabled_apis(tf: Tf) -> set[str]:
+    """local.apis, a toset([...]) of service names."""
+    return set(re.findall(r'"([a-z0-9-]+\.googleapis\.com)"', str(tf.locals.get("apis"))))
+
+
+def _apis_for(rtype: str) -> frozenset[str] | None:
+    prefixes = sorted((p for p in RESOURCE_APIS if rtype == p or rtype.startswith(p + "_")),
+                      key=len, reverse=True)
+    return RESOURCE_APIS[prefixes[0]] if prefixes else None
+
+
+def check_apis(tf: Tf) -> list[str]:
+    """Every API a resource needs is enabled, and every resource waits for the APIs."""
+    problems = []
+    enabled = enabled_apis(tf)
+    if tf.resource("google_project_service").get("api", {}).get("for_each") != "${local.apis}":
+        problems.append(f"{APIS_RESOURCE} does not enable local.apis")
+    needed: dict[str, set[str]] = {api: {"the functions at run time"} for api in RUNTIME_APIS}
+    for rtype, named in tf.resources.items():
+        apis = _apis_for(rtype)
+        if apis is None:
+            problems.append(f"{rtype}: which APIs it needs is not in RESOURCE_APIS")
+            continue
+        for api in apis:
+            needed.setdefault(api, set()).add(rtype)
+        if rtype == "google_cloudfunctions2_function" and any(
+                block(body, "event_trigger") for body in named.values()):
+            for api in EVENT_TRIGGER_APIS:
+                needed.setdefault(api, set()).add("event triggers")
+    problems += [f"{api} ({', '.join(sorted(users))}) is not enabled in local.apis"
+                 for api, users in sorted(needed.items()) if api not in enabled]
+    graph = dependency_graph(tf)
+    if APIS_RESOURCE not in graph:
+        return [*problems, f"{APIS_RESOURCE} is not declared"]
+    problems += [f"{address} does not depend on {APIS_RESOURCE}: on a fresh project it may be "
+                 f"created before the API it needs" for address in sorted(graph)
+                 if address != APIS_RESOURCE and not depends_on(graph, address, APIS_RESOURCE)]
+    return problems
+
+
+def _duration_s(text: Any) -> float:
+    units = {"s": 1, "m": 60, "h": 3600}
+    parts = re.findall(r"(\d+(?:\.\d+)?)([smh])", str(text))
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def check_first_apply(tf: Tf) -> list[str]:
+    """The Eventarc service agent exists, holds its role and has had time before any trigger."""
+    problems = []
+    identities = {name: body for name, body in tf.resource("google_project_service_identity").items()
+                  if body.get("service") == "eventarc.googleapis.com"}
+    if not identities:
+        return ["no google_project_service_identity creates the Eventarc service agent"]
+    (agent, body), = identities.items()
+    address = f"google_project_service_identity.{agent}"
+    if body.get("provider") not in ("${google-beta}", "google-beta"):
+        problems.append(f"{address} needs the google-beta provider")
+    grants = [f"google_project_iam_member.{n}"
+              for n, g in tf.resource("google_project_iam_member").items()
+              if g.get("role") == "roles/eventarc.serviceAgent" and address in str(g.get("member"))]
+    if not grants:
+        problems.append("the Eventarc service agent is not granted roles/eventarc.serviceAgent")
+    graph = dependency_graph(tf)
+    waits = [f"time_sleep.{n}" for n, s in tf.resource("time_sleep").items()
+             if _duration_s(s.get("create_duration")) >= EVENTARC_AGENT_WAIT_S
+             and all(depends_on(graph, f"time_sleep.{n}", g) for g in grants or [address])]
+    for name, sleep in tf.resource("time_sleep").items():
+        if f"time_sleep.{name}" not in waits and depends_on(graph, f"time_sleep.{name}", address):
+            problems.append(f"time_sleep.{name} waits {sleep.get('create_duration')}, less than "
+                            f"{EVENTARC_AGENT_WAIT_S}s after the agent's role")
+    if not waits:
+        problems.append("nothing waits for the Eventarc service agent's role to propagate")
+    for name, fn in tf.resource("google_cloudfunctions2_function").items():
+        if block(fn, "event_trigger") and not any(
+                depends_on(graph, f"google_cloudfunctions2_function.{name}", w) for w in waits):
+            problems.append(f"google_cloudfunctions2_function.{name} (an Eventarc trigger) does "
+                            f"not wait for the Eventarc service agent")
+    return problems
+
+
+def check_build_identity(tf: Tf) -> list[str]:
+    """Every function builds as a service account of ours that holds the builder role."""
+    problems = []
+    graph = dependency_graph(tf)
+    builders = {name for name, g in tf.resource("google_project_iam_member").items()
+                if g.get("role") == "roles/cloudbuild.builds.builder"}
+    for name, fn in tf.resource("google_cloudfunctions2_function").items():
+        where = f"google_cloudfunctions2_function.{name}"
+        account = str(block(fn, "build_config").get("service_account"))
+        match = re.fullmatch(r"\$\{google_service_account\.(\w+)\.(id|name)\}", account)
+        if not match:
+            problems.append(f"{where} builds as {account}, not as a service account of ours "
+                            f"(projects/P/serviceAccounts/EMAIL)")
+            continue
+        account_ref = f"google_service_account.{match.group(1)}"
+        grants = [f"google_project_iam_member.{g}" for g in sorted(builders)
+                  if f"{account_ref}.email" in str(tf.resource("google_project_iam_member")[g])]
+        if not grants:
+            problems.append(f"{where}: its build account {account_ref} lacks "
+                            f"roles/cloudbuild.builds.builder")
+        elif not any(depends_on(graph, where, g) for g in grants):
+            problems.append(f"{where} does not wait for its build account's role")
+    return problems
+
+
+def check_scaling(tf: Tf) -> list[str]:
+    """Every function has a cap; the ones fed by bursts have room for them."""
+    problems = []
+    for fn in functions(tf):
+        where = f"function {fn.name}[{fn.key}] ({entry_point(fn, tf)})"
+        cap = fn.resolved(block(fn.body, "service_config").get("max_instance_count"), tf)
+        if not isinstance(cap, int):
+            problems.append(f"{where}: max_instance_count {cap!r} is not a number")
+            continue
+        topic = tf.locals.get("topics", {}).get(fn.each.get("topic")) \
+            if isinstance(fn.each, dict) else None
+        bursty = bool(block(fn.body, "event_trigger")) or topic in BURST_TOPICS
+        if bursty and cap < MIN_BURST_INSTANCES:
+            problems.append(f"{where}: max_instance_count {cap} is below {MIN_BURST_INSTANCES}; "
+                            f"bursts become 429s")
+    return problems
+
+
+def check_labels(tf: Tf) -> list[str]:
+    """Label keys as Vertex filters show them: lowercase, digits and underscores."""
+    problems = []
+    for rtype, named in tf.resources.items():
+        for name, body in named.items():
+            labels = body.get("labels")
+            if isinstance(labels, dict):
+                problems += [f"{rtype}.{name}: label key {key} is not lowercase_with_underscores"
+                             for key in labels if not re.fullmatch(r"[a-z][a-z0-9_]{0,62}", key)]
+    problems += [f"{key} in deploy/ is the old label key; jobs carry {key.replace('-', '_')}"
+                 for key in sorted(set(re.findall(r"spotorch-(?:run|attempt|pipeline)\b",
+                                                  tf.text)))]
+    return problems
+
+
 # --- the real deploy/ passes every check ---------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -614,6 +842,41 @@ def test_references_declared(tf: Tf) -> None:
     assert check_references(tf) == []
 
 
+def test_apis_enabled_before_use(tf: Tf) -> None:
+    assert check_apis(tf) == []
+    enabled = enabled_apis(tf)
+    assert {"cloudresourcemanager.googleapis.com", "serviceusage.googleapis.com",
+            "aiplatform.googleapis.com", "eventarc.googleapis.com"} <= enabled
+
+
+def test_first_apply_waits_for_eventarc_agent(tf: Tf) -> None:
+    assert check_first_apply(tf) == []
+
+
+def test_functions_build_as_their_own_account(tf: Tf) -> None:
+    assert check_build_identity(tf) == []
+
+
+def test_burst_functions_scale(tf: Tf) -> None:
+    assert check_scaling(tf) == []
+
+
+def test_label_keys(tf: Tf) -> None:
+    assert check_labels(tf) == []
+
+
+def test_dependency_graph_reads_depends_on_and_locals(tf: Tf) -> None:
+    graph = dependency_graph(tf)
+    # explicit depends_on
+    assert "time_sleep.eventarc_agent_ready" in \
+        graph["google_cloudfunctions2_function.objects"]
+    # through local.functions_member -> google_service_account.functions
+    assert "google_service_account.functions" in \
+        graph["google_storage_bucket_iam_member.functions_read_checkpoints"]
+    assert depends_on(graph, "google_cloudfunctions2_function.objects", APIS_RESOURCE)
+    assert not depends_on(graph, APIS_RESOURCE, "google_cloudfunctions2_function.objects")
+
+
 def test_terraform_fmt() -> None:
     terraform = shutil.which("terraform")
     if terraform is None:
@@ -653,10 +916,16 @@ CHECKS: dict[str, Callable[[Tf], list[str]]] = {
     "dead_letters": check_dead_letters,
     "retries": check_retries,
     "references": check_references,
+    "apis": check_apis,
+    "first_apply": check_first_apply,
+    "build": check_build_identity,
+    "scaling": check_scaling,
+    "labels": check_labels,
 }
 
 API_ENV = ("    environment_variables          = ENV\n  }\n\n"
-           "  depends_on = [google_project_iam_member.functions_firestore]")
+           "  depends_on = [google_project_iam_member.build_builder, "
+           "google_project_iam_member.functions_firestore]")
 HOLD_TOPIC = 'topic                      = google_pubsub_topic.topic["{}"].id'
 TRAINING_LOGS = 'role    = "{}"\n  member  = local.training_member'
 ACT_AS = 'service_account_id = google_service_account.{}.name\n  role               = "roles/iam.se'
@@ -664,8 +933,8 @@ D = Doctor
 DOCTORED = [
     D("entry_points", "functions.tf", '= "on_object_finalized"', '= "on_object_created"',
       "on_object_created is not defined"),
-    D("entry_points", "functions.tf", 'entry_point = "on_tick"', 'entry_point = "on_job_event"',
-      "on_tick is not deployed"),
+    D("entry_points", "functions.tf", 'entry_point   = "on_tick"',
+      'entry_point   = "on_job_event"', "on_tick is not deployed"),
     D("topics", "main.tf", '= "spotorch-tick"', '= "spotorch-ticks"',
       "topic spotorch-tick (settings.py) is not provisioned"),
     D("topics", "main.tf", '= "spotorch-dead-letter"',
@@ -735,6 +1004,49 @@ DOCTORED = [
       "var.tick_schedules is not declared"),
     D("references", "pubsub.tf", "iam_member.pushed_invoker,", "iam_member.pushed_invokers,",
       "google_cloud_run_v2_service_iam_member.pushed_invokers is not declared"),
+    D("topics", "variables.tf", 'AND resource.labels.task_name=\\"service\\""',
+      'AND logName:\\"ml.googleapis.com\\""', "does not select Vertex's service lines"),
+    D("apis", "main.tf", '    "cloudresourcemanager.googleapis.com",\n', "",
+      "cloudresourcemanager.googleapis.com (google_project_iam_member) is not enabled"),
+    D("apis", "main.tf", '    "serviceusage.googleapis.com",\n', "",
+      "serviceusage.googleapis.com (google_project_service"),
+    D("apis", "main.tf", '    "eventarc.googleapis.com",\n', "",
+      "eventarc.googleapis.com (event triggers) is not enabled"),
+    D("apis", "iam.tf", "  permissions = local.vertex_job_permissions\n  depends_on  = "
+      "[google_project_service.api]\n", "  permissions = local.vertex_job_permissions\n",
+      "google_project_iam_custom_role.vertex_jobs does not depend on google_project_service.api"),
+    D("apis", "pubsub.tf", "  name       = each.value\n  depends_on = [google_project_service.api]",
+      "  name       = each.value", "google_pubsub_topic.topic does not depend on"),
+    D("apis", "iam.tf", 'resource "time_sleep"', 'resource "time_wait"',
+      "time_wait: which APIs it needs is not in RESOURCE_APIS"),
+    D("first_apply", "functions.tf", "    time_sleep.eventarc_agent_ready,\n", "",
+      "google_cloudfunctions2_function.objects (an Eventarc trigger) does not wait"),
+    D("first_apply", "iam.tf", 'create_duration = "90s"', 'create_duration = "10s"',
+      "waits 10s, less than 60s"),
+    D("first_apply", "iam.tf", '  provider   = google-beta\n  project    = var.project_id\n'
+      '  service    = "eventarc.googleapis.com"', '  project    = var.project_id\n'
+      '  service    = "eventarc.googleapis.com"', "needs the google-beta provider"),
+    D("first_apply", "iam.tf", '"roles/eventarc.serviceAgent"', '"roles/eventarc.viewer"',
+      "not granted roles/eventarc.serviceAgent"),
+    D("first_apply", "iam.tf", '  service    = "eventarc.googleapis.com"',
+      '  service    = "eventarcpublishing.googleapis.com"', "creates the Eventarc service agent"),
+    D("build", "iam.tf", '"roles/cloudbuild.builds.builder"', '"roles/cloudbuild.builds.viewer"',
+      "lacks roles/cloudbuild.builds.builder"),
+    D("build", "functions.tf", '    entry_point       = "api"\n    docker_repository = '
+      'google_artifact_registry_repository.functions.id\n    service_account   = '
+      'google_service_account.build.id', '    entry_point       = "api"\n    docker_repository = '
+      'google_artifact_registry_repository.functions.id\n    service_account   = null',
+      "google_cloudfunctions2_function.api builds as None"),
+    D("build", "functions.tf", "depends_on = [google_project_iam_member.build_builder, ",
+      "depends_on = [", "google_cloudfunctions2_function.api does not wait for its build"),
+    D("scaling", "variables.tf", "  default     = 100\n", "  default     = 10\n",
+      "max_instance_count 10 is below 50"),
+    D("scaling", "functions.tf", "max_instance_count             = var.burst_max_instances",
+      "max_instance_count             = var.max_instances", "(on_object_finalized): "
+      "max_instance_count 10 is below 50"),
+    D("labels", "functions.tf", '  name        = "spotorch-api"\n',
+      '  name        = "spotorch-api"\n  labels      = { "spotorch-run" = "r" }\n',
+      "label key spotorch-run is not lowercase_with_underscores"),
 ]
 
 

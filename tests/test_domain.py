@@ -9,6 +9,7 @@ import pytest
 from spotorch.domain import (
     TRANSITIONS,
     AttemptState,
+    CancelIntent,
     CancelRequested,
     Checkpoint,
     Context,
@@ -19,6 +20,8 @@ from spotorch.domain import (
     JobStatus,
     LaunchDone,
     LaunchFailed,
+    LaunchIntent,
+    PublishIntent,
     Run,
     RunStatus,
     Tick,
@@ -66,7 +69,7 @@ def kinds(run: Run) -> list[str]:
 
 
 def published(run: Run) -> list[str]:
-    return [kind_of(str(i.payload["event"]["type"])) for i in run.outbox if i.kind == "publish"]
+    return [kind_of(str(i.event["type"])) for i in run.outbox if isinstance(i, PublishIntent)]
 
 
 def test_transition_table_has_terminal_states_with_no_way_out() -> None:
@@ -140,7 +143,7 @@ def test_preemption_relaunches_at_once_and_resumes_from_the_latest_checkpoint() 
     second = run.attempts[1]
     assert (second.capacity, second.resumed_from_step) == (Capacity.SPOT, 60)
     launch = [i for i in run.outbox if i.kind == "launch"][-1]
-    assert launch.payload["resume_uri"] == "gs://c/p/r1/step-60"
+    assert isinstance(launch, LaunchIntent) and launch.resume_uri == "gs://c/p/r1/step-60"
     assert "attempt.preempted" in published(run)
 
 
@@ -227,7 +230,8 @@ def test_a_job_created_after_cancel_is_cancelled_too() -> None:
     intent = run.outbox[-1]
     run = decide(run, CancelRequested("stop"), Context(p, T0 + 1))
     run = decide(run, LaunchDone(intent.id, 1, "job-1"), Context(p, T0 + 2))
-    assert kinds(run)[-1] == "cancel" and run.outbox[-1].payload["job_name"] == "job-1"
+    assert kinds(run)[-1] == "cancel" and isinstance(run.outbox[-1], CancelIntent) \
+        and run.outbox[-1].job_name == "job-1"
 
 
 def test_cancelled_outside_spotorch_ends_the_run_cancelled() -> None:

@@ -14,8 +14,8 @@ from cloudevents.http import CloudEvent
 
 from fakes import fake_deps
 from spotorch import entry
-from spotorch.domain import JobPhase, RunStatus
-from spotorch.memory import InMemoryLauncher
+from spotorch.domain import FailureClass, JobPhase, RunStatus
+from spotorch.memory import InMemoryLauncher, InMemoryObjectStore
 from spotorch.pipeline import BatchMode, EscalationKind, Pipeline, RecoveryPolicy, Trigger
 from spotorch.service import Deps
 
@@ -63,7 +63,25 @@ def pubsub_event(payload: bytes, attributes: dict[str, str], event_id: str = "m1
                        "subscription": "projects/p/subscriptions/s"})
 
 
+def sink_line(job_name: str, text: str, insert_id: str = "i1") -> bytes:
+    """A job's service line as a Cloud Logging sink exports it: the job id and text, no labels."""
+    project, job_id = job_name.split("/")[1], job_name.rsplit("/", 1)[1]
+    return json.dumps({
+        "logName": f"projects/{project}/logs/ml.googleapis.com%2F{job_id}",
+        "resource": {"type": "ml_job", "labels": {"job_id": job_id, "project_id": "spotorch-test",
+                                                  "task_name": "service"}},
+        "textPayload": text, "timestamp": "2026-11-29T10:01:00Z", "severity": "INFO",
+        "insertId": insert_id}).encode()
+
+
+def landed(deps: Deps, name: str, generation: int = 1) -> None:
+    """The object really exists (an event for one that does not is rejected)."""
+    assert isinstance(deps.objects, InMemoryObjectStore)
+    deps.objects.put("landing", name, generation, b"x,y\n")
+
+
 def test_an_upload_starts_exactly_one_run_even_when_redelivered(deps: Deps) -> None:
+    landed(deps, "datasets/a.csv")
     for _ in range(3):
         assert post("on_object_finalized", storage_event("datasets/a.csv")).status_code == 200
     runs = deps.runs.active()
@@ -72,6 +90,7 @@ def test_an_upload_starts_exactly_one_run_even_when_redelivered(deps: Deps) -> N
 
 
 def test_job_events_and_trainer_reports_drive_the_run(deps: Deps) -> None:
+    landed(deps, "datasets/a.csv")
     post("on_object_finalized", storage_event("datasets/a.csv"))
     run = deps.runs.active()[0]
     assert isinstance(deps.launcher, InMemoryLauncher)
@@ -83,17 +102,11 @@ def test_job_events_and_trainer_reports_drive_the_run(deps: Deps) -> None:
     resp = post("on_job_event", pubsub_event(json.dumps(report).encode(),
                                              {"spotorch_source": "trainer"}, "m2"))
     assert resp.status_code == 200
-    from spotorch.job_events import build_log_entry, encode, message_attributes
-    from spotorch.vertex import JobState
-
-    entry_ = build_log_entry(job_name=job, state=JobState.FAILED, previous_state=JobState.RUNNING,
-                             display_name="x", labels={"spotorch-run": run.run_id,
-                                                       "spotorch-attempt": "1"},
-                             error_code=14, error_message="The Spot VM was preempted.",
-                             create_time=1.0e9, start_time=1.0e9 + 5, end_time=1.0e9 + 60,
-                             update_time=1.0e9 + 60, insert_id="i1")
-    data, attrs = encode(entry_), message_attributes(entry_)
-    assert post("on_job_event", pubsub_event(data, attrs, "m3")).status_code == 200
+    assert isinstance(deps.launcher, InMemoryLauncher)
+    deps.launcher.set_status(job, JobPhase.FAILED, failure=FailureClass.PREEMPTED,
+                             message="The Spot VM was preempted.")
+    data = sink_line(job, "Job failed. The Spot VM was preempted.")
+    assert post("on_job_event", pubsub_event(data, {}, "m3")).status_code == 200
     after, _ = deps.runs.load(run.run_id)
     assert after is not None and after.counters.preemptions == 1
     assert after.attempts[1].resumed_from_step == 20
@@ -116,6 +129,7 @@ def test_malformed_events_are_acknowledged_and_recorded(deps: Deps, target: str,
 
 
 def test_the_tick_reconciles(deps: Deps) -> None:
+    landed(deps, "datasets/a.csv")
     post("on_object_finalized", storage_event("datasets/a.csv"))
     run = deps.runs.active()[0]
     assert isinstance(deps.launcher, InMemoryLauncher)
@@ -126,18 +140,69 @@ def test_the_tick_reconciles(deps: Deps) -> None:
 
 
 def test_a_log_sink_entry_without_run_labels_is_attributed_through_the_job(deps: Deps) -> None:
-    from spotorch.job_events import build_log_entry, encode
-    from spotorch.vertex import JobState
-
+    landed(deps, "datasets/a.csv")
     post("on_object_finalized", storage_event("datasets/a.csv"))
     run = deps.runs.active()[0]
     assert isinstance(deps.launcher, InMemoryLauncher)
     job = deps.launcher.job_of(run.run_id, 1)
-    entry_ = build_log_entry(job_name=job, state=JobState.SUCCEEDED,
-                             previous_state=JobState.RUNNING, display_name="x", labels={},
-                             error_code=0, error_message="", create_time=1.0e9,
-                             start_time=1.0e9 + 5, end_time=1.0e9 + 60, update_time=1.0e9 + 60,
-                             insert_id="i9")
-    assert post("on_job_event", pubsub_event(encode(entry_), {}, "m9")).status_code == 200
+    assert post("on_job_event", pubsub_event(sink_line(job, "Job is running."), {},
+                                             "m8")).status_code == 200
+    running, _ = deps.runs.load(run.run_id)
+    assert running is not None and running.status is RunStatus.RUNNING
+    deps.launcher.set_status(job, JobPhase.SUCCEEDED)
+    assert post("on_job_event", pubsub_event(sink_line(job, "Job completed successfully."), {},
+                                             "m9")).status_code == 200
     done, _ = deps.runs.load(run.run_id)
     assert done is not None and done.status is RunStatus.SUCCEEDED
+
+
+def test_a_terminal_line_is_a_hint_that_vertex_must_confirm(deps: Deps) -> None:
+    """A forged or early "Job failed." while Vertex says RUNNING ends nothing, launches nothing."""
+    landed(deps, "datasets/a.csv")
+    post("on_object_finalized", storage_event("datasets/a.csv"))
+    run = deps.runs.active()[0]
+    assert isinstance(deps.launcher, InMemoryLauncher)
+    job = deps.launcher.job_of(run.run_id, 1)
+    deps.launcher.set_status(job, JobPhase.RUNNING)
+    for i in range(20):
+        resp = post("on_job_event", pubsub_event(sink_line(job, "Job failed. boom", f"x{i}"), {},
+                                                 f"forged-{i}"))
+        assert resp.status_code == 200
+    after, _ = deps.runs.load(run.run_id)
+    assert after is not None and len(after.attempts) == 1 and after.attempts[0].live
+    assert deps.launcher.created == 1
+
+
+def test_an_entry_for_a_job_spotorch_never_created_is_recorded_as_not_ours(deps: Deps) -> None:
+    data = sink_line("projects/p/locations/us-central1/customJobs/999", "Job is running.")
+    assert post("on_job_event", pubsub_event(data, {}, "stranger")).status_code == 200
+    record, _ = deps.docs.get("rejected_events", "stranger")
+    assert record is not None and "not one spotorch created" in record["reason"]
+
+
+def test_an_event_for_an_object_that_does_not_exist_starts_nothing(deps: Deps) -> None:
+    resp = post("on_object_finalized", storage_event("datasets/ghost.csv", 77, "ghost"))
+    assert resp.status_code == 200
+    record, _ = deps.docs.get("rejected_events", "ghost")
+    assert record is not None and "does not exist" in record["reason"]
+    assert deps.runs.active() == [] and isinstance(deps.launcher, InMemoryLauncher) \
+        and deps.launcher.created == 0
+
+
+def test_a_transient_failure_is_redelivered_and_its_reason_kept_for_dead_letters(
+        deps: Deps, monkeypatch: pytest.MonkeyPatch) -> None:
+    from google.api_core import exceptions as gexc
+
+    from spotorch import service
+    from spotorch.ids import message_key
+
+    def unavailable(*args: Any, **kwargs: Any) -> Any:
+        raise gexc.ServiceUnavailable("firestore is down")
+    monkeypatch.setattr(service, "trainer_reported", unavailable)
+    body = json.dumps({"kind": "progress", "run_id": "demo-x", "attempt": 1, "step": 1}).encode()
+    attributes = {"spotorch_source": "trainer"}
+    resp = post("on_job_event", pubsub_event(body, attributes, "flaky"))
+    assert resp.status_code == 500  # Pub/Sub redelivers; after max attempts it dead-letters
+    record, _ = deps.docs.get("delivery_failures", message_key(body, attributes))
+    assert record is not None and "firestore is down" in record["reason"]
+    assert deps.docs.get("rejected_events", "flaky")[0] is None

@@ -22,7 +22,6 @@ from spotorch.errors import InvalidEvent
 from spotorch.intake import (
     REDISPATCH_AFTER_S,
     REDISPATCH_LIMIT,
-    InMemoryObjectReader,
     InvalidSubmit,
     ManifestError,
     SnapshotReady,
@@ -33,12 +32,17 @@ from spotorch.intake import (
     run_id_for,
     snapshot_id_of,
 )
-from spotorch.memory import InMemoryDocumentStore
+from spotorch.memory import InMemoryDocumentStore, InMemoryObjectStore
 from spotorch.pipeline import BatchMode, JobTemplate, Pipeline, Trigger
 from spotorch.ports import ConflictError, DocumentStore
 from spotorch.settings import COLLECTION_DEDUPE, COLLECTION_RUNS, COLLECTION_SNAPSHOTS
 from spotorch.triggers import ObjectEvent, ObjectEventKind, parse_object_event
 from test_triggers import BUCKET, eventarc, notification
+
+
+def runs_in(docs: DocumentStore) -> Callable[[str], bool]:
+    """Whether a run exists, read from the runs collection (as the service's RunStore does)."""
+    return lambda run_id: docs.get(COLLECTION_RUNS, run_id)[0] is not None
 
 T0 = 1_800_000_000.0
 FOLDER = "data/b1/"
@@ -62,10 +66,10 @@ class Intake:
     """One pipeline set on one store, handling events at a settable time."""
 
     def __init__(self, *pipelines: Pipeline, docs: DocumentStore | None = None,
-                 reader: InMemoryObjectReader | None = None) -> None:
+                 reader: InMemoryObjectStore | None = None) -> None:
         self.pipelines = pipelines
         self.docs = docs if docs is not None else InMemoryDocumentStore()
-        self.reader = reader or InMemoryObjectReader()
+        self.reader = reader or InMemoryObjectStore()
         self.now = T0
 
     def handle(self, event: ObjectEvent) -> list[SnapshotReady]:
@@ -73,7 +77,8 @@ class Intake:
                                    now=self.now, reader=self.reader)
 
     def tick(self) -> list[SnapshotReady]:
-        return close_due_snapshots(pipelines=self.pipelines, docs=self.docs, now=self.now)
+        return close_due_snapshots(pipelines=self.pipelines, docs=self.docs, now=self.now,
+                                   run_exists=runs_in(self.docs))
 
     def manifest(self, name: str, generation: int, lines: Sequence[str]) -> ObjectEvent:
         self.reader.put(BUCKET, name, generation, "\n".join(lines).encode())
@@ -480,7 +485,7 @@ def run_burst(store: DocumentStore, mode: str, objects: int, threads: int) -> No
         extra = {"min_objects": objects}
     pipeline = make_pipeline(batch, suffixes=(".parquet",), **extra)
     marker = f"{FOLDER}_MANIFEST" if mode == "manifest" else None
-    reader = InMemoryObjectReader()
+    reader = InMemoryObjectStore()
     if marker:
         reader.put(BUCKET, marker, 1000 + objects, "\n".join(
             f"part-{i:04d}.parquet" for i in range(objects)).encode())
@@ -491,10 +496,11 @@ def run_burst(store: DocumentStore, mode: str, objects: int, threads: int) -> No
                                               reader=reader), threads)
     if mode == "quiet_period":
         assert ready == [] and close_due_snapshots(pipelines=[pipeline], docs=docs,
-                                                   now=T0 + 59) == []
+                                                   now=T0 + 59, run_exists=runs_in(docs)) == []
         with ThreadPoolExecutor(threads) as pool:
             ticks = list(pool.map(lambda _: close_due_snapshots(
-                pipelines=[pipeline], docs=docs, now=T0 + 61), range(threads)))
+                pipelines=[pipeline], docs=docs, now=T0 + 61, run_exists=runs_in(docs)),
+                range(threads)))
         ready = [r for rs in ticks for r in rs]
     elapsed = time.perf_counter() - started
     print(f"\n{mode}: {len(events)} events, {threads} threads, {docs.conflicts} conflicts, "
@@ -527,7 +533,8 @@ def test_gcs_notifications_through_the_emulators(firestore_emulator: Any) -> Non
     from google.api_core import exceptions
     from google.cloud import pubsub_v1, storage  # type: ignore[attr-defined]
 
-    from spotorch.intake import GcsObjectReader, ObjectNotFound
+    from spotorch.objects_gcs import GcsObjectStore
+    from spotorch.ports import ObjectNotFound
     from spotorch.settings import TOPIC_GCS_NOTIFICATIONS
     from spotorch.store_firestore import FirestoreDocumentStore
 
@@ -560,7 +567,7 @@ def test_gcs_notifications_through_the_emulators(firestore_emulator: Any) -> Non
                      if m.message.attributes.get("bucketId") == bucket_name]
     assert len(messages) == 5
 
-    docs, reader = FirestoreDocumentStore(project=project), GcsObjectReader(gcs)
+    docs, reader = FirestoreDocumentStore(project=project), GcsObjectStore(gcs)
     ready = []
     for received in messages:
         m = received.message
@@ -573,4 +580,4 @@ def test_gcs_notifications_through_the_emulators(firestore_emulator: Any) -> Non
     assert [r.objects for r in ready] == [("in/d1/_MANIFEST", "in/d1/a.csv", "in/d1/b.csv")]
     assert ready[0].data_uri == f"gs://{bucket_name}/in/d1/"
     with pytest.raises(ObjectNotFound):
-        reader.read(bucket_name, "in/d1/_MANIFEST", manifest.generation + 1)
+        reader.read(bucket_name, "in/d1/_MANIFEST", manifest.generation + 1, 1024)

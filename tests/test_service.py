@@ -73,7 +73,7 @@ def test_a_run_launches_one_job_with_the_trainer_env_and_publishes() -> None:
     job = next(iter(launcher.jobs.values()))
     assert job.spec.env["SPOTORCH_RUN_ID"] == "r1"
     assert job.spec.env["SPOTORCH_CHECKPOINT_URI"] == "gs://c/p/r1"
-    assert job.spec.labels["spotorch-attempt"] == "1"
+    assert job.spec.labels["spotorch_attempt"] == "1"
     assert short_types(publisher) == ["run.created", "attempt.launched"]
     assert run.outbox == () and run.attempts[0].job_name == job.status.job_name
     assert start(deps).run_id == "r1" and launcher.created == 1
@@ -152,6 +152,7 @@ def test_a_job_created_but_never_recorded_is_adopted() -> None:
     run = domain.new_run(run_id="r1", pipeline=p, now=clock.now(), data_uri="d", snapshot_id=None)
     deps.runs.save(run, None)
     intent = run.outbox[-1]
+    assert isinstance(intent, domain.LaunchIntent)
     from spotorch.service import launch_spec
 
     launcher.launch(launch_spec(deps, run, intent))  # created, then the function died

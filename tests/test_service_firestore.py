@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 
 from spotorch.domain import FailureClass, JobPhase
-from spotorch.memory import InMemoryCheckpoints, InMemoryLauncher, InMemoryPublisher, ManualClock
+from spotorch.memory import (
+    InMemoryCheckpoints,
+    InMemoryLauncher,
+    InMemoryObjectStore,
+    InMemoryPublisher,
+    ManualClock,
+)
 from spotorch.pipeline import EscalationKind, Pipeline, RecoveryPolicy, Trigger
 from spotorch.ports import ConflictError
 from spotorch.service import Deps, job_changed, start_run
@@ -28,7 +34,7 @@ def deps(firestore_emulator: Any) -> Deps:
                  output_uri="gs://m/p", recovery=RecoveryPolicy(escalation=EscalationKind.NEVER))
     return Deps(runs=DocumentRunStore(docs), docs=docs, launcher=InMemoryLauncher(),
                 checkpoints=InMemoryCheckpoints(), publisher=InMemoryPublisher(),
-                clock=ManualClock(), pipelines={"p": p})
+                clock=ManualClock(), pipelines={"p": p}, objects=InMemoryObjectStore())
 
 
 def race(n: int, work: Callable[[int], None]) -> None:

@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 from spotorch.events import build_event
 from spotorch.pipeline import Capacity, EscalationKind, Pipeline, RecoveryPolicy
@@ -58,6 +58,7 @@ class FailureClass(StrEnum):
     TIMEOUT = "timeout"  # the job hit its scheduling timeout
     CANCELLED = "cancelled"  # cancelled (by spotorch or by someone else)
     LAUNCH_REJECTED = "launch_rejected"  # the API refused the job for good (bad spec, permissions)
+    LOST = "lost"  # Vertex no longer knows the job (NOT_FOUND, poll after poll): infrastructure
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,8 @@ class Attempt:
     resumed_from_uri: str | None = None
     progress_step: int | None = None
     cancel_reason: str | None = None
+    missing_polls: int = 0  # polls in a row that Vertex answered NOT_FOUND for this job
+    missing_since: float | None = None
 
     @property
     def live(self) -> bool:
@@ -191,14 +194,62 @@ class Attempt:
 
 
 @dataclass(frozen=True)
-class Intent:
-    """A side effect decided in a transaction and carried out after it commits (the outbox)."""
+class LaunchIntent:
+    """Create the job of an attempt (or adopt the one a lost creation left behind)."""
 
     id: str
-    kind: str  # "launch", "cancel" or "publish"
-    attempt: int | None = None
-    payload: Mapping[str, Any] = field(default_factory=dict)
+    attempt: int
+    capacity: Capacity
+    region: str
+    resume_step: int | None = None
+    resume_uri: str | None = None
     claimed_until: float = 0.0  # an executor owns it until then; afterwards the tick may take it
+    kind: ClassVar[str] = "launch"
+
+
+@dataclass(frozen=True)
+class CancelIntent:
+    """Ask Vertex AI to stop the job of an attempt."""
+
+    id: str
+    attempt: int
+    job_name: str
+    reason: str
+    claimed_until: float = 0.0
+    kind: ClassVar[str] = "cancel"
+
+
+@dataclass(frozen=True)
+class PublishIntent:
+    """Publish one of spotorch's own CloudEvents (structured JSON form)."""
+
+    id: str
+    event: Mapping[str, Any]
+    claimed_until: float = 0.0
+    kind: ClassVar[str] = "publish"
+
+
+# A side effect decided in a transaction and carried out after it commits (the outbox).
+Intent = LaunchIntent | CancelIntent | PublishIntent
+_INTENT_TYPES: Mapping[str, type[LaunchIntent] | type[CancelIntent] | type[PublishIntent]] = {
+    t.kind: t for t in (LaunchIntent, CancelIntent, PublishIntent)}
+
+
+def intent_to_dict(intent: Intent) -> dict[str, Any]:
+    """An intent as stored in the run document: its fields plus its kind."""
+    doc = asdict(intent)
+    doc["kind"] = intent.kind
+    if isinstance(intent, LaunchIntent):
+        doc["capacity"] = str(intent.capacity)
+    return doc
+
+
+def intent_from_dict(doc: Mapping[str, Any]) -> Intent:
+    data = {k: v for k, v in doc.items() if k != "kind"}
+    kind = _INTENT_TYPES[str(doc["kind"])]
+    if kind is LaunchIntent:
+        data["capacity"] = Capacity(data["capacity"])
+    return kind(**data)
 
 
 @dataclass(frozen=True)
@@ -211,6 +262,7 @@ class Counters:
     infra_errors: int = 0
     timeouts: int = 0
     no_progress: int = 0  # consecutive attempts that ended without a newer checkpoint
+    lost: int = 0  # jobs Vertex stopped knowing (NOT_FOUND on every poll)
 
 
 @dataclass(frozen=True)
@@ -281,6 +333,7 @@ class Run:
         doc = asdict(self)
         doc["active"] = self.active
         doc["latest_checkpoint"] = asdict(self.latest_checkpoint) if self.latest_checkpoint else None
+        doc["outbox"] = [intent_to_dict(i) for i in self.outbox]
         return doc
 
     @classmethod
@@ -297,7 +350,7 @@ class Run:
         data["next_capacity"] = Capacity(data["next_capacity"]) if data.get("next_capacity") else None
         data["stop_status"] = RunStatus(data["stop_status"]) if data.get("stop_status") else None
         data["history"] = tuple(HistoryEntry(**h) for h in data.get("history", ()))
-        data["outbox"] = tuple(Intent(**i) for i in data.get("outbox", ()))
+        data["outbox"] = tuple(intent_from_dict(i) for i in data.get("outbox", ()))
         data["seen"] = tuple(data.get("seen", ()))
         return cls(**data)
 
@@ -319,6 +372,17 @@ class JobObserved:
     attempt: int
     status: JobStatus
     checkpoint: Checkpoint | None = None  # latest complete checkpoint, looked up when the job ended
+    # Vertex's own answer (GetCustomJob, ListCustomJobs). A log line or a forged message is only
+    # a hint: it may move a job forward, never end it (one live job per run depends on it).
+    confirmed: bool = True
+
+
+@dataclass(frozen=True)
+class JobMissing:
+    """A poll found no job by the attempt's job name (NOT_FOUND from Vertex itself)."""
+
+    attempt: int
+    job_name: str
 
 
 @dataclass(frozen=True)
@@ -376,7 +440,7 @@ class CancelRequested:
     reason: str
 
 
-Observation = (JobObserved | TrainerReported | LaunchDone | LaunchFailed | IntentDone | Tick
+Observation = (JobObserved | JobMissing | TrainerReported | LaunchDone | LaunchFailed | IntentDone | Tick
                | Promote | CancelRequested)
 
 
@@ -413,18 +477,20 @@ def _to(run: Run, status: RunStatus, ctx: Context, reason: str = "") -> Run:
     return _note(run, ctx, f"status {status}", reason)
 
 
-def _intent(run: Run, ctx: Context, kind: str, attempt: int | None = None,
-            **payload: Any) -> Run:
-    intent = Intent(f"{run.run_id}/{run.intent_seq + 1}", kind, attempt, payload,
-                    claimed_until=ctx.now + LAUNCH_LEASE_S)
-    return replace(run, intent_seq=run.intent_seq + 1, outbox=(*run.outbox, intent))
+def _next_intent_id(run: Run) -> tuple[Run, str]:
+    return replace(run, intent_seq=run.intent_seq + 1), f"{run.run_id}/{run.intent_seq + 1}"
+
+
+def _add(run: Run, intent: Intent) -> Run:
+    return replace(run, outbox=(*run.outbox, intent))
 
 
 def _publish(run: Run, ctx: Context, kind: str, **data: Any) -> Run:
     seq = run.event_seq + 1
     event = build_event(run_id=run.run_id, pipeline=run.pipeline, sequence=seq, kind=kind,
                         data=data, time=ctx.now)
-    return _intent(replace(run, event_seq=seq), ctx, "publish", event=event)
+    run, intent_id = _next_intent_id(replace(run, event_seq=seq))
+    return _add(run, PublishIntent(intent_id, event, claimed_until=ctx.now + LAUNCH_LEASE_S))
 
 
 def _with_attempt(run: Run, attempt: Attempt) -> Run:
@@ -569,15 +635,18 @@ def _launch(run: Run, ctx: Context, capacity: Capacity, reason: str) -> Run:
     run = _to(run, RunStatus.STARTING, ctx, reason)
     run = _note(run, ctx, f"launch attempt {number} on {capacity} in {region}",
                 reason + (f"; resume from step {ckpt.step}" if ckpt else "; fresh start"))
-    return _intent(run, ctx, "launch", number, capacity=str(capacity), region=region,
-                   resume_step=ckpt.step if ckpt else None, resume_uri=ckpt.uri if ckpt else None)
+    run, intent_id = _next_intent_id(run)
+    return _add(run, LaunchIntent(intent_id, number, capacity, region,
+                                  resume_step=ckpt.step if ckpt else None,
+                                  resume_uri=ckpt.uri if ckpt else None,
+                                  claimed_until=ctx.now + LAUNCH_LEASE_S))
 
 
 # ---------------------------------------------------------------- decide
 
 def decide(run: Run, obs: Observation, ctx: Context) -> Run:
     """Apply one observation: the new run, with any new intents in its outbox."""
-    if run.status.terminal and not isinstance(obs, IntentDone | LaunchDone | JobObserved):
+    if run.status.terminal and not isinstance(obs, IntentDone | LaunchDone | JobObserved | JobMissing):
         return run
     handler = _HANDLERS[type(obs)]
     new = handler(run, obs, ctx)
@@ -659,15 +728,42 @@ def _newer_checkpoint(run: Run, ckpt: Checkpoint | None) -> Run:
 _PHASE_TO_STATE = {phase: AttemptState(phase.value) for phase in JobPhase}
 
 
+def _on_job_missing(run: Run, obs: Observation, ctx: Context) -> Run:
+    assert isinstance(obs, JobMissing)
+    attempt = run.attempt(obs.attempt)
+    if attempt is None or attempt.job_name != obs.job_name or not attempt.live:
+        return run
+    since = attempt.missing_since if attempt.missing_since is not None else ctx.now
+    attempt = replace(attempt, missing_polls=attempt.missing_polls + 1, missing_since=since)
+    run = _with_attempt(run, attempt)
+    if attempt.missing_polls < LOST_AFTER_POLLS or ctx.now - since < LOST_AFTER_S:
+        return run
+    status = JobStatus(obs.job_name, JobPhase.FAILED, failure=FailureClass.LOST,
+                       message=f"NOT_FOUND on {attempt.missing_polls} polls over "
+                               f"{ctx.now - since:.0f}s")
+    run = _note(run, ctx, f"attempt {attempt.number} job lost", status.message)
+    attempt = replace(attempt, state=AttemptState.FAILED)
+    run = _with_attempt(run, attempt)
+    if run.status.terminal or attempt is not run.current:
+        return run
+    return _attempt_ended(run, ctx, attempt, status)
+
+
 def _on_job(run: Run, obs: Observation, ctx: Context) -> Run:
     assert isinstance(obs, JobObserved)
     attempt = run.attempt(obs.attempt)
     if attempt is None:
         return run
-    run = _newer_checkpoint(run, obs.checkpoint)
+    if attempt.job_name is not None and obs.status.job_name not in ("", attempt.job_name):
+        return run  # news of another job (a forged or crossed message) says nothing of this one
     state = _PHASE_TO_STATE[obs.status.phase]
+    if state.ended and not obs.confirmed:
+        return run  # only Vertex's own terminal state ends an attempt
+    run = _newer_checkpoint(run, obs.checkpoint)
     if attempt.job_name is None:
         attempt = replace(attempt, job_name=obs.status.job_name)
+    if attempt.missing_polls and obs.confirmed:
+        attempt = replace(attempt, missing_polls=0, missing_since=None)  # Vertex knows it again
     if state.rank <= attempt.state.rank or attempt.state.ended:
         return _with_attempt(run, attempt)  # late or repeated news never moves an attempt back
     attempt = replace(attempt, state=state)
@@ -755,6 +851,7 @@ _END_REASONS: Mapping[FailureClass, Callable[[Attempt, JobStatus], str]] = {
     FailureClass.TIMEOUT: lambda a, s: f"timeout: {s.message or 'the job hit its timeout'}",
     FailureClass.CANCELLED: lambda a, s: f"cancelled ({a.cancel_reason or 'outside spotorch'})",
     FailureClass.LAUNCH_REJECTED: lambda a, s: f"launch rejected: {s.message}",
+    FailureClass.LOST: lambda a, s: f"lost: {s.message or 'Vertex AI no longer knows the job'}",
 }
 
 # Failure class -> (counter field, budget field, status when the budget runs out, budget name).
@@ -767,7 +864,14 @@ _BUDGETS: Mapping[FailureClass, tuple[str, str, RunStatus, str]] = {
     FailureClass.INFRA: ("infra_errors", "max_infra_errors", RunStatus.FAILED_INFRA,
                          "infra_errors"),
     FailureClass.TIMEOUT: ("timeouts", "max_timeouts", RunStatus.FAILED_TIMEOUT, "timeouts"),
+    FailureClass.LOST: ("lost", "max_lost_jobs", RunStatus.FAILED_INFRA, "lost_jobs"),
 }
+
+# A job Vertex answers NOT_FOUND for this many polls in a row, over at least this long, is lost.
+# (Defaults until the pipeline format carries them; a transient poll error never counts.)
+LOST_AFTER_POLLS = 3
+LOST_AFTER_S = 120.0
+MAX_LOST_JOBS = 3
 
 
 def _recover(run: Run, ctx: Context, attempt: Attempt, failure: FailureClass) -> Run:
@@ -782,7 +886,7 @@ def _recover(run: Run, ctx: Context, attempt: Attempt, failure: FailureClass) ->
     ran = attempt.started_at is not None  # one that never ran says nothing about progress
     no_progress = 0 if progressed else run.counters.no_progress + (1 if ran else 0)
     run = replace(run, counters=replace(run.counters, **{counter: used, "no_progress": no_progress}))
-    limit = int(getattr(recovery, limit_field))
+    limit = int(getattr(recovery, limit_field, MAX_LOST_JOBS))
     if used > limit:
         run = _publish(run, ctx, "run.budget_exceeded", budget=budget, limit=limit, used=used)
         return _fail(run, ctx, failed_status,
@@ -834,7 +938,7 @@ _BRIEF: Mapping[FailureClass, str] = {
     FailureClass.PREEMPTED: "preemption", FailureClass.STOCKOUT: "stockout",
     FailureClass.USER_ERROR: "user error", FailureClass.INFRA: "infrastructure error",
     FailureClass.TIMEOUT: "timeout", FailureClass.CANCELLED: "cancel",
-    FailureClass.LAUNCH_REJECTED: "launch rejection",
+    FailureClass.LAUNCH_REJECTED: "launch rejection", FailureClass.LOST: "lost job",
 }
 
 
@@ -874,7 +978,9 @@ def _cancel_attempt(run: Run, ctx: Context, attempt: Attempt, why: str) -> Run:
     run = _with_attempt(run, attempt)
     if attempt.job_name is None:
         return run  # not created yet: LaunchDone cancels it when it appears
-    return _intent(run, ctx, "cancel", attempt.number, job_name=attempt.job_name, reason=why)
+    run, intent_id = _next_intent_id(run)
+    return _add(run, CancelIntent(intent_id, attempt.number, attempt.job_name, why,
+                                  claimed_until=ctx.now + LAUNCH_LEASE_S))
 
 
 def _on_cancel(run: Run, obs: Observation, ctx: Context) -> Run:
@@ -977,6 +1083,7 @@ _HANDLERS: Mapping[type, Callable[[Run, Observation, Context], Run]] = {
     LaunchFailed: _on_launch_failed,
     TrainerReported: _on_trainer,
     JobObserved: _on_job,
+    JobMissing: _on_job_missing,
     Tick: _on_tick,
     Promote: _on_promote,
     CancelRequested: _on_cancel,
@@ -1016,6 +1123,42 @@ def remember(run: Run, event_id: str | None) -> Run:
     if not event_id:
         return run
     return replace(run, seen=(*run.seen, event_id)[-SEEN_LIMIT:])
+
+
+# ---------------------------------------------------------------- plausibility
+
+# No optimizer step is this fast: a report implying more steps per second is not true.
+MAX_STEPS_PER_S = 100_000.0
+MAX_STEP = 2 ** 53  # beyond this a step is no longer an exact number anywhere on its way
+
+
+def implausible(run: Run, report: TrainerReported, now: float | None = None) -> str | None:
+    """Why a trainer report cannot be true of this run, or None when it may be.
+
+    Progress only moves within what the run can have done: never past total_steps, never
+    faster than MAX_STEPS_PER_S since the last thing known (a report, a checkpoint, the resume
+    step of the attempt). A rejected report changes nothing, so one bad report cannot set the
+    run's progress for good.
+    """
+    step = report.step
+    if step is None:
+        return None
+    if step < 0 or step > MAX_STEP:
+        return f"step {step} is out of range [0, {MAX_STEP}]"
+    total = report.total_steps or run.progress.total_steps
+    if total is not None and step > total:
+        return f"step {step} is past total_steps {total}"
+    attempt = run.attempt(report.attempt)
+    known = max(run.progress.step,
+                run.latest_checkpoint.step if run.latest_checkpoint else 0,
+                (attempt.resumed_from_step or 0) if attempt else 0)
+    since = run.progress.at if run.progress.at is not None and run.progress.step >= known \
+        else (attempt.created_at if attempt else run.created_at)
+    at = min(report.at, now) if now is not None else report.at
+    if step - known > MAX_STEPS_PER_S * max(at - since, 1.0):
+        return (f"step {step} jumps {step - known} steps from {known} in {max(at - since, 0):.0f}s"
+                f" (more than {MAX_STEPS_PER_S:.0f} steps per second)")
+    return None
 
 
 # ---- rules shared with the simulator

@@ -15,18 +15,17 @@ import json
 import logging
 import random
 import re
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any
 
 from spotorch.errors import InvalidEvent, SpotorchError
 from spotorch.pipeline import BatchMode, Pipeline
-from spotorch.ports import ConflictError, DocumentStore
-from spotorch.settings import COLLECTION_DEDUPE, COLLECTION_RUNS, COLLECTION_SNAPSHOTS
+from spotorch.ports import ConflictError, DocumentStore, ObjectInfo, ObjectNotFound, ObjectStore
+from spotorch.settings import COLLECTION_DEDUPE, COLLECTION_SNAPSHOTS
 from spotorch.triggers import (
     Match,
     ObjectEvent,
@@ -55,10 +54,6 @@ class IntakeError(SpotorchError):
 
 class ManifestError(IntakeError, InvalidEvent):
     """A manifest marker that cannot be used: acknowledge and record the event, never retry it."""
-
-
-class ObjectNotFound(IntakeError):
-    """An ObjectReader found no such object generation (it was overwritten or deleted since)."""
 
 
 class InvalidSubmit(IntakeError, ValueError):
@@ -128,72 +123,6 @@ def manual_snapshot(pipeline: Pipeline | str, data_uri: str, *, request_id: str 
 
 
 # --- reading manifests --------------------------------------------------------------------------
-
-
-class ObjectReader(Protocol):
-    """Reads one generation of an object (the content of a manifest marker)."""
-
-    def read(self, bucket: str, name: str, generation: int) -> bytes:
-        """Up to MAX_MANIFEST_BYTES + 1 bytes; ObjectNotFound when the generation is gone."""
-        ...
-
-
-class InMemoryObjectReader:
-    """Objects in a dict, for tests."""
-
-    def __init__(self) -> None:
-        self.objects: dict[tuple[str, str, int], bytes] = {}
-        self.reads = 0
-
-    def put(self, bucket: str, name: str, generation: int, data: bytes) -> None:
-        self.objects[(bucket, name, generation)] = data
-
-    def read(self, bucket: str, name: str, generation: int) -> bytes:
-        self.reads += 1
-        try:
-            return self.objects[(bucket, name, generation)][:MAX_MANIFEST_BYTES + 1]
-        except KeyError:
-            raise ObjectNotFound(f"gs://{bucket}/{name}#{generation}") from None
-
-
-class GcsObjectReader:
-    """ObjectReader on google-cloud-storage (honours STORAGE_EMULATOR_HOST); client on first use."""
-
-    def __init__(self, client: Any = None, *, project: str | None = None) -> None:
-        self._client = client
-        self._project = project
-        self._lock = threading.Lock()
-
-    def _storage(self) -> Any:
-        with self._lock:
-            if self._client is None:
-                import google.cloud.storage as storage
-
-                self._client = storage.Client(project=self._project)
-            return self._client
-
-    def read(self, bucket: str, name: str, generation: int) -> bytes:
-        from google.api_core import exceptions
-
-        blob = self._storage().bucket(bucket).blob(name, generation=generation)
-        try:
-            data: bytes = blob.download_as_bytes(start=0, end=MAX_MANIFEST_BYTES)
-        except exceptions.NotFound:
-            raise ObjectNotFound(f"gs://{bucket}/{name}#{generation}") from None
-        return data
-
-
-_default_reader: ObjectReader | None = None
-_default_reader_lock = threading.Lock()
-
-
-def default_reader() -> ObjectReader:
-    """The process's GcsObjectReader (only manifest pipelines ever need one)."""
-    global _default_reader
-    with _default_reader_lock:
-        if _default_reader is None:
-            _default_reader = GcsObjectReader()
-        return _default_reader
 
 
 def parse_manifest(content: bytes, *, bucket: str, folder: str, marker: str) -> tuple[str, ...]:
@@ -502,10 +431,10 @@ def _stateful(found: Match) -> bool:
 
 
 def _read_manifest(found: Match, event: ObjectEvent,
-                   reader: ObjectReader) -> tuple[str, ...] | None:
+                   reader: ObjectStore) -> tuple[str, ...] | None:
     """The manifest's names; None when that marker generation is gone (a newer one will come)."""
     try:
-        content = reader.read(event.bucket, event.name, event.generation)
+        content = reader.read(event.bucket, event.name, event.generation, MAX_MANIFEST_BYTES + 1)
     except ObjectNotFound:
         return None
     trigger = found.pipeline.trigger
@@ -525,11 +454,11 @@ def _read_manifest(found: Match, event: ObjectEvent,
 
 
 def _apply(found: Match, event: ObjectEvent, docs: DocumentStore, now: float,
-           reader: ObjectReader | None) -> SnapshotReady | None:
+           reader: ObjectStore) -> SnapshotReady | None:
     pipeline, trigger = found.pipeline, found.pipeline.trigger
     expected: tuple[str, ...] | None = None
     if trigger.batch is BatchMode.MARKER and trigger.manifest and found.is_marker:
-        expected = _read_manifest(found, event, reader or default_reader())
+        expected = _read_manifest(found, event, reader)
         if expected is None:
             return None
     arrival = Arrival(event.name, event.generation, found.is_marker)
@@ -548,12 +477,12 @@ def _apply(found: Match, event: ObjectEvent, docs: DocumentStore, now: float,
 
 
 def handle_object_event(event: ObjectEvent, *, pipelines: Sequence[Pipeline], docs: DocumentStore,
-                        now: float, reader: ObjectReader | None = None) -> list[SnapshotReady]:
+                        now: float, reader: ObjectStore) -> list[SnapshotReady]:
     """Feed one object event to every pipeline it matches; the snapshots it completes, each once.
 
     Events that match nothing cost no document access. A redelivered event id is skipped. A
     ConflictError after WRITE_ATTEMPTS propagates: let the event be redelivered. A bad manifest
-    raises ManifestError (an InvalidEvent). reader defaults to a GcsObjectReader.
+    raises ManifestError (an InvalidEvent). reader reads manifests.
     """
     found = [m for m in (match(p, event) for p in pipelines) if m is not None and _stateful(m)]
     if not found:
@@ -572,7 +501,7 @@ def handle_object_event(event: ObjectEvent, *, pipelines: Sequence[Pipeline], do
 
 
 def close_due_snapshots(*, pipelines: Sequence[Pipeline], docs: DocumentStore,
-                        now: float) -> list[SnapshotReady]:
+                        now: float, run_exists: Callable[[str], bool]) -> list[SnapshotReady]:
     """The tick: complete quiet_period snapshots whose quiet period has passed, and report again
     completed snapshots no run has claimed after REDISPATCH_AFTER_S (lost in a crash)."""
     by_name = {p.name: p for p in pipelines}
@@ -591,9 +520,9 @@ def close_due_snapshots(*, pipelines: Sequence[Pipeline], docs: DocumentStore,
         sid = state.snapshot_id or ""
         if state.pipeline not in by_name or decide_repair(state, sid, False, now).state is None:
             continue
-        run_exists = docs.get(COLLECTION_RUNS, run_id_for(state.pipeline, sid))[0] is not None
+        exists = run_exists(run_id_for(state.pipeline, sid))
         out += _tick_update(docs, state,
-                            lambda s: decide_repair(s, sid, run_exists, now))  # noqa: B023
+                            lambda s: decide_repair(s, sid, exists, now))  # noqa: B023
     return out
 
 
@@ -616,3 +545,29 @@ def mark_dispatched(ready: SnapshotReady, *, docs: DocumentStore) -> None:
     bucket, _, key = ready.data_uri[len("gs://"):].partition("/")
     _update(docs, snapshot_doc_key(ready.pipeline, bucket, key),
             lambda s: decide_dispatched(s, ready.snapshot_id))
+
+
+# --- what events miss: matching and listing ------------------------------------------------------
+
+
+def matches_any(event: ObjectEvent, pipelines: Sequence[Pipeline]) -> bool:
+    return any(match(p, event) is not None for p in pipelines)
+
+
+def why_unmatched(event: ObjectEvent, pipelines: Sequence[Pipeline]) -> str:
+    """Per pipeline, the rule an object missed (for the one log line an unmatched object gets)."""
+    if not pipelines:
+        return "no pipeline is loaded"
+    return "; ".join(f"{p.name}: {skip_reason(p, event)}" for p in pipelines)
+
+
+def landing_prefixes(pipelines: Sequence[Pipeline]) -> tuple[tuple[str, str], ...]:
+    """(bucket, prefix) of every trigger, each once: what the reconcile lists."""
+    return tuple(sorted({(p.trigger.bucket, p.trigger.prefix) for p in pipelines}))
+
+
+def listed_event(info: ObjectInfo) -> ObjectEvent:
+    """A listed object as the finalize event it once had (its id names the generation)."""
+    return ObjectEvent(event_id=f"listing:{info.bucket}/{info.name}#{info.generation}"[:1400],
+                       kind=ObjectEventKind.FINALIZE, bucket=info.bucket, name=info.name,
+                       generation=info.generation, size=info.size, time=info.updated)

@@ -1,35 +1,26 @@
-"""Job-state messages on Pub/Sub: the Cloud Logging LogEntry they carry, parsed into JobStatus.
+"""Job-state messages on Pub/Sub: a Cloud Logging LogEntry of resource.type="ml_job", as a log sink
+exports it, parsed into the one thing it tells: which job said which state line, and when.
 
-Two producers, one shape (a LogEntry for resource.type="ml_job", as a log sink publishes it):
-- the local Vertex emulator (spotorch.local.vertex_emulator) builds its messages with
-  `build_log_entry` / `message_attributes` below: jsonPayload carries the job's state, labels and
-  error as CustomJob fields (camelCase), plus the previous state and a text line;
-- a production log sink on resource.type="ml_job" to Pub/Sub. What Vertex writes there is
-  unverified: we expect the service's state lines ("Job is running.", "Job failed. <error>", ...)
-  as textPayload or jsonPayload.message, resource.labels {job_id, project_id, task_name}, no job
-  labels and no custom attributes. So those messages give a job id but no run id, attempt, error
-  code or location: parse_job_message raises UnattributedJobUpdate (an InvalidEvent carrying the
-  job id and status) so a caller can look the attempt up by job id or just acknowledge it; the
-  reconciler's GetCustomJob polling stays the source of truth.
+A real entry carries resource.labels {job_id, project_id, task_name} and a line of text in
+textPayload or jsonPayload.message; no run id, attempt, region, state enum or error code. spotorch
+attributes it through the job record it wrote when it created the job (service.job_line_reported),
+and confirms a terminal line with GetCustomJob before it ends an attempt.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from spotorch.domain import JobStatus
+from spotorch.domain import JobPhase
 from spotorch.errors import InvalidEvent
 from spotorch.ports import LABEL_ATTEMPT, LABEL_RUN
 from spotorch.vertex import (
-    Classifier,
     JobState,
-    classify,
     parse_job_name,
-    parse_job_state,
 )
 from spotorch_trainer.contract import ATTR_SOURCE, SOURCE_JOB, parse_rfc3339, rfc3339
 
@@ -51,46 +42,42 @@ STATE_LINES: Mapping[JobState, str] = {
     JobState.CANCELLING: "Job is being cancelled.",
     JobState.CANCELLED: "Job was cancelled.",
 }
-_TEXT_STATES: tuple[tuple[re.Pattern[str], JobState], ...] = (
-    (re.compile(r"(?i)^job completed successfully"), JobState.SUCCEEDED),
-    (re.compile(r"(?i)^job failed"), JobState.FAILED),
-    (re.compile(r"(?i)^job is being cancel+ed"), JobState.CANCELLING),
-    (re.compile(r"(?i)^job (?:was |has been )?cancel+ed"), JobState.CANCELLED),
-    (re.compile(r"(?i)^job is running"), JobState.RUNNING),
-    (re.compile(r"(?i)^(?:job is preparing|waiting for job to be provisioned)"), JobState.PENDING),
-    (re.compile(r"(?i)^job is queued"), JobState.QUEUED),
+
+
+@dataclass(frozen=True)
+class StateLines:
+    """Which service lines mean which job phase; the first pattern that matches wins.
+
+    Verified wording (real transcripts, gcloud's stream-logs): the provisioning, preparing,
+    running and "completed successfully" lines. The failure and cancellation wording is NOT
+    verified: those patterns are guesses, kept here to be overridden (SPOTORCH_JOB_STATE_LINES).
+    A wrong guess only delays a run: terminal lines are confirmed with GetCustomJob, and the
+    reconcile tick polls every live job anyway.
+    """
+
+    patterns: tuple[tuple[re.Pattern[str], JobPhase], ...]
+
+    @classmethod
+    def from_table(cls, table: Sequence[tuple[str, str]]) -> StateLines:
+        return cls(tuple((re.compile(p), JobPhase(phase)) for p, phase in table))
+
+
+STATE_LINE_TABLE: tuple[tuple[str, str], ...] = (
+    (r"(?i)^job completed successfully", "SUCCEEDED"),  # verified
+    (r"(?i)^job (?:has )?failed", "FAILED"),  # unverified
+    (r"(?i)^job is being cancel+ed", "CANCELLING"),  # unverified
+    (r"(?i)^job (?:was |has been )?cancel+ed", "CANCELLED"),  # unverified
+    (r"(?i)^job is running", "RUNNING"),  # verified
+    (r"(?i)^(?:job is preparing|waiting for job to be provisioned|vertex ai is setting up this job)",
+     "PENDING"),  # verified
+    (r"(?i)^job is queued", "QUEUED"),  # unverified
 )
+DEFAULT_STATE_LINES = StateLines.from_table(STATE_LINE_TABLE)
 _SEVERITIES: Mapping[JobState, str] = {JobState.FAILED: "ERROR", JobState.CANCELLED: "WARNING"}
 
 
 class NotAJobStateChange(InvalidEvent):
     """A well-formed ml_job log entry that reports no state change (e.g. a worker's log line)."""
-
-
-class UnattributedJobUpdate(InvalidEvent):
-    """A job state change that names no run or attempt (a production log-sink entry, as far as
-    we know); it carries what it does say, for a lookup by job id."""
-
-    def __init__(self, reason: str, *, job_id: str, status: JobStatus, observed_at: float) -> None:
-        super().__init__(reason)
-        self.job_id = job_id
-        self.status = status
-        self.observed_at = observed_at
-
-
-@dataclass(frozen=True)
-class JobUpdate:
-    """One observed job state: which attempt it belongs to, the status, and when."""
-
-    run_id: str
-    attempt: int
-    job_id: str  # the numeric id at the end of the job name
-    status: JobStatus
-    observed_at: float  # seconds since the epoch: the entry's timestamp
-
-
-
-
 
 
 def build_log_entry(*, job_name: str, state: JobState, previous_state: JobState | None,
@@ -146,6 +133,27 @@ def encode(entry: Mapping[str, Any]) -> bytes:
 
 
 # --- parsing ------------------------------------------------------------------------------------
+#
+# A real sink entry says only which job (resource.labels.job_id, project_id), that the line is the
+# service's (task_name "service"), when, and a line of text. Nothing else is read from it, even
+# when present: whatever the entry claims beyond that is a hint that Vertex itself must confirm.
+
+MAX_ENTRY_BYTES = 256 * 1024  # Cloud Logging's entry limit; a larger message is not a sink entry
+_JOB_ID = re.compile(r"[0-9]{1,30}")
+_PROJECT_ID = re.compile(r"[a-z][a-z0-9-]{4,61}[a-z0-9]|[0-9]{1,20}")
+SERVICE_TASK = "service"
+
+
+@dataclass(frozen=True)
+class JobLogLine:
+    """One service line of a job's log, as a sink delivers it: which job, what it says, when."""
+
+    job_id: str
+    project: str
+    phase: JobPhase  # what the line suggests; terminal phases are confirmed with Vertex
+    message: str  # the rest of the line (an error text, if the wording carries one)
+    observed_at: float  # the entry's timestamp
+
 
 def _object(value: Any, what: str) -> Mapping[str, Any]:
     if value is None:
@@ -161,101 +169,55 @@ def _time(value: Any, what: str) -> float | None:
     try:
         return parse_rfc3339(str(value))
     except ValueError:
-        raise InvalidEvent(f"{what} is not an RFC 3339 timestamp: {value!r}") from None
+        raise InvalidEvent(f"{what} is not an RFC 3339 timestamp: {str(value)[:40]!r}") from None
 
 
-def _state_of(payload: Mapping[str, Any], text: str) -> tuple[JobState, str]:
-    """The reported state and the error message a text line carries."""
-    if "state" in payload:
-        try:
-            return parse_job_state(payload["state"]), ""
-        except ValueError:
-            raise InvalidEvent(f"unknown job state {payload['state']!r}") from None
-    for pattern, state in _TEXT_STATES:
+def _phase_of(text: str, lines: StateLines) -> tuple[JobPhase, str]:
+    for pattern, phase in lines.patterns:
         found = pattern.match(text)
         if found:
-            return state, text[found.end():].lstrip(" .:").strip()
+            return phase, text[found.end():].lstrip(" .:").strip()
     raise NotAJobStateChange(f"not a job state line: {text[:80]!r}")
 
 
-def _job_name(payload: Mapping[str, Any], resource_labels: Mapping[str, Any]) -> str:
-    name = payload.get("name")
-    if isinstance(name, str) and name.count("/") == 5:
-        return name
-    job_id, project = resource_labels.get("job_id"), resource_labels.get("project_id")
-    if not job_id or not project:
-        raise InvalidEvent("the entry names no job (jsonPayload.name or resource.labels.job_id)")
-    # ml_job resources carry no region (as far as we know): "-" marks it unknown.
-    location = resource_labels.get("location") or resource_labels.get("region") or "-"
-    return f"projects/{project}/locations/{location}/customJobs/{job_id}"
+def parse_log_entry(data: bytes, attributes: Mapping[str, str],
+                    lines: StateLines | None = None) -> JobLogLine:
+    """The job state line a log-sink message carries.
 
-
-def _attempt(value: str | None) -> int | None:
-    if value in (None, ""):
-        return None
-    try:
-        attempt = int(str(value))
-    except ValueError:
-        raise InvalidEvent(f"attempt is not an integer: {value!r}") from None
-    if attempt < 1:
-        raise InvalidEvent(f"attempt must be at least 1, got {attempt}")
-    return attempt
-
-
-def parse_job_message(data: bytes, attributes: Mapping[str, str],
-                      classifier: Classifier | None = None) -> JobUpdate:
-    """The job update carried by a job-state Pub/Sub message (emulator or log-sink LogEntry).
-
-    Raises InvalidEvent with the reason for a malformed message, and two subclasses a consumer
-    may treat quietly: NotAJobStateChange (an ml_job entry that reports no state) and
-    UnattributedJobUpdate (a state change without run id / attempt).
+    Raises InvalidEvent (with the reason) for a malformed message, and NotAJobStateChange for a
+    well-formed ml_job entry that reports no state (a worker's output, a teardown line).
     """
+    lines = lines or DEFAULT_STATE_LINES
     source = attributes.get(ATTR_SOURCE)
     if source not in (None, "", SOURCE_JOB):
         raise InvalidEvent(f"not a job-state message ({ATTR_SOURCE}={source!r})")
+    if len(data) > MAX_ENTRY_BYTES:
+        raise InvalidEvent(f"message data is {len(data)} bytes, more than a log entry can be")
     try:
         entry = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise InvalidEvent("message data is not JSON") from None
     entry = _object(entry, "message data")
     resource = _object(entry.get("resource"), "resource")
     if resource.get("type") != RESOURCE_TYPE:
         raise InvalidEvent(f"not an {RESOURCE_TYPE} log entry (resource.type "
-                           f"{resource.get('type')!r})")
+                           f"{str(resource.get('type'))[:40]!r})")
+    labels = _object(resource.get("labels"), "resource.labels")
+    job_id, project = str(labels.get("job_id") or ""), str(labels.get("project_id") or "")
+    if not _JOB_ID.fullmatch(job_id):
+        raise InvalidEvent(f"resource.labels.job_id is not a Vertex job id: {job_id[:40]!r}")
+    if not _PROJECT_ID.fullmatch(project):
+        raise InvalidEvent(f"resource.labels.project_id is not a project id: {project[:40]!r}")
+    if labels.get("task_name") != SERVICE_TASK:
+        raise NotAJobStateChange(f"a replica's output ({str(labels.get('task_name'))[:40]})")
     payload = _object(entry.get("jsonPayload"), "jsonPayload")
-    text = str(entry.get("textPayload") or payload.get("message") or "")
-    state, text_error = _state_of(payload, text)
-    job_name = _job_name(payload, _object(resource.get("labels"), "resource.labels"))
-    error = _object(payload.get("error"), "jsonPayload.error")
-    try:
-        error_code = int(error.get("code") or 0)
-    except (TypeError, ValueError):
-        raise InvalidEvent(f"error.code is not an integer: {error.get('code')!r}") from None
-    error_message = str(error.get("message") or text_error)
-    labels = {str(k): str(v) for k, v in _object(payload.get("labels") or entry.get("labels"),
-                                                    "labels").items()}
-    start_time = _time(payload.get("startTime"), "startTime")
-    # A full payload says whether the job ever ran; a bare text line does not.
-    started = (start_time is not None) if "state" in payload else None
-    phase, failure, exit_code = classify(state, error_code, error_message, classifier,
-                                         started=started)
+    text = entry.get("textPayload") or payload.get("message") or ""
+    if not isinstance(text, str):
+        raise InvalidEvent("the entry's text is not a string")
+    phase, message = _phase_of(text.strip(), lines)
     observed_at = (_time(entry.get("timestamp"), "timestamp")
-                   or _time(attributes.get(ATTR_LOG_TIMESTAMP), ATTR_LOG_TIMESTAMP)
-                   or _time(payload.get("updateTime"), "updateTime"))
+                   or _time(attributes.get(ATTR_LOG_TIMESTAMP), ATTR_LOG_TIMESTAMP))
     if observed_at is None:
         raise InvalidEvent("the entry has no timestamp")
-    status = JobStatus(
-        job_name=job_name, phase=phase, failure=failure, exit_code=exit_code,
-        message=error_message, labels=labels,
-        create_time=_time(payload.get("createTime"), "createTime"), start_time=start_time,
-        end_time=_time(payload.get("endTime"), "endTime"),
-    )
-    job_id = job_name.rsplit("/", 1)[1]
-    run_id = attributes.get(ATTR_RUN_ID) or labels.get(LABEL_RUN)
-    attempt = _attempt(attributes.get(ATTR_ATTEMPT) or labels.get(LABEL_ATTEMPT))
-    if not run_id or attempt is None:
-        raise UnattributedJobUpdate(f"job {job_name} {status.phase}: the message names no run "
-                                    "id and attempt", job_id=job_id, status=status,
-                                    observed_at=observed_at)
-    return JobUpdate(run_id=run_id, attempt=attempt, job_id=job_id, status=status,
-                     observed_at=observed_at)
+    return JobLogLine(job_id=job_id, project=project, phase=phase, message=message[:1000],
+                      observed_at=observed_at)

@@ -1,19 +1,33 @@
-"""Structured JSON log lines in the shape Cloud Logging reads from stdout (severity, message, fields)."""
+"""spotorch's one logging path: stdlib `logging`, one JSON formatter in the shape Cloud Logging reads
+from stdout (severity, message, run and event ids as fields), set up once per process.
+
+Modules log with `logging.getLogger("spotorch.<module>")` and pass fields as `extra={...}`; a
+`run_id` field also becomes a log label so every line of a run is one filter away.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sys
-import time
+import threading
 from typing import Any, TextIO
 
-_LEVELS = {"DEBUG": 10, "INFO": 20, "NOTICE": 25, "WARNING": 30, "ERROR": 40, "CRITICAL": 50}
+LEVEL_ENV = "SPOTORCH_LOG_LEVEL"
+ROOT = "spotorch"
 
 # Anything that looks like a credential is masked before a line is written.
 _SECRET = re.compile(r"(https://(hooks\.slack\.com|chat\.googleapis\.com)/\S+|"
                      r"(password|token|secret|key)=[^&\s]+)", re.IGNORECASE)
+
+# Cloud Logging's severities for stdlib's level names.
+_SEVERITY = {"DEBUG": "DEBUG", "INFO": "INFO", "WARNING": "WARNING", "ERROR": "ERROR",
+             "CRITICAL": "CRITICAL"}
+# Attributes every LogRecord has; anything else on a record came in through `extra`.
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message",
+                                                                                "asctime"}
 
 
 def redact(text: str) -> str:
@@ -21,39 +35,57 @@ def redact(text: str) -> str:
     return _SECRET.sub("[REDACTED]", text)
 
 
-class StructuredLogger:
-    """Writes one JSON object per line; Cloud Logging turns each into a structured entry."""
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record; Cloud Logging turns each line into a structured entry."""
 
-    def __init__(self, name: str, stream: TextIO | None = None) -> None:
-        self.name = name
-        self.stream = stream
-        self.threshold = _LEVELS.get(os.environ.get("SPOTORCH_LOG_LEVEL", "INFO").upper(), 20)
-
-    def log(self, severity: str, message: str, **fields: Any) -> None:
-        if _LEVELS[severity] < self.threshold:
-            return
-        entry: dict[str, Any] = {"severity": severity, "message": redact(message),
-                                 "logger": self.name, "time": time.time()}
-        run_id = fields.pop("run_id", None)
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {"severity": _SEVERITY.get(record.levelname, record.levelname),
+                                 "message": redact(record.getMessage()), "logger": record.name,
+                                 "time": record.created}
+        for key, value in vars(record).items():
+            if key not in _STANDARD and value is not None:
+                entry[key] = redact(value) if isinstance(value, str) else value
+        run_id = entry.get("run_id")
         if run_id:
-            entry["run_id"] = run_id
             entry["logging.googleapis.com/labels"] = {"run_id": str(run_id)}
-        entry.update({k: v for k, v in fields.items() if v is not None})
-        line = json.dumps(entry, default=str)
-        print(line, file=self.stream or sys.stdout, flush=True)
-
-    def debug(self, message: str, **fields: Any) -> None:
-        self.log("DEBUG", message, **fields)
-
-    def info(self, message: str, **fields: Any) -> None:
-        self.log("INFO", message, **fields)
-
-    def warning(self, message: str, **fields: Any) -> None:
-        self.log("WARNING", message, **fields)
-
-    def error(self, message: str, **fields: Any) -> None:
-        self.log("ERROR", message, **fields)
+        if record.exc_info:
+            entry["stack_trace"] = redact(self.formatException(record.exc_info))
+        return json.dumps(entry, default=str)
 
 
-def logger(name: str) -> StructuredLogger:
-    return StructuredLogger(name)
+class _StdoutHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever sys.stdout is at the time of the record (a test's capture included)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        pass  # always sys.stdout
+
+
+_setup_lock = threading.Lock()
+_handler: logging.Handler | None = None
+
+
+def setup_logging(stream: TextIO | None = None, level: str | None = None) -> logging.Handler:
+    """Send spotorch's records to stdout as JSON lines; the first call wins (one per process)."""
+    global _handler
+    with _setup_lock:
+        if _handler is None:
+            _handler = logging.StreamHandler(stream) if stream else _StdoutHandler()
+            _handler.setFormatter(JsonFormatter())
+            root = logging.getLogger(ROOT)
+            root.addHandler(_handler)
+            root.setLevel((level or os.environ.get(LEVEL_ENV, "INFO")).upper())
+            root.propagate = False  # functions-framework's own handlers must not print it twice
+        return _handler
+
+
+def extra(**fields: Any) -> dict[str, Any]:
+    """Fields for `extra=`, renamed where a name is one a LogRecord already has (e.g. `name`)."""
+    return {f"{key}_" if key in _STANDARD else key: value for key, value in fields.items()}

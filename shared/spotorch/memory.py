@@ -10,7 +10,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spotorch.domain import Checkpoint, JobPhase, JobStatus
-from spotorch.ports import ConflictError, LaunchError, LaunchSpec
+from spotorch.ports import (
+    ConflictError,
+    LaunchError,
+    LaunchSpec,
+    ObjectInfo,
+    ObjectNotFound,
+    ObjectPage,
+)
 
 
 class InMemoryDocumentStore:
@@ -152,3 +159,41 @@ class ManualClock:
 
     def advance(self, seconds: float) -> None:
         self.t += seconds
+
+
+class InMemoryObjectStore:
+    """Objects in a dict, for tests; lists in name order, pages as GCS does."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str, int], bytes] = {}
+        self.updated: dict[tuple[str, str, int], float | None] = {}
+        self.reads = 0
+        self.stats = 0
+
+    def put(self, bucket: str, name: str, generation: int, data: bytes,
+            updated: float | None = None) -> None:
+        self.objects[(bucket, name, generation)] = data
+        self.updated[(bucket, name, generation)] = updated
+
+    def read(self, bucket: str, name: str, generation: int, max_bytes: int) -> bytes:
+        self.reads += 1
+        try:
+            return self.objects[(bucket, name, generation)][:max_bytes]
+        except KeyError:
+            raise ObjectNotFound(f"gs://{bucket}/{name}#{generation}") from None
+
+    def exists(self, bucket: str, name: str, generation: int) -> bool:
+        self.stats += 1
+        return (bucket, name, generation) in self.objects
+
+    def list_page(self, bucket: str, prefix: str, page_token: str | None,
+                  page_size: int) -> ObjectPage:
+        live: dict[str, int] = {}
+        for b, name, generation in self.objects:
+            if b == bucket and name.startswith(prefix):
+                live[name] = max(generation, live.get(name, 0))
+        names = sorted(n for n in live if page_token is None or n > page_token)
+        page = names[:page_size]
+        objects = tuple(ObjectInfo(bucket, n, live[n], len(self.objects[(bucket, n, live[n])]),
+                                   self.updated.get((bucket, n, live[n]))) for n in page)
+        return ObjectPage(objects, page[-1] if len(names) > page_size else None)

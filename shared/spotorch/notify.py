@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -85,7 +86,7 @@ ENV_ALERT_WINDOW_S = "SPOTORCH_ALERT_WINDOW_S"
 NOTIFY_OPTIONAL_ENV = (ENV_SMTP_STARTTLS, ENV_SMTP_CA_FILE, ENV_NOTIFY_LEDGER,
                        ENV_ALERT_MAX_PER_WINDOW, ENV_ALERT_WINDOW_S)
 
-_log = logs.logger("spotorch.notify")  # JSON lines on stdout: Cloud Logging's structured form
+_log = logging.getLogger("spotorch.notify")  # JSON lines via spotorch.logs, set up once
 
 
 class NotificationLedger(Protocol):
@@ -166,8 +167,9 @@ class NotifyPolicy:
 
 def _log_json(severity: str, message: str, **fields: Any) -> None:
     """One structured log line, with known secrets and webhook URLs redacted."""
-    _log.log(severity, redact(message), **{k: redact(v) if isinstance(v, str) else v
-                                           for k, v in fields.items()})
+    _log.log(logging.getLevelName(severity), redact(message),
+             extra=logs.extra(**{k: redact(v) if isinstance(v, str) else v
+                                 for k, v in fields.items()}))
 
 
 # --- routing -------------------------------------------------------------------------------------

@@ -9,12 +9,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from spotorch.domain import Checkpoint, JobStatus, Run
+from spotorch.errors import SpotorchError
 from spotorch.pipeline import Capacity, JobTemplate
 
 # Labels that tie a job to its run and attempt: set on every job, used to find (adopt) it.
-LABEL_RUN = "spotorch-run"
-LABEL_ATTEMPT = "spotorch-attempt"
-LABEL_PIPELINE = "spotorch-pipeline"
+LABEL_RUN = "spotorch_run"
+LABEL_ATTEMPT = "spotorch_attempt"
+LABEL_PIPELINE = "spotorch_pipeline"
 
 
 @dataclass(frozen=True)
@@ -121,4 +122,42 @@ class EventPublisher(Protocol):
 class Clock(Protocol):
     def now(self) -> float:
         """Seconds since the epoch."""
+        ...
+
+
+class ObjectNotFound(SpotorchError):
+    """No object at that bucket, name and generation."""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One object generation as a listing shows it."""
+
+    bucket: str
+    name: str
+    generation: int
+    size: int | None = None
+    updated: float | None = None  # seconds since the epoch
+
+
+@dataclass(frozen=True)
+class ObjectPage:
+    objects: tuple[ObjectInfo, ...]
+    next_page_token: str | None = None
+
+
+class ObjectStore(Protocol):
+    """The landing buckets, as much as intake needs of them."""
+
+    def read(self, bucket: str, name: str, generation: int, max_bytes: int) -> bytes:
+        """Up to max_bytes of one generation; ObjectNotFound when that generation is gone."""
+        ...
+
+    def exists(self, bucket: str, name: str, generation: int) -> bool:
+        """Whether that generation of the object exists (one metadata read)."""
+        ...
+
+    def list_page(self, bucket: str, prefix: str, page_token: str | None,
+                  page_size: int) -> ObjectPage:
+        """One page of the live objects under a prefix, in name order."""
         ...

@@ -9,28 +9,33 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, assert_never
 
 from spotorch import domain
 from spotorch.domain import (
+    CancelIntent,
     CancelRequested,
     Checkpoint,
     Context,
     Intent,
     IntentDone,
+    JobMissing,
     JobObserved,
+    JobPhase,
     JobStatus,
     LaunchDone,
     LaunchFailed,
+    LaunchIntent,
     Observation,
     Promote,
+    PublishIntent,
     Run,
     RunStatus,
     Tick,
     TrainerReported,
 )
-from spotorch.errors import SpotorchError
-from spotorch.pipeline import Capacity, OnActiveRun, Pipeline
+from spotorch.errors import InvalidEvent, SpotorchError
+from spotorch.pipeline import OnActiveRun, Pipeline
 from spotorch.ports import (
     LABEL_ATTEMPT,
     LABEL_PIPELINE,
@@ -43,10 +48,15 @@ from spotorch.ports import (
     JobLauncher,
     LaunchError,
     LaunchSpec,
+    ObjectStore,
     RunStore,
 )
-from spotorch.settings import COLLECTION_REJECTED
+from spotorch.settings import COLLECTION_JOBS, COLLECTION_LISTINGS, COLLECTION_REJECTED
+from spotorch.triggers import ObjectEvent, ObjectEventKind
 from spotorch_trainer import contract
+
+if TYPE_CHECKING:
+    from spotorch.intake import SnapshotReady
 
 log = logging.getLogger("spotorch.service")
 
@@ -67,6 +77,18 @@ class NotRetryable(SpotorchError):
     """Only a run that ended without success can be retried."""
 
 
+class UnknownAttempt(SpotorchError):
+    """The run has no attempt with this number."""
+
+
+class NotOurJob(SpotorchError):
+    """A job spotorch never created (or whose record is gone): acknowledged and recorded."""
+
+
+class ImplausibleReport(SpotorchError):
+    """A trainer report that cannot be true of this run (progress past the end, too fast)."""
+
+
 @dataclass
 class Deps:
     """What the service layer talks to; adapters are real in production and fakes in unit tests."""
@@ -78,6 +100,7 @@ class Deps:
     publisher: EventPublisher
     clock: Clock
     pipelines: Mapping[str, Pipeline]
+    objects: ObjectStore  # the landing buckets: manifests, existence checks, listings
     events_topic: str = ""  # trainer events topic handed to jobs (projects/P/topics/T)
 
     def pipeline(self, name: str) -> Pipeline:
@@ -159,66 +182,101 @@ def _carry_out(deps: Deps, run: Run, version: Any, mine: Sequence[str], *,
     return after
 
 
-_Performer = Callable[[Deps, Run, Intent], Observation | None]
-
-
 def _perform(deps: Deps, run: Run, intent: Intent) -> Observation | None:
     try:
-        return _PERFORMERS[intent.kind](deps, run, intent)
+        match intent:
+            case PublishIntent():
+                deps.publisher.publish(intent.event)
+                return IntentDone(intent.id)
+            case CancelIntent():
+                deps.launcher.cancel(intent.job_name)
+                return IntentDone(intent.id)
+            case LaunchIntent():
+                return _perform_launch(deps, run, intent)
+            case _:
+                assert_never(intent)
     except Exception as exc:  # a failed side effect stays in the outbox; the tick retries it
         log.warning("intent %s (%s) of run %s failed: %s", intent.id, intent.kind, run.run_id, exc,
                     extra={"run_id": run.run_id})
         return None
 
 
-def _perform_publish(deps: Deps, run: Run, intent: Intent) -> Observation:
-    deps.publisher.publish(intent.payload["event"])
-    return IntentDone(intent.id)
-
-
-def _perform_cancel(deps: Deps, run: Run, intent: Intent) -> Observation:
-    deps.launcher.cancel(str(intent.payload["job_name"]))
-    return IntentDone(intent.id)
-
-
-def _perform_launch(deps: Deps, run: Run, intent: Intent) -> Observation | None:
-    assert intent.attempt is not None
+def _perform_launch(deps: Deps, run: Run, intent: LaunchIntent) -> Observation | None:
     if deps.clock.now() > intent.claimed_until - LEASE_MARGIN_S:
         return None  # our claim is nearly over: let the tick re-claim it rather than race it
+    if not _earlier_jobs_ended(deps, run, intent.attempt):
+        return None  # the launch waits in the outbox; the tick tries again
     try:
         job_name = deps.launcher.launch(launch_spec(deps, run, intent))
     except LaunchError as exc:
         return LaunchFailed(intent.id, intent.attempt, str(exc), exc.permanent)
+    record_job(deps, job_name, run.run_id, intent.attempt, run.pipeline)
     return LaunchDone(intent.id, intent.attempt, job_name)
 
 
-_PERFORMERS: Mapping[str, _Performer] = {
-    "publish": _perform_publish,
-    "cancel": _perform_cancel,
-    "launch": _perform_launch,
-}
+def _earlier_jobs_ended(deps: Deps, run: Run, attempt: int) -> bool:
+    """One live job per run: every earlier attempt's job is confirmed ended by Vertex itself.
+
+    A job still alive (the attempt was ended by a message that lied, or a cancel has not landed)
+    is cancelled now and the launch waits; NOT_FOUND means there is no job to fear.
+    """
+    ended = True
+    for earlier in run.attempts[:attempt - 1]:
+        if earlier.job_name is None:
+            continue
+        try:
+            status = deps.launcher.get(earlier.job_name)
+        except LaunchError as exc:
+            if exc.code == "NOT_FOUND":
+                continue
+            log.warning("launch of %s attempt %d waits: cannot confirm %s ended: %s",
+                        run.run_id, attempt, earlier.job_name, exc, extra={"run_id": run.run_id})
+            return False
+        if not status.phase.terminal:
+            log.warning("launch of %s attempt %d waits: %s is still %s; cancelling it",
+                        run.run_id, attempt, earlier.job_name, status.phase,
+                        extra={"run_id": run.run_id})
+            with contextlib.suppress(LaunchError):
+                deps.launcher.cancel(earlier.job_name)
+            ended = False
+    return ended
 
 
-def launch_spec(deps: Deps, run: Run, intent: Intent) -> LaunchSpec:
+def job_id_of(job_name: str) -> str:
+    return job_name.rsplit("/", 1)[-1]
+
+
+def record_job(deps: Deps, job_name: str, run_id: str, attempt: int, pipeline: str) -> None:
+    """Remember which run and attempt a job belongs to (log-sink entries name only the job)."""
+    doc = {"job_name": job_name, "run_id": run_id, "attempt": attempt, "pipeline": pipeline,
+           "recorded_at": deps.clock.now()}
+    try:
+        deps.docs.put(COLLECTION_JOBS, job_id_of(job_name), doc, None)
+    except ConflictError:
+        pass  # recorded by an earlier try (adopted job): the same facts
+    except Exception as exc:  # the tick's polling still follows the job; its lines go unattributed
+        log.warning("could not record job %s of %s: %s", job_name, run_id, exc,
+                    extra={"run_id": run_id})
+
+
+def launch_spec(deps: Deps, run: Run, intent: LaunchIntent) -> LaunchSpec:
     """The job of one attempt: the pipeline's template plus the trainer's env and identifying labels."""
     pipeline = deps.pipeline(run.pipeline)
-    number = int(intent.attempt or 0)
-    payload = intent.payload
+    number = intent.attempt
     env = {
         contract.ENV_RUN_ID: run.run_id,
         contract.ENV_ATTEMPT: str(number),
         contract.ENV_PIPELINE: run.pipeline,
         contract.ENV_CHECKPOINT_URI: run.checkpoint_uri,
-        contract.ENV_RESUME_FROM: str(payload.get("resume_uri") or ""),
-        contract.ENV_RESUME_STEP: "" if payload.get("resume_step") is None
-        else str(payload["resume_step"]),
+        contract.ENV_RESUME_FROM: intent.resume_uri or "",
+        contract.ENV_RESUME_STEP: "" if intent.resume_step is None else str(intent.resume_step),
         contract.ENV_DATA_URI: run.data_uri,
         contract.ENV_MODEL_URI: run.output_uri,
         contract.ENV_EVENTS_TOPIC: deps.events_topic,
     }
     labels = {LABEL_RUN: run.run_id, LABEL_ATTEMPT: str(number), LABEL_PIPELINE: run.pipeline}
     return LaunchSpec(run_id=run.run_id, pipeline=run.pipeline, attempt=number,
-                      capacity=Capacity(payload["capacity"]), region=str(payload["region"]),
+                      capacity=intent.capacity, region=intent.region,
                       template=pipeline.job, env=env, labels=labels,
                       display_name=f"spotorch-{run.run_id}-a{number}"[:128])
 
@@ -266,11 +324,59 @@ def promote_next(deps: Deps, pipeline_name: str) -> Run | None:
 # ---------------------------------------------------------------- events and the tick
 
 def job_changed(deps: Deps, run_id: str, attempt: int, status: JobStatus,
-                event_id: str | None = None) -> Run | None:
+                event_id: str | None = None, *, confirmed: bool = True) -> Run:
     """A job's state changed; when it ended, look up the checkpoint it left first."""
     def observe(run: Run) -> Sequence[Observation]:
-        return [JobObserved(attempt, status, _checkpoint_if_ended(deps, run, status))]
-    return apply(deps, run_id, observe, event_id=event_id)
+        if run.attempt(attempt) is None:
+            raise UnknownAttempt(f"run {run_id} has no attempt {attempt}")
+        checkpoint = _checkpoint_if_ended(deps, run, status) if confirmed else None
+        return [JobObserved(attempt, status, checkpoint, confirmed=confirmed)]
+    run = apply(deps, run_id, observe, event_id=event_id)
+    if run is None:
+        raise UnknownRun(f"no run {run_id!r}")
+    return run
+
+
+@dataclass(frozen=True)
+class JobOwner:
+    """What the job record says of a job: its full name (with region), run and attempt."""
+
+    job_name: str
+    run_id: str
+    attempt: int
+
+
+def job_owner(deps: Deps, job_id: str) -> JobOwner | None:
+    doc, _ = deps.docs.get(COLLECTION_JOBS, job_id)
+    if doc is None:
+        return None
+    return JobOwner(str(doc["job_name"]), str(doc["run_id"]), int(doc["attempt"]))
+
+
+def job_line_reported(deps: Deps, job_id: str, phase: JobPhase, message: str,
+                      event_id: str | None = None) -> Run:
+    """A job's service log line (log sink): attribute it by the job record, confirm an ending.
+
+    A line is a hint: a terminal one is checked with GetCustomJob (the record holds the job's
+    region) and only Vertex's answer is applied. A transient failure of that check raises, so
+    the message comes back; NOT_FOUND is left to the tick's polling.
+    """
+    owner = job_owner(deps, job_id)
+    if owner is None:
+        raise NotOurJob(f"job {job_id} is not one spotorch created (no job record)")
+    if not phase.terminal:
+        hint = JobStatus(owner.job_name, phase, message=message)
+        return job_changed(deps, owner.run_id, owner.attempt, hint, event_id, confirmed=False)
+    try:
+        status = deps.launcher.get(owner.job_name)
+    except LaunchError as exc:
+        if exc.code != "NOT_FOUND":
+            raise
+        run, _ = deps.runs.load(owner.run_id)
+        if run is None:
+            raise UnknownRun(f"no run {owner.run_id!r}") from None
+        return run  # the tick counts it as missing and, in time, as lost
+    return job_changed(deps, owner.run_id, owner.attempt, status, event_id)
 
 
 def _checkpoint_if_ended(deps: Deps, run: Run, status: JobStatus) -> Checkpoint | None:
@@ -284,9 +390,19 @@ def _checkpoint_if_ended(deps: Deps, run: Run, status: JobStatus) -> Checkpoint 
 
 
 def trainer_reported(deps: Deps, run_id: str, report: TrainerReported,
-                     event_id: str | None = None) -> Run | None:
+                     event_id: str | None = None) -> Run:
     """The trainer of an attempt reported progress, a checkpoint, or its end."""
-    return apply(deps, run_id, [report], event_id=event_id)
+    def observe(run: Run) -> Sequence[Observation]:
+        if run.attempt(report.attempt) is None:
+            raise UnknownAttempt(f"run {run_id} has no attempt {report.attempt}")
+        why = domain.implausible(run, report, deps.clock.now())
+        if why is not None:
+            raise ImplausibleReport(f"run {run_id} attempt {report.attempt}: {why}")
+        return [report]
+    run = apply(deps, run_id, observe, event_id=event_id)
+    if run is None:
+        raise UnknownRun(f"no run {run_id!r}")
+    return run
 
 
 def tick(deps: Deps) -> list[Run]:
@@ -308,17 +424,21 @@ def tick(deps: Deps) -> list[Run]:
 def _poll(deps: Deps, run: Run) -> Callable[[Run], list[Observation]]:
     """Ask the launcher about every live job now; the checkpoint lookups wait for the fresh run."""
     statuses: list[tuple[int, JobStatus]] = []
+    missing: list[Observation] = []
     for attempt in run.attempts:
         if attempt.live and attempt.job_name:
             try:
                 statuses.append((attempt.number, deps.launcher.get(attempt.job_name)))
             except LaunchError as exc:
-                log.warning("polling %s failed: %s", attempt.job_name, exc)
+                if exc.code == "NOT_FOUND":
+                    missing.append(JobMissing(attempt.number, attempt.job_name))
+                log.warning("polling %s failed: %s", attempt.job_name, exc,
+                            extra={"run_id": run.run_id})
 
     def observe(fresh: Run) -> list[Observation]:
         polled: list[Observation] = [JobObserved(n, s, _checkpoint_if_ended(deps, fresh, s))
                                      for n, s in statuses]
-        return [*polled, Tick()]
+        return [*polled, *missing, Tick()]
     return observe
 
 
@@ -393,3 +513,102 @@ def submit(deps: Deps, pipeline_name: str, data_uri: str, *, request_id: str = "
     return start_run(deps, pipeline.name, run_id=run_id_for(pipeline.name, snap.snapshot_id),
                      data_uri=snap.data_uri, snapshot_id=snap.snapshot_id,
                      reason=f"submitted by hand for {data_uri}")
+
+
+# ---------------------------------------------------------------- data arrival
+
+def data_arrived(deps: Deps, obj: ObjectEvent, *, listed: bool = False) -> list[Run]:
+    """An object event (Eventarc, a GCS notification, or a listing): batch it, start what it completes.
+
+    A finalize event counts only if that generation exists (one metadata read), so a forged or
+    stale event cannot start a run.
+    """
+    from spotorch import intake
+
+    pipelines = tuple(deps.pipelines.values())
+    if not intake.matches_any(obj, pipelines):
+        log.info("object %s matches no pipeline: %s", obj.uri, intake.why_unmatched(obj, pipelines),
+                 extra={"event_id": obj.event_id})
+        return []
+    if obj.kind == ObjectEventKind.FINALIZE and not listed and \
+            not deps.objects.exists(obj.bucket, obj.name, obj.generation):
+        raise InvalidEvent(f"{obj.uri} generation {obj.generation} does not exist",
+                           event_id=obj.event_id)
+    ready = intake.handle_object_event(obj, pipelines=pipelines, docs=deps.docs,
+                                       now=deps.clock.now(), reader=deps.objects)
+    return [run for snap in ready if (run := start_snapshot_run(deps, snap, "complete"))]
+
+
+def start_snapshot_run(deps: Deps, snap: SnapshotReady, why: str) -> Run | None:
+    """The one run of a completed snapshot; then the snapshot is marked dispatched."""
+    from spotorch import intake
+
+    run = start_run(deps, snap.pipeline, run_id=intake.run_id_for(snap.pipeline, snap.snapshot_id),
+                    data_uri=snap.data_uri, snapshot_id=snap.snapshot_id,
+                    reason=f"data snapshot {snap.data_uri} {why}")
+    intake.mark_dispatched(snap, docs=deps.docs)  # also when skipped: it must not come back
+    log.info("snapshot %s ready", snap.snapshot_id,
+             extra={"run_id": run.run_id if run else None, "pipeline": snap.pipeline})
+    return run
+
+
+LISTING_PAGE_SIZE = 500
+LISTING_PAGES_PER_TICK = 4  # bounded work per invocation; a long listing goes on next tick
+# Objects older than the first listing of a prefix by more than this predate spotorch's watch
+# (or their events were handled then): a first deploy on a full bucket starts no old runs.
+LISTING_LOOKBACK_S = 3600.0
+
+
+def list_landing(deps: Deps) -> int:
+    """Feed the objects of every landing prefix to intake, as events would: what events missed.
+
+    Each (bucket, prefix) keeps a cursor in Firestore, so a tick reads at most
+    LISTING_PAGES_PER_TICK pages and the next one carries on; at the end the cursor starts over.
+    Listed objects go through the same intake as events (by object generation), so an object
+    whose event did arrive changes nothing; a snapshot starts its run exactly once either way.
+    Returns the number of objects listed.
+    """
+    from spotorch import intake
+
+    listed = 0
+    for bucket, prefix in intake.landing_prefixes(tuple(deps.pipelines.values())):
+        key = f"{bucket}:{prefix}".replace("/", "|")[:1400]
+        doc, version = deps.docs.get(COLLECTION_LISTINGS, key)
+        token = (doc or {}).get("page_token")
+        since = float((doc or {}).get("watching_since") or deps.clock.now())
+        for _ in range(LISTING_PAGES_PER_TICK):
+            page = deps.objects.list_page(bucket, prefix, token, LISTING_PAGE_SIZE)
+            for info in page.objects:
+                if info.updated is not None and info.updated < since - LISTING_LOOKBACK_S:
+                    continue
+                listed += 1
+                try:
+                    data_arrived(deps, intake.listed_event(info), listed=True)
+                except SpotorchError as exc:
+                    log.warning("listed object gs://%s/%s: %s", info.bucket, info.name, exc)
+            token = page.next_page_token
+            if token is None:
+                break
+        with contextlib.suppress(ConflictError):  # another tick listed it meanwhile: fine
+            deps.docs.put(COLLECTION_LISTINGS, key, {"page_token": token, "bucket": bucket,
+                                                      "prefix": prefix, "watching_since": since,
+                                                      "listed_at": deps.clock.now()}, version)
+    return listed
+
+
+def reconcile(deps: Deps) -> list[Run]:
+    """The tick: close due snapshots, list the landing prefixes, then reconcile every active run."""
+    from spotorch import intake
+
+    def run_exists(run_id: str) -> bool:
+        return deps.runs.load(run_id)[0] is not None
+
+    for snap in intake.close_due_snapshots(pipelines=tuple(deps.pipelines.values()),
+                                           docs=deps.docs, now=deps.clock.now(),
+                                           run_exists=run_exists):
+        start_snapshot_run(deps, snap, "closed by the tick")
+    try:
+        list_landing(deps)
+    except Exception as exc:  # listing is a repair; the runs' reconcile must not wait for it
+        log.warning("listing the landing buckets failed: %s", exc)
+    return tick(deps)

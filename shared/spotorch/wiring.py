@@ -17,6 +17,7 @@ def production_deps(settings: Settings | None = None) -> Deps:
     """Firestore, Vertex AI, GCS and Pub/Sub adapters configured from SPOTORCH_* variables."""
     from spotorch.checkpoints import StorageCheckpointStore
     from spotorch.config import cached_pipelines
+    from spotorch.objects_gcs import GcsObjectStore
     from spotorch.publisher import PubSubPublisher
     from spotorch.store import DocumentRunStore
     from spotorch.store_firestore import FirestoreDocumentStore
@@ -35,5 +36,6 @@ def production_deps(settings: Settings | None = None) -> Deps:
         publisher=PubSubPublisher(settings.topic_path(settings.events_topic)),
         clock=SystemClock(),
         pipelines=pipelines,
+        objects=GcsObjectStore(project=settings.project),
         events_topic=settings.topic_path(settings.trainer_events_topic),
     )

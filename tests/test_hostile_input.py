@@ -1,0 +1,181 @@
+"""Hostile input through functions-framework's test client: never a 5xx for input that can never
+succeed, every rejection recorded, no run changed (issue 13, finding 5 and 6).
+
+A table of known attacks plus hypothesis-generated payloads, posted as real CloudEvents.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+from cloudevents.http import CloudEvent
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from spotorch.domain import RunStatus
+from spotorch.memory import InMemoryLauncher
+from spotorch.service import Deps
+from test_functions import deps as functions_deps  # noqa: F401  (the "deps" fixture)
+from test_functions import landed, post, pubsub_event, sink_line, storage_event
+
+BIG = 2 ** 63
+
+
+@pytest.fixture
+def deps(functions_deps: Deps) -> Deps:  # noqa: F811 (a fixture parameter, by pytest)
+    """The functions' dependencies on in-memory adapters (test_functions' fixture)."""
+    return functions_deps
+
+
+def trainer(**fields: Any) -> bytes:
+    base: dict[str, Any] = {"kind": "progress", "run_id": "demo-x", "attempt": 1, "step": 1}
+    base.update(fields)
+    return json.dumps({k: v for k, v in base.items() if v is not ...}).encode()
+
+
+TRAINER_ATTACKS: list[bytes] = [
+    *(trainer(run_id=rid) for rid in ("a/b", ".", "..", "__x__", "runs/../x", "", "x" * 2000,
+                                      None, 7, ["r"], {"a": 1})),
+    *(trainer(step=v) for v in ("Infinity", 1e400, BIG, -1, 1.5, True, "12a", [1])),
+    *(trainer(attempt=v) for v in (0, -3, BIG, "two", 1e400, None)),
+    *(trainer(metrics=v) for v in ("loss=1", [1, 2], {"loss": "NaN"}, {"x" * 500: 1},
+                                   {str(i): i for i in range(100)}, {"loss": 1e400})),
+    trainer(total_steps=0), trainer(exit_code=BIG), trainer(time="yesterday"),
+    trainer(checkpoint_uri=12), trainer(event_id="a b"), trainer(kind="explode"),
+    b"Infinity", b"[1,2]", b"\xff\xfe", b"{" * 50_000, b'{"run_id": "x"}', b"",
+    # "Infinity" and 1e400 as JSON literals, not strings
+    b'{"kind": "progress", "run_id": "demo-x", "attempt": 1, "step": Infinity}',
+    b'{"kind": "progress", "run_id": "demo-x", "attempt": 1, "step": 1e400}',
+    b'{"kind": "progress", "run_id": "demo-x", "attempt": 1e400, "step": 1}',
+    b'{"kind": "progress", "run_id": "demo-x", "attempt": 1, "step": 1, "metrics": {"l": NaN}}',
+]
+
+JOB_ATTACKS: list[bytes] = [
+    sink_line("projects/p/locations/us-central1/customJobs/999", "Job failed."),  # not ours
+    sink_line("projects/p/locations/us-central1/customJobs/999", "Job is running."),
+    json.dumps({"resource": {"type": "ml_job", "labels": {"job_id": "../../x",
+                                                          "project_id": "p-12345",
+                                                          "task_name": "service"}},
+                "textPayload": "Job failed.", "timestamp": "2026-11-29T10:00:00Z"}).encode(),
+    json.dumps({"resource": {"type": "ml_job", "labels": {"job_id": "1", "project_id": "p-123",
+                                                          "task_name": "service"}},
+                "textPayload": "Job failed.", "timestamp": 1e400}).encode(),
+    json.dumps({"resource": "ml_job", "textPayload": "Job failed."}).encode(),
+    b"null", b"0", b'"text"', b"{}",
+]
+
+
+def object_attack(**data: Any) -> CloudEvent:
+    base = {"bucket": "landing", "name": "datasets/a.csv", "generation": "1",
+            "metageneration": "1", "size": "1", "updated": "2026-11-29T10:00:00.000Z"}
+    base.update(data)
+    return CloudEvent({"type": "google.cloud.storage.object.v1.finalized", "id": "obj-attack",
+                       "source": "//storage.googleapis.com/projects/_/buckets/landing"},
+                      {k: v for k, v in base.items() if v is not ...})
+
+
+OBJECT_ATTACKS: list[CloudEvent] = [
+    object_attack(generation=str(BIG)), object_attack(generation="-1"),
+    object_attack(generation="1e400"), object_attack(generation="Infinity"),
+    object_attack(name="datasets/" + "x" * (1 << 20)), object_attack(name=...),
+    object_attack(bucket=["landing"]), object_attack(size="huge"), object_attack(generation="77"),
+    object_attack(updated="not a time"),
+]
+
+
+def assert_rejected_and_nothing_changed(deps: Deps, resp: Any, event_id: str) -> None:
+    assert resp.status_code < 500, resp.data[:300]
+    record, _ = deps.docs.get("rejected_events", event_id)
+    assert record is not None and record["reason"], event_id
+    assert isinstance(deps.launcher, InMemoryLauncher)
+
+
+@pytest.fixture
+def running(deps: Deps) -> tuple[Deps, str]:
+    landed(deps, "datasets/a.csv")
+    post("on_object_finalized", storage_event("datasets/a.csv"))
+    run = deps.runs.active()[0]
+    return deps, run.run_id
+
+
+@pytest.mark.parametrize("payload", TRAINER_ATTACKS, ids=lambda b: repr(b[:60]))
+def test_hostile_trainer_reports(running: tuple[Deps, str], payload: bytes) -> None:
+    deps, run_id = running
+    before, _ = deps.runs.load(run_id)
+    resp = post("on_job_event", pubsub_event(payload, {"spotorch_source": "trainer"}, "attack"))
+    assert_rejected_and_nothing_changed(deps, resp, "attack")
+    after, _ = deps.runs.load(run_id)
+    assert after == before
+
+
+@pytest.mark.parametrize("payload", JOB_ATTACKS, ids=lambda b: repr(b[:60]))
+def test_hostile_job_lines(running: tuple[Deps, str], payload: bytes) -> None:
+    deps, run_id = running
+    before, _ = deps.runs.load(run_id)
+    resp = post("on_job_event", pubsub_event(payload, {}, "attack"))
+    assert_rejected_and_nothing_changed(deps, resp, "attack")
+    assert deps.runs.load(run_id)[0] == before
+
+
+@pytest.mark.parametrize("event", OBJECT_ATTACKS, ids=range(len(OBJECT_ATTACKS)))
+def test_hostile_object_events(deps: Deps, event: CloudEvent) -> None:
+    resp = post("on_object_finalized", event)
+    assert_rejected_and_nothing_changed(deps, resp, "obj-attack")
+    assert deps.runs.active() == [] and isinstance(deps.launcher, InMemoryLauncher) \
+        and deps.launcher.created == 0
+
+
+@pytest.mark.parametrize("envelope", [
+    {"message": {"data": "!!!not base64"}}, {"message": "x"}, {"message": {"data": 12}},
+    {"message": {"data": base64.b64encode(b"{}").decode(), "attributes": ["a"]}}, [1], "text",
+])
+def test_hostile_pubsub_envelopes(deps: Deps, envelope: Any) -> None:
+    event = CloudEvent({"type": "google.cloud.pubsub.topic.v1.messagePublished", "id": "env",
+                        "source": "//pubsub.googleapis.com/projects/p/topics/t"}, envelope)
+    for target in ("on_job_event", "on_tick", "on_run_event"):
+        resp = post(target, event)
+        assert resp.status_code < 500, (target, resp.data[:300])
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=40),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner,
+                                                                max_size=6),
+    max_leaves=20)
+trainer_like = st.fixed_dictionaries(
+    {}, optional={"kind": st.sampled_from(["progress", "checkpoint", "started", "x"]) | json_values,
+                  "run_id": st.just("demo-x") | json_values, "attempt": json_values,
+                  "step": json_values, "total_steps": json_values, "metrics": json_values,
+                  "time": json_values, "exit_code": json_values, "event_id": json_values,
+                  "checkpoint_uri": json_values})
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=trainer_like)
+def test_generated_trainer_reports_never_answer_5xx(deps: Deps, body: dict[str, Any]) -> None:
+    payload = json.dumps(body, allow_nan=True).encode()
+    resp = post("on_job_event", pubsub_event(payload, {"spotorch_source": "trainer"}, "gen"))
+    assert resp.status_code < 500, (body, resp.data[:300])
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=st.dictionaries(st.sampled_from(["resource", "textPayload", "jsonPayload",
+                                             "timestamp", "labels"]), json_values, max_size=5))
+def test_generated_job_entries_never_answer_5xx(deps: Deps, body: dict[str, Any]) -> None:
+    payload = json.dumps(body, allow_nan=True).encode()
+    resp = post("on_job_event", pubsub_event(payload, {}, "gen"))
+    assert resp.status_code < 500, (body, resp.data[:300])
+
+
+def test_the_run_still_works_after_the_attacks(running: tuple[Deps, str]) -> None:
+    deps, run_id = running
+    for i, payload in enumerate(TRAINER_ATTACKS + JOB_ATTACKS):
+        post("on_job_event", pubsub_event(payload, {"spotorch_source": "trainer"}, f"a{i}"))
+    report = trainer(run_id=run_id, step=5, total_steps=100)
+    assert post("on_job_event", pubsub_event(report, {"spotorch_source": "trainer"},
+                                             "real")).status_code == 200
+    after, _ = deps.runs.load(run_id)
+    assert after is not None and after.progress.step == 5 and after.status is RunStatus.STARTING

@@ -1,0 +1,223 @@
+"""Issue 13's findings, each as a test on the service layer with in-memory adapters.
+
+One live job per run; lost jobs; hints that never end attempts; plausible progress only;
+unknown runs and attempts rejected with a reason; data whose events were lost found by listing.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fakes import fake_deps
+from spotorch import domain, service
+from spotorch.domain import FailureClass, JobPhase, JobStatus, RunStatus, TrainerReported
+from spotorch.memory import InMemoryLauncher, InMemoryObjectStore, ManualClock
+from spotorch.pipeline import BatchMode, EscalationKind, Pipeline, RecoveryPolicy, Trigger
+from spotorch.ports import LaunchError
+from spotorch.service import Deps
+
+
+def make_deps(batch: BatchMode = BatchMode.EACH_OBJECT) -> Deps:
+    p = Pipeline(name="p", trigger=Trigger(bucket="landing", prefix="in/", batch=batch),
+                 checkpoint_uri="gs://c/p", output_uri="gs://m/p",
+                 recovery=RecoveryPolicy(escalation=EscalationKind.NEVER, backoff_base_s=1.0))
+    return fake_deps(p)
+
+
+def parts(deps: Deps) -> tuple[InMemoryLauncher, ManualClock, InMemoryObjectStore]:
+    assert isinstance(deps.launcher, InMemoryLauncher) and isinstance(deps.clock, ManualClock)
+    assert isinstance(deps.objects, InMemoryObjectStore)
+    return deps.launcher, deps.clock, deps.objects
+
+
+def started(deps: Deps) -> domain.Run:
+    run = service.start_run(deps, "p", run_id="r1", data_uri="gs://landing/in/a", snapshot_id="s",
+                            reason="t")
+    assert run is not None
+    return run
+
+
+def live_jobs(launcher: InMemoryLauncher, run_id: str) -> list[str]:
+    return [name for name, job in launcher.jobs.items()
+            if job.spec.run_id == run_id and not job.status.phase.terminal]
+
+
+# --- one live job per run ------------------------------------------------------------------------
+
+
+def test_a_failed_hint_for_a_running_job_ends_nothing_and_launches_nothing() -> None:
+    deps = make_deps()
+    launcher, _, _ = parts(deps)
+    run = started(deps)
+    job = launcher.job_of(run.run_id, 1)
+    launcher.set_status(job, JobPhase.RUNNING)
+    service.tick(deps)
+    for i in range(60):  # the attack: 60 forged FAILED lines under 20 ids, job still running
+        service.job_line_reported(deps, job.rsplit("/", 1)[1], JobPhase.FAILED, "boom",
+                                  event_id=f"forged-{i % 20}")
+        assert len(live_jobs(launcher, run.run_id)) == 1
+    after, _ = deps.runs.load(run.run_id)
+    assert after is not None and after.status is RunStatus.RUNNING and len(after.attempts) == 1
+    assert launcher.created == 1
+
+
+def test_an_unconfirmed_terminal_observation_is_ignored_by_the_domain() -> None:
+    deps = make_deps()
+    launcher, _, _ = parts(deps)
+    run = started(deps)
+    job = launcher.job_of(run.run_id, 1)
+    status = JobStatus(job, JobPhase.FAILED, failure=FailureClass.PREEMPTED)
+    after = service.job_changed(deps, run.run_id, 1, status, confirmed=False)
+    assert after.current is not None and after.current.live and len(after.attempts) == 1
+    confirmed = service.job_changed(deps, run.run_id, 1, status)
+    assert confirmed.counters.preemptions == 1 and len(confirmed.attempts) == 2
+
+
+def test_a_launch_waits_until_vertex_confirms_the_previous_job_ended() -> None:
+    """Even if a wrong confirmation ended attempt 1, attempt 2 is not created while 1 lives."""
+    deps = make_deps()
+    launcher, clock, _ = parts(deps)
+    run = started(deps)
+    job = launcher.job_of(run.run_id, 1)
+    launcher.set_status(job, JobPhase.RUNNING)
+    # Vertex said FAILED (say, a stale answer); by the time of the launch it runs again.
+    original_get = launcher.get
+    answers = iter([JobStatus(job, JobPhase.FAILED, failure=FailureClass.PREEMPTED)])
+    launcher.get = lambda name: next(answers, None) or original_get(name)  # type: ignore[method-assign]
+    after = service.job_changed(deps, run.run_id, 1, launcher.get(job))
+    assert len(after.attempts) == 2 and launcher.created == 1  # launch deferred
+    assert job in launcher.cancelled  # the old job is stopped first
+    assert len(live_jobs(launcher, run.run_id)) == 0
+    clock.advance(domain.LAUNCH_LEASE_S + 1)
+    service.tick(deps)  # now confirmed ended: the launch goes ahead
+    assert launcher.created == 2 and len(live_jobs(launcher, run.run_id)) == 1
+
+
+def test_a_job_record_attributes_sink_lines() -> None:
+    deps = make_deps()
+    launcher, _, _ = parts(deps)
+    run = started(deps)
+    job = launcher.job_of(run.run_id, 1)
+    owner = service.job_owner(deps, job.rsplit("/", 1)[1])
+    assert owner == service.JobOwner(job, run.run_id, 1)
+    with pytest.raises(service.NotOurJob):
+        service.job_line_reported(deps, "424242", JobPhase.RUNNING, "")
+
+
+# --- vanished jobs -------------------------------------------------------------------------------
+
+
+def test_a_job_vertex_no_longer_knows_is_lost_after_polls_and_time_and_the_run_recovers() -> None:
+    deps = make_deps()
+    launcher, clock, _ = parts(deps)
+    run = started(deps)
+    job = launcher.job_of(run.run_id, 1)
+    launcher.set_status(job, JobPhase.RUNNING)
+    service.tick(deps)
+    del launcher.jobs[job]  # the emulator restarted, or the job was deleted
+    for _ in range(domain.LOST_AFTER_POLLS - 1):
+        clock.advance(60)
+        service.tick(deps)
+    after, _ = deps.runs.load(run.run_id)
+    assert after is not None and after.attempts[0].live and after.attempts[0].missing_polls == 2
+    clock.advance(domain.LOST_AFTER_S)
+    service.tick(deps)
+    after, _ = deps.runs.load(run.run_id)
+    assert after is not None and after.attempts[0].failure is FailureClass.LOST
+    assert after.counters.lost == 1 and after.status is RunStatus.RECOVERING
+    clock.advance(120)
+    service.tick(deps)
+    assert launcher.created == 2
+
+
+def test_a_transient_poll_error_never_counts_towards_lost() -> None:
+    deps = make_deps()
+    launcher, clock, _ = parts(deps)
+    run = started(deps)
+
+    def unavailable(name: str) -> JobStatus:
+        raise LaunchError("UNAVAILABLE", permanent=False, code="UNAVAILABLE")
+    launcher.get = unavailable  # type: ignore[method-assign]
+    for _ in range(10):
+        clock.advance(600)
+        service.tick(deps)
+    after, _ = deps.runs.load(run.run_id)
+    assert after is not None and after.attempts[0].live and after.attempts[0].missing_polls == 0
+
+
+# --- plausible progress, unknown runs ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("step", "total", "why"), [
+    (2 ** 63 - 1, None, "out of range"),
+    (2 ** 40, None, "steps per second"),
+    (101, 100, "past total_steps"),
+])
+def test_implausible_progress_is_rejected_and_changes_nothing(step: int, total: int | None,
+                                                              why: str) -> None:
+    deps = make_deps()
+    _, clock, _ = parts(deps)
+    run = started(deps)
+    report = TrainerReported(attempt=1, kind="progress", at=clock.now() + 10, step=step,
+                             total_steps=total)
+    with pytest.raises(service.ImplausibleReport, match=why):
+        service.trainer_reported(deps, run.run_id, report)
+    after, _ = deps.runs.load(run.run_id)
+    assert after is not None and after.progress.step == 0
+    real = TrainerReported(attempt=1, kind="progress", at=clock.now() + 20, step=50,
+                           total_steps=100)
+    assert service.trainer_reported(deps, run.run_id, real).progress.step == 50
+
+
+def test_reports_for_unknown_runs_and_attempts_are_errors_with_a_reason() -> None:
+    deps = make_deps()
+    _, clock, _ = parts(deps)
+    run = started(deps)
+    with pytest.raises(service.UnknownRun):
+        service.trainer_reported(deps, "nobody", TrainerReported(1, "progress", clock.now()))
+    with pytest.raises(service.UnknownAttempt):
+        service.trainer_reported(deps, run.run_id, TrainerReported(7, "progress", clock.now()))
+    with pytest.raises(service.UnknownAttempt):
+        service.job_changed(deps, run.run_id, 9, JobStatus("j", JobPhase.RUNNING))
+
+
+# --- data whose events were lost -----------------------------------------------------------------
+
+
+def test_the_tick_finds_a_snapshot_whose_events_were_all_lost_exactly_once() -> None:
+    deps = make_deps(BatchMode.MARKER)
+    launcher, clock, objects = parts(deps)
+    service.reconcile(deps)  # the first listing starts the watch
+    for name in ("in/d1/a.csv", "in/d1/b.csv", "in/d1/_SUCCESS"):
+        objects.put("landing", name, 1, b"x", updated=clock.now())
+    clock.advance(60)
+    service.reconcile(deps)
+    runs = deps.runs.active()
+    assert len(runs) == 1 and runs[0].data_uri == "gs://landing/in/d1/"
+    for _ in range(3):  # listing again, and the late real event, start nothing more
+        clock.advance(60)
+        service.reconcile(deps)
+    from spotorch.triggers import ObjectEvent, ObjectEventKind
+
+    service.data_arrived(deps, ObjectEvent("late", ObjectEventKind.FINALIZE, "landing",
+                                           "in/d1/_SUCCESS", 1))
+    assert len(deps.runs.active()) == 1 and launcher.created == 1
+
+
+def test_a_first_listing_ignores_objects_from_before_the_watch() -> None:
+    deps = make_deps()
+    _, clock, objects = parts(deps)
+    objects.put("landing", "in/old.csv", 1, b"x", updated=clock.now() - 30 * 24 * 3600)
+    service.reconcile(deps)
+    assert deps.runs.active() == []
+
+
+def test_listing_is_bounded_per_tick_and_goes_on_next_tick() -> None:
+    deps = make_deps()
+    _, clock, objects = parts(deps)
+    service.reconcile(deps)
+    limit = service.LISTING_PAGE_SIZE * service.LISTING_PAGES_PER_TICK
+    for i in range(limit + 10):
+        objects.put("landing", f"in/x{i:05d}.tmp", 1, b"", updated=clock.now())
+    assert service.list_landing(deps) == limit
+    assert service.list_landing(deps) == 10

@@ -910,7 +910,8 @@ def _recover(run: Run, ctx: Context, attempt: Attempt, failure: FailureClass) ->
     if failure is FailureClass.STOCKOUT:
         run = replace(run, region_index=run.region_index + 1)
     if failure in (FailureClass.PREEMPTED, FailureClass.STOCKOUT):
-        run = replace(run, spot_unavailable_until=ctx.now + recovery.spot_cooldown_s)
+        run = replace(run, spot_unavailable_until=spot_cooldown_until(ctx.now,
+                                                                    recovery.spot_cooldown_s))
     if no_progress >= recovery.max_no_progress_attempts and (
             attempt.capacity is not Capacity.SPOT or recovery.escalation is EscalationKind.NEVER):
         run = _publish(run, ctx, "run.budget_exceeded", budget="no_progress",
@@ -1064,7 +1065,7 @@ def _on_tick(run: Run, obs: Observation, ctx: Context) -> Run:
             current.capacity is Capacity.FLEX_START:
         return run
     spot_waiting = current.capacity is Capacity.SPOT and waiting and queued_for > 60.0
-    cooling = ctx.now < (run.spot_unavailable_until or 0.0)
+    cooling = spot_cooling(ctx.now, run.spot_unavailable_until)
     wanted = _policy_capacity(run, ctx, current=current.capacity,
                               spot_available=not (spot_waiting or cooling))
     run = _deadline_warning(run, ctx, wanted, current)
@@ -1073,7 +1074,8 @@ def _on_tick(run: Run, obs: Observation, ctx: Context) -> Run:
     reason = (f"deadline policy: switch {current.capacity} -> {wanted} "
               f"(time left {_fmt_s((run.deadline_at or ctx.now) - ctx.now)})")
     if spot_waiting:  # giving up on a Spot queue is evidence too: don't come straight back
-        run = replace(run, spot_unavailable_until=ctx.now + ctx.recovery.spot_cooldown_s)
+        run = replace(run, spot_unavailable_until=spot_cooldown_until(
+            ctx.now, ctx.recovery.spot_cooldown_s))
     run = replace(run, next_capacity=wanted, next_reason=reason)
     run = _note(run, ctx, f"switch to {wanted}", reason)
     return _cancel_attempt(run, ctx, current, CANCEL_SWITCH)
@@ -1178,3 +1180,16 @@ def implausible(run: Run, report: TrainerReported, now: float | None = None) -> 
         return (f"step {step} jumps {step - known} steps from {known} in {max(at - since, 0):.0f}s"
                 f" (more than {MAX_STEPS_PER_S:.0f} steps per second)")
     return None
+
+
+# ---- rules shared with the simulator
+# Small pure rules the trace simulator (spotorch.sim) replays exactly as production applies them.
+
+def spot_cooldown_until(now: float, cooldown_s: float) -> float:
+    """Until when Spot counts as unavailable after a sign of none (preemption, stockout, queue)."""
+    return now + cooldown_s
+
+
+def spot_cooling(now: float, unavailable_until: float | None) -> bool:
+    """True while Spot counts as unavailable: no move back to Spot, and standard not told of it."""
+    return now < (unavailable_until or 0.0)

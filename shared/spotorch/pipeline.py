@@ -146,8 +146,8 @@ class RecoveryPolicy(FileSection):
         validation_alias="stockout_wait",
         description="A Spot attempt queued longer is a stockout.")] = 900.0
     # After a stockout, a preemption or a Spot queue given up, no move back to Spot before this:
-    # production cannot see Spot capacity while on standard (docs/policy-benchmark.md: 2 h keeps
-    # the deadline policy at or below Uniform Progress when replayed the way production sees it).
+    # production cannot see Spot capacity while on standard. Without Spot probes this blind wait
+    # is the largest cost left (docs/policy-benchmark.md, production view without probes).
     spot_cooldown_s: Annotated[float, Duration(), Field(
         validation_alias="spot_cooldown",
         description="After a stockout or preemption, how long before a run on standard VMs may "

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from spotorch.health import HealthPolicy
+
 
 class Capacity(StrEnum):
     """The kind of VM an attempt runs on."""
@@ -143,6 +145,7 @@ class Pipeline:
     max_cost: float | None = None  # budget in currency units; None: unlimited
     prices: tuple[tuple[str, float], ...] = ()  # capacity -> price per replica-hour (overrides)
     routes: tuple[Route, ...] = ()
+    health: HealthPolicy = field(default_factory=HealthPolicy)
     source: str = ""  # the file it was loaded from, for error messages
 
     def run_checkpoint_uri(self, run_id: str) -> str:

@@ -151,7 +151,7 @@ def test_a_process_that_hangs_is_cancelled_and_the_relaunch_succeeds(spawn: obje
     worker.wait_for("hanging at step")
     time.sleep(1.5)
     assert worker.proc.poll() is None  # alive, and silent
-    run, n = feed(run, p, worker)
+    run, _ = feed(run, p, worker)
     run = decide(run, Tick(), Context(p, time.time()))
     assert "attempt.hung" in published(run) and run.current is not None
     assert run.current.cancel_reason == "hung"

@@ -251,7 +251,8 @@ def test_divergence_fails_the_run_with_the_rule_in_its_reason(
     run = end(run, p, JobPhase.CANCELLED, T0 + 100)
     assert run.status is RunStatus.FAILED_DIVERGED
     assert run.end_reason is not None and rule in run.end_reason
-    assert event(run, "run.failed")["status"] == "FAILED_DIVERGED"
+    failed = event(run, "run.failed")
+    assert failed["status"] == "FAILED_DIVERGED" and failed["failure_class"] == "diverged"
 
 
 @pytest.mark.parametrize(("losses", "rule", "step", "resume"), DIVERGENCE)

@@ -908,7 +908,8 @@ def _attempt_ended(run: Run, ctx: Context, attempt: Attempt, status: JobStatus) 
     run = _announce_end(run, ctx, attempt)
     if failure is FailureClass.CANCELLED:
         if run.status is RunStatus.CANCELLING and run.stop_status is not None:
-            return _fail(run, ctx, run.stop_status, run.end_reason or "stopped", None)
+            return _fail(run, ctx, run.stop_status, run.end_reason or "stopped",
+                         _STOP_FAILURES.get(run.stop_status))
         if run.status is RunStatus.CANCELLING or attempt.cancel_reason is None:
             why = run.end_reason if run.status is RunStatus.CANCELLING else \
                 "the job was cancelled outside spotorch"
@@ -934,6 +935,9 @@ def _announce_end(run: Run, ctx: Context, attempt: Attempt) -> Run:
                     failure_class=str(attempt.failure) if attempt.failure else None,
                     exit_code=attempt.exit_code)
 
+
+# How a stopped run ends -> the failure class its run.failed names (others: none).
+_STOP_FAILURES: Mapping[RunStatus, FailureClass] = {RunStatus.FAILED_DIVERGED: FailureClass.DIVERGED}
 
 # Why spotorch cancelled an attempt -> the failure class its end counts as (others: CANCELLED).
 _CANCEL_FAILURES: Mapping[str, FailureClass] = {
@@ -1401,9 +1405,9 @@ def _retention(before: Run, run: Run, ctx: Context) -> Run:
         return run
     if run.latest_checkpoint is None and not run.health.checkpoints:
         return run  # nothing was ever written
-    if any(isinstance(i, DeleteCheckpointsIntent) and i.above is None and i.ending == ending
+    if any(isinstance(i, DeleteCheckpointsIntent) and (i.above is not None or i.ending == ending)
            for i in run.outbox):
-        return run  # a pass is pending; it lists the bucket when it runs
+        return run  # a pass (or the diverged checkpoints' deletion) is pending: it comes first
     protect = {a.resumed_from_step for a in run.attempts if a.live}
     protect |= {i.resume_step for i in run.outbox if isinstance(i, LaunchIntent)}
     protect |= {c.step for c in (run.latest_checkpoint, run.health.rollback) if c is not None}

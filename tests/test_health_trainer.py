@@ -105,3 +105,17 @@ def test_a_nan_from_the_trainer_ends_the_run_diverged_through_decide(tmp_path: P
         run = decide(run, report, Context(p, at))
     assert run.status is RunStatus.CANCELLING and run.stop_status is RunStatus.FAILED_DIVERGED
     assert run.end_reason is not None and "nonfinite_loss" in run.end_reason
+
+
+def test_a_nan_right_after_a_report_goes_out_with_the_next_step(tmp_path: Path) -> None:
+    """A second progress event for a step would share its event id (a 'redelivery'): defer."""
+    reporter = ListReporter()
+    with Run(total_steps=5, env=env(tmp_path), reporter=reporter,
+             progress_interval_s=3600) as run:
+        for step in run.steps():
+            run.log_metrics(loss=math.nan if step >= 1 else 1.0)
+    progress = [(d["step"], d.get("nonfinite")) for d, _ in reporter.messages
+                if d["kind"] == "progress"]
+    assert progress == [(1, None), (2, ["loss"])]
+    ids = [d["event_id"] for d, _ in reporter.messages]
+    assert len(ids) == len(set(ids))

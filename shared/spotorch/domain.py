@@ -1352,7 +1352,8 @@ def _recover_out_of_memory(run: Run, ctx: Context, attempt: Attempt) -> Run:
                      f"out of memory on {current}; not retried on the same machine ({why})",
                      FailureClass.OUT_OF_MEMORY)
     reason = f"out of memory on {current}: next attempt on {larger}"
-    run = replace(run, health=replace(run.health, machine_type=larger))
+    # Another machine, another normal step rate: the median starts over.
+    run = replace(run, health=replace(run.health, machine_type=larger, rate=hp.RateState()))
     run = _publish(run, ctx, "run.machine_changed", **{"from": current}, to=larger,
                    reason=reason, attempt=attempt.number)
     run = _note(run, ctx, f"machine {current} -> {larger}", reason)

@@ -133,6 +133,8 @@ class Run:
         self.start_step = 0  # the step this attempt starts at (the resumed checkpoint's)
         self.step = 0  # steps completed so far
         self._current: int | None = None  # the step the loop body is running, if any
+        self._reported_step: int | None = None  # step of the last progress event
+        self._report_next = False  # report the next progress regardless of the rate limit
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -292,9 +294,16 @@ class Run:
         """Report progress now if the rate limit allows (steps() calls this after each step)."""
         if step is not None:
             self.step = step
-        if force or self._progress.ready():
+        if force and self.step == self._reported_step:
+            # The event id names the step: a second progress event for it would be taken for
+            # a redelivery. The next step's report goes out at once instead.
+            self._report_next = True
+            return
+        if force or self._report_next or self._progress.ready():
             log.info("step %d/%s %s", self.step, self.total_steps,
                      " ".join(f"{k}={v:.4g}" for k, v in self._metrics.items()))
+            self._report_next = False
+            self._reported_step = self.step
             self._report(contract.EVENT_PROGRESS, step=self.step)
 
     def request_stop(self) -> None:

@@ -1237,28 +1237,31 @@ def _trainer_health(run: Run, obs: TrainerReported, ctx: Context,
     attempt = run.attempt(obs.attempt)
     if attempt is None or not _watched(run, attempt):
         return run
-    health = run.health
+    policy, health = ctx.health, run.health
     gap = obs.at - attempt.last_report_at if attempt.last_report_at is not None else 0.0
+    rate, slow = health.rate, None
+    if fresh_rate is not None:
+        rate, slow = hp.rate_sample(policy, health.rate, fresh_rate, obs.step)
+    loss, diverged = health.loss, None
+    value = _loss_of(obs, policy.loss_metric)
+    if value is not None and obs.step is not None and obs.kind == "progress":
+        loss, diverged = hp.loss_sample(policy, health.loss, obs.step, value)
     health = replace(health, reports=health.reports + 1,
                      longest_gap_s=max(health.longest_gap_s, gap),
-                     report_interval_s=obs.report_interval_s or health.report_interval_s)
-    last = max(obs.at, attempt.last_report_at or obs.at)
-    run = replace(_with_attempt(run, replace(attempt, last_report_at=last)), health=health)
+                     report_interval_s=obs.report_interval_s or health.report_interval_s,
+                     rate=rate, loss=loss)
+    attempts = list(run.attempts)  # one copy of the run for attempt and health together
+    attempts[attempt.number - 1] = replace(attempt, last_report_at=max(
+        obs.at, attempt.last_report_at or obs.at))
+    run = replace(run, attempts=tuple(attempts), health=health)
     if obs.checkpoint_uri and obs.step is not None:
         run = _known_checkpoint(run, ctx, obs)
-    if fresh_rate is not None:
-        rate, finding = hp.rate_sample(ctx.health, run.health.rate, fresh_rate, obs.step)
-        run = replace(run, health=replace(run.health, rate=rate))
-        if finding is not None:
-            run = _on_slow(run, ctx, finding)
-    loss = _loss_of(obs, ctx.health.loss_metric)
+    if slow is not None:
+        run = _on_slow(run, ctx, slow)
     current = run.current
-    if loss is None or obs.step is None or obs.kind != "progress" or current is None \
-            or not _watched(run, current):
-        return run
-    state, finding = hp.loss_sample(ctx.health, run.health.loss, obs.step, loss)
-    run = replace(run, health=replace(run.health, loss=state))
-    return run if finding is None else _on_diverged(run, ctx, finding)
+    if diverged is not None and current is not None and _watched(run, current):
+        run = _on_diverged(run, ctx, diverged)
+    return run
 
 
 def _known_checkpoint(run: Run, ctx: Context, obs: TrainerReported) -> Run:

@@ -447,3 +447,21 @@ def test_service_launches_the_fallback_machine_and_exact_resume() -> None:
     intent = LaunchIntent("x", 3, run.attempts[-1].capacity, "us-central1", resume_step=5,
                           resume_uri="u", resume_exact=True)
     assert service.launch_spec(deps, run, intent).env[contract.ENV_RESUME_EXACT] == "1"
+
+
+@pytest.mark.emulator
+def test_health_state_round_trips_through_firestore(emulators: object) -> None:
+    import uuid
+
+    from spotorch.store import DocumentRunStore
+    from spotorch.store_firestore import FirestoreDocumentStore
+
+    p = pipeline(keep_last=2, keep_best_metric="loss",
+                 divergence_action=DivergenceAction.RELAUNCH)
+    run = progress(healthy(p), p, T0 + 50, 50, math.nan)
+    run = replace(run, run_id=f"health-{uuid.uuid4().hex[:8]}")
+    assert run.health.rollback is not None and run.health.loss.best is not None
+    store = DocumentRunStore(FirestoreDocumentStore(project=emulators.project))  # type: ignore[attr-defined]
+    store.save(run, None)
+    loaded, _ = store.load(run.run_id)
+    assert loaded == run

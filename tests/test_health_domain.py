@@ -465,3 +465,56 @@ def test_health_state_round_trips_through_firestore(emulators: object) -> None:
     store.save(run, None)
     loaded, _ = store.load(run.run_id)
     assert loaded == run
+
+
+class FlakyCheckpoints(InMemoryCheckpoints):
+    """Deletes fail while `failing` > 0 (GCS briefly unavailable)."""
+
+    failing: int = 0
+
+    def delete(self, uri: str) -> int:
+        if self.failing > 0:
+            self.failing -= 1
+            raise ConnectionError("storage unavailable (simulated)")
+        return super().delete(uri)
+
+
+def test_a_relaunch_after_divergence_waits_until_the_diverged_checkpoints_are_gone() -> None:
+    p = pipeline(divergence_action=DivergenceAction.RELAUNCH)
+    deps = fake_deps(p)
+    store = FlakyCheckpoints()
+    deps.checkpoints = store
+    launcher = deps.launcher
+    assert isinstance(launcher, InMemoryLauncher)
+    service.start_run(deps, "p", run_id="r1", data_uri="gs://b/d/", snapshot_id="s",
+                      reason="test")
+    job = launcher.job_of("r1", 1)
+    launcher.set_status(job, JobPhase.RUNNING)
+    service.tick(deps)
+    now = deps.clock.now
+
+    def say(kind: str, step: int, **fields: object) -> Run:
+        return service.trainer_reported(deps, "r1", TrainerReported(
+            1, kind, now(), step=step, total_steps=1000, **fields))  # type: ignore[arg-type]
+
+    say("started", 0, report_interval_s=10.0)
+    for step, loss in ((10, 1.0), (20, 0.5)):
+        store.put(ROOT, step, size=100)
+        say("progress", step, metrics={"loss": loss})
+        say("checkpoint", step, checkpoint_uri=contract.checkpoint_uri(ROOT, step))
+    store.put(ROOT, 30, size=100)  # written while the loss went NaN
+    run = say("progress", 30, nonfinite=("loss",))
+    assert run.current is not None and run.current.cancel_reason == "diverged"
+    assert job in launcher.cancelled
+    store.failing = 1
+    run = service.tick(deps)[0]  # the cancelled job ends: roll back, relaunch
+    assert run.latest_checkpoint is not None and run.latest_checkpoint.step == 20
+    assert launcher.created == 1  # the launch waits: step 30 is still there
+    assert any(isinstance(i, DeleteCheckpointsIntent) for i in run.outbox)
+    deps.clock.advance(200)  # the claims expire; the tick carries both out, deletion first
+    run = service.tick(deps)[0]
+    assert [c.step for c in store.list(ROOT)] == [10, 20]
+    assert launcher.created == 2
+    spec = launcher.jobs[launcher.job_of("r1", 2)].spec
+    assert spec.env[contract.ENV_RESUME_EXACT] == "1"
+    assert spec.env[contract.ENV_RESUME_STEP] == "20"

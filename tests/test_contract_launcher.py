@@ -92,6 +92,18 @@ class JobLauncherContract:
         launcher.cancel(name)  # cancelling an ended job is not an error
         assert launcher.get(name).phase is JobPhase.CANCELLED
 
+    def test_list_live_shows_live_jobs_with_their_labels_and_not_ended_ones(
+            self, launcher: JobLauncher, run_id: str) -> None:
+        live = launcher.launch(spec(run_id))
+        done = launcher.launch(spec(run_id, attempt=2, command=(sys.executable, "-c", "pass")))
+        self.make_succeed(launcher, done)
+        eventually(lambda: launcher.get(done).phase is JobPhase.SUCCEEDED)
+        listed = {s.job_name: s for s in launcher.list_live(REGION)}
+        assert live in listed and done not in listed
+        assert listed[live].labels[LABEL_RUN] == label_value(run_id)
+        assert listed[live].phase in LIVE
+        assert list(launcher.list_live("europe-west4")) == []
+
     def test_a_job_that_succeeds_says_so(self, launcher: JobLauncher, run_id: str) -> None:
         name = launcher.launch(spec(run_id, command=(sys.executable, "-c", "pass")))
         self.make_succeed(launcher, name)

@@ -187,3 +187,22 @@ def test_an_event_for_an_object_that_does_not_exist_starts_nothing(deps: Deps) -
     assert record is not None and "does not exist" in record["reason"]
     assert deps.runs.active() == [] and isinstance(deps.launcher, InMemoryLauncher) \
         and deps.launcher.created == 0
+
+
+def test_a_transient_failure_is_redelivered_and_its_reason_kept_for_dead_letters(
+        deps: Deps, monkeypatch: pytest.MonkeyPatch) -> None:
+    from google.api_core import exceptions as gexc
+
+    from spotorch import service
+    from spotorch.ids import message_key
+
+    def unavailable(*args: Any, **kwargs: Any) -> Any:
+        raise gexc.ServiceUnavailable("firestore is down")
+    monkeypatch.setattr(service, "trainer_reported", unavailable)
+    body = json.dumps({"kind": "progress", "run_id": "demo-x", "attempt": 1, "step": 1}).encode()
+    attributes = {"spotorch_source": "trainer"}
+    resp = post("on_job_event", pubsub_event(body, attributes, "flaky"))
+    assert resp.status_code == 500  # Pub/Sub redelivers; after max attempts it dead-letters
+    record, _ = deps.docs.get("delivery_failures", message_key(body, attributes))
+    assert record is not None and "firestore is down" in record["reason"]
+    assert deps.docs.get("rejected_events", "flaky")[0] is None

@@ -494,6 +494,7 @@ def test_a_relaunch_after_divergence_waits_until_the_diverged_checkpoints_are_go
     now = deps.clock.now
 
     def say(kind: str, step: int, **fields: object) -> Run:
+        deps.clock.advance(5)  # progress reports closer than 1 s are coalesced
         return service.trainer_reported(deps, "r1", TrainerReported(
             1, kind, now(), step=step, total_steps=1000, **fields))  # type: ignore[arg-type]
 
@@ -518,3 +519,20 @@ def test_a_relaunch_after_divergence_waits_until_the_diverged_checkpoints_are_go
     spec = launcher.jobs[launcher.job_of("r1", 2)].spec
     assert spec.env[contract.ENV_RESUME_EXACT] == "1"
     assert spec.env[contract.ENV_RESUME_STEP] == "20"
+
+
+def test_a_nan_loss_is_never_coalesced_away() -> None:
+    """Progress reports within COALESCE_S are dropped, except one that names a NaN loss."""
+    p = pipeline()
+    deps = fake_deps(p)
+    service.start_run(deps, "p", run_id="r1", data_uri="gs://b/d/", snapshot_id="s",
+                      reason="test")
+    now = deps.clock.now()
+    service.trainer_reported(deps, "r1", TrainerReported(
+        1, "progress", now, step=10, total_steps=1000, metrics={"loss": 1.0}))
+    run = service.trainer_reported(deps, "r1", TrainerReported(
+        1, "progress", now + 0.1, step=11, total_steps=1000, metrics={"loss": 0.9}))
+    assert run.progress.step == 10  # coalesced
+    run = service.trainer_reported(deps, "r1", TrainerReported(
+        1, "progress", now + 0.2, step=12, total_steps=1000, nonfinite=("loss",)))
+    assert run.status is RunStatus.CANCELLING and run.stop_status is RunStatus.FAILED_DIVERGED

@@ -24,7 +24,8 @@ from google.cloud.aiplatform_v1.services.job_service.transports.grpc import (
 )
 
 from spotorch.domain import FailureClass, JobPhase, JobStatus
-from spotorch.job_events import parse_job_message
+from spotorch.local._vertex_logs import LogFormat, LogFormatError
+from spotorch.local._vertex_quota import QuotaLimits
 from spotorch.local._vertex_schedule import (
     PreemptRule,
     ScheduleError,
@@ -37,7 +38,7 @@ from spotorch.local.emulators import EmulatorSet
 from spotorch.local.vertex_emulator import READY_LINE, EmulatorError, VertexEmulator
 from spotorch.pipeline import Capacity, JobTemplate, WorkerPool
 from spotorch.ports import LABEL_ATTEMPT, LABEL_RUN, LaunchSpec
-from spotorch.vertex import RetryPolicy, VertexJobLauncher
+from spotorch.vertex import JobState, RetryPolicy, VertexJobLauncher
 
 PROJECT = "spotorch-test"
 REGION = "us-central1"
@@ -87,8 +88,9 @@ class Harness:
     """An emulator, a launcher on the real client, and the state changes it reported."""
 
     def __init__(self, **options: Any) -> None:
+        # No quotas by default: these tests poll every 30 ms (test_quotas_* turns them on).
         options = {"grace_s": 0.5, "queued_s": 0.05, "pending_s": 0.05, "tick_s": 0.02,
-                   "job_events_topic": None, **options}
+                   "job_events_topic": None, "quotas": QuotaLimits.unlimited(), **options}
         self.events: list[Mapping[str, Any]] = []
         self.emulator = VertexEmulator(PROJECT, listener=self.events.append, **options)
         self.address = self.emulator.start()
@@ -96,8 +98,13 @@ class Harness:
                                           retry=RetryPolicy(attempts=2, base_s=0.01))
 
     def states(self, job_name: str) -> list[str]:
-        return [e["jsonPayload"]["state"].removeprefix("JOB_STATE_") for e in list(self.events)
-                if e["jsonPayload"]["name"] == job_name]
+        return [s.name for s in self.emulator.states(job_name)]
+
+    def lines(self, job_name: str) -> list[str]:
+        """The service lines logged for a job, in order (what a log sink would deliver)."""
+        job_id = job_name.rsplit("/", 1)[1]
+        return [e["textPayload"] for e in list(self.events)
+                if e["resource"]["labels"]["job_id"] == job_id]
 
     def until(self, job_name: str, phase: JobPhase, timeout: float = 20.0) -> JobStatus:
         return wait_for(lambda: (s := self.launcher.get(job_name)).phase is phase and s,
@@ -149,6 +156,11 @@ def test_a_job_runs_its_command_to_success(harness: Callable[..., Harness], tmp_
     assert "trained" in (h.emulator.log_dir(name) / "workerpool0-0.log").read_text()
     wait_for(lambda: "SUCCEEDED" in h.states(name))
     assert h.states(name) == ["QUEUED", "PENDING", "RUNNING", "SUCCEEDED"]
+    wait_for(lambda: "Job completed successfully." in h.lines(name))
+    assert h.lines(name) == [
+        "Waiting for job to be provisioned.", "Vertex AI is setting up this job.",
+        "Job is preparing.", "Job is running.", "Tearing down training program.",
+        "Finished tearing down training program.", "Job completed successfully."]
 
 
 def test_a_nonzero_exit_fails_the_job_with_its_exit_code(harness: Callable[..., Harness]) -> None:
@@ -272,7 +284,7 @@ def test_list_filters_by_labels_and_pages(harness: Callable[..., Harness]) -> No
     client = h.raw_client()
     parent = f"projects/{PROJECT}/locations/{REGION}"
     by_run = [j.name for j in client.list_custom_jobs(
-        request={"parent": parent, "filter": 'labels.spotorch-run="r-a"'})]
+        request={"parent": parent, "filter": f'labels.{LABEL_RUN}="r-a"'})]
     assert sorted(by_run) == sorted([names[("r-a", 1)], names[("r-a", 2)]])
     paged = list(client.list_custom_jobs(request={"parent": parent, "page_size": 1}))
     assert len(paged) == 4
@@ -399,7 +411,8 @@ def _subscription(project: str) -> tuple[Any, str, str]:
     return subscriber, subscription, topic_name
 
 
-def _pull(subscriber: Any, subscription: str, seconds: float) -> list[Any]:
+def _pull(subscriber: Any, subscription: str, seconds: float,
+          last: str = "Job completed successfully.") -> list[Any]:
     messages: list[Any] = []
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -410,25 +423,123 @@ def _pull(subscriber: Any, subscription: str, seconds: float) -> list[Any]:
                 subscriber.acknowledge(request={"subscription": subscription, "ack_ids": [
                     m.ack_id for m in response.received_messages]})
                 messages += [m.message for m in response.received_messages]
-                if any(m.message.attributes["state"] == "JOB_STATE_SUCCEEDED"
+                if any(json.loads(m.message.data).get("textPayload") == last
                        for m in response.received_messages):
                     return messages
     return messages
 
 
+ENTRY_KEYS = {"logName", "resource", "textPayload", "timestamp", "receiveTimestamp", "severity",
+              "insertId"}
+
+
 @pytest.mark.emulator
-def test_state_changes_arrive_on_pubsub(emulators: EmulatorSet,
-                                        harness: Callable[..., Harness]) -> None:
+def test_state_changes_arrive_on_pubsub_as_a_log_sink_exports_them(
+        emulators: EmulatorSet, harness: Callable[..., Harness]) -> None:
     subscriber, subscription, topic = _subscription(emulators.project)
     h = harness(job_events_topic=topic)
     name = h.launcher.launch(spec("r-ps", 3, "python", "-c", "print('hi')"))
     h.until(name, JobPhase.SUCCEEDED)
     messages = _pull(subscriber, subscription, 15.0)
-    updates = [parse_job_message(m.data, dict(m.attributes)) for m in messages]
-    assert {m.attributes["spotorch_source"] for m in messages} == {"job"}
-    assert {(u.run_id, u.attempt, u.status.job_name) for u in updates} == {("r-ps", 3, name)}
-    phases = [u.status.phase for u in sorted(updates, key=lambda u: u.observed_at)]
-    assert phases == [JobPhase.QUEUED, JobPhase.PENDING, JobPhase.RUNNING, JobPhase.SUCCEEDED]
+    job_id = name.rsplit("/", 1)[1]
+    entries = [json.loads(m.data) for m in messages]
+    for message, entry in zip(messages, entries, strict=True):
+        # Nothing a real sink would not send: no run, attempt, state, region or error code.
+        assert dict(message.attributes) == {
+            "logging.googleapis.com/timestamp": entry["timestamp"]}
+        assert set(entry) == ENTRY_KEYS
+        assert entry["logName"] == f"projects/{PROJECT}/logs/ml.googleapis.com%2F{job_id}"
+        assert entry["resource"] == {"type": "ml_job", "labels": {
+            "job_id": job_id, "project_id": PROJECT, "task_name": "service"}}
+        assert entry["severity"] == "INFO"
+        assert entry["receiveTimestamp"] >= entry["timestamp"].rstrip("Z")
+        assert entry["timestamp"].endswith("Z")
+    assert "r-ps" not in json.dumps(entries) and REGION not in json.dumps(entries)
+    assert len({e["insertId"] for e in entries}) == len(entries)
+    ordered = [e["textPayload"] for e in sorted(entries, key=lambda e: e["timestamp"])]
+    assert ordered[0] == "Waiting for job to be provisioned."
+    assert ordered[-1] == "Job completed successfully."
+    assert sorted(ordered) == sorted(h.lines(name))
+
+
+def test_failure_and_cancel_lines_are_configurable_and_can_go_to_json_payload(
+        harness: Callable[..., Harness], tmp_path: Path) -> None:
+    fmt = LogFormat.from_json({"payload": "jsonPayload.message", "lines": {
+        "FAILED": [{"text": "Job failed: {error_message}", "severity": "ERROR"}],
+        "JOB_STATE_QUEUED": []}})
+    h = harness(log_format=fmt)
+    name = h.launcher.launch(spec("r-fmt", 1, "sh", "-c", "exit 4"))
+    h.until(name, JobPhase.FAILED)
+    wait_for(lambda: any(e["severity"] == "ERROR" for e in list(h.events)), what="failure line")
+    assert all("textPayload" not in e and set(e["jsonPayload"]) == {"message"} for e in h.events)
+    messages = [e["jsonPayload"]["message"] for e in h.events]
+    assert "Waiting for job to be provisioned." not in messages  # QUEUED writes nothing now
+    assert messages[-1].startswith("Job failed: The replica workerpool0-0 exited with a "
+                                   "non-zero status of 4.")
+    for bad in ({"lines": {"EXPLODED": []}}, {"payload": "protoPayload"},
+                {"lines": {"FAILED": ["{exit_code}"]}}, {"lines": {"FAILED": "Job failed."}},
+                {"lines": {"FAILED": [{"text": "x", "severity": "LOUD"}]}}, {"extra": 1}):
+        with pytest.raises(LogFormatError):
+            LogFormat.from_json(bad)
+
+
+def test_quotas_answer_resource_exhausted_per_region(harness: Callable[..., Harness]) -> None:
+    h = harness(quotas=QuotaLimits(resource_management=8, job_submission=2, window_s=1.5))
+    client = h.raw_client()
+    parent = f"projects/{PROJECT}/locations/{REGION}"
+    job = {"display_name": "q", "job_spec": {"worker_pool_specs": [
+        {"machine_spec": {"machine_type": "n1-standard-4"}, "replica_count": 1,
+         "container_spec": {"image_uri": "img", "command": ["sleep", "30"]}}]}}
+    started = time.monotonic()
+    names = [client.create_custom_job(parent=parent, custom_job=job).name for _ in range(2)]
+    with pytest.raises(api.ResourceExhausted, match="Job or LRO submission requests"):
+        client.create_custom_job(parent=parent, custom_job=job)
+    # Another region has its own quota.
+    other = f"projects/{PROJECT}/locations/europe-west4"
+    client.create_custom_job(parent=other, custom_job=job)
+    # 2 creates + 1 refused (not charged) = 2 of 8 CRUD requests used in us-central1.
+    for _ in range(6):
+        client.get_custom_job(name=names[0])
+    with pytest.raises(api.ResourceExhausted, match="Resource management"):
+        client.get_custom_job(name=names[0])
+    with pytest.raises(api.ResourceExhausted):
+        list(client.list_custom_jobs(parent=parent))
+    assert time.monotonic() - started < 1.5, "the test ran too slowly to see the window"
+    time.sleep(1.6)  # the window slides: quota is back
+    assert client.get_custom_job(name=names[0]).name == names[0]
+    assert client.create_custom_job(parent=parent, custom_job=job).name
+
+
+def test_default_quotas_are_vertex_defaults() -> None:
+    limits = VertexEmulator(PROJECT).quotas
+    assert (limits.resource_management, limits.job_submission, limits.window_s) == \
+        (600, 60, 60.0)
+
+
+def test_jobs_survive_a_restart_and_lost_workers_fail(harness: Callable[..., Harness],
+                                                      tmp_path: Path) -> None:
+    workdir = tmp_path / "vertex"
+    h = harness(workdir=workdir, persist=True, stockout_from_s=0.0)
+    running = h.launcher.launch(spec("r-p", 1, "python", "-c", DEAF, str(tmp_path / "deaf"),
+                                     capacity=Capacity.STANDARD))
+    done = h.launcher.launch(spec("r-p", 2, "true", capacity=Capacity.STANDARD))
+    queued = h.launcher.launch(spec("r-p", 3, "true"))  # SPOT, no capacity: stays queued
+    h.until(done, JobPhase.SUCCEEDED)
+    h.until(running, JobPhase.RUNNING)
+    wait_for(lambda: (tmp_path / "deaf.ready").exists(), what="worker ready")
+    h.emulator.stop()
+    assert (workdir / "jobs.json").exists()
+    again = harness(workdir=workdir, persist=True)  # Spot capacity is back
+    assert again.launcher.get(done).phase is JobPhase.SUCCEEDED
+    lost = again.launcher.get(running)
+    assert lost.phase is JobPhase.FAILED and "lost" in lost.message
+    assert again.emulator.states(running)[-2:] == [JobState.RUNNING, JobState.FAILED]
+    assert again.until(queued, JobPhase.SUCCEEDED).failure is None  # carried on
+    assert again.launcher.find("r-p", 1) is not None  # List knows the old jobs too
+    assert not list(_live_workers(tmp_path / "deaf"))
+    fresh = harness(workdir=tmp_path / "other", persist=True)
+    with pytest.raises(api.NotFound):
+        fresh.raw_client().get_custom_job(name=done)
 
 
 @pytest.mark.emulator

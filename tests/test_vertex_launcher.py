@@ -287,7 +287,7 @@ class FakeJobService:
         self._enter("list")
         terms = parse_filter(request["filter"])
         return [j for n, j in self.jobs.items() if n.startswith(request["parent"])
-                and matches(terms, j.labels, j.display_name, "")]
+                and matches(terms, j.labels, j.display_name, v1.JobState(j.state).name)]
 
     def get_custom_job(self, *, name: str, timeout: float) -> Any:
         self._enter("get")

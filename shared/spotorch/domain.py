@@ -389,6 +389,11 @@ class Run:
     def current(self) -> Attempt | None:
         return self.attempts[-1] if self.attempts else None
 
+    @property
+    def bucket(self) -> int:
+        """The run's reconcile bucket: a stable hash, so a tick can fan out by bucket."""
+        return reconcile_bucket(self.run_id)
+
     def attempt(self, number: int) -> Attempt | None:
         return self.attempts[number - 1] if 0 < number <= len(self.attempts) else None
 
@@ -396,13 +401,15 @@ class Run:
         """The Firestore document of this run (plus `active` for the tick's query)."""
         doc = asdict(self)
         doc["active"] = self.active
+        # Indexed by Firestore like any field: a shard of the tick queries its buckets' live runs.
+        doc["active_bucket"] = self.bucket if self.active else None
         doc["latest_checkpoint"] = asdict(self.latest_checkpoint) if self.latest_checkpoint else None
         doc["outbox"] = [intent_to_dict(i) for i in self.outbox]
         return doc
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> Run:
-        data = {k: v for k, v in doc.items() if k != "active"}
+        data = {k: v for k, v in doc.items() if k not in ("active", "active_bucket")}
         data["status"] = RunStatus(data["status"])
         data["attempts"] = tuple(_attempt_from(a) for a in data.get("attempts", ()))
         data["counters"] = Counters(**data.get("counters", {}))
@@ -437,6 +444,13 @@ def _attempt_from(doc: Mapping[str, Any]) -> Attempt:
     data["state"] = AttemptState(data["state"])
     data["failure"] = FailureClass(data["failure"]) if data.get("failure") else None
     return Attempt(**data)
+
+
+RECONCILE_BUCKETS = 64
+
+
+def reconcile_bucket(run_id: str) -> int:
+    return int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:4], "big") % RECONCILE_BUCKETS
 
 
 # ---------------------------------------------------------------- observations

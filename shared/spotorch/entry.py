@@ -235,6 +235,8 @@ def guarded(name: str, handler: Callable[[CloudEventLike], None]) -> Callable[[C
         except Exception as exc:
             if _transient(exc):
                 log.warning("%s: transient failure, to be redelivered: %s", name, exc, extra=fields)
+                _record_failure(event, event_id, event_type,
+                                f"{type(exc).__name__}: {str(exc)[:500]}")
                 raise
             # Redelivering cannot help; the record keeps the event for a person and a replay.
             log.exception("%s: failed for good: %s", name, exc, extra=fields)
@@ -254,6 +256,27 @@ def _record_rejected(event: CloudEventLike, event_id: str, event_type: str, reas
                         now=time.time(), payload=getattr(event, "data", None))
     except Exception as exc:  # recording is best effort; the log line above has the reason
         log.error("could not record rejected event: %s", exc, extra={"event_id": event_id})
+
+
+def _record_failure(event: CloudEventLike, event_id: str, event_type: str, reason: str) -> None:
+    """The last transient failure of a message, for `spotorch dead-letters` if it ends there.
+
+    Keyed by the message's content (ids.message_key): dead-lettering gives it a new id."""
+    from spotorch.ids import message_key
+    from spotorch.settings import COLLECTION_FAILURES
+
+    try:
+        body, attributes = _pubsub_message(event)
+        key = message_key(body, attributes)
+    except InvalidEvent:  # not a Pub/Sub message (an Eventarc storage event): its id will do
+        key = event_id
+    try:
+        docs = deps().docs
+        _, version = docs.get(COLLECTION_FAILURES, key)
+        docs.put(COLLECTION_FAILURES, key, {"event_id": event_id, "event_type": event_type,
+                                            "reason": reason, "at": time.time()}, version)
+    except Exception as exc:  # best effort: the store may be what is failing
+        log.debug("could not record the failure of %s: %s", event_id, exc)
 
 
 # ---------------------------------------------------------------- handlers
@@ -307,12 +330,34 @@ _JOB_SOURCES: Mapping[str, Callable[[bytes, Mapping[str, str], str], None]] = {
 }
 
 
+ATTR_SHARD = "spotorch_shard"  # spotorch.publisher.ATTR_SHARD (not imported: cold start)
+
+
 def tick_event(event: CloudEventLike) -> None:
-    """The reconcile tick (Cloud Scheduler via Pub/Sub)."""
+    """The reconcile tick (Cloud Scheduler via Pub/Sub), or one shard of a fanned-out tick."""
     from spotorch import service
 
-    runs = service.reconcile(deps())
-    log.info("tick: %d active runs reconciled", len(runs), extra={"event_id": _attr(event, "id")})
+    body, attributes = _pubsub_message(event)
+    if ATTR_SHARD in attributes:
+        runs = service.reconcile_shard(deps(), _shard(body))
+    else:
+        runs = service.reconcile(deps())
+    log.info("tick: %d active runs reconciled", len(runs),
+             extra={"event_id": _attr(event, "id"), "shard": attributes.get(ATTR_SHARD)})
+
+
+def _shard(body: bytes) -> Mapping[str, Any]:
+    """A shard message of spotorch's own tick: checked, as anything that arrives on a topic."""
+    try:
+        shard = json.loads(body)
+    except (ValueError, RecursionError):
+        raise InvalidEvent("shard message is not JSON") from None
+    if not isinstance(shard, dict) or not isinstance(shard.get("statuses"), list):
+        raise InvalidEvent("shard message lacks statuses")
+    shards = _count(shard.get("shards"), "shards", low=1)
+    if _count(shard.get("shard"), "shard") >= shards:
+        raise InvalidEvent("shard number is not below the number of shards")
+    return shard
 
 
 def run_event(event: CloudEventLike) -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from spotorch.errors import InvalidEvent
@@ -39,3 +42,12 @@ def check_token(value: Any, what: str) -> str:
     if not isinstance(value, str) or not _TOKEN.fullmatch(value):
         raise InvalidEvent(f"{what} {str(value)[:60]!r} is not 1-256 printable ASCII characters")
     return value
+
+
+def message_key(data: bytes, attributes: Mapping[str, str]) -> str:
+    """A Pub/Sub message's identity that survives dead-lettering (which gives it a new id):
+    its data and the attributes it was published with (not those Pub/Sub adds on the way)."""
+    kept = sorted((k, v) for k, v in attributes.items() if not k.startswith("CloudPubSubDeadLetter"))
+    digest = hashlib.sha256(data)
+    digest.update(json.dumps(kept).encode())
+    return digest.hexdigest()[:40]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import itertools
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,6 +87,8 @@ class InMemoryLauncher:
         self.jobs: dict[str, FakeJob] = {}
         self.created = 0
         self.cancelled: list[str] = []
+        self.listings = 0
+        self.gets = 0
         self.fail_launch: LaunchError | None = None
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -115,6 +117,7 @@ class InMemoryLauncher:
 
     def get(self, job_name: str) -> JobStatus:
         with self._lock:
+            self.gets += 1
             if job_name not in self.jobs:
                 raise LaunchError(f"job {job_name} not found", permanent=True, code="NOT_FOUND")
             return self.jobs[job_name].status
@@ -125,6 +128,13 @@ class InMemoryLauncher:
             job = self.jobs.get(job_name)
             if job is not None and not job.status.phase.terminal:
                 job.status = JobStatus(job_name, JobPhase.CANCELLED, labels=job.spec.labels)
+
+    def list_live(self, region: str) -> Iterator[JobStatus]:
+        with self._lock:
+            self.listings += 1
+            live = [job.status for name, job in self.jobs.items()
+                    if f"/locations/{region}/" in name and not job.status.phase.terminal]
+        yield from live
 
     def set_status(self, job_name: str, phase: JobPhase, **kwargs: Any) -> JobStatus:
         """Move a job to a phase (test helper)."""
@@ -224,3 +234,13 @@ class InMemoryObjectStore:
         objects = tuple(ObjectInfo(bucket, n, live[n], len(self.objects[(bucket, n, live[n])]),
                                    self.updated.get((bucket, n, live[n]))) for n in page)
         return ObjectPage(objects, page[-1] if len(names) > page_size else None)
+
+
+@dataclass
+class InMemoryShardDispatcher:
+    """Collects the tick's shard messages; a test hands them to reconcile_shard."""
+
+    shards: list[Mapping[str, Any]] = field(default_factory=list)
+
+    def dispatch(self, shard: Mapping[str, Any]) -> None:
+        self.shards.append(copy.deepcopy(dict(shard)))

@@ -4,7 +4,7 @@ They speak the domain's vocabulary (spotorch.domain); the domain never imports t
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -16,6 +16,8 @@ from spotorch.pipeline import Capacity, JobTemplate
 LABEL_RUN = "spotorch_run"
 LABEL_ATTEMPT = "spotorch_attempt"
 LABEL_PIPELINE = "spotorch_pipeline"
+LABEL_BUCKET = "spotorch_bucket"  # the run's reconcile bucket: the tick's fan-out groups by it
+LIST_PAGE_SIZE = 100
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,11 @@ class JobLauncher(Protocol):
         """Ask for a job to stop; cancelling an ended job is not an error."""
         ...
 
+    def list_live(self, region: str) -> Iterator[JobStatus]:
+        """Every job of spotorch's in a region that has not ended (paged: about one request per
+        LIST_PAGE_SIZE jobs). The reconcile tick reads these instead of one GetCustomJob each."""
+        ...
+
 
 class ConflictError(Exception):
     """Someone else changed the document since it was read; reload and decide again."""
@@ -86,6 +93,17 @@ class RunStore(Protocol):
 
     def active_for_pipeline(self, pipeline: str) -> Sequence[Run]:
         """The active runs of one pipeline."""
+        ...
+
+    def active_in_buckets(self, buckets: Sequence[int]) -> Sequence[Run]:
+        """The active runs whose reconcile bucket is one of these (one indexed query each)."""
+        ...
+
+
+class ShardDispatcher(Protocol):
+    """Hands one shard of the reconcile tick to an invocation of its own (Pub/Sub)."""
+
+    def dispatch(self, shard: Mapping[str, Any]) -> None:
         ...
 
 

@@ -37,3 +37,26 @@ class PubSubPublisher:
             # An ordered key stays paused after a failure until resumed; the outbox retries later.
             client.resume_publish(self.topic_path, ordering_key)
             raise
+
+
+ATTR_SHARD = "spotorch_shard"  # marks a tick message as one shard of a fanned-out tick
+
+
+class PubSubShardDispatcher:
+    """ShardDispatcher: one message per shard on the tick topic, which feeds on_tick again."""
+
+    def __init__(self, topic_path: str, timeout_s: float = 30.0) -> None:
+        self.topic_path = topic_path
+        self.timeout_s = timeout_s
+        self._client: Any = None
+
+    def dispatch(self, shard: Mapping[str, Any]) -> None:
+        import json
+
+        if self._client is None:
+            import google.cloud.pubsub_v1 as pubsub_v1
+
+            self._client = pubsub_v1.PublisherClient()
+        data = json.dumps(shard, separators=(",", ":")).encode()
+        attributes = {ATTR_SHARD: f"{shard['shard']}/{shard['shards']}"}
+        self._client.publish(self.topic_path, data, **attributes).result(timeout=self.timeout_s)

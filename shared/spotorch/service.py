@@ -20,6 +20,7 @@ from spotorch.domain import (
     CheckpointsDeleted,
     Context,
     DeleteCheckpointsIntent,
+    FailureClass,
     Intent,
     IntentDone,
     JobMissing,
@@ -41,6 +42,7 @@ from spotorch.errors import InvalidEvent, SpotorchError
 from spotorch.pipeline import JobTemplate, OnActiveRun, Pipeline
 from spotorch.ports import (
     LABEL_ATTEMPT,
+    LABEL_BUCKET,
     LABEL_PIPELINE,
     LABEL_RUN,
     CheckpointStore,
@@ -53,6 +55,7 @@ from spotorch.ports import (
     LaunchSpec,
     ObjectStore,
     RunStore,
+    ShardDispatcher,
 )
 from spotorch.settings import COLLECTION_JOBS, COLLECTION_LISTINGS, COLLECTION_REJECTED
 from spotorch.triggers import ObjectEvent, ObjectEventKind
@@ -105,6 +108,7 @@ class Deps:
     pipelines: Mapping[str, Pipeline]
     objects: ObjectStore  # the landing buckets: manifests, existence checks, listings
     events_topic: str = ""  # trainer events topic handed to jobs (projects/P/topics/T)
+    shards: ShardDispatcher | None = None  # None: the tick reconciles every run itself
 
     def pipeline(self, name: str) -> Pipeline:
         try:
@@ -302,7 +306,8 @@ def launch_spec(deps: Deps, run: Run, intent: LaunchIntent) -> LaunchSpec:
     }
     if intent.resume_exact:
         env[contract.ENV_RESUME_EXACT] = "1"
-    labels = {LABEL_RUN: run.run_id, LABEL_ATTEMPT: str(number), LABEL_PIPELINE: run.pipeline}
+    labels = {LABEL_RUN: run.run_id, LABEL_ATTEMPT: str(number), LABEL_PIPELINE: run.pipeline,
+              LABEL_BUCKET: str(run.bucket)}
     return LaunchSpec(run_id=run.run_id, pipeline=run.pipeline, attempt=number,
                       capacity=intent.capacity, region=intent.region,
                       template=with_machine(pipeline.job, intent.machine_type), env=env,
@@ -435,22 +440,71 @@ def trainer_reported(deps: Deps, run_id: str, report: TrainerReported,
         why = domain.implausible(run, report, deps.clock.now())
         if why is not None:
             raise ImplausibleReport(f"run {run_id} attempt {report.attempt}: {why}")
-        return [report]
+        return [] if _coalesced(run, report) else [report]
     run = apply(deps, run_id, observe, event_id=event_id)
     if run is None:
         raise UnknownRun(f"no run {run_id!r}")
     return run
 
 
-def tick(deps: Deps) -> list[Run]:
-    """Reconcile: poll every active run's job, fire due timers, finish what crashes left undone."""
+@dataclass(frozen=True)
+class Listing:
+    """What ListCustomJobs said of spotorch's live jobs: their statuses, and where it could say.
+
+    A live attempt whose job is absent from a listed region has ended (or vanished): only then is
+    GetCustomJob asked. In a region whose listing failed, every live job is asked.
+    """
+
+    statuses: Mapping[str, JobStatus]
+    regions: frozenset[str]
+
+
+def list_live_jobs(deps: Deps, regions: Sequence[str]) -> Listing:
+    statuses: dict[str, JobStatus] = {}
+    listed: set[str] = set()
+    for region in sorted(set(regions)):
+        try:
+            statuses.update((s.job_name, s) for s in deps.launcher.list_live(region))
+        except LaunchError as exc:
+            log.warning("listing live jobs in %s failed (each job is asked instead): %s",
+                        region, exc)
+            continue
+        listed.add(region)
+    return Listing(statuses, frozenset(listed))
+
+
+def _regions_of(runs: Sequence[Run]) -> list[str]:
+    return sorted({a.region for r in runs for a in r.attempts if a.live and a.job_name})
+
+
+# Firestore sustains about one write per second per document: plain progress reports closer
+# than this to the last one written are acknowledged without a write (the next one carries the
+# news, metrics included). Checkpoints, starts and ends are always written.
+COALESCE_S = 1.0
+
+
+def _coalesced(run: Run, report: TrainerReported) -> bool:
+    last = run.progress.at
+    return (report.kind == "progress" and report.checkpoint_uri is None
+            and not report.nonfinite  # a diverging loss is news now (training health)
+            and last is not None and 0.0 <= report.at - last < COALESCE_S
+            and (report.step or 0) >= run.progress.step)
+
+
+def tick(deps: Deps, *, buckets: Sequence[int] | None = None,
+         listing: Listing | None = None) -> list[Run]:
+    """Reconcile: every active run (or those of some buckets) against its job, timers fired,
+    crashes' leftovers finished. Job states come from one listing per region, not a call per job."""
+    runs = deps.runs.active() if buckets is None else deps.runs.active_in_buckets(buckets)
+    if listing is None:
+        listing = list_live_jobs(deps, _regions_of(runs))
     touched: list[Run] = []
     pipelines_with_queue: set[str] = set()
-    for run in deps.runs.active():
+    for run in runs:
         if run.status is RunStatus.QUEUED:
             pipelines_with_queue.add(run.pipeline)
             continue
-        result = apply(deps, run.run_id, _poll(deps, run), take_over=True)
+        result = apply(deps, run.run_id, _poll(deps, run, listing), take_over=True)
         if result is not None:
             touched.append(result)
     for name in pipelines_with_queue:
@@ -458,25 +512,86 @@ def tick(deps: Deps) -> list[Run]:
     return touched
 
 
-def _poll(deps: Deps, run: Run) -> Callable[[Run], list[Observation]]:
-    """Ask the launcher about every live job now; the checkpoint lookups wait for the fresh run."""
+def _poll(deps: Deps, run: Run, listing: Listing) -> Callable[[Run], list[Observation]]:
+    """Each live job's status from the listing, or from Vertex where the listing cannot answer;
+    the checkpoint lookups wait for the fresh run."""
     statuses: list[tuple[int, JobStatus]] = []
     missing: list[Observation] = []
     for attempt in run.attempts:
-        if attempt.live and attempt.job_name:
-            try:
-                statuses.append((attempt.number, deps.launcher.get(attempt.job_name)))
-            except LaunchError as exc:
-                if exc.code == "NOT_FOUND":
-                    missing.append(JobMissing(attempt.number, attempt.job_name))
-                log.warning("polling %s failed: %s", attempt.job_name, exc,
-                            extra={"run_id": run.run_id})
+        if not (attempt.live and attempt.job_name):
+            continue
+        listed = listing.statuses.get(attempt.job_name)
+        if listed is not None:
+            statuses.append((attempt.number, listed))
+            continue
+        try:
+            statuses.append((attempt.number, deps.launcher.get(attempt.job_name)))
+        except LaunchError as exc:
+            if exc.code == "NOT_FOUND":
+                missing.append(JobMissing(attempt.number, attempt.job_name))
+            log.warning("polling %s failed: %s", attempt.job_name, exc,
+                        extra={"run_id": run.run_id})
 
     def observe(fresh: Run) -> list[Observation]:
         polled: list[Observation] = [JobObserved(n, s, _checkpoint_if_ended(deps, fresh, s))
                                      for n, s in statuses]
         return [*polled, *missing, Tick()]
     return observe
+
+
+# ---------------------------------------------------------------- fanning the tick out
+
+FANOUT_AFTER_JOBS = 500  # more live jobs than this: shards reconcile them in parallel
+RECONCILE_SHARDS = 8  # each takes RECONCILE_BUCKETS / RECONCILE_SHARDS buckets
+
+
+def _status_doc(status: JobStatus) -> dict[str, Any]:
+    return {"job_name": status.job_name, "phase": str(status.phase),
+            "failure": str(status.failure) if status.failure else None,
+            "exit_code": status.exit_code, "message": status.message[:500],
+            "labels": dict(status.labels), "create_time": status.create_time,
+            "start_time": status.start_time, "end_time": status.end_time}
+
+
+def status_from_doc(doc: Mapping[str, Any]) -> JobStatus:
+    return JobStatus(job_name=str(doc["job_name"]), phase=JobPhase(doc["phase"]),
+                     failure=FailureClass(doc["failure"]) if doc.get("failure") else None,
+                     exit_code=doc.get("exit_code"), message=str(doc.get("message") or ""),
+                     labels={str(k): str(v) for k, v in (doc.get("labels") or {}).items()},
+                     create_time=doc.get("create_time"), start_time=doc.get("start_time"),
+                     end_time=doc.get("end_time"))
+
+
+def shard_buckets(shard: int, shards: int = RECONCILE_SHARDS) -> list[int]:
+    return [b for b in range(domain.RECONCILE_BUCKETS) if b % shards == shard]
+
+
+def reconcile_runs(deps: Deps) -> list[Run]:
+    """List live jobs once per region; reconcile here, or hand the buckets out in shards."""
+    regions = sorted({r for p in deps.pipelines.values() for r in p.job.regions}
+                     | set(_regions_of(deps.runs.active()) if deps.shards is None else ()))
+    listing = list_live_jobs(deps, regions)
+    if deps.shards is None or len(listing.statuses) <= FANOUT_AFTER_JOBS:
+        return tick(deps, listing=listing)
+    by_shard: dict[int, list[dict[str, Any]]] = {k: [] for k in range(RECONCILE_SHARDS)}
+    for status in listing.statuses.values():
+        bucket = status.labels.get(LABEL_BUCKET, "")
+        if bucket.isdigit():
+            by_shard[int(bucket) % RECONCILE_SHARDS].append(_status_doc(status))
+    for shard, docs in by_shard.items():
+        deps.shards.dispatch({"shard": shard, "shards": RECONCILE_SHARDS,
+                              "regions": sorted(listing.regions), "statuses": docs})
+    log.info("tick: %d live jobs handed to %d shards", len(listing.statuses), RECONCILE_SHARDS)
+    return []
+
+
+def reconcile_shard(deps: Deps, shard: Mapping[str, Any]) -> list[Run]:
+    """One shard of a fanned-out tick: its buckets' runs against the statuses it carries."""
+    buckets = shard_buckets(int(shard["shard"]), int(shard["shards"]))
+    statuses = {s.job_name: s for s in map(status_from_doc, shard.get("statuses") or ())}
+    # Jobs of these buckets absent from the listing of a listed region are asked one by one.
+    listing = Listing(statuses, frozenset(str(r) for r in shard.get("regions") or ()))
+    return tick(deps, buckets=buckets, listing=listing)
 
 
 # ---------------------------------------------------------------- operator actions
@@ -655,4 +770,4 @@ def reconcile(deps: Deps) -> list[Run]:
         list_landing(deps)
     except Exception as exc:  # listing is a repair; the runs' reconcile must not wait for it
         log.warning("listing the landing buckets failed: %s", exc)
-    return tick(deps)
+    return reconcile_runs(deps)

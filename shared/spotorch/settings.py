@@ -27,6 +27,7 @@ TOPIC_JOB_EVENTS = "spotorch-job-events"
 TOPIC_TICK = "spotorch-tick"
 TOPIC_EVENTS = "spotorch-events"
 TOPIC_DEAD_LETTER = "spotorch-dead-letter"
+SUBSCRIPTION_DEAD_LETTER = "spotorch-dead-letter-hold"  # keeps dead letters for a replay
 TOPIC_GCS_NOTIFICATIONS = "spotorch-gcs-notifications"  # local stack only; production uses Eventarc
 
 # Firestore collections.
@@ -35,6 +36,7 @@ COLLECTION_SNAPSHOTS = "snapshots"
 COLLECTION_DEDUPE = "dedupe"
 COLLECTION_REJECTED = "rejected_events"
 COLLECTION_LISTINGS = "listings"  # per landing prefix: where the reconcile listing goes on
+COLLECTION_FAILURES = "delivery_failures"  # message id -> last transient failure (dead letters)
 COLLECTION_JOBS = "jobs"  # job id -> run, attempt, job name: attributes log-sink entries
 
 

@@ -29,5 +29,10 @@ class DocumentRunStore:
         return sorted((Run.from_dict(d) for d in self.docs.query(self.collection, "active", True)),
                       key=lambda r: (r.created_at, r.run_id))
 
+    def active_in_buckets(self, buckets: Sequence[int]) -> Sequence[Run]:
+        runs = [Run.from_dict(d) for b in buckets
+                for d in self.docs.query(self.collection, "active_bucket", b)]
+        return sorted(runs, key=lambda r: (r.created_at, r.run_id))
+
     def active_for_pipeline(self, pipeline: str) -> Sequence[Run]:
         return [r for r in self.active() if r.pipeline == pipeline]

@@ -8,7 +8,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import IntEnum
@@ -21,6 +21,7 @@ from spotorch.ports import (
     LABEL_ATTEMPT,
     LABEL_PIPELINE,
     LABEL_RUN,
+    LIST_PAGE_SIZE,
     LaunchError,
     LaunchSpec,
 )
@@ -245,6 +246,12 @@ def job_labels(spec: LaunchSpec) -> dict[str, str]:
     return labels
 
 
+_ENDED_STATES = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED",
+                 "JOB_STATE_EXPIRED", "JOB_STATE_PARTIALLY_SUCCEEDED")
+# spotorch's jobs (they all carry the run label) that have not ended.
+LIVE_FILTER = f"labels.{LABEL_RUN}:* AND " + " AND ".join(f'state!="{s}"' for s in _ENDED_STATES)
+
+
 def find_filter(run_id: str, attempt: int) -> str:
     """The list filter that finds the job of a run's attempt."""
     return (f'labels.{LABEL_RUN}="{label_value(run_id)}" AND '
@@ -385,6 +392,54 @@ def parse_job_name(job_name: str) -> tuple[str, str, str]:
 
 ClientFactory = Callable[[str], Any]
 
+CRUD = "resource_management"
+SUBMIT = "job_submission"
+
+
+class RequestBudget:
+    """Requests per minute per region this instance allows itself, below Vertex's quotas.
+
+    Vertex's defaults are 600 resource-management requests and 60 job submissions per minute
+    per region and project (FACTS.md). Instances do not share this budget: each takes its share
+    (default: half of each quota, for the tick plus a burst of launches). A call that would go
+    over waits up to `max_wait_s` for the window to move, then fails as RESOURCE_EXHAUSTED, which
+    is transient: a launch stays in the outbox with its claim and is retried.
+    """
+
+    def __init__(self, per_minute: Mapping[str, float] | None = None, *, max_wait_s: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.per_minute = dict(per_minute or {CRUD: 300.0, SUBMIT: 30.0})
+        self.max_wait_s = max_wait_s
+        self._clock, self._sleep = clock, sleep
+        self._calls: dict[tuple[str, str], list[float]] = {}
+        self._lock = threading.Lock()
+
+    def _wait_s(self, region: str, kinds: Sequence[str], now: float) -> float:
+        wait = 0.0
+        for kind in kinds:
+            calls = [t for t in self._calls.get((region, kind), []) if t > now - 60.0]
+            self._calls[(region, kind)] = calls
+            limit = self.per_minute.get(kind)
+            if limit is not None and len(calls) >= limit:
+                wait = max(wait, calls[0] + 60.0 - now)
+        return wait
+
+    def take(self, region: str, kinds: Sequence[str]) -> None:
+        deadline = self._clock() + self.max_wait_s
+        while True:
+            with self._lock:
+                now = self._clock()
+                wait = self._wait_s(region, kinds, now)
+                if wait <= 0:
+                    for kind in kinds:
+                        self._calls.setdefault((region, kind), []).append(now)
+                    return
+            if now + wait > deadline:
+                raise LaunchError(f"request budget for {'/'.join(kinds)} in {region} is spent "
+                                  f"for {wait:.0f}s", permanent=False, code="RESOURCE_EXHAUSTED")
+            self._sleep(min(wait, 1.0))
+
 
 class VertexJobLauncher:
     """ports.JobLauncher on Vertex AI custom jobs; a client per region, created on first use."""
@@ -392,7 +447,8 @@ class VertexJobLauncher:
     def __init__(self, project: str, *, endpoint: str | None = None,
                  classify: Classifier | None = None, retry: RetryPolicy | None = None,
                  client_factory: ClientFactory | None = None,
-                 regions: Sequence[str] = ("us-central1",), call_timeout_s: float = 60.0) -> None:
+                 regions: Sequence[str] = ("us-central1",), call_timeout_s: float = 60.0,
+                 budget: RequestBudget | None = None) -> None:
         """endpoint: None for {region}-aiplatform.googleapis.com, or host:port of the emulator.
 
         regions: where find() looks (with every region this launcher has used); client_factory:
@@ -403,6 +459,7 @@ class VertexJobLauncher:
         self.classifier = classify or Classifier.default()
         self.retry = retry or RetryPolicy()
         self.call_timeout_s = call_timeout_s
+        self.budget = budget or RequestBudget()
         self._factory = client_factory or self._real_client
         self._regions = list(dict.fromkeys(regions))
         self._clients: dict[str, Any] = {}
@@ -453,6 +510,7 @@ class VertexJobLauncher:
 
     def _find_in(self, region: str, run_id: str, attempt: int) -> JobStatus | None:
         client = self._client(region)  # inside _call: building a client can fail (credentials)
+        self.budget.take(region, (CRUD,))
         request = {"parent": self._parent(region), "filter": find_filter(run_id, attempt)}
         jobs = list(client.list_custom_jobs(request=request, timeout=self.call_timeout_s))
         if not jobs:
@@ -474,6 +532,7 @@ class VertexJobLauncher:
             existing = self._find_in(spec.region, spec.run_id, spec.attempt)
             if existing is not None:
                 return existing.job_name
+            self.budget.take(spec.region, (CRUD, SUBMIT))
             created = self._client(spec.region).create_custom_job(
                 parent=self._parent(spec.region), custom_job=job, timeout=self.call_timeout_s)
             return str(created.name)
@@ -491,9 +550,32 @@ class VertexJobLauncher:
                 return found
         return None
 
+    def list_live(self, region: str) -> Iterator[JobStatus]:
+        """spotorch's live jobs in a region, a page (LIST_PAGE_SIZE jobs) per request."""
+        request = {"parent": self._parent(region), "filter": LIVE_FILTER,
+                   "page_size": LIST_PAGE_SIZE}
+        self.budget.take(region, (CRUD,))  # the first page; each next page takes its own
+        pager = self._call(f"list live jobs in {region}", lambda: self._client(region)
+                           .list_custom_jobs(request=request, timeout=self.call_timeout_s))
+        pages = iter(getattr(pager, "pages", [pager]))
+        while True:
+            try:  # a page that fails ends the listing: the caller falls back to GetCustomJob
+                page = next(pages, None)
+                if page is not None and bool(getattr(page, "next_page_token", None)):
+                    self.budget.take(region, (CRUD,))
+            except Exception as exc:
+                code, transient = _failure(exc)
+                raise LaunchError(f"list live jobs in {region}: {code}: {exc}",
+                                  permanent=not transient, code=code) from exc
+            if page is None:
+                return
+            for job in getattr(page, "custom_jobs", page):
+                yield status_of(job, self.classifier)
+
     def get(self, job_name: str) -> JobStatus:
         """Current status of a job; LaunchError(code NOT_FOUND) when it does not exist."""
         region = self._region_of(job_name)
+        self.budget.take(region, (CRUD,))
         job = self._call(f"get {job_name}", lambda: self._client(region).get_custom_job(
             name=job_name, timeout=self.call_timeout_s))
         return status_of(job, self.classifier)
@@ -501,6 +583,7 @@ class VertexJobLauncher:
     def cancel(self, job_name: str) -> None:
         """Ask a job to stop; an ended or unknown job is left as it is."""
         region = self._region_of(job_name)
+        self.budget.take(region, (CRUD,))
         try:
             self._call(f"cancel {job_name}", lambda: self._client(region).cancel_custom_job(
                 name=job_name, timeout=self.call_timeout_s))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from spotorch.service import Deps
-from spotorch.settings import Settings
+from spotorch.settings import TOPIC_TICK, Settings
 
 
 class SystemClock:
@@ -18,7 +18,7 @@ def production_deps(settings: Settings | None = None) -> Deps:
     from spotorch.checkpoints import StorageCheckpointStore
     from spotorch.config import cached_pipelines
     from spotorch.objects_gcs import GcsObjectStore
-    from spotorch.publisher import PubSubPublisher
+    from spotorch.publisher import PubSubPublisher, PubSubShardDispatcher
     from spotorch.store import DocumentRunStore
     from spotorch.store_firestore import FirestoreDocumentStore
     from spotorch.vertex import VertexJobLauncher
@@ -38,4 +38,5 @@ def production_deps(settings: Settings | None = None) -> Deps:
         pipelines=pipelines,
         objects=GcsObjectStore(project=settings.project),
         events_topic=settings.topic_path(settings.trainer_events_topic),
+        shards=PubSubShardDispatcher(settings.topic_path(TOPIC_TICK)),
     )

@@ -17,7 +17,8 @@ from pathlib import Path
 Probe = Callable[[], bool]
 
 # What a process that lost the race for its port prints before it exits.
-_PORT_TAKEN = ("address already in use", "errno 98", "address in use")
+_PORT_TAKEN = ("address already in use", "errno 98", "address in use",
+               "connection in use")  # the last: gunicorn, after retrying for a while
 
 
 class ProcError(RuntimeError):
@@ -69,14 +70,21 @@ def spawn(name: str, argv: Sequence[str], log_path: Path, env: Mapping[str, str]
     return Child(name, tuple(argv), log_path, process, port)
 
 
-def http_probe(url: str) -> Probe:
-    """Ready once anything answers HTTP on url (an error status is an answer too)."""
+Accept = Callable[[int, bytes], bool]
+
+
+def _any_answer(status: int, body: bytes) -> bool:
+    return True
+
+
+def http_probe(url: str, accept: Accept = _any_answer) -> Probe:
+    """Ready once url answers HTTP in a way accept(status, body) recognises (default: any)."""
     def probe() -> bool:
         try:
-            with urllib.request.urlopen(url, timeout=1):
-                return True
-        except urllib.error.HTTPError:
-            return True
+            with urllib.request.urlopen(url, timeout=1) as response:
+                return accept(response.status, response.read(4096))
+        except urllib.error.HTTPError as exc:
+            return accept(exc.code, b"")
         except (urllib.error.URLError, OSError):
             return False
     return probe
@@ -110,6 +118,58 @@ def any_probe(*probes: Probe) -> Probe:
     return lambda: any(p() for p in probes)
 
 
+def all_probes(*probes: Probe) -> Probe:
+    """Ready when every one of probes is (checked in order, the cheap ones first)."""
+    return lambda: all(p() for p in probes)
+
+
+def listening_inodes(port: int) -> set[str]:
+    """Socket inodes listening on TCP port (IPv4 or IPv6), from /proc/net."""
+    found: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            # local_address is HEXIP:HEXPORT; state 0A is LISTEN; the inode is field 9.
+            if len(fields) > 9 and fields[3] == "0A" \
+                    and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                found.add(fields[9])
+    return found
+
+
+def socket_inodes(pids: Iterable[int]) -> set[str]:
+    """Inodes of the sockets these processes hold open."""
+    found: set[str] = set()
+    for pid in pids:
+        fd_dir = Path(f"/proc/{pid}/fd")
+        with contextlib.suppress(OSError):
+            for fd in fd_dir.iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.startswith("socket:["):
+                        found.add(target[8:-1])
+    return found
+
+
+def owns_port(pgid: int, port: int) -> bool:
+    """True when a process of group pgid is the one listening on port (always True without
+    /proc, where it cannot be told)."""
+    if not _has_proc():
+        return True
+    listening = listening_inodes(port)
+    return bool(listening) and bool(listening & socket_inodes(group_members(pgid)))
+
+
+def owned_probe(child: Child, port: int, probe: Probe) -> Probe:
+    """Ready only while child is alive, probe reaches the service, and it is the child (or a
+    process of its group) that listens on port: a free port handed out by free_port() can be
+    taken by another process before the child binds it, and that one may answer the probe."""
+    return lambda: child.alive() and probe() and owns_port(child.pid, port)
+
+
 def wait_ready(children: Mapping[str, tuple[Child, Probe]], timeout: float) -> list[str]:
     """Wait until every child's probe passes; return the names of those that died first."""
     pending = dict(children)
@@ -117,10 +177,10 @@ def wait_ready(children: Mapping[str, tuple[Child, Probe]], timeout: float) -> l
     deadline = time.monotonic() + timeout
     while pending:
         for name, (child, probe) in list(pending.items()):
-            if probe():
-                del pending[name]
-            elif not child.alive():
+            if not child.alive():
                 dead.append(name)
+                del pending[name]
+            elif probe():
                 del pending[name]
         if not pending:
             break

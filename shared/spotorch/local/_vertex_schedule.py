@@ -21,9 +21,9 @@ class PreemptRule:
     """Preempt matching SPOT jobs `after_s` seconds after they started running."""
 
     after_s: float
-    attempt: int | None = None  # matched on the spotorch-attempt label; None: any
-    run: str | None = None  # matched on the spotorch-run label; None: any
-    pipeline: str | None = None  # matched on the spotorch-pipeline label; None: any
+    attempt: int | None = None  # matched on the LABEL_ATTEMPT label; None: any
+    run: str | None = None  # matched on the LABEL_RUN label; None: any
+    pipeline: str | None = None  # matched on the LABEL_PIPELINE label; None: any
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         wanted = ((LABEL_ATTEMPT, None if self.attempt is None else str(self.attempt)),

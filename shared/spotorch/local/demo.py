@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]  # shared/spotorch/local/demo.py -> the repository
 LANDING, CHECKPOINTS, MODELS = "spotorch-landing", "spotorch-checkpoints", "spotorch-models"
 PIPELINE = "demo"
 TICK_S = 2.0  # the local reconcile tick (production: Cloud Scheduler every 5 minutes)

@@ -59,8 +59,11 @@ class WebhookReceiver:
     Give each channel its own path (e.g. {url}/chat and {url}/slack) to tell them apart.
     """
 
-    def __init__(self, host: str = "127.0.0.1") -> None:
+    def __init__(self, host: str = "127.0.0.1",
+                 on_receive: Callable[[ReceivedRequest], None] | None = None) -> None:
+        """on_receive: called with every POST once recorded (e.g. to write it to a file)."""
         self.host = host
+        self.on_receive = on_receive
         self._received: list[ReceivedRequest] = []
         self._fail: list[int] = []  # statuses to answer with, next first
         self._lock = threading.Lock()
@@ -91,8 +94,10 @@ class WebhookReceiver:
         parts = urlsplit(raw_path)
         with self._lock:
             status = self._fail.pop(0) if self._fail else 200
-            self._received.append(ReceivedRequest(parts.path, parse_qs(parts.query), headers, body,
-                                                  status))
+            request = ReceivedRequest(parts.path, parse_qs(parts.query), headers, body, status)
+            self._received.append(request)
+        if self.on_receive is not None:
+            self.on_receive(request)
         return status
 
     def start(self) -> str:
@@ -202,6 +207,7 @@ class _SmtpState:
     messages: list[ReceivedMail] = field(default_factory=list)
     fail: list[int] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    on_receive: Callable[[ReceivedMail], None] | None = None
 
 
 class _Handler:
@@ -219,9 +225,11 @@ class _Handler:
                                                policy=email.policy.default)
             login = session.auth_data.decode() if isinstance(session.auth_data, bytes) \
                 else session.auth_data
-            self.state.messages.append(ReceivedMail(
-                str(envelope.mail_from), tuple(envelope.rcpt_tos), message,
-                session.ssl is not None, login))
+            mail = ReceivedMail(str(envelope.mail_from), tuple(envelope.rcpt_tos), message,
+                                session.ssl is not None, login)
+            self.state.messages.append(mail)
+        if self.state.on_receive is not None:
+            self.state.on_receive(mail)
         return "250 Message accepted for delivery"
 
 
@@ -233,13 +241,14 @@ class SmtpReceiver:
     """
 
     def __init__(self, *, starttls: bool = False, require_starttls: bool = False,
-                 auth: tuple[str, str] | None = None, host: str = "127.0.0.1") -> None:
+                 auth: tuple[str, str] | None = None, host: str = "127.0.0.1",
+                 on_receive: Callable[[ReceivedMail], None] | None = None) -> None:
         self.host = host
         self.starttls = starttls or require_starttls or auth is not None
         self.require_starttls = require_starttls
         self.auth = auth
         self.ca_file: str | None = None
-        self._state = _SmtpState()
+        self._state = _SmtpState(on_receive=on_receive)
         self._controller: Any = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
@@ -279,12 +288,19 @@ class SmtpReceiver:
         if self.auth is not None:
             kwargs.update(authenticator=self._authenticator(), auth_required=True,
                           auth_require_tls=True)
-        controller = Controller(_Handler(self._state), hostname=self.host, port=free_port(),
-                                **kwargs)
-        try:
-            controller.start()
-        except Exception as exc:
-            raise ReceiverError(f"SMTP receiver did not start: {exc}") from exc
+        # aiosmtpd needs the port before it binds (it connects to it to check): another process
+        # may take a free port meanwhile, so a bind failure is retried on a new one.
+        for attempt in range(3):
+            controller = Controller(_Handler(self._state), hostname=self.host,
+                                    port=free_port(), **kwargs)
+            try:
+                controller.start()
+                break
+            except OSError as exc:
+                if attempt == 2:
+                    raise ReceiverError(f"SMTP receiver did not start: {exc}") from exc
+            except Exception as exc:
+                raise ReceiverError(f"SMTP receiver did not start: {exc}") from exc
         self._controller = controller
         return self.address
 

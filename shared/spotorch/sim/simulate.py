@@ -48,7 +48,7 @@ from spotorch.policy import (
 )
 
 TRACES_ENV = "SPOTORCH_TRACES"
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]  # shared/spotorch/sim/simulate.py -> the repository
 DEFAULT_TRACES = REPO_ROOT.parent / "shared" / "traces"
 
 POLICIES = ("standard", "greedy", "count", "deadline", "uniform_progress", "optimal")

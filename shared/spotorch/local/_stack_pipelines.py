@@ -1,0 +1,146 @@
+"""The pipelines a local stack serves: each file checked on its own, the valid ones made active.
+
+The functions read every file of SPOTORCH_PIPELINES and fail on any bad one (spotorch.config),
+so the stack points them at a directory of its own holding only the files that passed; a bad
+file is reported with every problem and left out, and the others keep working.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spotorch.local._stack_config import repo_file
+
+# Environment variable names a route target may name (the notifier's own rule).
+_ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class RouteInfo:
+    """One alert route: which channel, which target (env name, sm:// reference, or none)."""
+
+    channel: str
+    target: str
+
+
+@dataclass(frozen=True)
+class LoadedPipeline:
+    """A pipeline file that passed validation, with what the stack needs from it."""
+
+    name: str
+    file: Path
+    trigger: str  # gs://bucket/prefix
+    buckets: tuple[str, ...]
+    routes: tuple[RouteInfo, ...]
+
+
+@dataclass(frozen=True)
+class PipelineSet:
+    """What a pipelines directory holds: the valid pipelines and the files that were left out."""
+
+    source: Path
+    loaded: tuple[LoadedPipeline, ...]
+    rejected: Mapping[str, tuple[str, ...]]  # file -> every problem, as config reports it
+
+    @property
+    def buckets(self) -> tuple[str, ...]:
+        return tuple(sorted({b for p in self.loaded for b in p.buckets}))
+
+    @property
+    def routes(self) -> tuple[RouteInfo, ...]:
+        return tuple(dict.fromkeys(r for p in self.loaded for r in p.routes))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": str(self.source),
+                "loaded": [{"name": p.name, "file": str(p.file), "trigger": p.trigger,
+                            "buckets": list(p.buckets)} for p in self.loaded],
+                "rejected": {f: list(problems) for f, problems in self.rejected.items()},
+                "buckets": list(self.buckets),
+                "unrouted": sorted({f"{r.channel}: {r.target}" for r in unrouted(self.routes)})}
+
+
+def default_pipelines_dir(cwd: Path) -> Path:
+    """./pipelines when there is one, else the examples shipped with spotorch."""
+    own = cwd / "pipelines"
+    return own if own.is_dir() else repo_file("examples", "pipelines")
+
+
+def _bucket(uri: str | None) -> str | None:
+    if not uri or not uri.startswith("gs://"):
+        return None
+    return uri.removeprefix("gs://").split("/", 1)[0] or None
+
+
+def _describe(pipeline: Any, file: Path) -> LoadedPipeline:
+    uris = (pipeline.checkpoint_uri, pipeline.output_uri, pipeline.job.base_output_uri)
+    buckets = [pipeline.trigger.bucket, *(b for u in uris if (b := _bucket(u)))]
+    return LoadedPipeline(
+        name=pipeline.name, file=file,
+        trigger=f"gs://{pipeline.trigger.bucket}/{pipeline.trigger.prefix}",
+        buckets=tuple(dict.fromkeys(buckets)),
+        routes=tuple(RouteInfo(r.channel, r.target) for r in pipeline.routes))
+
+
+def check_pipelines(source: Path) -> PipelineSet:
+    """Check every pipeline file below source on its own; a second file with a name already
+    taken is left out too (the functions would refuse both)."""
+    from spotorch.config import check_file, pipeline_files
+
+    loaded: dict[str, LoadedPipeline] = {}
+    rejected: dict[str, tuple[str, ...]] = {}
+    if not source.exists():
+        return PipelineSet(source, (), {str(source): ("no such file or directory",)})
+    for file in pipeline_files(source):
+        pipeline, problems = check_file(file)
+        if pipeline is None:
+            rejected[str(file)] = tuple(str(p) for p in problems)
+        elif pipeline.name in loaded:
+            rejected[str(file)] = (f"{file}: name: pipeline {pipeline.name!r} is already "
+                                   f"defined in {loaded[pipeline.name].file}",)
+        else:
+            loaded[pipeline.name] = _describe(pipeline, file)
+    return PipelineSet(source, tuple(loaded.values()), rejected)
+
+
+def activate(pipelines: PipelineSet, active_dir: Path) -> None:
+    """Make active_dir hold exactly the valid files (the functions read it)."""
+    shutil.rmtree(active_dir, ignore_errors=True)
+    active_dir.mkdir(parents=True)
+    root = pipelines.source if pipelines.source.is_dir() else pipelines.source.parent
+    for p in pipelines.loaded:
+        target = active_dir / p.file.relative_to(root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(p.file, target)
+
+
+def fingerprint(source: Path) -> tuple[tuple[str, int, int], ...]:
+    """What changes when a pipeline file is added, removed or edited."""
+    from spotorch.config import pipeline_files
+
+    if not source.exists():
+        return ()
+    files: Iterable[Path] = pipeline_files(source)
+    out = []
+    for f in files:
+        try:
+            stat = f.stat()
+        except OSError:
+            continue
+        out.append((str(f), stat.st_mtime_ns, stat.st_size))
+    return tuple(out)
+
+
+def unrouted(routes: Iterable[RouteInfo]) -> list[RouteInfo]:
+    """Routes whose target the receivers cannot take over: a Secret Manager reference (not
+    emulated) or a literal address list; they go wherever that target says."""
+    return [r for r in routes if r.target and not _ENV_NAME.match(r.target)]
+
+
+def env_targets(routes: Iterable[RouteInfo]) -> dict[str, str]:
+    """Route targets that name an environment variable, by channel kind: {NAME: kind}."""
+    return {r.target: r.channel for r in routes if _ENV_NAME.match(r.target)}

@@ -1,0 +1,176 @@
+"""The Vertex emulator's state machine: moves jobs through their states, runs and stops workers.
+
+Called under the store's lock. Every state change is recorded as a Transition in `outbox`,
+which the emulator turns into log entries after releasing the lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+
+from spotorch.local._vertex_jobs import (
+    CODE_CANCELLED,
+    CODE_DEADLINE_EXCEEDED,
+    CODE_INTERNAL,
+    CODE_INVALID_ARGUMENT,
+    CODE_RESOURCE_EXHAUSTED,
+    TERMINAL,
+    JobRecord,
+    Stop,
+    utc,
+)
+from spotorch.local._vertex_logs import Transition
+from spotorch.local._vertex_schedule import SpotSchedule
+from spotorch.local._vertex_workers import SpawnError, kill, spawn
+from spotorch.vertex import JobState
+
+log = logging.getLogger("spotorch.local.vertex_emulator")
+
+
+class JobRunner:
+    """Advances jobs (QUEUED > PENDING > RUNNING > ended), preempts Spot jobs, cancels."""
+
+    def __init__(self, *, grace_s: float, queued_s: float, pending_s: float,
+                 on_change: Callable[[JobRecord], None] = lambda record: None) -> None:
+        self.grace_s = grace_s
+        self.queued_s = queued_s
+        self.pending_s = pending_s
+        self.on_change = on_change  # e.g. save the store
+        self.outbox: list[Transition] = []
+
+    def advance(self, job: JobRecord, now: float, spot_ok: bool, schedule: SpotSchedule) -> None:
+        state = job.state
+        if state in TERMINAL:
+            return
+        if job.stop is not None:
+            self._progress_stop(job, now)
+            return
+        capacity = spot_ok or not job.spot
+        if state is JobState.QUEUED:
+            if now - job.since >= self.queued_s and capacity:
+                self.set_state(job, JobState.PENDING, now)
+        elif state is JobState.PENDING:
+            if now - job.since >= self.pending_s and capacity:
+                self._start_workers(job, now)
+        elif state is JobState.RUNNING:
+            self._watch(job, now, spot_ok, schedule)
+
+    def _start_workers(self, job: JobRecord, now: float) -> None:
+        try:
+            job.replicas = spawn(job.proto.job_spec, job.job_id, job.log_dir, os.environ)
+        except SpawnError as exc:
+            message = (f"The replica {exc.replica} exited with a non-zero status of 127. "
+                       f"Termination reason: ContainerCannotRun. {exc}")
+            self.set_state(job, JobState.FAILED, now, CODE_INVALID_ARGUMENT, message)
+            return
+        job.started = now
+        self.set_state(job, JobState.RUNNING, now)
+
+    def _watch(self, job: JobRecord, now: float, spot_ok: bool, schedule: SpotSchedule) -> None:
+        codes = [(r, r.exit_code()) for r in job.replicas]
+        failed = next(((r, c) for r, c in codes if c not in (None, 0)), None)
+        if failed is not None:
+            replica, code = failed
+            # Vertex shuts the whole job down when a replica fails for good.
+            self.begin_stop(job, now, JobState.FAILED, CODE_INVALID_ARGUMENT,
+                            f"The replica {replica.name} exited with a non-zero status of {code}."
+                            f" Termination reason: Error. To find out more about why your job "
+                            f"exited please check the logs: {replica.log_path}")
+            return
+        if all(c == 0 for _, c in codes):
+            self.set_state(job, JobState.SUCCEEDED, now)
+            return
+        ran = now - (job.started or now)
+        if job.spot:
+            after = schedule.preempt_after(job.proto.labels)
+            if not spot_ok or (after is not None and ran >= after):
+                self.preempt(job, now)
+                return
+        if ran >= job.timeout_s:
+            self.begin_stop(job, now, JobState.FAILED, CODE_DEADLINE_EXCEEDED,
+                            f"Job exceeded its scheduling timeout of {job.timeout_s:g} seconds "
+                            "and was stopped.")
+
+    def preempt(self, job: JobRecord, now: float) -> bool:
+        """What Compute Engine does to a Spot VM: SIGTERM, grace period, SIGKILL, job FAILED."""
+        if job.state is not JobState.RUNNING or job.stop is not None:
+            return False
+        names = ", ".join(r.name for r in job.replicas) or "the job"
+        self.begin_stop(job, now, JobState.FAILED, CODE_RESOURCE_EXHAUSTED,
+                        f"STOCKOUT: the Spot VMs of {names} were preempted by Compute Engine in "
+                        f"{job.region} (workers got SIGTERM and {self.grace_s:g}s before "
+                        "SIGKILL).")
+        return True
+
+    def cancel(self, job: JobRecord, now: float) -> None:
+        """CANCELLING now (workers get SIGTERM); CANCELLED once they are gone."""
+        if job.state is JobState.CANCELLING:
+            return
+        kill_at = job.stop.kill_at if job.stop else now + self.grace_s
+        if job.stop is None:
+            for replica in job.replicas:
+                replica.signal(signal.SIGTERM)
+        job.stop = Stop(JobState.CANCELLED, CODE_CANCELLED, "CANCELED", kill_at)
+        self.set_state(job, JobState.CANCELLING, now)
+
+    def begin_stop(self, job: JobRecord, now: float, end_state: JobState, code: int,
+                   message: str) -> None:
+        job.stop = Stop(end_state, code, message, now + self.grace_s)
+        log.info("%s: stopping (%s): %s", job.proto.name, end_state.name, message)
+        for replica in job.replicas:
+            replica.signal(signal.SIGTERM)
+        self._progress_stop(job, now)
+
+    def _progress_stop(self, job: JobRecord, now: float) -> None:
+        stop = job.stop
+        assert stop is not None
+        if any(r.exit_code() is None for r in job.replicas) and now < stop.kill_at:
+            return
+        kill(job.replicas)
+        job.stop = None
+        self.set_state(job, stop.end_state, now, stop.error_code, stop.error_message)
+
+    def recover(self, job: JobRecord, now: float) -> None:
+        """A job found in the saved store at start: its workers died with the last emulator.
+
+        Queued and pending jobs carry on (nothing ran yet); a running job's workers are lost,
+        so it fails as a lost VM would; a job being cancelled is cancelled.
+        """
+        state = job.state
+        if state is JobState.RUNNING:
+            self.set_state(job, JobState.FAILED, now, CODE_INTERNAL,
+                           "The workers of this job were lost: the Vertex AI emulator stopped "
+                           "while it ran.")
+        elif state is JobState.CANCELLING:
+            self.set_state(job, JobState.CANCELLED, now, CODE_CANCELLED, "CANCELED")
+
+    def set_state(self, job: JobRecord, state: JobState, now: float, error_code: int = 0,
+                  error_message: str = "") -> None:
+        previous = job.state
+        wall = time.time()
+        proto = job.proto
+        proto.state = int(state)
+        proto.update_time = utc(wall)
+        if state is JobState.RUNNING:
+            proto.start_time = utc(wall)
+        if state in TERMINAL:
+            proto.end_time = utc(wall)
+            kill(job.replicas)  # whatever the workers left running goes with the VMs
+        if error_code or error_message:
+            proto.error = {"code": error_code, "message": error_message}
+        job.since = now
+        job.states.append(state)
+        log.info("%s: %s -> %s %s", proto.name, previous.name, state.name, error_message)
+        self.record(job, state, wall, error_message)
+        self.on_change(job)
+
+    def record(self, job: JobRecord, state: JobState, wall: float, error_message: str = "") -> None:
+        self.outbox.append(Transition(job.project, job.job_id, state, wall, error_message))
+
+    def drain(self) -> list[Transition]:
+        out, self.outbox = self.outbox, []
+        return out

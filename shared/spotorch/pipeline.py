@@ -25,6 +25,8 @@ from spotorch.fileformat import (
     Unique,
 )
 
+from spotorch.health import HealthPolicy
+
 
 class Capacity(StrEnum):
     """The kind of VM an attempt runs on."""
@@ -284,6 +286,7 @@ class Pipeline(FileSection):
         description="Price per replica-hour by capacity, overriding the built-in list "
                     "prices.")] = ()
     routes: tuple[Route, ...] = ()
+    health: HealthPolicy = field(default_factory=HealthPolicy)
     source: str = ""  # the file it was loaded from, for error messages
     version: Annotated[Literal[1], Field(description="Format version of this file; 1.")] = 1
     description: str = ""

@@ -1,7 +1,8 @@
 """Training health: the pipeline's `health:` options and the pure rules that read a run's signals.
 
-Nothing here does I/O or imports the rest of spotorch (pipeline.py imports HealthPolicy, the
-domain imports the rules): every function is a pure function of numbers the domain hands it.
+Nothing here does I/O or imports the rest of spotorch but the file-format annotations
+(spotorch.fileformat: HealthPolicy is part of the pipeline format's one definition; pipeline.py
+imports it, the domain imports the rules): every rule is a pure function of numbers.
 The domain (domain.py, section "training health") wires them into `decide`.
 """
 
@@ -13,6 +14,11 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import Annotated
+
+from pydantic import Field
+
+from spotorch.fileformat import Duration, FileSection
 
 
 class DivergenceAction(StrEnum):
@@ -47,7 +53,7 @@ OOM_PATTERNS: tuple[str, ...] = (
 
 
 @dataclass(frozen=True)
-class HealthPolicy:
+class HealthPolicy(FileSection):
     """A pipeline's training-health options (YAML `health:`); every rule can be switched off."""
 
     # --- hung jobs (only for runs whose code reports through spotorch_trainer) ---
@@ -55,12 +61,13 @@ class HealthPolicy:
     # None: derived, max(hang_factor x the trainer's report interval, hang_factor x the longest
     # gap between two reports seen in this run, hang_min_s); a trainer that does not say its
     # report interval (older spotorch_trainer) is then not watched.
-    hang_after_s: float | None = None
+    hang_after_s: Annotated[float | None, Duration(), Field(validation_alias="hang_after")] = None
     hang_factor: float = 10.0  # multiple of the report interval / longest gap (derived default)
-    hang_min_s: float = 120.0  # the derived hang_after is never shorter than this
+    # the derived hang_after is never shorter than this
+    hang_min_s: Annotated[float, Duration(), Field(validation_alias="hang_min")] = 120.0
     # Until an attempt reports its first step (data loading, compilation, restore), silence is
     # allowed for at least this long.
-    hang_startup_s: float = 1800.0
+    hang_startup_s: Annotated[float, Duration(), Field(validation_alias="hang_startup")] = 1800.0
     max_hangs: int = 2  # budget of the failure class `hung`; beyond it the run ends FAILED_HUNG
     # --- step-rate collapse ---
     # Warn when the step rate falls below this fraction of the run's own median; None: off.
@@ -80,7 +87,8 @@ class HealthPolicy:
     loss_plateau_min_delta: float = 0.0  # an improvement smaller than this is not a new best
     # --- stale checkpoints ---
     # RUNNING with no newer checkpoint for this long: warning; None: off.
-    checkpoint_stale_after_s: float | None = 3600.0
+    checkpoint_stale_after_s: Annotated[float | None, Duration(), Field(
+        validation_alias="checkpoint_stale_after")] = 3600.0
     # --- out of memory ---
     # Machine types to move to after an out-of-memory failure, smallest first. The next attempt
     # takes the first one larger than the current machine (the next in the list); none left, or

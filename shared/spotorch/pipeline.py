@@ -24,7 +24,6 @@ from spotorch.fileformat import (
     StringOrNumber,
     Unique,
 )
-
 from spotorch.health import HealthPolicy
 
 

@@ -120,9 +120,9 @@ def test_the_types_are_plain_frozen_hashable_dataclasses() -> None:
 def test_attribute_names_are_unchanged() -> None:
     names = {cls: [f.name for f in dataclasses.fields(cls)] for cls in (
         Pipeline, Trigger, JobTemplate, WorkerPool, RecoveryPolicy, Route)}
-    assert names[Pipeline][:11] == ["name", "trigger", "job", "checkpoint_uri", "output_uri",
+    assert names[Pipeline][:12] == ["name", "trigger", "job", "checkpoint_uri", "output_uri",
                                     "recovery", "deadline_s", "max_cost", "prices", "routes",
-                                    "source"]
+                                    "health", "source"]
     assert names[Trigger] == ["bucket", "prefix", "glob", "suffixes", "ignore", "batch", "marker",
                               "manifest", "quiet_period_s", "min_objects", "snapshot_depth",
                               "on_active_run"]

@@ -481,13 +481,14 @@ _PATTERN_LISTS = ("preemption_patterns", "infra_patterns", "timeout_patterns")
 
 
 def _check_regexes(doc: Any) -> _Found:
-    for name in _PATTERN_LISTS:
-        for i, pattern in enumerate(_items(doc, f"recovery.{name}")):
+    lists = [f"recovery.{name}" for name in _PATTERN_LISTS] + ["health.oom_patterns"]
+    for path in lists:
+        for i, pattern in enumerate(_items(doc, path)):
             if isinstance(pattern, str):
                 try:
                     re.compile(pattern)
                 except re.error as exc:
-                    yield f"recovery.{name}[{i}]", f"not a valid regular expression: {exc}"
+                    yield f"{path}[{i}]", f"not a valid regular expression: {exc}"
 
 
 def _check_pools(doc: Any) -> _Found:
@@ -704,6 +705,8 @@ def inspect_file(path: str | os.PathLike[str], catalog: Catalog | None = None) -
         else:
             pipeline, format_problems = _read(parsed.doc)
             found += format_problems
+            if pipeline is not None:  # the health rules' own consistency (health.HealthPolicy)
+                found += [(f"health.{f}", m) for f, m in pipeline.health.problems()]
             for check in _CHECKS:
                 found += check(parsed.doc)
             names = catalog or load_catalog()

@@ -32,6 +32,13 @@ EVENT_KINDS: Mapping[str, str] = {
     "run.budget_exceeded": "a retry budget or the cost budget ran out",
     "run.deadline_at_risk": "the deadline can no longer be met on Spot alone",
     "run.hardware_chosen": "the run's machine shape was chosen from probe measurements",
+    # training health
+    "attempt.hung": "an attempt's trainer went silent while its job ran: cancelled, relaunched",
+    "run.step_rate_degraded": "the step rate fell far below the run's own median",
+    "run.diverged": "a divergence rule fired (non-finite loss, loss spike, loss plateau)",
+    "run.checkpoint_stale": "no new checkpoint for checkpoint_stale_after while running",
+    "run.machine_changed": "out of memory: the next attempt takes a larger machine",
+    "run.checkpoints_deleted": "checkpoints were deleted (retention, or after a divergence)",
 }
 
 # Kinds after which a run never changes again.

@@ -24,6 +24,7 @@ from spotorch.fileformat import (
     StringOrNumber,
     Unique,
 )
+from spotorch.health import HealthPolicy
 
 
 class Capacity(StrEnum):
@@ -149,8 +150,8 @@ class RecoveryPolicy(FileSection):
         validation_alias="stockout_wait",
         description="A Spot attempt queued longer is a stockout.")] = 900.0
     # After a stockout, a preemption or a Spot queue given up, no move back to Spot before this:
-    # production cannot see Spot capacity while on standard (docs/policy-benchmark.md: 2 h keeps
-    # the deadline policy at or below Uniform Progress when replayed the way production sees it).
+    # production cannot see Spot capacity while on standard. Without Spot probes this blind wait
+    # is the largest cost left (docs/policy-benchmark.md, production view without probes).
     spot_cooldown_s: Annotated[float, Duration(), Field(
         validation_alias="spot_cooldown",
         description="After a stockout or preemption, how long before a run on standard VMs may "
@@ -346,6 +347,7 @@ class Pipeline(FileSection):
         description="Price per replica-hour by capacity, overriding the built-in list "
                     "prices.")] = ()
     routes: tuple[Route, ...] = ()
+    health: HealthPolicy = field(default_factory=HealthPolicy)
     source: str = ""  # the file it was loaded from, for error messages
     version: Annotated[Literal[1], Field(description="Format version of this file; 1.")] = 1
     description: str = ""

@@ -66,6 +66,7 @@ class TrainerEnv:
     managed: bool = False  # True when spotorch launched this worker (SPOTORCH_RUN_ID is set)
     chief: bool = True  # only the chief replica writes checkpoints and reports events
     probe_steps: int | None = None  # a probe: run this many steps, report the rate, exit 0
+    resume_exact: bool = False  # resume from resume_from only (spotorch sets it after divergence)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> TrainerEnv:
@@ -94,4 +95,5 @@ class TrainerEnv:
             managed=run_id is not None,
             chief=is_chief(env),
             probe_steps=_int(env, contract.ENV_PROBE_STEPS),
+            resume_exact=_get(env, contract.ENV_RESUME_EXACT) in ("1", "true", "yes"),
         )

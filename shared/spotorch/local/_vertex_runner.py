@@ -96,27 +96,30 @@ class JobRunner:
         if all(c == 0 for _, c in codes):
             self.set_state(job, JobState.SUCCEEDED, now)
             return
-        ran = now - (job.started or now)
-        if job.spot:
-            after = schedule.preempt_after(job.proto.labels)
-            if not spot_ok or (after is not None and ran >= after):
-                self.preempt(job, now)
-                return
-        if ran >= job.timeout_s:
+        if self._spot_lost(job, now, spot_ok, schedule):
+            return
+        if now - (job.started or now) >= job.timeout_s:
             self.begin_stop(job, now, JobState.FAILED, CODE_DEADLINE_EXCEEDED,
                             f"Job exceeded its scheduling timeout of {job.timeout_s:g} seconds "
                             "and was stopped.")
 
     def _watch_synthetic(self, job: JobRecord, now: float, spot_ok: bool,
                          schedule: SpotSchedule) -> None:
-        ran = now - (job.started or now)
-        if job.spot:
-            after = schedule.preempt_after(job.proto.labels)
-            if not spot_ok or (after is not None and ran >= after):
-                self.preempt(job, now)
-                return
-        if self.synthetic_run_s is not None and ran >= self.synthetic_run_s:
+        if self._spot_lost(job, now, spot_ok, schedule):
+            return
+        if self.synthetic_run_s is not None and now - (job.started or now) >= self.synthetic_run_s:
             self.set_state(job, JobState.SUCCEEDED, now)
+
+    def _spot_lost(self, job: JobRecord, now: float, spot_ok: bool,
+                   schedule: SpotSchedule) -> bool:
+        """Preempt a running Spot job when capacity is gone or its schedule says so."""
+        if not job.spot:
+            return False
+        after = schedule.preempt_after(job.proto.labels)
+        if spot_ok and (after is None or now - (job.started or now) < after):
+            return False
+        self.preempt(job, now)
+        return True
 
     def preempt(self, job: JobRecord, now: float) -> bool:
         """What Compute Engine does to a Spot VM: SIGTERM, grace period, SIGKILL, job FAILED."""

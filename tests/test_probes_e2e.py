@@ -44,8 +44,9 @@ def test_probes_run_as_processes_and_the_faster_cheaper_candidate_wins(tmp_path:
     fast = HardwareCandidate("fast", "n1-standard-4", env=(("EXAMPLE_STEP_SLEEP", "0.002"),))
     slow = HardwareCandidate("slow", "n1-standard-8", env=(("EXAMPLE_STEP_SLEEP", "0.04"),))
     broken = HardwareCandidate("broken", "n1-standard-4", env=(("EXAMPLE_FAIL_AT_STEP", "3"),))
-    # The same workload on a machine the emulator gives 400 MiB of address space: out of memory.
-    small = HardwareCandidate("small", "n1-highcpu-2")
+    # The same workload on a machine the emulator OOM-kills past 400 MiB resident (slow steps
+    # give its memory watch time to see it).
+    small = HardwareCandidate("small", "n1-highcpu-2", env=(("EXAMPLE_STEP_SLEEP", "0.2"),))
     pool = WorkerPool(image_uri="local", command=(sys.executable, str(ROOT / "examples" /
                                                                      "train.py")),
                       env=(("EXAMPLE_TOTAL_STEPS", "100000"), ("EXAMPLE_CHECKPOINT_EVERY", "0"),
@@ -59,7 +60,7 @@ def test_probes_run_as_processes_and_the_faster_cheaper_candidate_wins(tmp_path:
     emulator = VertexEmulator("spotorch-test", workdir=tmp_path / "vertex", grace_s=0.5,
                               queued_s=0.05, pending_s=0.05, job_events_topic=None,
                               quotas=QuotaLimits.unlimited(),
-                              memory_limits={"n1-highcpu-2": 400})
+                              memory_limits_mb={"n1-highcpu-2": 400})
     address = emulator.start()
     try:
         launcher = VertexJobLauncher("spotorch-test", endpoint=address,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -112,22 +111,7 @@ def replica_env(job_spec: Any, job_id: str, pool: int, index: int,
     return env
 
 
-# machine type -> MiB of address space a replica may use (RLIMIT_AS). An EMULATION of a smaller
-# machine (issue 19: probes that run out of memory), set by the emulator's `memory_limits`
-# option; empty by default, so every shape gets this machine's memory. Vertex has no such knob:
-# a real machine simply has the memory its type says.
-MemoryLimits = Mapping[str, int]
-
-
-def _limit_memory(process: subprocess.Popen[bytes], mib: int | None) -> None:
-    if mib is None or not hasattr(resource, "prlimit"):
-        return
-    with contextlib.suppress(OSError):  # the process may already be gone
-        resource.prlimit(process.pid, resource.RLIMIT_AS, (mib * 2**20, mib * 2**20))
-
-
-def spawn(job_spec: Any, job_id: str, log_dir: Path, base_env: Mapping[str, str],
-          memory_limits: MemoryLimits | None = None) -> list[Replica]:
+def spawn(job_spec: Any, job_id: str, log_dir: Path, base_env: Mapping[str, str]) -> list[Replica]:
     """Start every replica of every pool; on failure, kill those started and raise SpawnError."""
     log_dir.mkdir(parents=True, exist_ok=True)
     replicas: list[Replica] = []
@@ -147,7 +131,6 @@ def spawn(job_spec: Any, job_id: str, log_dir: Path, base_env: Mapping[str, str]
                             start_new_session=True)
                 except OSError as exc:
                     raise SpawnError(name, f"cannot start {argv[:1]}: {exc}") from exc
-                _limit_memory(process, (memory_limits or {}).get(pool.machine_spec.machine_type))
                 replicas.append(Replica(p, i, process, log_path))
     except SpawnError:
         kill(replicas)

@@ -41,7 +41,17 @@ class Scenario:
     deadline: str = "20m"
     regions: tuple[str, ...] = ("us-central1",)
     hardware: Mapping[str, Any] | None = None  # hardware candidates probed before the upload
-    vertex_args: tuple[str, ...] = ()
+    command: tuple[str, ...] = ()  # instead of examples/train.py (e.g. examples/unhealthy.py)
+    health: Mapping[str, Any] = field(default_factory=dict)  # the pipeline's health: options
+    vertex_args: tuple[str, ...] = ()  # extra options of the Vertex emulator
+
+
+_UNHEALTHY = ("python", "examples/unhealthy.py")
+_UNHEALTHY_ENV = {"EXAMPLE_TOTAL_STEPS": "120", "EXAMPLE_STEP_SLEEP": "0.05",
+                  "EXAMPLE_CHECKPOINT_EVERY": "10", "EXAMPLE_PROGRESS_INTERVAL": "0.5"}
+# The oom story's machines, scaled down to what this computer has (the emulator OOM-kills a
+# replica whose resident memory passes its machine's).
+_DEMO_MEMORY = '{"n1-standard-4": 200, "n1-highmem-8": 1024}'
 
 
 _TRAINER_ENV = {"EXAMPLE_TOTAL_STEPS": "600", "EXAMPLE_STEP_SLEEP": "0.03",
@@ -91,10 +101,12 @@ SCENARIOS: Mapping[str, Scenario] = {
         trainer_env={**_TRAINER_ENV, "EXAMPLE_WORKING_MEMORY_MB": "500",
                      "OPENBLAS_NUM_THREADS": "1"},
         # The emulator runs every shape at this machine's speed; each candidate's step sleep
-        # stands in for its speed, and the emulator gives n1-highcpu-2 400 MiB (an emulation).
+        # stands in for its speed, and the emulator OOM-kills n1-highcpu-2 past 400 MiB
+        # resident (an emulation; 0.5 s steps give its memory watch time to see it).
         hardware={"total_steps": 600, "probe_steps": 10, "probe_timeout": "90s",
                   "candidates": [
-                      {"name": "small", "machine_type": "n1-highcpu-2"},
+                      {"name": "small", "machine_type": "n1-highcpu-2",
+                       "env": {"EXAMPLE_STEP_SLEEP": 0.5}},
                       {"name": "cpu", "machine_type": "n1-standard-4",
                        "env": {"EXAMPLE_STEP_SLEEP": 2.2}},
                       {"name": "l4", "machine_type": "g2-standard-8",
@@ -103,7 +115,41 @@ SCENARIOS: Mapping[str, Scenario] = {
                       {"name": "a100", "machine_type": "a2-highgpu-1g",
                        "accelerator_type": "NVIDIA_TESLA_A100", "accelerator_count": 1,
                        "env": {"EXAMPLE_STEP_SLEEP": 0.1}}]},
-        vertex_args=("--memory-limits", json.dumps({"n1-highcpu-2": 400})),
+        vertex_args=("--memory-limits-mb", json.dumps({"n1-highcpu-2": 400})),
+    ),
+    "hang": Scenario(
+        name="hang",
+        story="Attempt 1's training loop blocks at step 30 while its process lives (a stuck "
+              "collective): no more reports, so spotorch declares it hung, cancels it and "
+              "relaunches from the latest checkpoint; attempt 2 trains to the end.",
+        expected_status="SUCCEEDED",
+        recovery={"escalation": "never", "backoff_base": "1s", "decision_interval": "2s"},
+        health={"hang_min": "4s", "hang_factor": 4, "hang_startup": "60s"},
+        command=_UNHEALTHY,
+        trainer_env={**_UNHEALTHY_ENV, "EXAMPLE_MODE": "hang", "EXAMPLE_BAD_ATTEMPTS": "1"},
+    ),
+    "diverge": Scenario(
+        name="diverge",
+        story="From step 30 the loss explodes to infinity and NaN (a learning rate too high): "
+              "the divergence rule stops the run as FAILED_DIVERGED long before its 120 steps.",
+        expected_status="FAILED_DIVERGED",
+        recovery={"escalation": "never", "backoff_base": "1s"},
+        health={"divergence_action": "fail"},
+        command=_UNHEALTHY,
+        trainer_env={**_UNHEALTHY_ENV, "EXAMPLE_MODE": "diverge", "EXAMPLE_BAD_ATTEMPTS": "99"},
+    ),
+    "oom": Scenario(
+        name="oom",
+        story="The training step needs 400 MiB; on n1-standard-4 (200 MiB on the local stack) "
+              "the replica is OOM-killed; spotorch never retries out of memory on the same "
+              "machine, moves to the next fallback machine (n1-highmem-8) and succeeds.",
+        expected_status="SUCCEEDED",
+        recovery={"escalation": "never", "backoff_base": "1s"},
+        health={"fallback_machines": ["n1-highmem-8"]},
+        command=_UNHEALTHY,
+        trainer_env={**_UNHEALTHY_ENV, "EXAMPLE_MODE": "oom", "EXAMPLE_ALLOC_MB": "400",
+                     "EXAMPLE_OOM_AT_STEP": "10", "EXAMPLE_BAD_ATTEMPTS": "99"},
+        vertex_args=("--memory-limits-mb", _DEMO_MEMORY),
     ),
 }
 
@@ -120,6 +166,10 @@ def pipeline_document(scenario: Scenario) -> dict[str, Any]:
     pools[0]["env"] = env
     if scenario.hardware is not None:
         base["hardware"] = dict(scenario.hardware)
+    if scenario.command:
+        pools[0]["command"] = list(scenario.command)
+    if scenario.health:
+        base["health"] = dict(scenario.health)
     return dict(base)
 
 
@@ -197,8 +247,9 @@ def run_demo(scenario: Scenario, *, timeout_s: float, quiet: bool,
         say("starting the local stack (Firestore, Pub/Sub, GCS, Vertex AI emulators, functions)")
         with DevStack(pipelines_dir=pipelines, run_dir=work / "stack", extra_env=alerts_env,
                       vertex_schedule=schedule, vertex_grace_s=3.0, tick_seconds=TICK_S,
-                      vertex_args=[*(["--drop-events", "1.0"] if lose_job_events else []),
-                                   *scenario.vertex_args]) as stack:
+                      vertex_args=[*scenario.vertex_args,
+                                   *(["--drop-events", "1.0"] if lose_job_events else [])]
+                      ) as stack:
             saved = dict(os.environ)
             os.environ.update(stack.env)  # our own clients talk to this stack
             try:

@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/cold_start.py [--repeat 7]
 
 For each function, two fresh interpreters are timed (CPU time, median of --repeat runs,
-interpreter start-up subtracted): (a) `import` of the client libraries that function needs and nothing else; (b) loading
+interpreter start-up subtracted): (a) `import` of the client libraries that function needs and
+nothing else; (b) loading
 functions/main.py the way functions-framework does, then every module its first event imports
 (spotorch's own modules and the same client libraries). Target: (b) <= 1.3 x (a).
 """

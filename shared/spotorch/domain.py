@@ -277,6 +277,14 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class MetricPoint:
+    """One value of a sweep's metric at a step (a map in Firestore: no nested arrays there)."""
+
+    step: int
+    value: float
+
+
+@dataclass(frozen=True)
 class HistoryEntry:
     at: float
     what: str
@@ -316,6 +324,10 @@ class Run:
     intent_seq: int = 0
     seen: tuple[str, ...] = ()
     retry_of: str | None = None
+    # ---- sweeps (spotorch.sweep): a trial run knows its sweep, its parameters and its curve
+    sweep_id: str | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)  # handed to the trainer as JSON
+    curve: tuple[MetricPoint, ...] = ()  # the sweep's metric by step, for the median rule
 
     @property
     def active(self) -> bool:
@@ -359,6 +371,8 @@ class Run:
         data["history"] = tuple(HistoryEntry(**h) for h in data.get("history", ()))
         data["outbox"] = tuple(intent_from_dict(i) for i in data.get("outbox", ()))
         data["seen"] = tuple(data.get("seen", ()))
+        data["params"] = dict(data.get("params") or {})
+        data["curve"] = tuple(MetricPoint(**p) for p in data.get("curve", ()))
         return cls(**data)
 
 
@@ -530,14 +544,15 @@ def backoff_s(recovery: RecoveryPolicy, run_id: str, failures: int) -> float:
 def new_run(*, run_id: str, pipeline: Pipeline, now: float, data_uri: str,
             snapshot_id: str | None, queued: bool = False,
             resume_from: Checkpoint | None = None, retry_of: str | None = None,
-            reason: str = "") -> Run:
+            reason: str = "", sweep_id: str | None = None,
+            params: Mapping[str, Any] | None = None) -> Run:
     """A new run: created, announced, and (unless queued) its first attempt launched."""
     deadline = now + pipeline.deadline_s if pipeline.deadline_s else None
     run = Run(run_id=run_id, pipeline=pipeline.name, status=RunStatus.PENDING, created_at=now,
               updated_at=now, data_uri=data_uri, snapshot_id=snapshot_id, deadline_at=deadline,
               checkpoint_uri=pipeline.run_checkpoint_uri(retry_of or run_id),
               output_uri=pipeline.run_output_uri(run_id), latest_checkpoint=resume_from,
-              retry_of=retry_of)
+              retry_of=retry_of, sweep_id=sweep_id, params=dict(params or {}))
     ctx = Context(pipeline, now)
     run = _note(run, ctx, "created", reason)
     run = _publish(run, ctx, "run.created", status=str(RunStatus.PENDING), data_uri=data_uri,
@@ -730,7 +745,24 @@ def _on_trainer(run: Run, obs: Observation, ctx: Context) -> Run:
         run = _newer_checkpoint(run, Checkpoint(obs.step, obs.checkpoint_uri))
     if obs.kind == "started" and attempt.started_at is None:
         run = _with_attempt(run, replace(run.attempt(obs.attempt) or attempt, started_at=obs.at))
-    return run
+    return _sweep_curve(run, obs, ctx)
+
+
+# ---------------------------------------------------------------- sweeps: a trial's curve
+
+CURVE_LIMIT = 200
+
+
+def _sweep_curve(run: Run, obs: TrainerReported, ctx: Context) -> Run:
+    """A trial keeps its sweep metric by step; a resumed attempt rewrites the steps it repeats."""
+    spec = ctx.pipeline.sweep
+    if run.sweep_id is None or spec is None or obs.step is None:
+        return run
+    value = obs.metrics.get(spec.metric)
+    if value is None or not math.isfinite(value):
+        return run
+    kept = tuple(p for p in run.curve if p.step < obs.step)
+    return replace(run, curve=(*kept, MetricPoint(obs.step, float(value)))[-CURVE_LIMIT:])
 
 
 def _newer_checkpoint(run: Run, ckpt: Checkpoint | None) -> Run:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from spotorch.sweep_spec import ModelRegistration, SweepSpec
+
 
 class Capacity(StrEnum):
     """The kind of VM an attempt runs on."""
@@ -144,6 +146,8 @@ class Pipeline:
     prices: tuple[tuple[str, float], ...] = ()  # capacity -> price per replica-hour (overrides)
     routes: tuple[Route, ...] = ()
     source: str = ""  # the file it was loaded from, for error messages
+    sweep: SweepSpec | None = None  # a hyperparameter sweep: each data snapshot starts one
+    model: ModelRegistration | None = None  # register successful models in Vertex AI
 
     def run_checkpoint_uri(self, run_id: str) -> str:
         return f"{self.checkpoint_uri.rstrip('/')}/{run_id}"

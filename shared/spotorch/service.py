@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import random
 import time
@@ -54,6 +55,7 @@ from spotorch.ports import (
     RunStore,
     ShardDispatcher,
 )
+from spotorch.registry import ExperimentTracker, ModelRegistry
 from spotorch.settings import COLLECTION_JOBS, COLLECTION_LISTINGS, COLLECTION_REJECTED
 from spotorch.triggers import ObjectEvent, ObjectEventKind
 from spotorch_trainer import contract
@@ -106,6 +108,8 @@ class Deps:
     objects: ObjectStore  # the landing buckets: manifests, existence checks, listings
     events_topic: str = ""  # trainer events topic handed to jobs (projects/P/topics/T)
     shards: ShardDispatcher | None = None  # None: the tick reconciles every run itself
+    models: ModelRegistry | None = None  # Vertex AI Model Registry (pipelines with `model`)
+    experiments: ExperimentTracker | None = None  # Vertex AI Experiments (sweep trials)
 
     def pipeline(self, name: str) -> Pipeline:
         try:
@@ -183,7 +187,20 @@ def _carry_out(deps: Deps, run: Run, version: Any, mine: Sequence[str], *,
     if was_active and not after.active and \
             deps.pipeline(after.pipeline).trigger.on_active_run is OnActiveRun.QUEUE:
         promote_next(deps, after.pipeline)  # the oldest queued run of the pipeline may start
+    if was_active and not after.active and after.sweep_id:
+        _trial_ended(deps, after)
     return after
+
+
+def _trial_ended(deps: Deps, run: Run) -> None:
+    """Tell a trial's sweep at once; if this fails, the sweep's tick finds it."""
+    from spotorch import sweep_service
+
+    try:
+        sweep_service.trial_ended(deps, run)
+    except Exception as exc:
+        log.warning("sweep %s not told of trial %s yet: %s", run.sweep_id, run.run_id, exc,
+                    extra={"run_id": run.run_id})
 
 
 def _perform(deps: Deps, run: Run, intent: Intent) -> Observation | None:
@@ -278,6 +295,8 @@ def launch_spec(deps: Deps, run: Run, intent: LaunchIntent) -> LaunchSpec:
         contract.ENV_MODEL_URI: run.output_uri,
         contract.ENV_EVENTS_TOPIC: deps.events_topic,
     }
+    if run.sweep_id:
+        env[contract.ENV_PARAMS] = json.dumps(dict(run.params), sort_keys=True)
     labels = {LABEL_RUN: run.run_id, LABEL_ATTEMPT: str(number), LABEL_PIPELINE: run.pipeline,
               LABEL_BUCKET: str(run.bucket)}
     return LaunchSpec(run_id=run.run_id, pipeline=run.pipeline, attempt=number,
@@ -290,13 +309,17 @@ def launch_spec(deps: Deps, run: Run, intent: LaunchIntent) -> LaunchSpec:
 
 def start_run(deps: Deps, pipeline_name: str, *, run_id: str, data_uri: str,
               snapshot_id: str | None, reason: str,
-              resume_from: Checkpoint | None = None, retry_of: str | None = None) -> Run | None:
-    """Create the run of a snapshot exactly once; apply the pipeline's rule for an active run."""
+              resume_from: Checkpoint | None = None, retry_of: str | None = None,
+              sweep_id: str | None = None,
+              params: Mapping[str, Any] | None = None) -> Run | None:
+    """Create the run of a snapshot exactly once; apply the pipeline's rule for an active run.
+
+    A sweep's trial (sweep_id set) runs alongside the others: its sweep decides parallelism."""
     pipeline = deps.pipeline(pipeline_name)
     existing, _ = deps.runs.load(run_id)
     if existing is not None:
         return existing
-    rule = pipeline.trigger.on_active_run.value
+    rule = "parallel" if sweep_id else pipeline.trigger.on_active_run.value
     active = [] if rule == "parallel" else \
         [r for r in deps.runs.active_for_pipeline(pipeline.name) if r.run_id != run_id]
     if active and rule == "skip":
@@ -305,7 +328,7 @@ def start_run(deps: Deps, pipeline_name: str, *, run_id: str, data_uri: str,
     run = domain.new_run(run_id=run_id, pipeline=pipeline, now=deps.clock.now(),
                          data_uri=data_uri, snapshot_id=snapshot_id,
                          queued=bool(active) and rule == "queue", resume_from=resume_from,
-                         retry_of=retry_of, reason=reason)
+                         retry_of=retry_of, reason=reason, sweep_id=sweep_id, params=params)
     try:
         version = deps.runs.save(run, None)
     except ConflictError:
@@ -471,6 +494,10 @@ def tick(deps: Deps, *, buckets: Sequence[int] | None = None,
             touched.append(result)
     for name in pipelines_with_queue:
         promote_next(deps, name)
+    if not buckets or 0 in buckets:  # sweeps are few: one shard (or the whole tick) takes them
+        from spotorch import sweep_service
+
+        sweep_service.reconcile_sweeps(deps)
     return touched
 
 
@@ -657,6 +684,12 @@ def start_snapshot_run(deps: Deps, snap: SnapshotReady, why: str) -> Run | None:
     """The one run of a completed snapshot; then the snapshot is marked dispatched."""
     from spotorch import intake
 
+    if deps.pipeline(snap.pipeline).sweep is not None:  # a sweep pipeline: the snapshot's sweep
+        from spotorch import sweep_service
+
+        sweep_service.start_snapshot_sweep(deps, snap, why)
+        intake.mark_dispatched(snap, docs=deps.docs)
+        return None
     run = start_run(deps, snap.pipeline, run_id=intake.run_id_for(snap.pipeline, snap.snapshot_id),
                     data_uri=snap.data_uri, snapshot_id=snap.snapshot_id,
                     reason=f"data snapshot {snap.data_uri} {why}")

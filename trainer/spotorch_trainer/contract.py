@@ -19,6 +19,8 @@ ENV_DATA_URI = "SPOTORCH_DATA_URI"  # the data snapshot this run trains on
 ENV_MODEL_URI = "SPOTORCH_MODEL_URI"  # where the final model goes (Vertex also sets AIP_MODEL_DIR)
 # projects/P/topics/T for trainer events; empty: don't report.
 ENV_EVENTS_TOPIC = "SPOTORCH_EVENTS_TOPIC"
+# A sweep trial's parameters as a JSON object (set only on trials; see spotorch_trainer.params()).
+ENV_PARAMS = "SPOTORCH_PARAMS"
 
 TRAINER_ENV = (ENV_RUN_ID, ENV_ATTEMPT, ENV_PIPELINE, ENV_CHECKPOINT_URI, ENV_RESUME_FROM,
                ENV_RESUME_STEP, ENV_DATA_URI, ENV_MODEL_URI, ENV_EVENTS_TOPIC)

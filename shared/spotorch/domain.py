@@ -94,6 +94,7 @@ class RunStatus(StrEnum):
     RUNNING = "RUNNING"  # the current attempt's job is running
     RECOVERING = "RECOVERING"  # the last attempt ended; the next waits for its backoff or a cancel
     CANCELLING = "CANCELLING"  # cancel requested; waiting for the job to stop
+    REGISTERING = "REGISTERING"  # the job succeeded; its model is being registered (`model`)
     SUCCEEDED = "SUCCEEDED"  # the training job finished successfully
     CANCELLED = "CANCELLED"  # stopped by an operator, superseded, or cancelled outside spotorch
     FAILED = "FAILED"  # the training code failed more often than its user-error budget allows
@@ -122,13 +123,15 @@ TRANSITIONS: Mapping[RunStatus, frozenset[RunStatus]] = {
     RunStatus.QUEUED: frozenset({RunStatus.PENDING, RunStatus.STARTING, RunStatus.CANCELLED}),
     RunStatus.PENDING: frozenset({RunStatus.QUEUED, RunStatus.STARTING, RunStatus.CANCELLED})
     | _FAILED,
-    RunStatus.STARTING: frozenset({RunStatus.RUNNING, RunStatus.RECOVERING, RunStatus.CANCELLING})
-    | _ENDINGS,
-    RunStatus.RUNNING: frozenset({RunStatus.RECOVERING, RunStatus.STARTING, RunStatus.CANCELLING})
-    | _ENDINGS,
-    RunStatus.RECOVERING: frozenset({RunStatus.STARTING, RunStatus.CANCELLING}) | _ENDINGS,
+    RunStatus.STARTING: frozenset({RunStatus.RUNNING, RunStatus.RECOVERING, RunStatus.CANCELLING,
+                                   RunStatus.REGISTERING}) | _ENDINGS,
+    RunStatus.RUNNING: frozenset({RunStatus.RECOVERING, RunStatus.STARTING, RunStatus.CANCELLING,
+                                  RunStatus.REGISTERING}) | _ENDINGS,
+    RunStatus.RECOVERING: frozenset({RunStatus.STARTING, RunStatus.CANCELLING,
+                                     RunStatus.REGISTERING}) | _ENDINGS,
     RunStatus.CANCELLING: frozenset({RunStatus.CANCELLED, RunStatus.SUCCEEDED,
-                                     RunStatus.FAILED_BUDGET}),
+                                     RunStatus.FAILED_BUDGET, RunStatus.REGISTERING}),
+    RunStatus.REGISTERING: frozenset({RunStatus.SUCCEEDED}),
     **{s: frozenset() for s in _ENDINGS},
 }
 
@@ -229,10 +232,22 @@ class PublishIntent:
     kind: ClassVar[str] = "publish"
 
 
+@dataclass(frozen=True)
+class RegisterModelIntent:
+    """Register a succeeded run's model in Vertex AI Model Registry; run.succeeded waits for it."""
+
+    id: str
+    artifact_uri: str
+    succeeded: Mapping[str, Any]  # the run.succeeded data, published with the model's name
+    claimed_until: float = 0.0
+    kind: ClassVar[str] = "register_model"
+
+
 # A side effect decided in a transaction and carried out after it commits (the outbox).
-Intent = LaunchIntent | CancelIntent | PublishIntent
-_INTENT_TYPES: Mapping[str, type[LaunchIntent] | type[CancelIntent] | type[PublishIntent]] = {
-    t.kind: t for t in (LaunchIntent, CancelIntent, PublishIntent)}
+Intent = LaunchIntent | CancelIntent | PublishIntent | RegisterModelIntent
+_INTENT_TYPES: Mapping[str, type[LaunchIntent] | type[CancelIntent] | type[PublishIntent]
+                       | type[RegisterModelIntent]] = {
+    t.kind: t for t in (LaunchIntent, CancelIntent, PublishIntent, RegisterModelIntent)}
 
 
 def intent_to_dict(intent: Intent) -> dict[str, Any]:
@@ -328,6 +343,8 @@ class Run:
     sweep_id: str | None = None
     params: Mapping[str, Any] = field(default_factory=dict)  # handed to the trainer as JSON
     curve: tuple[MetricPoint, ...] = ()  # the sweep's metric by step, for the median rule
+    # ---- Model Registry: the registered version (projects/P/locations/L/models/M@V)
+    model_name: str | None = None
 
     @property
     def active(self) -> bool:
@@ -454,6 +471,15 @@ class IntentDone:
 
 
 @dataclass(frozen=True)
+class ModelRegistered:
+    """The register-model intent was carried out (model_name) or refused for good (error)."""
+
+    intent_id: str
+    model_name: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class Tick:
     """The reconcile tick: fire due timers and re-evaluate the escalation policy."""
 
@@ -469,7 +495,7 @@ class CancelRequested:
 
 
 Observation = (JobObserved | JobMissing | TrainerReported | LaunchDone | LaunchFailed | IntentDone | Tick
-               | Promote | CancelRequested)
+               | Promote | CancelRequested | ModelRegistered)
 
 
 @dataclass(frozen=True)
@@ -748,6 +774,31 @@ def _on_trainer(run: Run, obs: Observation, ctx: Context) -> Run:
     return _sweep_curve(run, obs, ctx)
 
 
+# ---------------------------------------------------------------- Model Registry
+
+def _register_model(run: Run, ctx: Context, attempt: Attempt, succeeded: Mapping[str, Any]) -> Run:
+    """The job succeeded: register the model first; run.succeeded then names its version."""
+    run = _to(run, RunStatus.REGISTERING, ctx, f"attempt {attempt.number} succeeded")
+    run, intent_id = _next_intent_id(run)
+    return _add(run, RegisterModelIntent(intent_id, run.output_uri, dict(succeeded),
+                                         claimed_until=ctx.now + LAUNCH_LEASE_S))
+
+
+def _on_model_registered(run: Run, obs: Observation, ctx: Context) -> Run:
+    assert isinstance(obs, ModelRegistered)
+    intent = next((i for i in run.outbox if i.id == obs.intent_id), None)
+    if not isinstance(intent, RegisterModelIntent) or run.status is not RunStatus.REGISTERING:
+        return run  # a redelivered result
+    run = replace(run, outbox=tuple(i for i in run.outbox if i.id != obs.intent_id),
+                  model_name=obs.model_name)
+    note = f"model registered: {obs.model_name}" if obs.model_name else \
+        f"model not registered: {obs.error}"
+    why = f"attempt {run.current.number} succeeded" if run.current else "succeeded"
+    run = _to(_note(run, ctx, note), RunStatus.SUCCEEDED, ctx, why)
+    return _publish(run, ctx, "run.succeeded", status=str(run.status), **intent.succeeded,
+                    model_name=obs.model_name, model_error=obs.error)
+
+
 # ---------------------------------------------------------------- sweeps: a trial's curve
 
 CURVE_LIMIT = 200
@@ -841,11 +892,13 @@ def _attempt_ended(run: Run, ctx: Context, attempt: Attempt, status: JobStatus) 
     if attempt.state is AttemptState.SUCCEEDED:
         attempt = _end_attempt(attempt, ctx, status, "succeeded", None)
         run = _announce_end(_with_attempt(run, attempt), ctx, attempt)
+        succeeded = {"attempts": len(run.attempts), "preemptions": run.counters.preemptions,
+                     "cost_estimate": round(cost_estimate(run, ctx), 4),
+                     "model_uri": run.output_uri}
+        if ctx.pipeline.model is not None and run.sweep_id is None:
+            return _register_model(run, ctx, attempt, succeeded)
         run = _to(run, RunStatus.SUCCEEDED, ctx, f"attempt {attempt.number} succeeded")
-        return _publish(run, ctx, "run.succeeded", status=str(run.status),
-                        attempts=len(run.attempts), preemptions=run.counters.preemptions,
-                        cost_estimate=round(cost_estimate(run, ctx), 4),
-                        model_uri=run.output_uri)
+        return _publish(run, ctx, "run.succeeded", status=str(run.status), **succeeded)
     failure = _failure_of(attempt, status)
     reason = _END_REASONS[failure](attempt, status)
     attempt = _end_attempt(attempt, ctx, status, reason, failure)
@@ -1030,6 +1083,8 @@ def _cancel_attempt(run: Run, ctx: Context, attempt: Attempt, why: str) -> Run:
 
 def _on_cancel(run: Run, obs: Observation, ctx: Context) -> Run:
     assert isinstance(obs, CancelRequested)
+    if run.status is RunStatus.REGISTERING:
+        return run  # the model is trained: only its registration is left to finish
     return _stop(run, ctx, obs.reason, None)
 
 
@@ -1123,6 +1178,7 @@ def _deadline_warning(run: Run, ctx: Context, wanted: Capacity, current: Attempt
 
 _HANDLERS: Mapping[type, Callable[[Run, Observation, Context], Run]] = {
     IntentDone: _on_intent_done,
+    ModelRegistered: _on_model_registered,
     LaunchDone: _on_launch_done,
     LaunchFailed: _on_launch_failed,
     TrainerReported: _on_trainer,

@@ -28,9 +28,11 @@ from spotorch.domain import (
     LaunchDone,
     LaunchFailed,
     LaunchIntent,
+    ModelRegistered,
     Observation,
     Promote,
     PublishIntent,
+    RegisterModelIntent,
     Run,
     RunStatus,
     Tick,
@@ -55,7 +57,15 @@ from spotorch.ports import (
     RunStore,
     ShardDispatcher,
 )
-from spotorch.registry import ExperimentTracker, ModelRegistry
+from spotorch.registry import (
+    LABEL_MODEL_PIPELINE,
+    LABEL_MODEL_RUN,
+    LABEL_MODEL_SNAPSHOT,
+    ExperimentTracker,
+    ModelRegistry,
+    ModelUpload,
+    RegistryError,
+)
 from spotorch.settings import COLLECTION_JOBS, COLLECTION_LISTINGS, COLLECTION_REJECTED
 from spotorch.triggers import ObjectEvent, ObjectEventKind
 from spotorch_trainer import contract
@@ -214,6 +224,8 @@ def _perform(deps: Deps, run: Run, intent: Intent) -> Observation | None:
                 return IntentDone(intent.id)
             case LaunchIntent():
                 return _perform_launch(deps, run, intent)
+            case RegisterModelIntent():
+                return _register_model(deps, run, intent)
             case _:
                 assert_never(intent)
     except Exception as exc:  # a failed side effect stays in the outbox; the tick retries it
@@ -233,6 +245,28 @@ def _perform_launch(deps: Deps, run: Run, intent: LaunchIntent) -> Observation |
         return LaunchFailed(intent.id, intent.attempt, str(exc), exc.permanent)
     record_job(deps, job_name, run.run_id, intent.attempt, run.pipeline)
     return LaunchDone(intent.id, intent.attempt, job_name)
+
+
+def _register_model(deps: Deps, run: Run, intent: RegisterModelIntent) -> Observation | None:
+    """UploadModel as a new version of the pipeline's model (idempotent: found by the run's
+    label); a permanent refusal ends the run SUCCEEDED without a model name, saying why."""
+    model = deps.pipeline(run.pipeline).model
+    if model is None or deps.models is None:
+        return ModelRegistered(intent.id, error="no model registry configured")
+    pipeline = deps.pipeline(run.pipeline)
+    labels = {**dict(model.labels), LABEL_MODEL_PIPELINE: run.pipeline,
+              LABEL_MODEL_RUN: run.run_id, LABEL_MODEL_SNAPSHOT: run.snapshot_id or ""}
+    try:
+        name = deps.models.upload(ModelUpload(
+            pipeline=run.pipeline, run_id=run.run_id,
+            region=model.region or pipeline.job.regions[0],
+            display_name=model.display_name or run.pipeline, artifact_uri=intent.artifact_uri,
+            serving_image=model.serving_image, labels=labels, aliases=model.aliases))
+    except RegistryError as exc:
+        if not exc.permanent:
+            raise  # stays in the outbox; the tick retries it
+        return ModelRegistered(intent.id, error=str(exc))
+    return ModelRegistered(intent.id, model_name=name)
 
 
 def _earlier_jobs_ended(deps: Deps, run: Run, attempt: int) -> bool:
@@ -631,6 +665,9 @@ def run_summary(run: Run) -> dict[str, Any]:
         "status": str(run.status),
         "end_reason": run.end_reason,
         "preemptions": run.counters.preemptions,
+        "model_name": run.model_name,
+        "sweep_id": run.sweep_id,
+        "params": dict(run.params),
         "escalated": None if not run.escalated else {
             "to": run.escalated["to"], "reason": run.escalated["reason"]},
         "attempts": [{

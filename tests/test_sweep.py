@@ -286,3 +286,21 @@ def test_a_trial_run_records_the_sweep_metric_by_step_and_a_resume_rewrites_repe
     plain = new_run(run_id="r", pipeline=p, now=T0, data_uri="gs://b/d/", snapshot_id="d")
     plain = decide(plain, TrainerReported(1, "progress", T0, step=10, metrics={"loss": 1.0}), c)
     assert plain.curve == ()
+
+
+def test_a_trial_reads_its_parameters_and_they_override_the_pipeline_env() -> None:
+    import sys
+    from pathlib import Path
+
+    from spotorch_trainer import EnvError, params
+
+    assert params({}) == {} and params({"SPOTORCH_PARAMS": '{"lr": 0.05}'}) == {"lr": 0.05}
+    with pytest.raises(EnvError):
+        params({"SPOTORCH_PARAMS": "[1, 2]"})
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    import train  # examples/train.py
+
+    env = {"SPOTORCH_PARAMS": '{"lr": 0.05}', "EXAMPLE_LR": "0.2", "EXAMPLE_TOTAL_STEPS": "30"}
+    cfg = train.parse_config([], env)
+    assert cfg.lr == 0.05 and cfg.total_steps == 30
+    assert train.parse_config(["--lr", "0.3"], env).lr == 0.3

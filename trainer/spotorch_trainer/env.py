@@ -93,3 +93,17 @@ class TrainerEnv:
             managed=run_id is not None,
             chief=is_chief(env),
         )
+
+
+def params(env: Mapping[str, str] | None = None) -> dict[str, int | float | str | bool]:
+    """A sweep trial's parameters (SPOTORCH_PARAMS, a JSON object); {} outside a sweep."""
+    raw = _get(os.environ if env is None else env, contract.ENV_PARAMS)
+    if raw is None:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise EnvError(f"{contract.ENV_PARAMS} is not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise EnvError(f"{contract.ENV_PARAMS} is not a JSON object")
+    return value

@@ -135,6 +135,10 @@ MEDIAN_TABLE = [
     (((10, 0.5),), ((10, 0.4),), ((10, 0.3),), False),
     # the others reported other steps: nothing to compare at step 10
     (((11, 0.5),), ((12, 0.4),), ((10, 0.9),), False),
+    # the others' last values at or before step 10, since both got past it: stopped
+    (((8, 0.5), (12, 0.45)), ((9, 0.4), (11, 0.3)), ((10, 0.9),), True),
+    # one other has not reached step 10 yet: it does not count, so too few (min_trials 2)
+    (((8, 0.5), (12, 0.45)), ((9, 0.4),), ((10, 0.9),), False),
     # only one other trial at that step (min_trials 2): not yet
     (((10, 0.5),), (), ((10, 0.9),), False),
     # before min_step (warm-up): never

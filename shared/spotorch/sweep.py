@@ -495,7 +495,11 @@ def median_verdict(trial: Trial, others: list[Trial], goal: Goal,
     step = trial.curve[-1][0]
     if step < rule.min_step:
         return None
-    at_step = [v for other in others for s, v in other.curve if s == step]
+    # Each other trial's value as of that step: its last report at or before it, provided it
+    # got that far (trainers that report by time rarely report at exactly the same steps).
+    at_step = [[v for s, v in other.curve if s <= step][-1] for other in others
+               if other.curve and other.curve[-1][0] >= step
+               and any(s <= step for s, _ in other.curve)]
     if len(at_step) < rule.min_trials:
         return None
     median = statistics.median(at_step)

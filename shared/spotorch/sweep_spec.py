@@ -40,7 +40,8 @@ class Parameter:
 @dataclass(frozen=True)
 class MedianStopping:
     """The median stopping rule: a running trial whose best value up to step s is worse than the
-    median of what the other trials reported at that same step s is stopped."""
+    median of the other trials' values at that same step s (each one's last report at or before
+    s, among the trials that got that far) is stopped."""
 
     min_trials: int = 3  # other trials with a value at that step before the rule may stop anyone
     min_step: int = 1  # never stop a trial at an earlier step (warm-up)

@@ -517,7 +517,7 @@ def _median_stop(sweep: Sweep, ctx: SweepContext, rule: MedianStopping) -> Sweep
             continue
         step, own, median = verdict
         reason = (f"median stopping: best {ctx.spec.metric} {own:g} by step {step} is worse than "
-                  f"the median {median:g} of {len(others)} other trials at that step")
+                  f"the median {median:g} of the other trials at that step")
         sweep = _with_trial(sweep, replace(trial, status=TrialStatus.STOPPING, stopped_early=True))
         sweep = _add(sweep, ctx, StopTrial, trial=trial.number, reason=reason)
         sweep = _note(sweep, ctx, f"trial {trial.number} stopped early: {reason}")

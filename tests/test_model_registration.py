@@ -12,7 +12,7 @@ from spotorch.memory import InMemoryLauncher, InMemoryPublisher, ManualClock
 from spotorch.notify import render_alert
 from spotorch.pipeline import Pipeline, Trigger
 from spotorch.registry import RegistryError
-from spotorch.registry_memory import MemoryModelRegistry
+from spotorch.registry_memory import MemoryExperimentTracker, MemoryModelRegistry
 from spotorch.service import Deps, cancel_run, job_changed, start_run, tick
 from spotorch.sweep_spec import ModelRegistration
 
@@ -25,6 +25,7 @@ def make(model: bool = True) -> tuple[Deps, MemoryModelRegistry]:
     deps = fake_deps(p)
     registry = MemoryModelRegistry("proj")
     deps.models = registry
+    deps.experiments = MemoryExperimentTracker("proj")
     return deps, registry
 
 
@@ -63,6 +64,10 @@ def test_a_succeeded_run_registers_its_model_and_names_it_in_event_and_alert() -
     event = succeeded_event(deps)
     assert event["data"]["model_name"] == run.model_name and validate_event(event) == []  # type: ignore[index]
     assert run.model_name in render_alert(event).headline
+    tracker = deps.experiments
+    assert isinstance(tracker, MemoryExperimentTracker)
+    (logged,) = tracker.runs_of("churn", "us-central1")
+    assert tracker.read_run(logged).run_id == "r1" and "cost" in tracker.read_run(logged).metrics
     finish(deps)  # redelivered success
     assert registry.uploads == 1 and len([e for e in deps.publisher.events  # type: ignore[attr-defined]
                                           if kind_of(e["type"]) == "run.succeeded"]) == 1

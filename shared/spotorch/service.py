@@ -61,6 +61,7 @@ from spotorch.registry import (
     LABEL_MODEL_PIPELINE,
     LABEL_MODEL_RUN,
     LABEL_MODEL_SNAPSHOT,
+    ExperimentRun,
     ExperimentTracker,
     ModelRegistry,
     ModelUpload,
@@ -266,7 +267,26 @@ def _register_model(deps: Deps, run: Run, intent: RegisterModelIntent) -> Observ
         if not exc.permanent:
             raise  # stays in the outbox; the tick retries it
         return ModelRegistered(intent.id, error=str(exc))
+    if model.experiments and deps.experiments is not None:
+        _log_experiment(deps, run, region=model.region or pipeline.job.regions[0])
     return ModelRegistered(intent.id, model_name=name)
+
+
+def _log_experiment(deps: Deps, run: Run, *, region: str) -> None:
+    """The run in its pipeline's Vertex AI Experiment: parameters, final metrics and cost
+    (best effort: a failure is logged, the model is registered either way)."""
+    assert deps.experiments is not None
+    ctx = Context(deps.pipeline(run.pipeline), deps.clock.now())
+    metrics = {**{k: float(v) for k, v in run.progress.metrics.items()},
+               "cost": round(domain.cost_estimate(run, ctx), 6),
+               "preemptions": float(run.counters.preemptions), "step": float(run.progress.step)}
+    try:
+        deps.experiments.log_run(ExperimentRun(experiment=run.pipeline, run_id=run.run_id,
+                                               region=region, params=dict(run.params),
+                                               metrics=metrics))
+    except RegistryError as exc:
+        log.warning("run %s not logged to Experiments: %s", run.run_id, exc,
+                    extra={"run_id": run.run_id})
 
 
 def _earlier_jobs_ended(deps: Deps, run: Run, attempt: int) -> bool:

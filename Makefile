@@ -34,6 +34,7 @@ bench: $(STAMP)         ## print the benchmark figures (policy, events, cold sta
 	$(BIN)/python benchmarks/policy_bench.py
 	$(BIN)/python benchmarks/event_bench.py
 	$(BIN)/python benchmarks/cold_start.py
+	$(BIN)/python benchmarks/scale_bench.py --runs 100 --runs 1000
 
 deploy: $(STAMP)        ## package functions + pipelines and terraform apply deploy/ (needs terraform, gcloud credentials)
 	PYTHON=$(BIN)/python PIPELINES=$(PIPELINES) deploy/deploy.sh apply

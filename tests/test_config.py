@@ -208,6 +208,7 @@ SEMANTIC = {
     "addresses on a chat route": ("routes: [{channel: chat, events: ['*'], target: a@b.com}]\n",
                                   "routes[0].target", "email routes"),
     "reserved label": ("", "job.labels.spotorch-run", "reserved"),
+    "reserved label key": ("", "job.labels.spotorch_run", "reserved"),
     "reserved env": ("", "job.worker_pools[0].env.SPOTORCH_RUN_ID", "reserved"),
     "two chiefs": ("", "job.worker_pools[0].replica_count", "must be 1"),
 }
@@ -220,6 +221,7 @@ EDITS = {
                                       "checkpoint_uri: gs://landing/data/ckpt"),
     "trigger inside the output": ("output_uri: gs://models/minimal", "output_uri: gs://landing/"),
     "reserved label": ("job:\n", "job:\n  labels: {spotorch-run: x}\n"),
+    "reserved label key": ("job:\n", "job:\n  labels: {spotorch_run: x}\n"),
     "reserved env": ("image_uri: python:3.11-slim",
                      "image_uri: python:3.11-slim\n      env: {SPOTORCH_RUN_ID: x}"),
     "two chiefs": ("image_uri: python:3.11-slim", "image_uri: python:3.11-slim\n"
@@ -408,3 +410,22 @@ def test_validate_defaults_to_spotorch_pipelines(tmp_path: Path, monkeypatch: py
 
 def test_problem_str_is_file_path_message() -> None:
     assert str(Problem("f.yaml", "trigger.bucket", "bad")) == "f.yaml: trigger.bucket: bad"
+
+
+def test_health_options_are_read_from_the_file_and_checked(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(MINIMAL + "health: {hang_after: 10m, keep_last: 3, fallback_machines: "
+                              "[n1-highmem-8]}\n")
+    pipeline = load_pipeline(good)
+    assert pipeline.health.hang_after_s == 600.0 and pipeline.health.keep_last == 3
+    assert pipeline.health.fallback_machines == ("n1-highmem-8",)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(MINIMAL + "health: {hang_factor: 0.5, oom_patterns: ['(oops']}\n")
+    with pytest.raises(ConfigError) as err:
+        load_pipeline(bad)
+    text = str(err.value)
+    assert "health.hang_factor" in text and "health.oom_patterns[0]" in text
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text(MINIMAL + "health: {hang_aftr: 10m}\n")
+    with pytest.raises(ConfigError, match=r"health\.hang_aftr"):
+        load_pipeline(unknown)

@@ -73,6 +73,21 @@ SAMPLES: dict[str, dict[str, Any]] = {
                      "model_name": None},
     "sweep.cancelled": {"sweep_id": "sw-1", **_RESULT, "status": "CANCELLED", "best": None,
                         "model_name": None},
+    # training health (issue 16)
+    "attempt.hung": {"attempt": 1, "job_name": "projects/p/locations/us-central1/customJobs/1",
+                     "step": 40, "silent_s": 130.0, "hang_after_s": 120.0, "last_report": None,
+                     "reason": "no trainer report for 130s (hang_after 120s)"},
+    "run.step_rate_degraded": {"attempt": 1, "step": 90, "rate": 0.5, "median": 4.0,
+                               "fraction": 0.5, "reason": "slow", "action": "warn"},
+    "run.diverged": {"attempt": 1, "rule": "nonfinite_loss", "step": 70,
+                     "values": {"loss": None, "best": 0.3}, "reason": "loss is nan at step 70",
+                     "action": "relaunch", "resume_step": 60},
+    "run.checkpoint_stale": {"attempt": 1, "step": 10, "checkpoint_step": None,
+                             "since_s": 3700.0, "stale_after_s": 3600.0, "reason": "stale"},
+    "run.machine_changed": {"from": "n1-standard-4", "to": "n1-highmem-8", "attempt": 1,
+                            "reason": "out of memory on n1-standard-4"},
+    "run.checkpoints_deleted": {"steps": [10, 20], "bytes_reclaimed": 2048,
+                                "total_bytes_reclaimed": 4096, "reason": "retention"},
 }
 
 # One way to break each kind: (data field, wrong value or None to drop it).
@@ -94,6 +109,12 @@ BREAKS: dict[str, tuple[str, Any]] = {
     "sweep.succeeded": ("model_name", "churn-model"),
     "sweep.failed": ("trials", -1),
     "sweep.cancelled": ("cost_estimate", None),
+    "attempt.hung": ("silent_s", None),
+    "run.step_rate_degraded": ("action", "panic"),
+    "run.diverged": ("rule", "bad vibes"),
+    "run.checkpoint_stale": ("since_s", -1),
+    "run.machine_changed": ("to", ""),
+    "run.checkpoints_deleted": ("bytes_reclaimed", 1.5),
 }
 
 

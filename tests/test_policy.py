@@ -13,12 +13,15 @@ from hypothesis import strategies as st
 from spotorch.pipeline import Capacity, EscalationKind, RecoveryPolicy
 from spotorch.policy import (
     PolicyView,
+    ProbeTerms,
     UnknownEscalation,
     choose_capacity,
     deadline_policy,
+    flex_max_wait_s,
     greedy,
     mean_down_h,
     mean_up_h,
+    probe_worth,
     slack_of,
     uniform_progress,
 )
@@ -102,6 +105,11 @@ UP_TABLE = [
     # rule 3: on standard, stay until cp >= ep(t + 2d) = 6.93 h, even with Spot back
     ({"work_done_s": 6.9 * H, "current": STANDARD}, STANDARD),
     ({"work_done_s": 7.0 * H, "current": STANDARD}, SPOT),
+    # on standard with Spot unavailable: stay, even far ahead of the line (the authors' rule;
+    # the old one returned Spot, i.e. left standard to wait)
+    ({"work_done_s": 19.0 * H, "current": STANDARD, "spot_available": False}, STANDARD),
+    # a queued Spot attempt is idle for rule 4: capacity back but slack under 2d + tick
+    ({"work_done_s": 30 * H, "now_s": 53.7 * H, "current": SPOT, "spot_queued": True}, STANDARD),
     # rule 4: idle with slack under 2d (plus a tick) -> standard
     ({"work_done_s": 30 * H, "now_s": 53.7 * H, "current": None}, STANDARD),
     # rule 2 again: a running Spot attempt is not interrupted by rule 4
@@ -209,3 +217,54 @@ def test_assumed_spot_waits_for_the_runs_typical_outage() -> None:
     assert deadline_policy(dataclasses.replace(long_outages, spot_down_at_s=40 * H)) is SPOT
     # Seen, not assumed: the truth needs no extra wait.
     assert deadline_policy(dataclasses.replace(long_outages, spot_assumed=False)) is SPOT
+
+
+# Probes: on standard at 47 h with Spot unseen; slack 5 h, work left 20 h, overhead 0.2 h.
+ON_STANDARD = {**SWITCH_BACK, "spot_available": False}
+TERMS = ProbeTerms(hit_cost=300 / H * 1.0, saving_per_s=2.0 / H, wait_s=600.0)
+
+
+def test_a_probe_is_worth_it_only_on_standard_when_the_policy_would_leave() -> None:
+    assert probe_worth(view(**ON_STANDARD), TERMS)
+    # On Spot (running or queued) the attempt itself shows Spot capacity: never probe.
+    assert not probe_worth(view(**{**ON_STANDARD, "current": SPOT}), TERMS)
+    assert not probe_worth(view(**{**ON_STANDARD, "current": None}), TERMS)
+    # Slack for the guard but not for the switch reserve: a yes would change nothing.
+    assert deadline_policy(view(**{**SWITCH_BACK, "now_s": 51.3 * H})) is STANDARD
+    assert not probe_worth(view(**{**ON_STANDARD, "now_s": 51.3 * H}), TERMS)
+    # The same question, asked of another policy: UP leaves standard only ahead of its line.
+    assert not probe_worth(view(**ON_STANDARD), TERMS, uniform_progress)
+    assert probe_worth(view(**{**ON_STANDARD, "work_done_s": 40 * H, "now_s": 40 * H}), TERMS,
+                       uniform_progress)
+
+
+def test_a_probe_must_pay_for_itself() -> None:
+    # 20 h left at 2 / h saved: 40 minus two overheads; a probe billed more is not worth it.
+    assert probe_worth(view(**ON_STANDARD), dataclasses.replace(TERMS, hit_cost=38.0))
+    assert not probe_worth(view(**ON_STANDARD), dataclasses.replace(TERMS, hit_cost=40.0))
+    # Misses that cost something: long outages (Spot history) make most probes misses.
+    costly_miss = dataclasses.replace(TERMS, miss_cost=1.0)
+    assert probe_worth(view(**ON_STANDARD), costly_miss)  # prior outage 1 h: p(hit) 0.15
+    long_outages = view(**ON_STANDARD, spot_wait_s=200 * H, spot_waits=1)  # ~100 h outages
+    assert not probe_worth(long_outages, costly_miss)
+    assert probe_worth(long_outages, TERMS)  # a miss is free: worth trying anyway
+
+
+def test_flex_start_replaces_standard_when_the_slack_covers_its_wait() -> None:
+    outage = {"current": None, "spot_available": False, "now_s": 40 * H}  # slack 4 h, tight
+    assert deadline_policy(view(**outage)) is STANDARD
+    assert deadline_policy(view(**outage, flex_wait_s=1800.0)) is Capacity.FLEX_START
+    assert deadline_policy(view(**outage, flex_wait_s=2 * H)) is STANDARD  # 2 x 2 h > 4 h
+    # The safety net is standard, never a queue.
+    assert deadline_policy(view(now_s=51.9 * H, flex_wait_s=60.0)) is STANDARD
+    # On standard: stay (flex would cost a relaunch and give up the way back to Spot).
+    assert deadline_policy(view(**{**outage, "current": STANDARD}, flex_wait_s=60.0)) \
+        is STANDARD
+
+
+def test_flex_max_wait_leaves_time_for_standard_after_a_timeout() -> None:
+    # Slack 4 h at 40 h; guard = 2 x 0.2 h + 5 min: at most 4 h - 0.483 h of waiting.
+    v = view(current=None, now_s=40 * H)
+    assert flex_max_wait_s(v, 24 * H) == pytest.approx(4 * H - (0.4 * H + 300))
+    assert flex_max_wait_s(v, 600.0) == 600.0
+    assert flex_max_wait_s(view(deadline_s=None), 600.0) == 600.0

@@ -18,6 +18,7 @@ from spotorch.sim.simulate import (
     Scenario,
     ScenarioError,
     Trace,
+    View,
     Window,
     brute_force,
     evaluate,
@@ -186,11 +187,12 @@ def test_json_output_shape(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert main([str(tmp_path), *SMALL, "--json"]) == 0
     out = capsys.readouterr().out
     payload = json.loads(out)  # exactly one JSON document, nothing else
-    assert set(payload) == {"runs", "policies"}
+    assert set(payload) == {"runs", "view", "policies"}
+    assert payload["view"] == "production"  # the default: what production can observe
     assert payload["runs"] == 4 * 3  # four traces of 16.7 h, windows of 5 h every 4 h
     assert set(payload["policies"]) == set(POLICIES)
     metrics = {"mean_cost", "p95_cost", "deadline_met_fraction", "mean_cost_ratio_to_optimal",
-               "mean_preemptions", "mean_changeovers"}
+               "mean_preemptions", "mean_changeovers", "mean_probes", "mean_probe_cost"}
     for name, summary in payload["policies"].items():
         assert set(summary) == metrics, name
     assert payload["policies"]["optimal"]["mean_cost_ratio_to_optimal"] == pytest.approx(1.0)
@@ -250,7 +252,7 @@ def test_production_view_of_spot_while_on_standard() -> None:
     trace = window([1, 0] + [1] * 10)  # preempted at 10 min, Spot back at once
     truthful = Scenario(task_s=3600, deadline_s=7200, overhead_s=0, step_s=600)
     production = Scenario(task_s=3600, deadline_s=7200, overhead_s=0, step_s=600,
-                          spot_cooldown_s=1800)
+                          view=View.PRODUCTION, spot_cooldown_s=1800)
     out = run_online(trace, truthful, back_to_spot_when_seen)
     assert seen_on_standard == [True] and out.changeovers == 2
     seen_on_standard.clear()
@@ -265,7 +267,7 @@ def test_spot_history_comes_only_from_spot_attempts() -> None:
     # trace flips (unseen); then Spot again.
     trace = window([1, 1, 0, 0, 1, 0, 1, 0, 1, 1, 1, 1, 1, 1])
     plan = {5: Capacity.STANDARD, 6: Capacity.STANDARD, 7: Capacity.STANDARD}
-    for cooldown in (None, 0):
+    for cooldown in (None, 0.0):
         seen: list[PolicyView] = []
 
         def follow_plan(v: PolicyView, seen: list[PolicyView] = seen) -> Capacity:
@@ -273,7 +275,8 @@ def test_spot_history_comes_only_from_spot_attempts() -> None:
             return plan.get(len(seen) - 1, Capacity.SPOT)
 
         scenario = Scenario(task_s=8 * 600, deadline_s=14 * 600, overhead_s=0, step_s=600,
-                            spot_cooldown_s=cooldown)
+                            view=View.VISIBLE if cooldown is None else View.PRODUCTION,
+                            spot_cooldown_s=cooldown or 0.0)
         run_online(trace, scenario, follow_plan)
         history = [(v.spot_run_s, v.spot_wait_s, v.spot_waits, v.preemptions, v.spot_down_at_s)
                    for v in seen]

@@ -138,10 +138,27 @@ _HEADLINES: Mapping[str, tuple[Severity, Callable[[Mapping[str, Any]], str]]] = 
     "run.budget_exceeded": (Severity.ERROR, lambda d: (
         f"Budget exceeded: {_get(d, 'budget')} used {_get(d, 'used')} of {_get(d, 'limit')}")),
     "run.deadline_at_risk": (Severity.WARNING, _deadline),
+    "attempt.hung": (Severity.WARNING, lambda d: (
+        f"Attempt {_get(d, 'attempt')} hung: no report for {_get(d, 'silent_s')}s at step "
+        f"{_get(d, 'step')}; cancelled and relaunched")),
+    "run.step_rate_degraded": (Severity.WARNING, lambda d: (
+        f"Step rate fell to {_get(d, 'rate')}/s (median {_get(d, 'median')}/s){_because(d)}")),
+    "run.diverged": (Severity.ERROR, lambda d: (
+        f"Training diverged at step {_get(d, 'step')} ({_get(d, 'rule')}): {_get(d, 'action')}")),
+    "run.checkpoint_stale": (Severity.WARNING, lambda d: (
+        f"No new checkpoint for {_get(d, 'since_s')}s at step {_get(d, 'step')}: a preemption "
+        "now loses that work")),
+    "run.machine_changed": (Severity.WARNING, lambda d: (
+        f"Machine changed from {_get(d, 'from')} to {_get(d, 'to')}{_because(d)}")),
+    "run.checkpoints_deleted": (Severity.INFO, lambda d: (
+        f"Deleted old checkpoints (steps {_get(d, 'steps')}), "
+        f"{_get(d, 'bytes_reclaimed')} bytes reclaimed")),
 }
 
 
 def _fact(value: Any) -> str:
+    if isinstance(value, Mapping) and isinstance(value.get("summary"), str):
+        return str(value["summary"])  # the cost ledger: its one line ("saved $412 (64%) ...")
     if isinstance(value, float):
         return f"{value:.2f}" if value != int(value) else str(int(value))
     return str(value)

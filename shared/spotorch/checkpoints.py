@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 from spotorch.domain import Checkpoint
+from spotorch.ports import StoredCheckpoint
 
 
 class StorageCheckpointStore:
-    """Finds the latest complete checkpoint under a gs:// or local checkpoint root."""
+    """Finds, lists and deletes checkpoints under a gs:// or local checkpoint root."""
 
     def latest(self, checkpoint_uri: str) -> Checkpoint | None:
         from spotorch_trainer.checkpoints import latest_checkpoint
 
         found = latest_checkpoint(checkpoint_uri)
         return None if found is None else Checkpoint(step=found.step, uri=found.uri)
+
+    def list(self, checkpoint_uri: str) -> list[StoredCheckpoint]:
+        from spotorch_trainer.checkpoints import scan_checkpoints
+
+        return [StoredCheckpoint(c.step, c.uri, c.complete, c.bytes)
+                for c in scan_checkpoints(checkpoint_uri)]
+
+    def delete(self, uri: str) -> int:
+        from spotorch_trainer.checkpoints import delete_checkpoint
+
+        return delete_checkpoint(uri)

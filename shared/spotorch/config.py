@@ -1,7 +1,9 @@
-"""Pipeline files: YAML validated against schemas/pipeline.schema.json plus semantic checks.
+"""Pipeline files: YAML read into spotorch.pipeline's dataclasses by pydantic, plus semantic checks.
 
 Every problem in every file is reported at once (file, field path, what is wrong, line), never
-just the first. Pipelines load once per process (cold start) through cached_pipelines().
+just the first; warnings name settings that have no effect. Pipelines load once per process (cold
+start) through cached_pipelines(). `python -m spotorch.config schema` writes
+schemas/pipeline.schema.json, generated from the same dataclasses.
 """
 
 from __future__ import annotations
@@ -10,30 +12,31 @@ import argparse
 import difflib
 import functools
 import json
+import logging
 import os
 import re
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import TypeAdapter, ValidationError
 
+from spotorch.catalog import Catalog, accelerator_region_warnings, check_names, load_catalog
 from spotorch.errors import ConfigError, Problem
 from spotorch.events import EVENT_KINDS, TYPE_PREFIX
+from spotorch.fileformat import PipelineJsonSchema, format_duration, parse_duration
 from spotorch.pipeline import (
+    BUILTIN_IGNORE,
     BatchMode,
     EscalationKind,
-    JobTemplate,
-    OnActiveRun,
     Pipeline,
     RecoveryPolicy,
-    Route,
     Trigger,
-    WorkerPool,
 )
 from spotorch.settings import Settings
 from spotorch.triggers import ignore_rule, split_gs_uri
@@ -41,37 +44,22 @@ from spotorch.triggers import ignore_rule, split_gs_uri
 SCHEMA_FILE = "pipeline.schema.json"
 SCHEMA_ENV = "SPOTORCH_PIPELINE_SCHEMA"  # the schema file, when it is not shipped next to spotorch
 PIPELINE_SUFFIXES = (".yaml", ".yml")
-DEFAULT_IGNORE: tuple[str, ...] = Trigger(bucket="-").ignore  # always on; files add to them
+DEFAULT_IGNORE: tuple[str, ...] = BUILTIN_IGNORE  # always on; files add to them
 RESERVED_ENV_PREFIXES = ("SPOTORCH_", "AIP_")  # set by spotorch and by Vertex AI on every worker
-RESERVED_LABEL_PREFIX = "spotorch-"  # spotorch-run, spotorch-attempt, spotorch-pipeline
+# spotorch_run, spotorch_attempt, ... (and the hyphenated keys of earlier releases)
+RESERVED_LABEL_PREFIXES = ("spotorch_", "spotorch-")
 MAX_NODES = 20_000  # YAML aliases can expand a small file into a huge one; pipelines are small
 MAX_DEPTH = 32  # and a recursive alias into an endless one
-
-
-# --- durations ----------------------------------------------------------------------------------
-
-_DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?[smhd])+")
-_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd])")
-_UNIT_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(value: Any) -> float:
-    """Seconds of a duration: a number of seconds, or a string like '90s', '30m', '2h', '1h30m'."""
-    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
-        return float(value)
-    if isinstance(value, str) and _DURATION.fullmatch(value):
-        return sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(value))
-    raise ValueError(f"not a duration: {value!r}")
-
-
-def format_duration(seconds: float) -> str:
-    """The shortest exact form of a duration, e.g. 5400 -> '1h30m'."""
-    rest, out = int(seconds), []
-    for unit in ("d", "h", "m", "s"):
-        count, rest = divmod(rest, int(_UNIT_SECONDS[unit]))
-        if count:
-            out.append(f"{count}{unit}")
-    return "".join(out) if out and float(seconds).is_integer() else f"{seconds:g}s"
+SCHEMA_HEADER = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "https://spotorch.dev/schemas/pipeline.schema.json",
+    "title": "spotorch pipeline",
+    "description": "One pipeline: which objects start runs, the Vertex AI job each run launches, "
+                   "how it recovers and whom it tells. See docs/pipelines.md. Durations are "
+                   "seconds (a number) or strings like '90s', '30m', '2h', '1h30m', '1d'. "
+                   "Generated from spotorch/pipeline.py by `python -m spotorch.config schema`.",
+}
+__all__ = ["format_duration", "parse_duration"]  # re-exported: they were defined here
 
 
 # --- YAML with field paths, lines and duplicate keys ---------------------------------------------
@@ -146,12 +134,12 @@ def _construct(loader: yaml.SafeLoader, node: yaml.Node, path: str, parsed: _Par
     return loader.construct_object(node, deep=True)
 
 
-# --- the schema -------------------------------------------------------------------------------
+# --- the format: pydantic reads a document into spotorch.pipeline's dataclasses ---------------------
 
 
 def schema_candidates(environ: Mapping[str, str] | None = None) -> list[Path]:
-    """Where the schema file is looked for: $SPOTORCH_PIPELINE_SCHEMA, then schemas/ next to the
-    package, in a bundle (beside spotorch/) and in the repository (shared/spotorch)."""
+    """Where the committed schema file is looked for: $SPOTORCH_PIPELINE_SCHEMA, then schemas/
+    next to the package, in a bundle (beside spotorch/) and in the repository (shared/spotorch)."""
     env = os.environ if environ is None else environ
     here = Path(__file__).resolve().parent
     found = [Path(env[SCHEMA_ENV])] if env.get(SCHEMA_ENV) else []
@@ -160,7 +148,8 @@ def schema_candidates(environ: Mapping[str, str] | None = None) -> list[Path]:
 
 
 def schema_path(environ: Mapping[str, str] | None = None) -> Path:
-    """The schema file; ConfigError naming every place looked at when there is none."""
+    """The schema file (for editors; validation does not read it); ConfigError naming every place
+    looked at when there is none."""
     candidates = schema_candidates(environ)
     for candidate in candidates:
         if candidate.is_file():
@@ -170,18 +159,63 @@ def schema_path(environ: Mapping[str, str] | None = None) -> Path:
 
 
 @functools.cache
-def _validator(path: Path) -> Any:
-    # jsonschema costs ~0.1 s to import: only code that validates pays for it.
-    from jsonschema import Draft202012Validator
-
-    schema = json.loads(path.read_text())
-    Draft202012Validator.check_schema(schema)
-    return Draft202012Validator(schema)
+def _adapter() -> TypeAdapter[Pipeline]:
+    # Built on first use: a process that never reads a pipeline file never pays for it.
+    return TypeAdapter(Pipeline)
 
 
-_TYPE_NAMES = {"string": "a string", "integer": "an integer", "number": "a number",
-               "boolean": "true or false", "array": "a list", "object": "a mapping",
-               "null": "null"}
+def _strip_titles(node: Any) -> Any:
+    """pydantic titles every class and field after its Python name; the file has its own names.
+    (No field of the format is called "title", so no property is lost.)"""
+    if isinstance(node, dict):
+        return {k: _strip_titles(v) for k, v in node.items() if k != "title"}
+    return [_strip_titles(v) for v in node] if isinstance(node, list) else node
+
+
+@functools.cache
+def _cached_schema() -> str:
+    generated = _adapter().json_schema(schema_generator=PipelineJsonSchema, mode="validation")
+    schema = {**SCHEMA_HEADER, **{k: v for k, v in _strip_titles(generated).items()
+                                  if k not in SCHEMA_HEADER}}
+    return json.dumps(schema, indent=2, sort_keys=False) + "\n"
+
+
+def pipeline_schema() -> dict[str, Any]:
+    """The JSON Schema (2020-12) of pipeline files, generated from spotorch.pipeline."""
+    schema: dict[str, Any] = json.loads(_cached_schema())
+    return schema
+
+
+def pipeline_schema_text() -> str:
+    """What schemas/pipeline.schema.json holds: pipeline_schema() as written by `schema`."""
+    return _cached_schema()
+
+
+@functools.cache
+def _schema_tree() -> Mapping[str, Any]:
+    return pipeline_schema()  # read-only here: pipeline_schema() gives callers their own copy
+
+
+def _schema_at(loc: Sequence[int | str]) -> Mapping[str, Any]:
+    """The schema node of a field location (for its known keys, enum values)."""
+    root = _schema_tree()
+
+    def resolve(node: Any) -> Mapping[str, Any]:
+        while isinstance(node, Mapping) and "$ref" in node:
+            node = root["$defs"][node["$ref"].rsplit("/", 1)[1]]
+        if isinstance(node, Mapping) and "anyOf" in node:  # X or null: X
+            node = next((n for n in node["anyOf"] if n.get("type") != "null"), node)
+            return resolve(node)
+        return node if isinstance(node, Mapping) else {}
+
+    node = resolve(root)
+    for part in loc:
+        if isinstance(part, int):
+            node = resolve(node.get("items", {}))
+        else:
+            props = node.get("properties", {})
+            node = resolve(props[part] if part in props else node.get("additionalProperties", {}))
+    return node
 
 
 # Python type of a parsed YAML value -> how to name it (bool before int: bools are ints).
@@ -201,74 +235,119 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _type_message(error: Any) -> str:
-    expected = error.validator_value if isinstance(error.validator_value, list) \
-        else [error.validator_value]
-    want = " or ".join(_TYPE_NAMES.get(str(t), str(t)) for t in expected)
-    hint = ("; quote it" if "string" in expected
-            and isinstance(error.instance, int | float | bool | date) else "")
-    return f"must be {want}, not {_kind(error.instance)}{hint}"
-
-
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-# JSON Schema keyword -> message (the keyword's own wording is written for schema authors).
-_MESSAGES: Mapping[str, Callable[[Any], str]] = {
-    "type": _type_message,
-    "enum": lambda e: (f"must be one of {', '.join(map(str, e.validator_value))}; "
-                       f"got {_show(e.instance)}"),
-    "const": lambda e: f"must be {e.validator_value!r}; got {_show(e.instance)}",
-    "minimum": lambda e: f"must be at least {e.validator_value}; got {_show(e.instance)}",
-    "maximum": lambda e: f"must be at most {e.validator_value}; got {_show(e.instance)}",
-    "minItems": lambda e: f"needs at least {_plural(e.validator_value, 'item')}",
-    "maxItems": lambda e: f"takes at most {_plural(e.validator_value, 'item')}",
-    "uniqueItems": lambda e: "lists the same item twice",
-    "minLength": lambda e: "must not be empty",
-    "maxProperties": lambda e: f"takes at most {_plural(e.validator_value, 'entry')}",
-    "pattern": lambda e: f"{_show(e.instance)} does not match {e.validator_value}",
+# pydantic error type -> what the field wanted, for "must be X, not Y".
+_WANTED = {"string_type": "a string", "int_type": "an integer", "int_from_float": "an integer",
+           "int_parsing": "an integer", "float_type": "a number", "float_parsing": "a number",
+           "bool_type": "true or false", "bool_parsing": "true or false", "tuple_type": "a list",
+           "list_type": "a list", "dict_type": "a mapping", "dataclass_type": "a mapping",
+           "dataclass_exact_type": "a mapping", "string_or_number": "a string or a number"}
+
+
+def _type_message(wanted: str, value: Any) -> str:
+    quote = "string" in wanted and isinstance(value, int | float | bool | date)
+    return f"must be {wanted}, not {_kind(value)}{'; quote it' if quote else ''}"
+
+
+def _choices(error: Any, schema: Mapping[str, Any]) -> str:
+    if "enum" in schema:
+        return ", ".join(map(str, schema["enum"]))
+    return str(error.get("ctx", {}).get("expected", "")).replace("'", "").replace(" or ", ", ")
+
+
+def _items_of(ctx: Mapping[str, Any], key: str) -> str:
+    entries = str(ctx.get("field_type", "")).lower() == "dictionary"
+    return _plural(int(ctx[key]), "entry" if entries else "item")
+
+
+# pydantic error type -> message, from (error, the schema node of its field, the value).
+_MESSAGES: Mapping[str, Callable[[Any, Mapping[str, Any], Any], str]] = {
+    "missing": lambda e, s, v: "is required",
+    "enum": lambda e, s, v: (f"must be one of {_choices(e, s)}; got {_show(v)}"),
+    "literal_error": lambda e, s, v: f"must be {e['ctx']['expected']}; got {_show(v)}",
+    "greater_than_equal": lambda e, s, v: f"must be at least {e['ctx']['ge']:g}; got {_show(v)}",
+    "less_than_equal": lambda e, s, v: f"must be at most {e['ctx']['le']:g}; got {_show(v)}",
+    "too_short": lambda e, s, v: f"needs at least {_items_of(e['ctx'], 'min_length')}",
+    "too_long": lambda e, s, v: f"takes at most {_items_of(e['ctx'], 'max_length')}",
+    "string_too_short": lambda e, s, v: "must not be empty",
+    "unique": lambda e, s, v: e["msg"],
+    "pattern": lambda e, s, v: f"{e['msg']}; got {_show(v)}",
+    "duration": lambda e, s, v: f"{e['msg']}; got {_show(v)}",
 }
 
 
-def _describe(error: Any) -> list[tuple[str, str]]:
-    """(field path, message) for one schema error; several for required/additionalProperties."""
-    from jsonschema.exceptions import best_match
-
-    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
-    path = path.lstrip(".")
-    schema = error.schema if isinstance(error.schema, Mapping) else {}
-    if error.validator == "required":
-        return [(_join(path, name), "is required") for name in error.validator_value
-                if isinstance(error.instance, Mapping) and name not in error.instance]
-    if error.validator == "additionalProperties" and "properties" in schema:
-        known = list(schema["properties"])
-        out = []
-        for key in error.instance:
-            if key not in schema["properties"]:
-                close = difflib.get_close_matches(str(key), known, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else \
-                    f" (known: {', '.join(known)})"
-                out.append((_join(path, key), f"unknown field{hint}"))
-        return out
-    if "errorMessage" in schema:
-        if "propertyNames" in error.schema_path:
-            return [(_join(path, error.instance), f"key {schema['errorMessage']}")]
-        return [(path, f"{schema['errorMessage']}; got {_show(error.instance)}")]
-    if error.validator in ("anyOf", "oneOf") and error.context:
-        return _describe(best_match(error.context))
-    message = _MESSAGES.get(str(error.validator))
-    return [(path, message(error) if message else str(error.message))]
-
-
-def _schema_problems(doc: Any) -> list[tuple[str, str]]:
-    from jsonschema.exceptions import relevance
-
-    validator = _validator(schema_path())
-    out: list[tuple[str, str]] = []
-    for error in sorted(validator.iter_errors(doc), key=relevance):
-        out.extend(_describe(error))
+def _path(loc: Sequence[int | str]) -> str:
+    out = ""
+    for part in loc:
+        out = _join(out, part)
     return out
+
+
+def _unknown_field(loc: Sequence[int | str]) -> str:
+    known = list(_schema_at(loc[:-1]).get("properties", {}))
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+    return f"unknown field; did you mean {close[0]!r}?" if close else \
+        f"unknown field (known: {', '.join(known)})"
+
+
+def _describe(error: Any, originals: Mapping[str, Any]) -> tuple[str, str]:
+    """(field path, message) of one pydantic error; originals holds values JSON could not carry."""
+    loc = [part for part in error["loc"] if part != "[key]"]
+    path = _path(loc)
+    value = originals.get(path, error["input"])
+    kind = str(error["type"])
+    if kind == "unexpected_keyword_argument":
+        return path, _unknown_field(loc)
+    if "[key]" in error["loc"]:  # the key itself is wrong, not its value
+        message = _MESSAGES.get(kind)
+        text = message(error, {}, loc[-1]) if message else str(error["msg"])
+        return path, f"key {text}"
+    if kind in _WANTED:
+        return path, _type_message(_WANTED[kind], value)
+    message = _MESSAGES.get(kind)
+    return path, message(error, _schema_at(loc), value) if message else str(error["msg"])
+
+
+def _json_ready(node: Any, path: str, originals: dict[str, Any]) -> Any:
+    """The document as JSON carries it: YAML dates (and other non-JSON values) become text, and
+    are remembered so that messages can name what YAML really read."""
+    if isinstance(node, Mapping):
+        return {k: _json_ready(v, _join(path, k), originals) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_json_ready(v, _join(path, i), originals) for i, v in enumerate(node)]
+    if node is None or isinstance(node, str | int | float | bool):
+        return node
+    originals[path] = node
+    return str(node)
+
+
+def _read(doc: Mapping[str, Any]) -> tuple[Pipeline | None, list[tuple[str, str]]]:
+    """The pipeline of a document, or every format problem in it.
+
+    Validated as JSON in strict mode, so that types mean what they mean in JSON Schema: 1 is not
+    true, "5" is not 5, and a list may stand for a tuple."""
+    originals: dict[str, Any] = {}
+    text = json.dumps(_json_ready(doc, "", originals))
+    problems: list[tuple[str, str]] = []
+    try:
+        pipeline = _adapter().validate_json(text, strict=True)
+    except ValidationError as exc:
+        pipeline = None
+        errors = exc.errors()
+        # pydantic counts only the items that passed, so a list with a bad item also reads as
+        # too short: the item's own error says what is wrong.
+        deeper = {tuple(e["loc"][:n]) for e in errors for n in range(len(e["loc"]))}
+        problems = [_describe(error, originals) for error in errors
+                    if not (error["type"] in ("too_short", "too_long")
+                            and tuple(error["loc"]) in deeper)]
+    wrong = {path for path, _ in problems}
+    for path, value in originals.items():
+        if path not in wrong:  # a text field took it: YAML still read something else
+            problems.append((path, f"must be a string, not {_kind(value)}; quote it"))
+    return (pipeline if not problems else None), problems
 
 
 # --- semantic checks (what the schema cannot say) -------------------------------------------------
@@ -402,18 +481,20 @@ _PATTERN_LISTS = ("preemption_patterns", "infra_patterns", "timeout_patterns")
 
 
 def _check_regexes(doc: Any) -> _Found:
-    for name in _PATTERN_LISTS:
-        for i, pattern in enumerate(_items(doc, f"recovery.{name}")):
+    lists = [f"recovery.{name}" for name in _PATTERN_LISTS] + ["health.oom_patterns"]
+    for path in lists:
+        for i, pattern in enumerate(_items(doc, path)):
             if isinstance(pattern, str):
                 try:
                     re.compile(pattern)
                 except re.error as exc:
-                    yield f"recovery.{name}[{i}]", f"not a valid regular expression: {exc}"
+                    yield f"{path}[{i}]", f"not a valid regular expression: {exc}"
 
 
 def _check_pools(doc: Any) -> _Found:
     pools = [p if isinstance(p, Mapping) else {} for p in _items(doc, "job.worker_pools")]
-    if pools and pools[0].get("replica_count", 1) != 1:
+    chief = pools[0].get("replica_count", 1) if pools else 1
+    if isinstance(chief, int) and not isinstance(chief, bool) and chief != 1:
         yield "job.worker_pools[0].replica_count", "must be 1: the first pool is the chief"
     for i, pool in enumerate(pools):
         where = f"job.worker_pools[{i}]"
@@ -432,9 +513,9 @@ def _check_pools(doc: Any) -> _Found:
 def _check_labels(doc: Any) -> _Found:
     labels = _get(doc, "job.labels")
     for key in labels if isinstance(labels, Mapping) else ():
-        if str(key).startswith(RESERVED_LABEL_PREFIX):
-            yield f"job.labels.{key}", (f"is reserved: spotorch sets the "
-                                        f"{RESERVED_LABEL_PREFIX}* labels")
+        if str(key).startswith(RESERVED_LABEL_PREFIXES):
+            yield f"job.labels.{key}", ("is reserved: spotorch sets the spotorch_* labels "
+                                        "(spotorch-* too, from earlier releases)")
 
 
 def _selects_some_kind(pattern: str) -> bool:
@@ -509,70 +590,47 @@ def _check_secrets(doc: Any) -> _Found:
                 yield path, f"looks like {what} (value not shown); {_NO_SECRETS}"
 
 
+# --- warnings: settings that have no effect ------------------------------------------------------
+
+
+def _escalation(doc: Any) -> str:
+    value = _get(doc, "recovery.escalation")
+    return value if isinstance(value, str) else EscalationKind.DEADLINE.value
+
+
+def _set(doc: Any, path: str) -> bool:
+    parent, _, key = path.rpartition(".")
+    node = _get(doc, parent) if parent else doc
+    return isinstance(node, Mapping) and key in node
+
+
+# (field that is set, escalations under which it does nothing, why).
+_NO_EFFECT: tuple[tuple[str, frozenset[str], str], ...] = (
+    ("recovery.escalate_after_preemptions",
+     frozenset({"never", "deadline", "always_standard"}),
+     "only escalation: count uses it"),
+    ("deadline", frozenset({"count"}),
+     "the count policy ignores deadlines: it moves to standard VMs after "
+     "escalate_after_preemptions preemptions whatever the time left (use escalation: deadline "
+     "to let the deadline decide)"),
+    ("recovery.stockout_wait", frozenset({"always_standard"}),
+     "escalation: always_standard never queues for Spot VMs"),
+    ("recovery.spot_cooldown", frozenset({"always_standard"}),
+     "escalation: always_standard never moves to Spot VMs"),
+)
+
+
+def _no_effect(doc: Any) -> _Found:
+    escalation = _escalation(doc)
+    for path, escalations, why in _NO_EFFECT:
+        if escalation in escalations and _set(doc, path):
+            yield path, f"has no effect with escalation: {escalation}; {why}"
+
+
 _CHECKS: tuple[Callable[[Any], _Found], ...] = (
     _check_positive_durations, _check_deadline, _check_backoff, _check_batch_options,
     _check_ignore, _check_overlap, _check_regexes, _check_pools, _check_labels, _check_routes,
 )
-
-
-# --- building the dataclasses -------------------------------------------------------------------
-
-_Table = Mapping[str, tuple[str, Callable[[Any], Any]]]
-
-
-def _build(raw: Mapping[str, Any], table: _Table) -> dict[str, Any]:
-    return {name: convert(raw[key]) for key, (name, convert) in table.items() if key in raw}
-
-
-def _pairs(mapping: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
-    return tuple((str(k), str(v)) for k, v in mapping.items())
-
-
-_TRIGGER: _Table = {
-    "bucket": ("bucket", str), "prefix": ("prefix", str), "glob": ("glob", str),
-    "suffixes": ("suffixes", tuple),
-    "ignore": ("ignore", lambda extra: tuple(dict.fromkeys(DEFAULT_IGNORE + tuple(extra)))),
-    "batch": ("batch", BatchMode), "marker": ("marker", str), "manifest": ("manifest", bool),
-    "quiet_period": ("quiet_period_s", parse_duration), "min_objects": ("min_objects", int),
-    "snapshot_depth": ("snapshot_depth", int), "on_active_run": ("on_active_run", OnActiveRun),
-}
-_POOL: _Table = {
-    "machine_type": ("machine_type", str), "replica_count": ("replica_count", int),
-    "accelerator_type": ("accelerator_type", str), "accelerator_count": ("accelerator_count", int),
-    "boot_disk_type": ("boot_disk_type", str), "boot_disk_size_gb": ("boot_disk_size_gb", int),
-    "image_uri": ("image_uri", str), "command": ("command", tuple), "args": ("args", tuple),
-    "env": ("env", _pairs),
-}
-_JOB: _Table = {
-    "worker_pools": ("worker_pools", lambda pools: tuple(WorkerPool(**_build(p, _POOL))
-                                                         for p in pools)),
-    "regions": ("regions", tuple), "service_account": ("service_account", str),
-    "network": ("network", str), "labels": ("labels", _pairs),
-    "timeout": ("timeout_s", parse_duration), "flex_max_wait": ("flex_max_wait_s", parse_duration),
-    "base_output_uri": ("base_output_uri", str),
-}
-_RECOVERY: _Table = {
-    **{k: (k, int) for k in ("max_preemptions", "max_stockouts", "max_user_errors",
-                              "max_infra_errors", "max_timeouts", "max_no_progress_attempts",
-                              "escalate_after_preemptions")},
-    **{k: (k, tuple) for k in ("retryable_exit_codes", *_PATTERN_LISTS)},
-    **{k: (f"{k}_s", parse_duration) for k in ("backoff_base", "backoff_cap", "stockout_wait",
-                                                "restart_overhead", "expected_compute",
-                                                "decision_interval", "spot_cooldown")},
-    "escalation": ("escalation", EscalationKind),
-}
-_ROUTE: _Table = {"channel": ("channel", str), "events": ("events", tuple),
-                  "target": ("target", str)}
-_PIPELINE: _Table = {
-    "name": ("name", str),
-    "trigger": ("trigger", lambda t: Trigger(**_build(t, _TRIGGER))),
-    "job": ("job", lambda j: JobTemplate(**_build(j, _JOB))),
-    "checkpoint_uri": ("checkpoint_uri", str), "output_uri": ("output_uri", str),
-    "recovery": ("recovery", lambda r: RecoveryPolicy(**_build(r, _RECOVERY))),
-    "deadline": ("deadline_s", parse_duration), "max_cost": ("max_cost", float),
-    "prices": ("prices", lambda m: tuple((str(k), float(v)) for k, v in sorted(m.items()))),
-    "routes": ("routes", lambda rs: tuple(Route(**_build(r, _ROUTE)) for r in rs)),
-}
 
 
 # --- loading ------------------------------------------------------------------------------------
@@ -587,32 +645,64 @@ def _line_of(lines: Mapping[str, int], path: str) -> int:
     return lines.get("", 0)
 
 
-def check_file(path: str | os.PathLike[str]) -> tuple[Pipeline | None, tuple[Problem, ...]]:
-    """The pipeline of one file and every problem in it (the pipeline only when there are none)."""
+@dataclass(frozen=True)
+class FileCheck:
+    """What checking one file found: its pipeline (only when there are no problems), the problems
+    (each fails the load) and the warnings (settings without effect; they do not)."""
+
+    pipeline: Pipeline | None
+    problems: tuple[Problem, ...]
+    warnings: tuple[Problem, ...] = ()
+
+
+def _located(file: str, lines: Mapping[str, int], found: Iterable[tuple[str, str]],
+             ) -> tuple[Problem, ...]:
+    unique = dict.fromkeys(found)  # several checks can say the same thing
+    ordered = sorted(unique, key=lambda pm: (_line_of(lines, pm[0]), pm[0]))
+    return tuple(Problem(file, p, f"{m} (line {line})" if (line := _line_of(lines, p)) else m)
+                 for p, m in ordered)
+
+
+def inspect_file(path: str | os.PathLike[str], catalog: Catalog | None = None) -> FileCheck:
+    """Every problem and warning of one file, and its pipeline when it has no problems."""
     file = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        return None, (Problem(file, "", f"cannot read: {exc}"),)
+        return FileCheck(None, (Problem(file, "", f"cannot read: {exc}"),))
     parsed = _parse_yaml(text)
     found = list(parsed.problems)
+    warned: list[tuple[str, str]] = []
+    pipeline = None
     if parsed.doc is not None:
         if not isinstance(parsed.doc, Mapping):
             found.append(("", f"must be a mapping of pipeline fields, not {_kind(parsed.doc)}"))
         else:
-            found += _schema_problems(parsed.doc)
+            pipeline, format_problems = _read(parsed.doc)
+            found += format_problems
+            if pipeline is not None:  # the health rules' own consistency (health.HealthPolicy)
+                found += [(f"health.{f}", m) for f, m in pipeline.health.problems()]
             for check in _CHECKS:
                 found += check(parsed.doc)
+            names = catalog or load_catalog()
+            # A name the format already rejects needs no second message.
+            found += [(p, m) for p, m in check_names(parsed.doc, names)
+                      if p not in {fp for fp, _ in format_problems}]
+            warned = [*_no_effect(parsed.doc), *accelerator_region_warnings(parsed.doc, names)]
         # A secret wins over any other complaint about the same field: the others may echo it.
         secrets = dict(_check_secrets(parsed.doc))
         found = [(p, m) for p, m in found if p not in secrets] + list(secrets.items())
-    unique = dict.fromkeys(found)  # schema keywords can repeat themselves
-    ordered = sorted(unique, key=lambda pm: (_line_of(parsed.lines, pm[0]), pm[0]))
-    problems = tuple(Problem(file, p, f"{m} (line {line})" if (line := _line_of(parsed.lines, p))
-                             else m) for p, m in ordered)
-    if problems:
-        return None, problems
-    return Pipeline(**_build(parsed.doc, _PIPELINE), source=file), ()
+    problems = _located(file, parsed.lines, found)
+    warnings = _located(file, parsed.lines, warned)
+    if problems or pipeline is None:
+        return FileCheck(None, problems, warnings)
+    return FileCheck(replace(pipeline, source=file), (), warnings)
+
+
+def check_file(path: str | os.PathLike[str]) -> tuple[Pipeline | None, tuple[Problem, ...]]:
+    """The pipeline of one file and every problem in it (the pipeline only when there are none)."""
+    checked = inspect_file(path)
+    return checked.pipeline, checked.problems
 
 
 def load_pipeline(path: str | os.PathLike[str]) -> Pipeline:
@@ -642,16 +732,19 @@ def _duplicates(pipelines: Sequence[Pipeline]) -> list[Problem]:
             for name, sources in by_name.items() if len(sources) > 1 for source in sources]
 
 
-_Report = Callable[[str, Pipeline | None, Sequence[Problem]], None]
+_Report = Callable[[str, FileCheck], None]
 
 
 def _check_all(paths: Iterable[str | os.PathLike[str]], report: _Report | None = None,
                ) -> tuple[tuple[Pipeline, ...], list[Problem]]:
     """Every pipeline and every problem of the given files and directories, duplicates included;
-    report(file, pipeline or None, problems) hears about each file as it is checked."""
-    def tell(file: str, pipeline: Pipeline | None, found: Sequence[Problem]) -> None:
+    report(file, check) hears about each file as it is checked (warnings are logged otherwise)."""
+    def tell(file: str, checked: FileCheck) -> None:
         if report is not None:
-            report(file, pipeline, found)
+            report(file, checked)
+        else:
+            for warning in checked.warnings:
+                _log.warning("pipeline warning: %s", warning)
 
     pipelines: list[Pipeline] = []
     problems: list[Problem] = []
@@ -660,16 +753,16 @@ def _check_all(paths: Iterable[str | os.PathLike[str]], report: _Report | None =
             missing = "no such file or directory" if not Path(given).exists() \
                 else "no pipeline files (*.yaml, *.yml) here"
             problems.append(Problem(str(given), "", missing))
-            tell(str(given), None, problems[-1:])
+            tell(str(given), FileCheck(None, tuple(problems[-1:])))
             continue
         for file in pipeline_files(given):
-            pipeline, found = check_file(file)
-            tell(str(file), pipeline, found)
-            problems += found
-            pipelines += [pipeline] if pipeline else []
+            checked = inspect_file(file)
+            tell(str(file), checked)
+            problems += checked.problems
+            pipelines += [checked.pipeline] if checked.pipeline else []
     duplicates = _duplicates(pipelines)
     if duplicates:
-        tell("", None, duplicates)
+        tell("", FileCheck(None, tuple(duplicates)))
     return tuple(pipelines), problems + duplicates
 
 
@@ -682,6 +775,7 @@ def load_pipelines(path_or_dir: str | os.PathLike[str]) -> tuple[Pipeline, ...]:
 
 
 _cache_lock = threading.Lock()
+_log = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -715,17 +809,19 @@ def validate_main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     paths = args.paths or [Settings.from_env().pipelines]
 
-    def report(file: str, pipeline: Pipeline | None, found: Sequence[Problem]) -> None:
-        if pipeline is not None and not found:
-            print(f"OK {file} (pipeline {pipeline.name})")
-        for problem in found:
+    def report(file: str, checked: FileCheck) -> None:
+        if checked.pipeline is not None and not checked.problems:
+            print(f"OK {file} (pipeline {checked.pipeline.name})")
+        for problem in checked.problems:
             print(problem)
+        for warning in checked.warnings:
+            print(f"warning: {warning}")
 
     try:
         _, problems = _check_all(paths, report)
-    except ConfigError as exc:  # no schema to validate against
+    except ConfigError as exc:  # a machine table that cannot be read
         problems = list(exc.problems)
-        report("", None, problems)
+        report("", FileCheck(None, exc.problems))
     if problems:
         files = len({p.file for p in problems})
         print(f"{_plural(len(problems), 'problem')} in {_plural(files, 'file')}", file=sys.stderr)
@@ -733,5 +829,36 @@ def validate_main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# --- `python -m spotorch.config schema` --------------------------------------------------------
+
+REPO_SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / SCHEMA_FILE
+REGENERATE = "python -m spotorch.config schema"
+
+
+def schema_main(argv: list[str] | None = None) -> int:
+    """Write schemas/pipeline.schema.json from spotorch.pipeline; --check: 1 if it differs."""
+    parser = argparse.ArgumentParser(
+        prog=REGENERATE, description="Write the pipeline JSON Schema generated from "
+                                     "spotorch/pipeline.py (the one definition of the format).")
+    parser.add_argument("--out", type=Path, default=REPO_SCHEMA)
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 when the file differs from the generated one")
+    args = parser.parse_args(argv)
+    generated = pipeline_schema_text()
+    current = args.out.read_text(encoding="utf-8") if args.out.is_file() else None
+    if args.check:
+        if current != generated:
+            print(f"{args.out} differs from the schema generated from spotorch/pipeline.py; "
+                  f"run: {REGENERATE}", file=sys.stderr)
+            return 1
+        return 0
+    if current != generated:
+        args.out.write_text(generated, encoding="utf-8")
+        print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["schema"]:
+        sys.exit(schema_main(sys.argv[2:]))
     sys.exit(validate_main())

@@ -13,7 +13,9 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any, ClassVar
 
+from spotorch import health as hp
 from spotorch.events import build_event
+from spotorch.ledger import ledger, ledger_dict
 from spotorch.pipeline import Capacity, EscalationKind, Pipeline, RecoveryPolicy
 from spotorch.policy import PolicyView, choose_capacity
 from spotorch.prices import hourly_price
@@ -59,6 +61,9 @@ class FailureClass(StrEnum):
     CANCELLED = "cancelled"  # cancelled (by spotorch or by someone else)
     LAUNCH_REJECTED = "launch_rejected"  # the API refused the job for good (bad spec, permissions)
     LOST = "lost"  # Vertex no longer knows the job (NOT_FOUND, poll after poll): infrastructure
+    HUNG = "hung"  # the trainer went silent while its job ran (or crawled): cancelled, relaunched
+    OUT_OF_MEMORY = "out_of_memory"  # OOM-killed or an out-of-memory error: never the same machine
+    DIVERGED = "diverged"  # a divergence rule fired and the pipeline relaunches from before it
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,9 @@ class RunStatus(StrEnum):
     FAILED_TIMEOUT = "FAILED_TIMEOUT"  # the job hit its timeout more often than allowed
     FAILED_LAUNCH = "FAILED_LAUNCH"  # Vertex AI refused the job for good (bad spec, permissions)
     FAILED_BUDGET = "FAILED_BUDGET"  # the estimated cost passed the pipeline's budget; job stopped
+    FAILED_HUNG = "FAILED_HUNG"  # attempts kept hanging (no trainer report) beyond the hung budget
+    FAILED_DIVERGED = "FAILED_DIVERGED"  # a divergence rule fired (NaN, spike, plateau); job stopped
+    FAILED_OUT_OF_MEMORY = "FAILED_OUT_OF_MEMORY"  # out of memory with no larger machine to move to
 
     @property
     def terminal(self) -> bool:
@@ -130,7 +138,8 @@ TRANSITIONS: Mapping[RunStatus, frozenset[RunStatus]] = {
     RunStatus.RECOVERING: frozenset({RunStatus.STARTING, RunStatus.CANCELLING,
                                      RunStatus.REGISTERING}) | _ENDINGS,
     RunStatus.CANCELLING: frozenset({RunStatus.CANCELLED, RunStatus.SUCCEEDED,
-                                     RunStatus.FAILED_BUDGET, RunStatus.REGISTERING}),
+                                     RunStatus.FAILED_BUDGET, RunStatus.FAILED_DIVERGED,
+                                     RunStatus.REGISTERING}),
     RunStatus.REGISTERING: frozenset({RunStatus.SUCCEEDED}),
     **{s: frozenset() for s in _ENDINGS},
 }
@@ -166,6 +175,9 @@ CANCEL_BY_OPERATOR = "operator"
 CANCEL_STOCKOUT = "stockout"
 CANCEL_SWITCH = "switch"
 CANCEL_ORPHAN = "orphan"
+CANCEL_HUNG = "hung"  # no trainer report for hang_after
+CANCEL_SLOW = "slow"  # step rate collapsed and the pipeline relaunches (health.step_rate_relaunch)
+CANCEL_DIVERGED = "diverged"  # a divergence rule fired and the pipeline relaunches
 
 
 @dataclass(frozen=True)
@@ -190,6 +202,9 @@ class Attempt:
     cancel_reason: str | None = None
     missing_polls: int = 0  # polls in a row that Vertex answered NOT_FOUND for this job
     missing_since: float | None = None
+    machine_type: str | None = None  # None: the pipeline's own machine (health.fallback_machines)
+    last_report_at: float | None = None  # the attempt's latest trainer report (hang detection)
+    cancel_detail: str | None = None  # what a health rule found, when it cancelled the attempt
 
     @property
     def live(self) -> bool:
@@ -207,6 +222,8 @@ class LaunchIntent:
     resume_step: int | None = None
     resume_uri: str | None = None
     claimed_until: float = 0.0  # an executor owns it until then; afterwards the tick may take it
+    machine_type: str | None = None  # overrides the first worker pool's (out-of-memory fallback)
+    resume_exact: bool = False  # resume from resume_uri only, never a newer one (after divergence)
     kind: ClassVar[str] = "launch"
 
 
@@ -233,6 +250,26 @@ class PublishIntent:
 
 
 @dataclass(frozen=True)
+class DeleteCheckpointsIntent:
+    """Delete complete checkpoints under a run's root: retention, or the diverged ones.
+
+    Retention (above is None): of the complete checkpoints listed, keep the newest keep_newest
+    and the steps in keep; delete the others that are older than the newest kept one. Rollback
+    (above set): delete every complete checkpoint after step `above` (written while diverging).
+    Incomplete checkpoints are never deleted.
+    """
+
+    id: str
+    root: str
+    keep_newest: int = 1
+    keep: tuple[int, ...] = ()
+    above: int | None = None
+    ending: bool = False  # decided when the run ended
+    claimed_until: float = 0.0
+    kind: ClassVar[str] = "delete_checkpoints"
+
+
+@dataclass(frozen=True)
 class RegisterModelIntent:
     """Register a succeeded run's model in Vertex AI Model Registry; run.succeeded waits for it."""
 
@@ -244,10 +281,10 @@ class RegisterModelIntent:
 
 
 # A side effect decided in a transaction and carried out after it commits (the outbox).
-Intent = LaunchIntent | CancelIntent | PublishIntent | RegisterModelIntent
-_INTENT_TYPES: Mapping[str, type[LaunchIntent] | type[CancelIntent] | type[PublishIntent]
-                       | type[RegisterModelIntent]] = {
-    t.kind: t for t in (LaunchIntent, CancelIntent, PublishIntent, RegisterModelIntent)}
+Intent = LaunchIntent | CancelIntent | PublishIntent | DeleteCheckpointsIntent | RegisterModelIntent
+_INTENT_TYPES: Mapping[str, type[Intent]] = {
+    t.kind: t for t in (LaunchIntent, CancelIntent, PublishIntent, DeleteCheckpointsIntent,
+                        RegisterModelIntent)}
 
 
 def intent_to_dict(intent: Intent) -> dict[str, Any]:
@@ -264,6 +301,8 @@ def intent_from_dict(doc: Mapping[str, Any]) -> Intent:
     kind = _INTENT_TYPES[str(doc["kind"])]
     if kind is LaunchIntent:
         data["capacity"] = Capacity(data["capacity"])
+    if kind is DeleteCheckpointsIntent:
+        data["keep"] = tuple(int(s) for s in data.get("keep", ()))
     return kind(**data)
 
 
@@ -278,6 +317,9 @@ class Counters:
     timeouts: int = 0
     no_progress: int = 0  # consecutive attempts that ended without a newer checkpoint
     lost: int = 0  # jobs Vertex stopped knowing (NOT_FOUND on every poll)
+    hangs: int = 0  # attempts cancelled as hung (or as crawling, with step_rate_relaunch)
+    divergences: int = 0  # relaunches after a divergence rule fired
+    out_of_memory: int = 0  # attempts that ran out of memory
 
 
 @dataclass(frozen=True)
@@ -289,6 +331,29 @@ class Progress:
     at: float | None = None
     rate: float | None = None  # steps per second, measured over the current attempt
     metrics: Mapping[str, float] = field(default_factory=dict)
+
+
+KNOWN_CHECKPOINTS_LIMIT = 64  # the newest complete checkpoints a run remembers (retention, advice)
+
+
+@dataclass(frozen=True)
+class RunHealth:
+    """What the training-health rules track of a run (section "training health" below)."""
+
+    reports: int = 0  # trainer reports received: > 0 means the code uses spotorch_trainer
+    report_interval_s: float | None = None  # the trainer's own progress interval ("started")
+    longest_gap_s: float = 0.0  # longest gap between two reports of one attempt
+    rate: hp.RateState = field(default_factory=hp.RateState)
+    loss: hp.LossState = field(default_factory=hp.LossState)
+    checkpoints: tuple[hp.KnownCheckpoint, ...] = ()  # complete checkpoints reported, oldest first
+    checkpoint_at: float | None = None  # when the latest checkpoint became known
+    stale_warned: str | None = None  # "attempt:step" the stale-checkpoint warning fired for
+    machine_type: str | None = None  # the machine the next attempts take (out-of-memory fallback)
+    rollback: Checkpoint | None = None  # the next launch resumes exactly from here (divergence)
+    trust_until_step: int | None = None  # until the diverged checkpoints are deleted: lookups
+    # of newer ones are not believed
+    deleted_checkpoints: int = 0
+    bytes_reclaimed: int = 0
 
 
 @dataclass(frozen=True)
@@ -339,6 +404,7 @@ class Run:
     intent_seq: int = 0
     seen: tuple[str, ...] = ()
     retry_of: str | None = None
+    health: RunHealth = RunHealth()
     # ---- sweeps (spotorch.sweep): a trial run knows its sweep, its parameters and its curve
     sweep_id: str | None = None
     params: Mapping[str, Any] = field(default_factory=dict)  # handed to the trainer as JSON
@@ -388,9 +454,21 @@ class Run:
         data["history"] = tuple(HistoryEntry(**h) for h in data.get("history", ()))
         data["outbox"] = tuple(intent_from_dict(i) for i in data.get("outbox", ()))
         data["seen"] = tuple(data.get("seen", ()))
+        data["health"] = _health_from(data.get("health") or {})
         data["params"] = dict(data.get("params") or {})
         data["curve"] = tuple(MetricPoint(**p) for p in data.get("curve", ()))
         return cls(**data)
+
+
+def _health_from(doc: Mapping[str, Any]) -> RunHealth:
+    data = dict(doc)
+    rate = dict(data.get("rate") or {})
+    rate["samples"] = tuple(float(x) for x in rate.get("samples", ()))
+    data["rate"] = hp.RateState(**rate)
+    data["loss"] = hp.LossState(**(data.get("loss") or {}))
+    data["checkpoints"] = tuple(hp.KnownCheckpoint(**c) for c in data.get("checkpoints", ()))
+    data["rollback"] = Checkpoint(**data["rollback"]) if data.get("rollback") else None
+    return RunHealth(**data)
 
 
 def _attempt_from(doc: Mapping[str, Any]) -> Attempt:
@@ -442,6 +520,9 @@ class TrainerReported:
     checkpoint_uri: str | None = None
     metrics: Mapping[str, float] = field(default_factory=dict)
     exit_code: int | None = None
+    nonfinite: tuple[str, ...] = ()  # metrics whose value was NaN or infinite (not in metrics)
+    report_interval_s: float | None = None  # the trainer's progress interval (on "started")
+    checkpoint_s: float | None = None  # how long the reported checkpoint took to write
 
 
 @dataclass(frozen=True)
@@ -461,6 +542,15 @@ class LaunchFailed:
     attempt: int
     message: str
     permanent: bool
+
+
+@dataclass(frozen=True)
+class CheckpointsDeleted:
+    """A delete-checkpoints intent was carried out: which steps went, how many bytes."""
+
+    intent_id: str
+    steps: tuple[int, ...]
+    bytes: int
 
 
 @dataclass(frozen=True)
@@ -495,7 +585,7 @@ class CancelRequested:
 
 
 Observation = (JobObserved | JobMissing | TrainerReported | LaunchDone | LaunchFailed | IntentDone | Tick
-               | Promote | CancelRequested | ModelRegistered)
+               | Promote | CancelRequested | CheckpointsDeleted | ModelRegistered)
 
 
 @dataclass(frozen=True)
@@ -508,6 +598,10 @@ class Context:
     @property
     def recovery(self) -> RecoveryPolicy:
         return self.pipeline.recovery
+
+    @property
+    def health(self) -> hp.HealthPolicy:
+        return self.pipeline.health
 
 
 # ---------------------------------------------------------------- small pure helpers
@@ -675,10 +769,12 @@ def _launch(run: Run, ctx: Context, capacity: Capacity, reason: str) -> Run:
     number = len(run.attempts) + 1
     regions = ctx.pipeline.job.regions or ("us-central1",)
     region = regions[run.region_index % len(regions)]
-    ckpt = run.latest_checkpoint
+    exact = run.health.trust_until_step is not None  # diverged checkpoints may still be there
+    ckpt = run.health.rollback if exact else run.latest_checkpoint
+    machine = run.health.machine_type
     attempt = Attempt(number=number, capacity=capacity, region=region, created_at=ctx.now,
                       resumed_from_step=ckpt.step if ckpt else None,
-                      resumed_from_uri=ckpt.uri if ckpt else None)
+                      resumed_from_uri=ckpt.uri if ckpt else None, machine_type=machine)
     run = replace(run, attempts=(*run.attempts, attempt), next_action_at=None, next_capacity=None,
                   next_reason=None)
     if previous is not None and previous.capacity != capacity:
@@ -688,23 +784,26 @@ def _launch(run: Run, ctx: Context, capacity: Capacity, reason: str) -> Run:
                        to=str(capacity), reason=reason)
         run = _note(run, ctx, f"escalated to {capacity}", reason)
     run = _to(run, RunStatus.STARTING, ctx, reason)
-    run = _note(run, ctx, f"launch attempt {number} on {capacity} in {region}",
+    run = _note(run, ctx, f"launch attempt {number} on {capacity} in {region}"
+                + (f" ({machine})" if machine else ""),
                 reason + (f"; resume from step {ckpt.step}" if ckpt else "; fresh start"))
     run, intent_id = _next_intent_id(run)
     return _add(run, LaunchIntent(intent_id, number, capacity, region,
                                   resume_step=ckpt.step if ckpt else None,
                                   resume_uri=ckpt.uri if ckpt else None,
-                                  claimed_until=ctx.now + LAUNCH_LEASE_S))
+                                  claimed_until=ctx.now + LAUNCH_LEASE_S,
+                                  machine_type=machine, resume_exact=exact))
 
 
 # ---------------------------------------------------------------- decide
 
 def decide(run: Run, obs: Observation, ctx: Context) -> Run:
     """Apply one observation: the new run, with any new intents in its outbox."""
-    if run.status.terminal and not isinstance(obs, IntentDone | LaunchDone | JobObserved | JobMissing):
+    if run.status.terminal and not isinstance(obs, IntentDone | LaunchDone | JobObserved | JobMissing
+                                              | CheckpointsDeleted):
         return run
     handler = _HANDLERS[type(obs)]
-    new = handler(run, obs, ctx)
+    new = _retention(run, handler(run, obs, ctx), ctx)
     return new if new == run else replace(new, updated_at=ctx.now)
 
 
@@ -757,11 +856,12 @@ def _on_trainer(run: Run, obs: Observation, ctx: Context) -> Run:
     if attempt is None:
         return run
     progress = run.progress
+    fresh_rate: float | None = None
     if obs.step is not None and obs.step >= progress.step:
         rate = progress.rate
         if progress.at is not None and obs.at > progress.at and obs.step > progress.step \
                 and attempt.started_at is not None and progress.at >= attempt.started_at:
-            rate = (obs.step - progress.step) / (obs.at - progress.at)
+            rate = fresh_rate = (obs.step - progress.step) / (obs.at - progress.at)
         progress = Progress(step=obs.step, total_steps=obs.total_steps or progress.total_steps,
                             at=obs.at, rate=rate, metrics=dict(obs.metrics) or progress.metrics)
     run = replace(run, progress=progress)
@@ -771,7 +871,7 @@ def _on_trainer(run: Run, obs: Observation, ctx: Context) -> Run:
         run = _newer_checkpoint(run, Checkpoint(obs.step, obs.checkpoint_uri))
     if obs.kind == "started" and attempt.started_at is None:
         run = _with_attempt(run, replace(run.attempt(obs.attempt) or attempt, started_at=obs.at))
-    return _sweep_curve(run, obs, ctx)
+    return _sweep_curve(_trainer_health(run, obs, ctx, fresh_rate), obs, ctx)
 
 
 # ---------------------------------------------------------------- Model Registry
@@ -816,9 +916,12 @@ def _sweep_curve(run: Run, obs: TrainerReported, ctx: Context) -> Run:
     return replace(run, curve=(*kept, MetricPoint(obs.step, float(value)))[-CURVE_LIMIT:])
 
 
-def _newer_checkpoint(run: Run, ckpt: Checkpoint | None) -> Run:
+def _newer_checkpoint(run: Run, ckpt: Checkpoint | None, *, looked_up: bool = False) -> Run:
     if ckpt is None or (run.latest_checkpoint and run.latest_checkpoint.step >= ckpt.step):
         return run
+    trusted = run.health.trust_until_step
+    if looked_up and trusted is not None and ckpt.step > trusted:
+        return run  # possibly written while diverging, and not deleted yet
     return replace(run, latest_checkpoint=ckpt)
 
 
@@ -856,7 +959,7 @@ def _on_job(run: Run, obs: Observation, ctx: Context) -> Run:
     state = _PHASE_TO_STATE[obs.status.phase]
     if state.ended and not obs.confirmed:
         return run  # only Vertex's own terminal state ends an attempt
-    run = _newer_checkpoint(run, obs.checkpoint)
+    run = _newer_checkpoint(run, obs.checkpoint, looked_up=True)
     if attempt.job_name is None:
         attempt = replace(attempt, job_name=obs.status.job_name)
     if attempt.missing_polls and obs.confirmed:
@@ -894,7 +997,7 @@ def _attempt_ended(run: Run, ctx: Context, attempt: Attempt, status: JobStatus) 
         run = _announce_end(_with_attempt(run, attempt), ctx, attempt)
         succeeded = {"attempts": len(run.attempts), "preemptions": run.counters.preemptions,
                      "cost_estimate": round(cost_estimate(run, ctx), 4),
-                     "model_uri": run.output_uri}
+                     "model_uri": run.output_uri, "cost": _cost(run, ctx)}
         if ctx.pipeline.model is not None and run.sweep_id is None:
             return _register_model(run, ctx, attempt, succeeded)
         run = _to(run, RunStatus.SUCCEEDED, ctx, f"attempt {attempt.number} succeeded")
@@ -906,13 +1009,14 @@ def _attempt_ended(run: Run, ctx: Context, attempt: Attempt, status: JobStatus) 
     run = _announce_end(run, ctx, attempt)
     if failure is FailureClass.CANCELLED:
         if run.status is RunStatus.CANCELLING and run.stop_status is not None:
-            return _fail(run, ctx, run.stop_status, run.end_reason or "stopped", None)
+            return _fail(run, ctx, run.stop_status, run.end_reason or "stopped",
+                         _STOP_FAILURES.get(run.stop_status))
         if run.status is RunStatus.CANCELLING or attempt.cancel_reason is None:
             why = run.end_reason if run.status is RunStatus.CANCELLING else \
                 "the job was cancelled outside spotorch"
             run = _to(run, RunStatus.CANCELLED, ctx, why or "cancelled")
             return _publish(run, ctx, "run.cancelled", status=str(run.status),
-                            reason=run.end_reason)
+                            reason=run.end_reason, cost=_cost(run, ctx))
         if attempt.cancel_reason == CANCEL_SWITCH:
             return _launch(run, ctx, run.next_capacity or Capacity.STANDARD,
                            run.next_reason or "capacity switch")
@@ -933,10 +1037,21 @@ def _announce_end(run: Run, ctx: Context, attempt: Attempt) -> Run:
                     exit_code=attempt.exit_code)
 
 
+# How a stopped run ends -> the failure class its run.failed names (others: none).
+_STOP_FAILURES: Mapping[RunStatus, FailureClass] = {RunStatus.FAILED_DIVERGED: FailureClass.DIVERGED}
+
+# Why spotorch cancelled an attempt -> the failure class its end counts as (others: CANCELLED).
+_CANCEL_FAILURES: Mapping[str, FailureClass] = {
+    CANCEL_STOCKOUT: FailureClass.STOCKOUT,
+    CANCEL_HUNG: FailureClass.HUNG,
+    CANCEL_SLOW: FailureClass.HUNG,
+    CANCEL_DIVERGED: FailureClass.DIVERGED,
+}
+
+
 def _failure_of(attempt: Attempt, status: JobStatus) -> FailureClass:
     if attempt.state is AttemptState.CANCELLED or attempt.cancel_reason is not None:
-        return FailureClass.STOCKOUT if attempt.cancel_reason == CANCEL_STOCKOUT \
-            else FailureClass.CANCELLED
+        return _CANCEL_FAILURES.get(attempt.cancel_reason or "", FailureClass.CANCELLED)
     return status.failure or FailureClass.INFRA
 
 
@@ -951,6 +1066,11 @@ _END_REASONS: Mapping[FailureClass, Callable[[Attempt, JobStatus], str]] = {
     FailureClass.CANCELLED: lambda a, s: f"cancelled ({a.cancel_reason or 'outside spotorch'})",
     FailureClass.LAUNCH_REJECTED: lambda a, s: f"launch rejected: {s.message}",
     FailureClass.LOST: lambda a, s: f"lost: {s.message or 'Vertex AI no longer knows the job'}",
+    FailureClass.HUNG: lambda a, s: f"hung: {a.cancel_detail or 'no trainer report'}",
+    FailureClass.OUT_OF_MEMORY: lambda a, s: "out of memory" + (
+        f" (exit code {s.exit_code})" if s.exit_code is not None else "")
+    + (f": {s.message}" if s.message else ""),
+    FailureClass.DIVERGED: lambda a, s: f"diverged: {a.cancel_detail or 'a divergence rule fired'}",
 }
 
 # Failure class -> (counter field, budget field, status when the budget runs out, budget name).
@@ -964,7 +1084,14 @@ _BUDGETS: Mapping[FailureClass, tuple[str, str, RunStatus, str]] = {
                          "infra_errors"),
     FailureClass.TIMEOUT: ("timeouts", "max_timeouts", RunStatus.FAILED_TIMEOUT, "timeouts"),
     FailureClass.LOST: ("lost", "max_lost_jobs", RunStatus.FAILED_INFRA, "lost_jobs"),
+    # The health classes' limits live in the pipeline's health policy (Context.health).
+    FailureClass.HUNG: ("hangs", "max_hangs", RunStatus.FAILED_HUNG, "hangs"),
+    FailureClass.DIVERGED: ("divergences", "max_divergences", RunStatus.FAILED_DIVERGED,
+                            "divergences"),
 }
+
+# Not the job's fault, or nothing to wait for: relaunch without a backoff.
+_RELAUNCH_AT_ONCE = frozenset({FailureClass.PREEMPTED, FailureClass.HUNG, FailureClass.DIVERGED})
 
 # A job Vertex answers NOT_FOUND for this many polls in a row, over at least this long, is lost.
 # (Defaults until the pipeline format carries them; a transient poll error never counts.)
@@ -978,6 +1105,8 @@ def _recover(run: Run, ctx: Context, attempt: Attempt, failure: FailureClass) ->
     recovery = ctx.recovery
     if failure is FailureClass.USER_ERROR and attempt.exit_code in recovery.retryable_exit_codes:
         failure = FailureClass.INFRA  # declared retryable: counts against the infra budget
+    if failure is FailureClass.OUT_OF_MEMORY:
+        return _recover_out_of_memory(run, ctx, attempt)
     counter, limit_field, failed_status, budget = _BUDGETS[failure]
     used = getattr(run.counters, counter) + 1
     progressed = (run.latest_checkpoint is not None
@@ -985,7 +1114,7 @@ def _recover(run: Run, ctx: Context, attempt: Attempt, failure: FailureClass) ->
     ran = attempt.started_at is not None  # one that never ran says nothing about progress
     no_progress = 0 if progressed else run.counters.no_progress + (1 if ran else 0)
     run = replace(run, counters=replace(run.counters, **{counter: used, "no_progress": no_progress}))
-    limit = int(getattr(recovery, limit_field, MAX_LOST_JOBS))
+    limit = int(getattr(recovery, limit_field, getattr(ctx.health, limit_field, MAX_LOST_JOBS)))
     if used > limit:
         run = _publish(run, ctx, "run.budget_exceeded", budget=budget, limit=limit, used=used)
         return _fail(run, ctx, failed_status,
@@ -994,7 +1123,8 @@ def _recover(run: Run, ctx: Context, attempt: Attempt, failure: FailureClass) ->
     if failure is FailureClass.STOCKOUT:
         run = replace(run, region_index=run.region_index + 1)
     if failure in (FailureClass.PREEMPTED, FailureClass.STOCKOUT):
-        run = replace(run, spot_unavailable_until=ctx.now + recovery.spot_cooldown_s)
+        run = replace(run, spot_unavailable_until=spot_cooldown_until(ctx.now,
+                                                                    recovery.spot_cooldown_s))
     if no_progress >= recovery.max_no_progress_attempts and (
             attempt.capacity is not Capacity.SPOT or recovery.escalation is EscalationKind.NEVER):
         run = _publish(run, ctx, "run.budget_exceeded", budget="no_progress",
@@ -1002,8 +1132,10 @@ def _recover(run: Run, ctx: Context, attempt: Attempt, failure: FailureClass) ->
         return _fail(run, ctx, RunStatus.FAILED_NO_PROGRESS,
                      f"{no_progress} attempts in a row ended without a newer checkpoint", failure)
     capacity, reason = _next_capacity(run, ctx, attempt, failure)
-    if failure is FailureClass.PREEMPTED:
-        return _launch(run, ctx, capacity, reason)  # not the job's fault: relaunch at once
+    if failure is FailureClass.DIVERGED:
+        run = _roll_back(run, ctx)
+    if failure in _RELAUNCH_AT_ONCE:
+        return _launch(run, ctx, capacity, reason)
     failures_in_row = used if failure is not FailureClass.STOCKOUT else run.counters.stockouts
     wait = backoff_s(recovery, run.run_id, failures_in_row)
     run = replace(run, next_action_at=ctx.now + wait, next_capacity=capacity, next_reason=reason)
@@ -1037,6 +1169,8 @@ _BRIEF: Mapping[FailureClass, str] = {
     FailureClass.USER_ERROR: "user error", FailureClass.INFRA: "infrastructure error",
     FailureClass.TIMEOUT: "timeout", FailureClass.CANCELLED: "cancel",
     FailureClass.LAUNCH_REJECTED: "launch rejection", FailureClass.LOST: "lost job",
+    FailureClass.HUNG: "hang", FailureClass.OUT_OF_MEMORY: "out of memory",
+    FailureClass.DIVERGED: "divergence",
 }
 
 
@@ -1066,7 +1200,7 @@ def _fail(run: Run, ctx: Context, status: RunStatus, reason: str,
     run = _to(run, status, ctx, reason)
     return _publish(run, ctx, "run.failed", status=str(status), reason=reason,
                     failure_class=str(failure) if failure else None, attempts=len(run.attempts),
-                    preemptions=run.counters.preemptions)
+                    preemptions=run.counters.preemptions, cost=_cost(run, ctx))
 
 
 def _cancel_attempt(run: Run, ctx: Context, attempt: Attempt, why: str) -> Run:
@@ -1097,7 +1231,8 @@ def _stop(run: Run, ctx: Context, reason: str, ends_as: RunStatus | None) -> Run
         if ends_as is not None:
             return _fail(run, ctx, ends_as, reason, None)
         run = _to(run, RunStatus.CANCELLED, ctx, reason)
-        return _publish(run, ctx, "run.cancelled", status=str(run.status), reason=reason)
+        return _publish(run, ctx, "run.cancelled", status=str(run.status), reason=reason,
+                        cost=_cost(run, ctx))
     run = _to(run, RunStatus.CANCELLING, ctx, reason)
     run = replace(run, end_reason=reason, stop_status=ends_as)
     # If the job is not created yet, LaunchDone cancels it when it appears.
@@ -1138,6 +1273,10 @@ def _on_tick(run: Run, obs: Observation, ctx: Context) -> Run:
         return run
     if current is None or not current.live or current.cancel_reason is not None:
         return run
+    run = _tick_health(run, ctx, current)
+    current = run.current
+    if current is None or current.cancel_reason is not None:
+        return run
     waiting = current.state in (AttemptState.QUEUED, AttemptState.PENDING)
     queued_for = ctx.now - (current.queued_since or current.created_at)
     if waiting and queued_for > ctx.recovery.stockout_wait_s \
@@ -1149,7 +1288,7 @@ def _on_tick(run: Run, obs: Observation, ctx: Context) -> Run:
             current.capacity is Capacity.FLEX_START:
         return run
     spot_waiting = current.capacity is Capacity.SPOT and waiting and queued_for > 60.0
-    cooling = ctx.now < (run.spot_unavailable_until or 0.0)
+    cooling = spot_cooling(ctx.now, run.spot_unavailable_until)
     wanted = _policy_capacity(run, ctx, current=current.capacity,
                               spot_available=not (spot_waiting or cooling))
     run = _deadline_warning(run, ctx, wanted, current)
@@ -1158,7 +1297,8 @@ def _on_tick(run: Run, obs: Observation, ctx: Context) -> Run:
     reason = (f"deadline policy: switch {current.capacity} -> {wanted} "
               f"(time left {_fmt_s((run.deadline_at or ctx.now) - ctx.now)})")
     if spot_waiting:  # giving up on a Spot queue is evidence too: don't come straight back
-        run = replace(run, spot_unavailable_until=ctx.now + ctx.recovery.spot_cooldown_s)
+        run = replace(run, spot_unavailable_until=spot_cooldown_until(
+            ctx.now, ctx.recovery.spot_cooldown_s))
     run = replace(run, next_capacity=wanted, next_reason=reason)
     run = _note(run, ctx, f"switch to {wanted}", reason)
     return _cancel_attempt(run, ctx, current, CANCEL_SWITCH)
@@ -1176,6 +1316,257 @@ def _deadline_warning(run: Run, ctx: Context, wanted: Capacity, current: Attempt
                     time_left_s=deadline_at - ctx.now, action="switching to standard VMs")
 
 
+# ---------------------------------------------------------------- training health
+#
+# Rules over the trainer's reports (hung, step rate, divergence), over time (the tick: hung,
+# stale checkpoints), over failed attempts (out of memory) and over checkpoints (retention).
+# The rules themselves are pure functions in spotorch.health; this section feeds them the run's
+# signals and turns what they find into history, events, cancels and relaunches. A rule only
+# looks at the current, live attempt of a STARTING/RUNNING run that nothing is cancelling.
+
+def _watched(run: Run, attempt: Attempt) -> bool:
+    current = run.current
+    return (run.status in (RunStatus.STARTING, RunStatus.RUNNING) and current is not None
+            and attempt.number == current.number and attempt.live
+            and attempt.cancel_reason is None)
+
+
+def _loss_of(obs: TrainerReported, metric: str) -> float | None:
+    """The loss a report carries: NaN when the trainer flagged it non-finite."""
+    if metric in obs.nonfinite:
+        return math.nan
+    return obs.metrics.get(metric)
+
+
+def _trainer_health(run: Run, obs: TrainerReported, ctx: Context,
+                    fresh_rate: float | None) -> Run:
+    attempt = run.attempt(obs.attempt)
+    if attempt is None or not _watched(run, attempt):
+        return run
+    policy, health = ctx.health, run.health
+    gap = obs.at - attempt.last_report_at if attempt.last_report_at is not None else 0.0
+    rate, slow = health.rate, None
+    if fresh_rate is not None:
+        rate, slow = hp.rate_sample(policy, health.rate, fresh_rate, obs.step)
+    loss, diverged = health.loss, None
+    value = _loss_of(obs, policy.loss_metric)
+    if value is not None and obs.step is not None and obs.kind == "progress":
+        loss, diverged = hp.loss_sample(policy, health.loss, obs.step, value)
+    health = replace(health, reports=health.reports + 1,
+                     longest_gap_s=max(health.longest_gap_s, gap),
+                     report_interval_s=obs.report_interval_s or health.report_interval_s,
+                     rate=rate, loss=loss)
+    attempts = list(run.attempts)  # one copy of the run for attempt and health together
+    attempts[attempt.number - 1] = replace(attempt, last_report_at=max(
+        obs.at, attempt.last_report_at or obs.at))
+    run = replace(run, attempts=tuple(attempts), health=health)
+    if obs.checkpoint_uri and obs.step is not None:
+        run = _known_checkpoint(run, ctx, obs)
+    if slow is not None:
+        run = _on_slow(run, ctx, slow)
+    current = run.current
+    if diverged is not None and current is not None and _watched(run, current):
+        run = _on_diverged(run, ctx, diverged)
+    return run
+
+
+def _known_checkpoint(run: Run, ctx: Context, obs: TrainerReported) -> Run:
+    """Remember a reported checkpoint (with its metric, for keep-best) and when it arrived."""
+    assert obs.step is not None and obs.checkpoint_uri
+    metric_name = ctx.health.keep_best_metric
+    metric = obs.metrics.get(metric_name) if metric_name else None
+    known = hp.KnownCheckpoint(obs.step, obs.checkpoint_uri, obs.at, metric, obs.checkpoint_s)
+    others = tuple(c for c in run.health.checkpoints if c.step != obs.step)
+    checkpoints = tuple(sorted((*others, known), key=lambda c: c.step))[-KNOWN_CHECKPOINTS_LIMIT:]
+    health = replace(run.health, checkpoints=checkpoints)
+    if run.latest_checkpoint is not None and run.latest_checkpoint.step == obs.step:
+        health = replace(health, checkpoint_at=obs.at)
+    return replace(run, health=health)
+
+
+def _cancel_for_health(run: Run, ctx: Context, why: str, detail: str) -> Run:
+    current = run.current
+    assert current is not None
+    run = _with_attempt(run, replace(current, cancel_detail=detail))
+    return _cancel_attempt(run, ctx, run.current or current, why)
+
+
+def _on_slow(run: Run, ctx: Context, finding: hp.Finding) -> Run:
+    current = run.current
+    assert current is not None
+    relaunch = ctx.health.step_rate_relaunch
+    run = _publish(run, ctx, "run.step_rate_degraded", attempt=current.number,
+                   step=finding.step, rate=finding.values.get("rate"),
+                   median=finding.values.get("median"),
+                   fraction=finding.values.get("fraction"), reason=finding.message,
+                   action="relaunch" if relaunch else "warn")
+    run = _note(run, ctx, f"step rate collapsed on attempt {current.number}", finding.message)
+    if not relaunch:
+        return run
+    return _cancel_for_health(run, ctx, CANCEL_SLOW, f"{finding.rule}: {finding.message}")
+
+
+def _on_diverged(run: Run, ctx: Context, finding: hp.Finding) -> Run:
+    """A divergence rule fired: fail the run, or relaunch from before the divergence began."""
+    current = run.current
+    assert current is not None
+    policy = ctx.health
+    relaunch = policy.divergence_action is hp.DivergenceAction.RELAUNCH
+    safe = hp.resume_point(((c.step, c.uri) for c in run.health.checkpoints),
+                           finding.good_until_step)
+    run = _publish(run, ctx, "run.diverged", attempt=current.number, rule=str(finding.rule),
+                   step=finding.step, values=dict(finding.values), reason=finding.message,
+                   action="relaunch" if relaunch else "fail",
+                   resume_step=safe[0] if safe and relaunch else None)
+    run = _note(run, ctx, f"diverged: {finding.rule} at step {finding.step}", finding.message)
+    if not relaunch:
+        return _stop(run, ctx, f"diverged ({finding.rule}): {finding.message}",
+                     RunStatus.FAILED_DIVERGED)
+    rollback = Checkpoint(*safe) if safe else None
+    run = replace(run, health=replace(run.health, rollback=rollback))
+    return _cancel_for_health(run, ctx, CANCEL_DIVERGED, f"{finding.rule}: {finding.message}")
+
+
+def _roll_back(run: Run, ctx: Context) -> Run:
+    """Before relaunching a diverged run: resume from the safe checkpoint, delete the later ones."""
+    health = run.health
+    safe = health.rollback
+    trusted = safe.step if safe else -1
+    progress = replace(run.progress, step=max(trusted, 0), at=None, rate=None)
+    health = replace(health, trust_until_step=trusted, loss=hp.LossState(),
+                     checkpoints=tuple(c for c in health.checkpoints if c.step <= trusted))
+    run = replace(run, latest_checkpoint=safe, progress=progress, health=health)
+    run = _note(run, ctx, "roll back", f"resume from step {safe.step}" if safe
+                else "no checkpoint before the divergence: fresh start")
+    run, intent_id = _next_intent_id(run)
+    return _add(run, DeleteCheckpointsIntent(intent_id, run.checkpoint_uri, above=trusted,
+                                             claimed_until=ctx.now + LAUNCH_LEASE_S))
+
+
+def _base_machine(ctx: Context) -> str:
+    pools = ctx.pipeline.job.worker_pools
+    return pools[0].machine_type if pools else ""
+
+
+def _recover_out_of_memory(run: Run, ctx: Context, attempt: Attempt) -> Run:
+    """Out of memory: never the same machine again; the next larger fallback, or fail."""
+    run = replace(run, counters=replace(run.counters,
+                                        out_of_memory=run.counters.out_of_memory + 1))
+    current = attempt.machine_type or _base_machine(ctx)
+    larger = hp.next_machine(ctx.health, current)
+    if larger is None:
+        why = (f"{current} is the largest of health.fallback_machines"
+               if ctx.health.fallback_machines else "no health.fallback_machines listed")
+        return _fail(run, ctx, RunStatus.FAILED_OUT_OF_MEMORY,
+                     f"out of memory on {current}; not retried on the same machine ({why})",
+                     FailureClass.OUT_OF_MEMORY)
+    reason = f"out of memory on {current}: next attempt on {larger}"
+    # Another machine, another normal step rate: the median starts over.
+    run = replace(run, health=replace(run.health, machine_type=larger, rate=hp.RateState()))
+    run = _publish(run, ctx, "run.machine_changed", **{"from": current}, to=larger,
+                   reason=reason, attempt=attempt.number)
+    run = _note(run, ctx, f"machine {current} -> {larger}", reason)
+    return _launch(run, ctx, attempt.capacity, reason)
+
+
+def _tick_health(run: Run, ctx: Context, current: Attempt) -> Run:
+    """Time-based rules: hung attempts, stale checkpoints (runs that use the trainer helper)."""
+    if run.status is not RunStatus.RUNNING or current.state is not AttemptState.RUNNING \
+            or run.health.reports == 0 or not _watched(run, current):
+        return run
+    health = run.health
+    silent_since = current.last_report_at or current.started_at or ctx.now
+    starting = (current.progress_step or 0) <= (current.resumed_from_step or 0)
+    found = hp.hung(ctx.health, silent_s=ctx.now - silent_since,
+                    report_interval_s=health.report_interval_s,
+                    longest_gap_s=health.longest_gap_s, step=run.progress.step,
+                    starting=starting)
+    if found is not None:
+        run = _publish(run, ctx, "attempt.hung", attempt=current.number,
+                       job_name=current.job_name, step=run.progress.step,
+                       silent_s=found.values["silent_s"],
+                       hang_after_s=found.values["hang_after_s"],
+                       last_report=_iso(current.last_report_at), reason=found.message)
+        run = _note(run, ctx, f"attempt {current.number} hung", found.message)
+        return _cancel_for_health(run, ctx, CANCEL_HUNG, found.message)
+    latest = run.latest_checkpoint
+    key = f"{current.number}:{latest.step if latest else -1}"
+    if health.stale_warned == key:
+        return run
+    since = max(health.checkpoint_at or 0.0, current.started_at or ctx.now)
+    found = hp.stale_checkpoint(ctx.health, since_s=ctx.now - since, step=run.progress.step)
+    if found is None:
+        return run
+    run = replace(run, health=replace(health, stale_warned=key))
+    run = _publish(run, ctx, "run.checkpoint_stale", attempt=current.number,
+                   step=run.progress.step, checkpoint_step=latest.step if latest else None,
+                   since_s=found.values["since_s"], stale_after_s=found.values["stale_after_s"],
+                   reason=found.message)
+    return _note(run, ctx, "checkpoint stale", found.message)
+
+
+def _retention(before: Run, run: Run, ctx: Context) -> Run:
+    """Decide a retention pass when a newer checkpoint became known, and when the run ends."""
+    policy = ctx.health
+    ending = before.active and not run.active
+    newer = run.active and run.latest_checkpoint is not None \
+        and run.latest_checkpoint != before.latest_checkpoint
+    if policy.keep_last is None or not (ending or newer) or (ending and not policy.prune_on_end):
+        return run
+    if run.latest_checkpoint is None and not run.health.checkpoints:
+        return run  # nothing was ever written
+    if any(isinstance(i, DeleteCheckpointsIntent) and (i.above is not None or i.ending == ending)
+           for i in run.outbox):
+        return run  # a pass (or the diverged checkpoints' deletion) is pending: it comes first
+    protect = {a.resumed_from_step for a in run.attempts if a.live}
+    protect |= {i.resume_step for i in run.outbox if isinstance(i, LaunchIntent)}
+    protect |= {c.step for c in (run.latest_checkpoint, run.health.rollback) if c is not None}
+    if policy.keep_best_metric:
+        protect.add(hp.best_step(run.health.checkpoints, policy.keep_best_mode))
+    keep = tuple(sorted(s for s in protect if s is not None))
+    run, intent_id = _next_intent_id(run)
+    return _add(run, DeleteCheckpointsIntent(
+        intent_id, run.checkpoint_uri,
+        keep_newest=policy.keep_last_on_end if ending else policy.keep_last, keep=keep,
+        ending=ending, claimed_until=ctx.now + LAUNCH_LEASE_S))
+
+
+def _on_checkpoints_deleted(run: Run, obs: Observation, ctx: Context) -> Run:
+    assert isinstance(obs, CheckpointsDeleted)
+    intent = next((i for i in run.outbox if i.id == obs.intent_id), None)
+    run = replace(run, outbox=tuple(i for i in run.outbox if i.id != obs.intent_id))
+    if not isinstance(intent, DeleteCheckpointsIntent):
+        return run
+    gone = set(obs.steps)
+    health = run.health
+    health = replace(health, deleted_checkpoints=health.deleted_checkpoints + len(gone),
+                     bytes_reclaimed=health.bytes_reclaimed + obs.bytes,
+                     checkpoints=tuple(c for c in health.checkpoints if c.step not in gone))
+    rollback = intent.above is not None
+    if rollback:
+        health = replace(health, trust_until_step=None, rollback=None)
+    run = replace(run, health=health)
+    if not gone:
+        return run
+    why = "divergence" if rollback else "retention"
+    run = _note(run, ctx, f"{len(gone)} checkpoint(s) deleted ({why})",
+                f"steps {sorted(gone)}; {obs.bytes} bytes reclaimed")
+    if not run.active:
+        return run  # a terminal run publishes nothing after its last event; history has it
+    return _publish(run, ctx, "run.checkpoints_deleted", steps=sorted(gone),
+                    bytes_reclaimed=obs.bytes, total_bytes_reclaimed=health.bytes_reclaimed,
+                    reason=why)
+
+
+def checkpoint_advice(run: Run, now: float) -> hp.CheckpointAdvice:
+    """The run's checkpoint interval against the Young/Daly optimum (for `spotorch show`)."""
+    history = spot_history(run, now)
+    known = run.health.checkpoints
+    return hp.checkpoint_advice([c.at for c in known],
+                                [c.seconds for c in known if c.seconds is not None],
+                                history.run_s, run.counters.preemptions)
+
+
 _HANDLERS: Mapping[type, Callable[[Run, Observation, Context], Run]] = {
     IntentDone: _on_intent_done,
     ModelRegistered: _on_model_registered,
@@ -1187,10 +1578,16 @@ _HANDLERS: Mapping[type, Callable[[Run, Observation, Context], Run]] = {
     Tick: _on_tick,
     Promote: _on_promote,
     CancelRequested: _on_cancel,
+    CheckpointsDeleted: _on_checkpoints_deleted,
 }
 
 
 # ---------------------------------------------------------------- cost
+
+def _cost(run: Run, ctx: Context) -> dict[str, object]:
+    """The run's cost ledger (spotorch.ledger) as its terminal event carries it."""
+    return ledger_dict(ledger(run, ctx.pipeline, ctx.now))
+
 
 def cost_estimate(run: Run, ctx: Context) -> float:
     """Estimated compute cost so far: billed running time of every attempt at list prices."""
@@ -1259,3 +1656,16 @@ def implausible(run: Run, report: TrainerReported, now: float | None = None) -> 
         return (f"step {step} jumps {step - known} steps from {known} in {max(at - since, 0):.0f}s"
                 f" (more than {MAX_STEPS_PER_S:.0f} steps per second)")
     return None
+
+
+# ---- rules shared with the simulator
+# Small pure rules the trace simulator (spotorch.sim) replays exactly as production applies them.
+
+def spot_cooldown_until(now: float, cooldown_s: float) -> float:
+    """Until when Spot counts as unavailable after a sign of none (preemption, stockout, queue)."""
+    return now + cooldown_s
+
+
+def spot_cooling(now: float, unavailable_until: float | None) -> bool:
+    """True while Spot counts as unavailable: no move back to Spot, and standard not told of it."""
+    return now < (unavailable_until or 0.0)

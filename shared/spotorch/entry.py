@@ -114,10 +114,32 @@ def _optional_count(data: Mapping[str, Any], key: str, *, low: int = 0) -> int |
     return None if data.get(key) is None else _count(data[key], key, low=low)
 
 
-def _metrics(value: Any) -> dict[str, float]:
-    """Named finite numbers, at most MAX_METRICS of them."""
+def _nonfinite(value: Any) -> tuple[str, ...]:
+    """The trainer's list of metric names whose value was NaN or infinite (training health)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > MAX_METRICS or not all(
+            isinstance(k, str) and 0 < len(k) <= MAX_ID_LEN for k in value):
+        raise InvalidEvent("nonfinite is not a list of metric names")
+    return tuple(sorted(set(value)))
+
+
+def _seconds(data: Mapping[str, Any], key: str) -> float | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or not 0 <= value <= 1e9:
+        raise InvalidEvent(f"{key} is not a number of seconds: {str(value)[:40]!r}")
+    return float(value)
+
+
+def _metrics(value: Any, nonfinite: tuple[str, ...] = ()) -> dict[str, float]:
+    """Named finite numbers, at most MAX_METRICS of them; null only for a name in nonfinite."""
     if value is None:
         return {}
+    if isinstance(value, Mapping):
+        value = {k: v for k, v in value.items() if not (v is None and k in nonfinite)}
     if not isinstance(value, Mapping):
         raise InvalidEvent(f"metrics is not an object of numbers: {str(value)[:40]!r}")
     if len(value) > MAX_METRICS:
@@ -161,12 +183,15 @@ def parse_trainer_message(body: bytes) -> tuple[TrainerReported, str, str]:
     uri = data.get("checkpoint_uri") or None
     if uri is not None and (not isinstance(uri, str) or len(uri) > 2048):
         raise InvalidEvent("checkpoint_uri is not a string of at most 2048 characters")
+    nonfinite = _nonfinite(data.get("nonfinite"))
     report = TrainerReported(
         attempt=_count(data["attempt"], "attempt", low=1), kind=str(data["kind"]), at=at,
         step=_optional_count(data, "step"), total_steps=_optional_count(data, "total_steps", low=1),
-        checkpoint_uri=uri, metrics=_metrics(data.get("metrics")),
+        checkpoint_uri=uri, metrics=_metrics(data.get("metrics"), nonfinite),
         exit_code=None if data.get("exit_code") is None
-        else _count(data["exit_code"], "exit_code", low=-MAX_INT))
+        else _count(data["exit_code"], "exit_code", low=-MAX_INT),
+        nonfinite=nonfinite, report_interval_s=_seconds(data, "report_interval_s"),
+        checkpoint_s=_seconds(data, "checkpoint_s"))
     return report, run_id, event_id
 
 

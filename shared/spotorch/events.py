@@ -39,6 +39,13 @@ EVENT_KINDS: Mapping[str, str] = {
     "sweep.succeeded": "every trial ended; the best trial (and its registered model) is named",
     "sweep.failed": "every trial ended and none succeeded with a value of the metric",
     "sweep.cancelled": "the sweep was cancelled and its trials stopped",
+    # training health
+    "attempt.hung": "an attempt's trainer went silent while its job ran: cancelled, relaunched",
+    "run.step_rate_degraded": "the step rate fell far below the run's own median",
+    "run.diverged": "a divergence rule fired (non-finite loss, loss spike, loss plateau)",
+    "run.checkpoint_stale": "no new checkpoint for checkpoint_stale_after while running",
+    "run.machine_changed": "out of memory: the next attempt takes a larger machine",
+    "run.checkpoints_deleted": "checkpoints were deleted (retention, or after a divergence)",
 }
 
 # Kinds after which a run never changes again.

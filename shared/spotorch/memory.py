@@ -17,7 +17,9 @@ from spotorch.ports import (
     ObjectInfo,
     ObjectNotFound,
     ObjectPage,
+    StoredCheckpoint,
 )
+from spotorch_trainer import contract
 
 
 class InMemoryDocumentStore:
@@ -150,12 +152,37 @@ class InMemoryLauncher:
 
 @dataclass
 class InMemoryCheckpoints:
-    """Latest checkpoints by checkpoint root, set by tests."""
+    """Checkpoints by root: `latest_by_uri` set by tests, or directories added with `put`."""
 
     latest_by_uri: dict[str, Checkpoint] = field(default_factory=dict)
+    # root -> step -> (complete, bytes)
+    stored: dict[str, dict[int, tuple[bool, int]]] = field(default_factory=dict)
+    deleted: list[str] = field(default_factory=list)
+
+    def put(self, checkpoint_uri: str, step: int, *, complete: bool = True,
+            size: int = 0) -> str:
+        """Add one checkpoint directory (test helper); returns its URI."""
+        self.stored.setdefault(checkpoint_uri.rstrip("/"), {})[step] = (complete, size)
+        return contract.checkpoint_uri(checkpoint_uri, step)
 
     def latest(self, checkpoint_uri: str) -> Checkpoint | None:
-        return self.latest_by_uri.get(checkpoint_uri.rstrip("/"))
+        root = checkpoint_uri.rstrip("/")
+        if root in self.latest_by_uri:
+            return self.latest_by_uri[root]
+        complete = [c for c in self.list(root) if c.complete]
+        return Checkpoint(complete[-1].step, complete[-1].uri) if complete else None
+
+    def list(self, checkpoint_uri: str) -> list[StoredCheckpoint]:
+        root = checkpoint_uri.rstrip("/")
+        return [StoredCheckpoint(step, contract.checkpoint_uri(root, step), complete, size)
+                for step, (complete, size) in sorted(self.stored.get(root, {}).items())]
+
+    def delete(self, uri: str) -> int:
+        root, _, name = uri.rstrip("/").rpartition("/")
+        step = contract.parse_checkpoint_step(name)
+        found = self.stored.get(root, {}).pop(step, None) if step is not None else None
+        self.deleted.append(uri)
+        return found[1] if found else 0
 
 
 @dataclass

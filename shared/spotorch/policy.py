@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import NamedTuple
 
 from spotorch.pipeline import Capacity, EscalationKind, RecoveryPolicy
 
@@ -47,11 +49,19 @@ class PolicyView:
     # preemption, or a tick spent queued); None: never
     # True when spot_available on STANDARD is assumed (a cooldown elapsed), not observed.
     spot_assumed: bool = False
+    # True when the live Spot attempt has not started: it waits for capacity (or was just
+    # launched). A queued attempt that finds capacity pays a launch overhead, like a new one.
+    spot_queued: bool = False
+    # FLEX_START (Dynamic Workload Scheduler) offered with this expected queue wait; None: the
+    # pipeline does not allow it.
+    flex_wait_s: float | None = None
 
 
-@dataclass(frozen=True)
-class Slack:
+class Slack(NamedTuple):
     """The run's position against its deadline, derived once per decision."""
+
+    # A NamedTuple, not a frozen dataclass: as immutable, and built several times per
+    # simulated tick (the benchmark replays millions of ticks), at a fifth of the cost.
 
     remaining_s: float  # wall time left before the deadline
     work_left_s: float  # compute still to do
@@ -120,31 +130,43 @@ def uniform_progress(view: PolicyView) -> Capacity:
     # 2. exploitation: Spot whenever available (even when behind), stay until preempted;
     # 3. hysteresis: on on-demand, stay until cp(t) >= ep(t + 2d);
     # 4. safety net: idle and R(t) < C(t) + 2d -> on-demand until the end.
-    # Followed as the authors' simulator (sky_spot, strategy rc_cr_threshold) applies them:
-    # rule 4 also covers a run already on on-demand, and time is rounded to decision ticks
-    # (here: one tick of margin, the guard every policy in this module gets).
+    # Applied as the authors' simulator does (sky_spot, strategy rc_cr_threshold):
+    # - on on-demand while Spot is unavailable, stay on it, even ahead of the line: leaving
+    #   would only idle until Spot is back (rule 3 reads "stay on it", condition2 is only
+    #   consulted when Spot is there to switch to);
+    # - the hysteresis keeps on-demand while cp(t) <= ep(t + 2d) (their condition2 >= 0);
+    # - rule 4 covers a run that is idle or on on-demand, and a Spot attempt still waiting
+    #   for capacity is idle (their simulator has no queued Spot: it asks for NONE);
+    # - time is rounded to decision ticks: their ceil/floor to the gap is exactly one tick of
+    #   margin when the deadline is a whole number of ticks, as here;
+    # - their strong guarantee (R(t) <= C(t) + d + tick: on-demand) also lets a Spot VM past
+    #   its launch overhead keep running; here it forces on-demand like every policy's guard.
+    #   The two agree in this model: running Spot keeps the slack constant, a Spot launch needs
+    #   slack >= 2d + tick (rule 4) and its overhead eats d, so a running Spot VM past its
+    #   overhead always has slack >= d + tick (tests/test_policy.py checks the agreement).
     slack = slack_of(view)
     if slack is None or slack.work_left_s <= 0.0:
         return Capacity.SPOT
     assert view.deadline_s is not None and view.work_total_s is not None
     total, deadline, d = view.work_total_s, view.deadline_s, view.restart_overhead_s
     done, now = view.work_done_s, view.now_s
-    running_spot = view.current is Capacity.SPOT and view.spot_available
+    spot_running = view.current is Capacity.SPOT and view.spot_available and not view.spot_queued
 
     def expected(t: float) -> float:
         return total * t / deadline
 
-    if slack.must_run_standard:
+    if slack.must_run_standard:  # the strong guarantee
         return Capacity.STANDARD
-    if not running_spot and slack.slack_s < 2.0 * d + slack.tick_s:  # rule 4 (+ one tick)
+    if not spot_running and slack.slack_s < 2.0 * d + slack.tick_s:  # rule 4
         return Capacity.STANDARD
-    if view.current is Capacity.STANDARD and done < expected(now + 2.0 * d):  # rule 3
+    if view.current is Capacity.STANDARD and (
+            not view.spot_available or done <= expected(now + 2.0 * d)):  # rule 3
         return Capacity.STANDARD
     if view.spot_available:  # rule 2
         return Capacity.SPOT
     if done < expected(now):  # rule 1
         return Capacity.STANDARD
-    return Capacity.SPOT
+    return Capacity.SPOT  # idle: wait for Spot (a queued Spot attempt costs nothing)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,10 +232,101 @@ def deadline_policy(view: PolicyView, tuning: DeadlineTuning = DEFAULT_TUNING) -
         reserve = (tuning.switch_reserve * slack.work_left_s * slack.overhead_s / 3600.0
                    / mean_up_h(view, tuning))
         return Capacity.SPOT if slack.slack_s >= guard + reserve else Capacity.STANDARD
+    paid = _flex_or_standard(view, slack, guard)
     if view.spot_available:
-        return Capacity.SPOT if slack.can_try_spot else Capacity.STANDARD
+        return Capacity.SPOT if slack.can_try_spot else paid
     reserve = tuning.wait_reserve * slack.work_left_s
-    return Capacity.SPOT if slack.slack_s >= guard + reserve else Capacity.STANDARD
+    return Capacity.SPOT if slack.slack_s >= guard + reserve else paid
+
+
+def _flex_or_standard(view: PolicyView, slack: Slack, guard: float) -> Capacity:
+    """Paid capacity when leaving Spot: FLEX_START if the slack covers its wait, else standard."""
+    # FLEX_START is cheaper than standard and never preempted once it runs, but waits for
+    # capacity first. Take it only when twice the expected wait still leaves the guard, so a
+    # long wait rarely ends in a timeout; flex_max_wait_s caps the wait so a timeout still
+    # leaves time for standard.
+    if view.flex_wait_s is not None and slack.slack_s >= guard + 2.0 * view.flex_wait_s:
+        return Capacity.FLEX_START
+    return Capacity.STANDARD
+
+
+def flex_max_wait_s(view: PolicyView, configured_s: float) -> float:
+    """The max wait to give a FLEX_START launch now: what leaves time for standard after it."""
+    slack = slack_of(view)
+    if slack is None:
+        return configured_s
+    guard = 2.0 * slack.overhead_s + slack.tick_s
+    return max(min(configured_s, slack.slack_s - guard), slack.tick_s)
+
+
+# ---------------------------------------------------------------------------------------------
+# Spot probes: looking at Spot while running on standard
+
+
+@dataclass(frozen=True)
+class ProbeTerms:
+    """What a probe costs and what finding Spot back is worth; all money in one currency."""
+
+    # A probe is a minimal Spot job of the run's machine shape, cancelled as soon as it runs
+    # (capacity confirmed) or after `wait_s` without capacity. Vertex AI bills a Spot job from
+    # provisioning to its end, nothing while it is queued: a probe that finds capacity costs
+    # `hit_cost`, one that does not costs `miss_cost` (0 unless the shape bills otherwise).
+    hit_cost: float
+    saving_per_s: float  # standard price - Spot price, for the run's whole shape, per second
+    wait_s: float = 600.0  # how long a probe waits for capacity before it is cancelled
+    miss_cost: float = 0.0
+
+
+def probe_worth(view: PolicyView, terms: ProbeTerms,
+                policy: Callable[[PolicyView], Capacity] | None = None) -> bool:
+    """True when a Spot probe now is worth its cost; only a run on standard ever probes."""
+    # A probe answers one question: is Spot back? The answer is worth something only if the
+    # run's own policy would leave standard on a yes; then it buys the Spot discount on the
+    # work left, less the round trip (a Spot launch and, at worst, a standard relaunch, both
+    # overheads at the standard premium). Outages are taken as memoryless with this run's mean
+    # outage m (Spot history, shrunk to a prior): a probe waiting w finds capacity with
+    # p = 1 - exp(-w / m), whatever the time already spent in the outage.
+    if view.current is not Capacity.STANDARD:
+        return False  # a Spot attempt, running or queued, sees Spot capacity itself
+    slack = slack_of(view)
+    if slack is None or slack.work_left_s <= 0.0:
+        return False
+    gain = terms.saving_per_s * (slack.work_left_s - 2.0 * slack.overhead_s)
+    p_hit = 1.0 - math.exp(-terms.wait_s / max(mean_down_h(view) * 3600.0, 1.0))
+    if p_hit * (gain - terms.hit_cost) <= (1.0 - p_hit) * terms.miss_cost:
+        return False
+    decide = policy or deadline_policy
+    # vars() and a constructor, not dataclasses.replace: this runs at every tick on standard.
+    seen = PolicyView(**{**vars(view), "spot_available": True, "spot_assumed": False})
+    return decide(seen) is Capacity.SPOT
+
+
+# ---------------------------------------------------------------------------------------------
+# Regions chosen by history
+
+
+@dataclass(frozen=True)
+class RegionRecord:
+    """What the shared record holds of one region's Spot capacity for one shape, within its TTL."""
+
+    observed_s: float  # time covered by observations (attempts, probes) of any run
+    available_s: float  # of which Spot had capacity
+    preemptions: int = 0  # capacity lost while observed (running attempts preempted)
+
+
+def rank_regions(records: Sequence[RegionRecord], prior_available: float = 0.5,
+                 prior_weight_s: float = 3600.0) -> list[int]:
+    """Region indices, best first, for the next Spot attempt (ties keep the configured order)."""
+    # Capacity share observed, shrunk to a prior so a region seen for minutes is not ranked on
+    # them; then the preemption rate (capacity that comes and goes costs a relaunch each time).
+    def key(index: int) -> tuple[float, float, int]:
+        r = records[index]
+        share = (r.available_s + prior_available * prior_weight_s) / \
+            (r.observed_s + prior_weight_s)
+        rate = r.preemptions / max(r.available_s, 1.0)
+        return (-round(share, 6), rate, index)
+
+    return sorted(range(len(records)), key=key)
 
 
 # ---------------------------------------------------------------------------------------------

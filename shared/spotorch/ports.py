@@ -122,10 +122,28 @@ class DocumentStore(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class StoredCheckpoint:
+    """One checkpoint directory under a run's root, as a listing shows it."""
+
+    step: int
+    uri: str
+    complete: bool  # its completion marker exists
+    bytes: int  # total size of its objects
+
+
 class CheckpointStore(Protocol):
-    """Finds the latest complete checkpoint of a run."""
+    """Finds, lists and deletes the checkpoints under a run's checkpoint root."""
 
     def latest(self, checkpoint_uri: str) -> Checkpoint | None:
+        ...
+
+    def list(self, checkpoint_uri: str) -> Sequence[StoredCheckpoint]:
+        """Every checkpoint directory under the root (complete or not), oldest first."""
+        ...
+
+    def delete(self, uri: str) -> int:
+        """Delete one checkpoint (its marker first, so no reader sees it half gone); its bytes."""
         ...
 
 

@@ -8,16 +8,19 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, assert_never
 
 from spotorch import domain
+from spotorch import health as hp
 from spotorch.domain import (
     CancelIntent,
     CancelRequested,
     Checkpoint,
+    CheckpointsDeleted,
     Context,
+    DeleteCheckpointsIntent,
     FailureClass,
     Intent,
     IntentDone,
@@ -39,7 +42,7 @@ from spotorch.domain import (
     TrainerReported,
 )
 from spotorch.errors import InvalidEvent, SpotorchError
-from spotorch.pipeline import OnActiveRun, Pipeline
+from spotorch.pipeline import JobTemplate, OnActiveRun, Pipeline
 from spotorch.ports import (
     LABEL_ATTEMPT,
     LABEL_BUCKET,
@@ -227,6 +230,8 @@ def _perform(deps: Deps, run: Run, intent: Intent) -> Observation | None:
                 return _perform_launch(deps, run, intent)
             case RegisterModelIntent():
                 return _register_model(deps, run, intent)
+            case DeleteCheckpointsIntent():
+                return _perform_delete(deps, intent)
             case _:
                 assert_never(intent)
     except Exception as exc:  # a failed side effect stays in the outbox; the tick retries it
@@ -235,9 +240,30 @@ def _perform(deps: Deps, run: Run, intent: Intent) -> Observation | None:
         return None
 
 
+def _perform_delete(deps: Deps, intent: DeleteCheckpointsIntent) -> Observation:
+    """List the run's checkpoints, delete what the intent's rule dooms; report steps and bytes.
+
+    The listing is taken now, so a checkpoint completed after the decision is seen (and kept:
+    only steps older than the newest kept one go); incomplete ones are never deleted.
+    """
+    listed = {c.step: c for c in deps.checkpoints.list(intent.root)}
+    pairs = [(c.step, c.complete) for c in listed.values()]
+    doomed = (hp.diverged_steps(pairs, intent.above) if intent.above is not None
+              else hp.retention_doomed(pairs, intent.keep_newest, intent.keep))
+    reclaimed = 0
+    for step in doomed:
+        reclaimed += deps.checkpoints.delete(listed[step].uri)
+    if doomed:
+        log.info("deleted %d checkpoint(s) under %s (%d bytes)", len(doomed), intent.root,
+                 reclaimed)
+    return CheckpointsDeleted(intent.id, tuple(doomed), reclaimed)
+
+
 def _perform_launch(deps: Deps, run: Run, intent: LaunchIntent) -> Observation | None:
     if deps.clock.now() > intent.claimed_until - LEASE_MARGIN_S:
         return None  # our claim is nearly over: let the tick re-claim it rather than race it
+    if any(isinstance(i, DeleteCheckpointsIntent) and i.above is not None for i in run.outbox):
+        return None  # diverged checkpoints first: the new attempt must not find them
     if not _earlier_jobs_ended(deps, run, intent.attempt):
         return None  # the launch waits in the outbox; the tick tries again
     try:
@@ -351,12 +377,23 @@ def launch_spec(deps: Deps, run: Run, intent: LaunchIntent) -> LaunchSpec:
     }
     if run.sweep_id:
         env[contract.ENV_PARAMS] = json.dumps(dict(run.params), sort_keys=True)
+    if intent.resume_exact:
+        env[contract.ENV_RESUME_EXACT] = "1"
     labels = {LABEL_RUN: run.run_id, LABEL_ATTEMPT: str(number), LABEL_PIPELINE: run.pipeline,
               LABEL_BUCKET: str(run.bucket)}
     return LaunchSpec(run_id=run.run_id, pipeline=run.pipeline, attempt=number,
                       capacity=intent.capacity, region=intent.region,
-                      template=pipeline.job, env=env, labels=labels,
+                      template=with_machine(pipeline.job, intent.machine_type), env=env,
+                      labels=labels,
                       display_name=f"spotorch-{run.run_id}-a{number}"[:128])
+
+
+def with_machine(template: JobTemplate, machine_type: str | None) -> JobTemplate:
+    """The job template with the first worker pool on another machine type (OOM fallback)."""
+    if not machine_type or not template.worker_pools:
+        return template
+    first, *rest = template.worker_pools
+    return replace(template, worker_pools=(replace(first, machine_type=machine_type), *rest))
 
 
 # ---------------------------------------------------------------- starting runs
@@ -526,6 +563,7 @@ COALESCE_S = 1.0
 def _coalesced(run: Run, report: TrainerReported) -> bool:
     last = run.progress.at
     return (report.kind == "progress" and report.checkpoint_uri is None
+            and not report.nonfinite  # a diverging loss is news now (training health)
             and last is not None and 0.0 <= report.at - last < COALESCE_S
             and (report.step or 0) >= run.progress.step)
 
@@ -696,7 +734,14 @@ def run_summary(run: Run) -> dict[str, Any]:
             "failure_class": str(a.failure) if a.failure else None, "exit_code": a.exit_code,
             "created_at": a.created_at, "started_at": a.started_at, "ended_at": a.ended_at,
             "resumed_from_step": a.resumed_from_step, "progress_reached": a.progress_step,
+            "machine_type": a.machine_type,
         } for a in run.attempts],
+        "health": {
+            "hangs": run.counters.hangs, "divergences": run.counters.divergences,
+            "out_of_memory": run.counters.out_of_memory,
+            "checkpoints_deleted": run.health.deleted_checkpoints,
+            "bytes_reclaimed": run.health.bytes_reclaimed,
+        },
         "history": [{"at": h.at, "what": h.what, "reason": h.reason} for h in run.history],
     }
 

@@ -15,6 +15,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from spotorch.domain import FailureClass, JobPhase, JobStatus
+from spotorch.health import HealthPolicy
 from spotorch.pipeline import Capacity, RecoveryPolicy, WorkerPool
 from spotorch.ports import (
     LABEL_ATTEMPT,
@@ -127,13 +128,18 @@ class Classifier:
     # only when the caller cannot tell from the job's start_time.
     while_running: tuple[re.Pattern[str], ...] = (re.compile(r"(?i)preempt"),)
     preempted_exit_codes: frozenset[int] = frozenset({EXIT_PREEMPTED})
+    # Out of memory (training health): checked before everything else that reads the message,
+    # since a CUDA OOM message speaks of "total capacity" and would read as a stockout.
+    out_of_memory: tuple[re.Pattern[str], ...] = ()
 
     @classmethod
-    def from_policy(cls, policy: RecoveryPolicy) -> Classifier:
+    def from_policy(cls, policy: RecoveryPolicy,
+                    health: HealthPolicy | None = None) -> Classifier:
         """Compile the patterns of a pipeline's recovery policy (raises re.error on a bad one)."""
         return cls(preemption=_compile(policy.preemption_patterns),
                    infra=_compile(policy.infra_patterns),
-                   timeout=_compile(policy.timeout_patterns))
+                   timeout=_compile(policy.timeout_patterns),
+                   out_of_memory=_compile((health or HealthPolicy()).oom_patterns))
 
     @classmethod
     def default(cls) -> Classifier:
@@ -159,6 +165,9 @@ def _failure_of(state: JobState, error_code: int, message: str, exit_code: int |
         return implied
     if error_code == 1:
         return FailureClass.CANCELLED
+    if exit_code != EXIT_PREEMPTED and classifier._any(classifier.out_of_memory,
+                                                       _NAMES.sub(" ", message or "")):
+        return FailureClass.OUT_OF_MEMORY  # OOM-killed (137) or an allocator's own error
     if exit_code is not None:
         # The trainer exits 143 after writing its last checkpoint on SIGTERM: a preemption.
         if exit_code in classifier.preempted_exit_codes:

@@ -107,12 +107,49 @@ def write_checkpoint(root: str, step: int, files: Mapping[str, Payload], *,
     return CheckpointRef(step, uri)
 
 
-def delete_checkpoint(uri: str, *, storage: Storage | None = None) -> None:
-    """Delete one checkpoint directory, marker first so that no reader sees it half-deleted."""
+def _sizes(uri: str, storage: Storage) -> dict[str, int]:
+    """Name -> bytes under uri; a storage without sizes() (older or custom) reports names only."""
+    sizes = getattr(storage, "sizes", None)
+    if callable(sizes):
+        return {str(k): int(v) for k, v in sizes(uri).items()}
+    return dict.fromkeys(storage.list_files(uri), 0)
+
+
+class ScannedCheckpoint(NamedTuple):
+    """A checkpoint directory under a root, complete or not, with its total size."""
+
+    step: int
+    uri: str
+    complete: bool
+    bytes: int
+
+
+def scan_checkpoints(root: str, *, storage: Storage | None = None) -> list[ScannedCheckpoint]:
+    """Every checkpoint directory under a root (complete or not) with its size, oldest first."""
+    storage = storage or storage_for(root)
+    found: dict[int, dict[str, int]] = {}
+    for name, size in _sizes(root, storage).items():
+        head, _, rest = name.partition("/")
+        step = contract.parse_checkpoint_step(head)
+        if step is not None and rest:
+            found.setdefault(step, {})[rest] = size
+    return [ScannedCheckpoint(step, contract.checkpoint_uri(root, step),
+                              contract.COMPLETION_MARKER in files, sum(files.values()))
+            for step, files in sorted(found.items())]
+
+
+def delete_checkpoint(uri: str, *, storage: Storage | None = None) -> int:
+    """Delete one checkpoint directory, marker first so that no reader sees it half-deleted.
+
+    Returns the bytes it held (0 for each object when the storage cannot tell sizes).
+    """
     storage = storage or storage_for(uri)
+    sizes = _sizes(uri, storage)
     storage.delete(join(uri, contract.COMPLETION_MARKER))
-    for name in storage.list_files(uri):
-        storage.delete(join(uri, name))
+    for name in sizes:
+        if name != contract.COMPLETION_MARKER:
+            storage.delete(join(uri, name))
+    return sum(sizes.values())
 
 
 def prune_checkpoints(root: str, keep: int, *, storage: Storage | None = None) -> list[int]:

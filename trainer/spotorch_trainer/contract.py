@@ -21,6 +21,9 @@ ENV_MODEL_URI = "SPOTORCH_MODEL_URI"  # where the final model goes (Vertex also 
 ENV_EVENTS_TOPIC = "SPOTORCH_EVENTS_TOPIC"
 # A sweep trial's parameters as a JSON object (set only on trials; see spotorch_trainer.params()).
 ENV_PARAMS = "SPOTORCH_PARAMS"
+# "1": resume from SPOTORCH_RESUME_FROM only, never a newer checkpoint under the root (set after
+# a divergence, while checkpoints written during it may still exist). Unset or empty: the newest.
+ENV_RESUME_EXACT = "SPOTORCH_RESUME_EXACT"
 
 TRAINER_ENV = (ENV_RUN_ID, ENV_ATTEMPT, ENV_PIPELINE, ENV_CHECKPOINT_URI, ENV_RESUME_FROM,
                ENV_RESUME_STEP, ENV_DATA_URI, ENV_MODEL_URI, ENV_EVENTS_TOPIC)
@@ -84,6 +87,11 @@ ATTR_KIND = "kind"
 # Keys of a trainer event's JSON data; absent values are JSON null.
 EVENT_DATA_FIELDS = ("event_id", "kind", "run_id", "attempt", "pipeline", "step", "total_steps",
                      "metrics", "checkpoint_uri", "exit_code", "time")
+# Optional keys (training health; absent from older trainers):
+# "nonfinite": names of metrics whose value was NaN or infinite (left out of "metrics", which
+#   has no JSON spelling for them); "report_interval_s": the trainer's progress interval;
+# "checkpoint_s": how long the reported checkpoint took to write.
+EVENT_HEALTH_FIELDS = ("nonfinite", "report_interval_s", "checkpoint_s")
 
 
 def checkpoint_uri(root: str, step: int) -> str:

@@ -65,6 +65,7 @@ class TrainerEnv:
     events_topic: str | None = None
     managed: bool = False  # True when spotorch launched this worker (SPOTORCH_RUN_ID is set)
     chief: bool = True  # only the chief replica writes checkpoints and reports events
+    resume_exact: bool = False  # resume from resume_from only (spotorch sets it after divergence)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> TrainerEnv:
@@ -92,6 +93,7 @@ class TrainerEnv:
             events_topic=_get(env, contract.ENV_EVENTS_TOPIC),
             managed=run_id is not None,
             chief=is_chief(env),
+            resume_exact=_get(env, contract.ENV_RESUME_EXACT) in ("1", "true", "yes"),
         )
 
 

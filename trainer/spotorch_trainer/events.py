@@ -33,8 +33,13 @@ def _finite(value: Any) -> float | None:
 def event_message(env: TrainerEnv, kind: str, *, now: float, step: int | None = None,
                   total_steps: int | None = None, metrics: Metrics | None = None,
                   checkpoint_uri: str | None = None,
-                  exit_code: int | None = None) -> tuple[bytes, dict[str, str]]:
-    """The Pub/Sub data (JSON bytes) and attributes of one trainer event."""
+                  exit_code: int | None = None, report_interval_s: float | None = None,
+                  checkpoint_s: float | None = None) -> tuple[bytes, dict[str, str]]:
+    """The Pub/Sub data (JSON bytes) and attributes of one trainer event.
+
+    A NaN or infinite metric is null in "metrics" and named in "nonfinite" (a diverging loss is
+    news, not a malformed message). The health fields appear only when they have a value.
+    """
     if kind not in contract.EVENT_KINDS:
         raise ValueError(f"unknown trainer event kind {kind!r}")
     data = {
@@ -50,6 +55,10 @@ def event_message(env: TrainerEnv, kind: str, *, now: float, step: int | None = 
         "exit_code": exit_code,
         "time": rfc3339(now),
     }
+    nonfinite = sorted(k for k, v in (metrics or {}).items() if _finite(v) is None)
+    health = {"nonfinite": nonfinite or None, "report_interval_s": report_interval_s,
+              "checkpoint_s": None if checkpoint_s is None else round(checkpoint_s, 6)}
+    data.update({k: v for k, v in health.items() if v is not None})
     attributes = {contract.ATTR_SOURCE: contract.SOURCE_TRAINER, contract.ATTR_RUN_ID: env.run_id,
                   contract.ATTR_ATTEMPT: str(env.attempt), contract.ATTR_KIND: kind}
     return json.dumps(data, sort_keys=True).encode(), attributes

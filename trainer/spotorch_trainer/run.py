@@ -16,6 +16,7 @@ On SIGTERM (Spot preemption) the loop finishes its current step, the body saves 
 from __future__ import annotations
 
 import logging
+import math
 import pickle
 import signal
 import threading
@@ -79,6 +80,8 @@ def resume_point(env: TrainerEnv, storage: Storage | None = None) -> CheckpointR
     """Where to resume: the newer of the checkpoint spotorch named and the latest under the root.
 
     A worker restarted in place keeps its old SPOTORCH_RESUME_FROM while newer checkpoints exist.
+    With SPOTORCH_RESUME_EXACT (after a divergence) only the named checkpoint counts: newer ones
+    may hold the diverged state; none named, or unreadable, means a fresh start.
     """
     candidates: list[CheckpointRef] = []
     if env.resume_from:
@@ -88,6 +91,8 @@ def resume_point(env: TrainerEnv, storage: Storage | None = None) -> CheckpointR
         except (CheckpointError, OSError) as exc:
             log.warning("cannot resume from %s (%s); looking for the latest checkpoint instead",
                         env.resume_from, exc)
+    if env.resume_exact:
+        return candidates[0] if candidates else None
     latest = latest_checkpoint(env.checkpoint_uri, storage=storage)
     if latest is not None:
         candidates.append(latest)
@@ -112,6 +117,7 @@ class Run:
         self._storage = storage
         self._handle_sigterm = handle_sigterm
         self._clock = clock
+        self.progress_interval_s = progress_interval_s
         self._progress = Throttle(progress_interval_s)
         self._metrics: dict[str, float] = {}
         self._resumed: LoadedCheckpoint | None = None
@@ -127,6 +133,8 @@ class Run:
         self.start_step = 0  # the step this attempt starts at (the resumed checkpoint's)
         self.step = 0  # steps completed so far
         self._current: int | None = None  # the step the loop body is running, if any
+        self._reported_step: int | None = None  # step of the last progress event
+        self._report_next = False  # report the next progress regardless of the rate limit
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -144,7 +152,8 @@ class Run:
         if self._handle_sigterm:
             self._install_handler()
         self._report(contract.EVENT_STARTED, step=self.start_step,
-                     checkpoint_uri=ref.uri if ref else None)
+                     checkpoint_uri=ref.uri if ref else None,
+                     report_interval_s=self.progress_interval_s)
         return self
 
     def close(self, exc: BaseException | None = None) -> None:
@@ -262,7 +271,7 @@ class Run:
         else:
             log.info("checkpoint %s (%.2fs)", ref.uri, took)
         self._report(contract.EVENT_CHECKPOINT, step=step, checkpoint_uri=ref.uri,
-                     wait=self._stop_requested)
+                     wait=self._stop_requested, checkpoint_s=took)
         if not self._stop_requested:  # no housekeeping inside the grace period
             try:
                 prune_checkpoints(self.env.checkpoint_uri, self.keep_last, storage=self._storage)
@@ -271,16 +280,30 @@ class Run:
         return ref
 
     def log_metrics(self, **metrics: float) -> None:
-        """Remember the latest metrics; they ride on the next progress and the completed event."""
+        """Remember the latest metrics; they ride on the next progress and the completed event.
+
+        A metric that turns NaN or infinite is reported at once (not at the next progress
+        interval): spotorch's divergence rules stop paying for a run that cannot recover.
+        """
+        was_bad = {k for k, v in self._metrics.items() if not math.isfinite(v)}
         self._metrics.update({k: float(v) for k, v in metrics.items()})
+        if any(not math.isfinite(self._metrics[k]) and k not in was_bad for k in metrics):
+            self.report_progress(force=True)
 
     def report_progress(self, step: int | None = None, *, force: bool = False) -> None:
         """Report progress now if the rate limit allows (steps() calls this after each step)."""
         if step is not None:
             self.step = step
-        if force or self._progress.ready():
+        if force and self.step == self._reported_step:
+            # The event id names the step: a second progress event for it would be taken for
+            # a redelivery. The next step's report goes out at once instead.
+            self._report_next = True
+            return
+        if force or self._report_next or self._progress.ready():
             log.info("step %d/%s %s", self.step, self.total_steps,
                      " ".join(f"{k}={v:.4g}" for k, v in self._metrics.items()))
+            self._report_next = False
+            self._reported_step = self.step
             self._report(contract.EVENT_PROGRESS, step=self.step)
 
     def request_stop(self) -> None:
@@ -319,12 +342,15 @@ class Run:
         raise Preempted(self.step, self._last_checkpoint)
 
     def _report(self, kind: str, *, step: int | None, checkpoint_uri: str | None = None,
-                exit_code: int | None = None, wait: bool = False) -> None:
+                exit_code: int | None = None, wait: bool = False,
+                report_interval_s: float | None = None,
+                checkpoint_s: float | None = None) -> None:
         try:
             data, attributes = event_message(
                 self.env, kind, now=self._clock(), step=step, total_steps=self.total_steps,
                 metrics=self._metrics_snapshot(), checkpoint_uri=checkpoint_uri,
-                exit_code=exit_code)
+                exit_code=exit_code, report_interval_s=report_interval_s,
+                checkpoint_s=checkpoint_s)
             self._reporter.send(data, attributes, wait=wait)
         except Exception as exc:  # reporting is best effort: training must go on
             log.warning("could not report %s: %s", kind, exc)

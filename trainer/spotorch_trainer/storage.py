@@ -116,6 +116,14 @@ class LocalStorage:
             return []
         return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
 
+    def sizes(self, uri: str) -> dict[str, int]:
+        """Relative name -> size in bytes of every file under uri, recursively."""
+        root = self._path(uri)
+        if not root.is_dir():
+            return {}
+        return {p.relative_to(root).as_posix(): p.stat().st_size for p in root.rglob("*")
+                if p.is_file()}
+
     def download(self, uri: str, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(self._path(uri), path)
@@ -207,6 +215,12 @@ class GcsStorage:
         bucket, prefix = self._prefix(uri)
         names: Iterable[str] = (b.name for b in self.client.list_blobs(bucket, prefix=prefix))
         return sorted(n[len(prefix):] for n in names if not n.endswith("/"))
+
+    def sizes(self, uri: str) -> dict[str, int]:
+        """Relative name -> size in bytes of every object under uri (one listing)."""
+        bucket, prefix = self._prefix(uri)
+        return {b.name[len(prefix):]: int(b.size or 0)
+                for b in self.client.list_blobs(bucket, prefix=prefix) if not b.name.endswith("/")}
 
     def download(self, uri: str, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

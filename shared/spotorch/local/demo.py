@@ -181,6 +181,8 @@ def run_demo(scenario: Scenario, *, timeout_s: float, quiet: bool,
                 os.environ.clear()
                 os.environ.update(saved)
         report["alerts"] = _alerts(webhook, smtp)
+    report.update(_costs(report.get("run"), pipelines / "demo.yaml"))
+    report.pop("run", None)
     report["events"] = [e["type"] for e in report["published"]]
     report["scenario"] = scenario.name
     report["job_events_lost"] = lose_job_events
@@ -228,12 +230,25 @@ def _report(run: Any, uploaded_at: float) -> dict[str, Any]:
     timings["preemption_to_relaunch"] = round(max(relaunch)) if relaunch else None
     metrics = _read_json(f"{run.output_uri}/metrics.json") if run.status == "SUCCEEDED" else None
     return {
+        "run": run,  # taken out again once the cost is added (it is not JSON)
         "run_id": run.run_id, "status": str(run.status), "end_reason": run.end_reason,
         "attempts": summary["attempts"], "timings_ms": timings,
         "preemptions": run.counters.preemptions, "escalated": summary["escalated"],
         "model_uri": f"{run.output_uri}/model.npz" if metrics is not None else None,
         "metrics": metrics, "history": summary["history"],
     }
+
+
+def _costs(run: Any, pipeline_file: Path) -> dict[str, Any]:
+    """The run's cost ledger: what it cost, and what it saved against standard VMs."""
+    from spotorch.config import load_pipeline
+    from spotorch.ledger import ledger, ledger_dict
+
+    if run is None:
+        return {"cost": None, "savings": None}
+    book = ledger(run, load_pipeline(pipeline_file), run.updated_at or time.time())
+    return {"cost": ledger_dict(book),
+            "savings": {"amount": round(book.savings, 4), "pct": book.savings_pct}}
 
 
 def _published(stack: Any) -> list[dict[str, Any]]:
@@ -283,6 +298,8 @@ def _human(report: Mapping[str, Any]) -> str:
     lines.append(f"  {len(report['published'])} events published, "
                  f"{len(report['alerts'])} alerts delivered")
     lines.append(f"  timings (ms): {json.dumps(report['timings_ms'])}")
+    if report.get("cost"):
+        lines.append(f"  cost: {report['cost']['summary']}")
     verdict = "as expected" if report["status"] == report["expected_status"] else \
         f"UNEXPECTED (expected {report['expected_status']})"
     lines.append(f"demo ended {verdict}")

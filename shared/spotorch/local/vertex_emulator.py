@@ -70,7 +70,7 @@ class VertexEmulator:
                  tick_s: float = 0.05,
                  listener: Callable[[Mapping[str, Any]], None] | None = None,
                  log_format: LogFormat | None = None, quotas: QuotaLimits | None = None,
-                 persist: bool = False) -> None:
+                 persist: bool = False, synthetic_run_s: float | None = None) -> None:
         """project None: serve any project. schedule: a SpotSchedule, its JSON form or a JSON file.
 
         trace: a spot trace file replayed at trace_speed from trace_offset; stockout_from_s /
@@ -79,6 +79,8 @@ class VertexEmulator:
         log_format: which service lines each state writes (default: Vertex's, as far as known).
         quotas: requests per minute per region (default Vertex's; QuotaLimits.unlimited()).
         persist: keep the jobs in WORKDIR/jobs.json and take them up again at the next start.
+        synthetic_run_s: run no worker processes; each job runs this long and succeeds (unless
+        preempted). For scale benchmarks: thousands of jobs on two cores.
         """
         if not 0.0 <= drop_events <= 1.0:
             raise EmulatorError("drop_events is a fraction between 0 and 1")
@@ -97,7 +99,8 @@ class VertexEmulator:
                                        drop_events, random.Random(seed))
         self._store = JobStore(self.workdir / JOBS_FILE if persist and self.workdir else None)
         self._runner = JobRunner(grace_s=grace_s, queued_s=queued_s, pending_s=pending_s,
-                                 on_change=lambda record: self._store.save())
+                                 on_change=lambda record: self._store.save(),
+                                 synthetic_run_s=synthetic_run_s)
         self._service = JobService(project, self._store, self._runner,
                                    QuotaMeter(quotas or QuotaLimits()),
                                    lambda: self.workdir or Path("."))
@@ -150,6 +153,11 @@ class VertexEmulator:
     @property
     def quotas(self) -> QuotaLimits:
         return self._service.quota.limits
+
+    @quotas.setter
+    def quotas(self, limits: QuotaLimits) -> None:
+        """Change the limits while serving (a benchmark sets up without them, measures with)."""
+        self._service.quota.limits = limits
 
     def start(self) -> str:
         """Serve on host:port (port 0: a free one) and return the address."""

@@ -1,0 +1,245 @@
+"""What the CLI and the UI use: a run reader, the pipelines (for prices), the api for actions,
+and the training logs. Built from a Target; every cloud client is created on first use."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from spotorch.domain import Run
+from spotorch.operate.logsource import CloudLoggingSource, LocalWorkerLogs, LogLine, LogSource
+from spotorch.operate.reads import RunReader
+from spotorch.operate.target import Target
+from spotorch.pipeline import Pipeline
+
+
+class OperatorError(Exception):
+    """Something expected went wrong (unreachable, unauthorised, unknown run): one line, no trace."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class Actions(Protocol):
+    """Operator actions through the api function: POST /submit, /cancel, /retry."""
+
+    def post(self, action: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        ...
+
+
+TokenSource = Callable[[str], str]
+
+
+def google_identity_token(audience: str) -> str:
+    """An identity token for the api function, from the user's Google credentials (google-auth)."""
+    import google.auth
+    import google.auth.exceptions
+    from google.auth.transport.requests import Request
+    from google.oauth2 import id_token
+
+    try:
+        return str(id_token.fetch_id_token(Request(), audience))  # type: ignore[no-untyped-call]
+    except google.auth.exceptions.GoogleAuthError:
+        pass  # user credentials cannot mint one for an audience: use their own ID token
+    try:
+        credentials, _ = google.auth.default()
+        credentials.refresh(Request())  # type: ignore[no-untyped-call]
+    except google.auth.exceptions.GoogleAuthError as exc:
+        raise OperatorError(f"no Google credentials for {audience}: {exc} "
+                            "(run `gcloud auth application-default login`)") from None
+    token = getattr(credentials, "id_token", None)
+    if not token:
+        raise OperatorError("these Google credentials give no identity token; use a user login "
+                            "(`gcloud auth application-default login`) or a service account")
+    return str(token)
+
+
+@dataclass(frozen=True)
+class HttpActions:
+    """Calls the api function over HTTP, with an identity token when it is deployed."""
+
+    base_url: str
+    token: TokenSource | None = None
+    timeout_s: float = 60.0
+
+    def post(self, action: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        url = f"{self.base_url.rstrip('/')}/{action}"
+        request = urllib.request.Request(url, data=json.dumps(dict(body)).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        if self.token is not None:
+            # The audience is the service URL as Cloud Run spells it: no trailing slash.
+            audience = self.base_url.rstrip("/")
+            request.add_header("Authorization", f"Bearer {self.token(audience)}")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                reply: dict[str, Any] = json.loads(response.read() or b"{}")
+                return reply
+        except urllib.error.HTTPError as exc:
+            raise OperatorError(_http_error(url, exc)) from None
+        except (TimeoutError, urllib.error.URLError, ConnectionError) as exc:
+            why = getattr(exc, "reason", exc)
+            raise OperatorError(f"cannot reach the api at {self.base_url}: {why} "
+                                "(is the local stack up? `eval \"$(spotorch dev up)\"`)") from None
+        except ValueError:
+            raise OperatorError(f"the api at {self.base_url} did not answer JSON") from None
+
+
+def _http_error(url: str, exc: urllib.error.HTTPError) -> str:
+    if exc.code in (401, 403):
+        return (f"not authorised to call {url} (HTTP {exc.code}): your account needs "
+                "roles/cloudfunctions.invoker (run.invoker) on the api function")
+    try:
+        message = json.loads(exc.read()).get("error")
+    except (ValueError, AttributeError):
+        message = None
+    return message or f"{url}: HTTP {exc.code} {exc.reason}"
+
+
+@dataclass
+class Backend:
+    """Everything operator commands read and steer."""
+
+    reader: RunReader
+    actions: Actions
+    logs: LogSource
+    pipelines: Mapping[str, Pipeline] = field(default_factory=dict)
+    clock: Callable[[], float] = time.time
+    target: Target | None = None
+
+    def run(self, run_id: str) -> Run:
+        """The run, or OperatorError naming it when there is none."""
+        try:
+            run = self.reader.get(run_id)
+        except OperatorError:
+            raise
+        except Exception as exc:  # the store's own errors: unreachable, permission denied
+            raise OperatorError(describe_store_error(exc, self.target)) from None
+        if run is None:
+            raise OperatorError(f"no run {run_id!r} (list them with `spotorch runs`)")
+        return run
+
+    def pipeline(self, name: str) -> Pipeline | None:
+        return self.pipelines.get(name)
+
+    def follow_logs(self, run: Run, attempt: int, follow: bool) -> Iterator[LogLine]:
+        chosen = run.attempt(attempt)
+        if chosen is None:
+            raise OperatorError(f"run {run.run_id} has no attempt {attempt} "
+                                f"(it has {len(run.attempts)})")
+        if not chosen.job_name:
+            raise OperatorError(f"attempt {attempt} of {run.run_id} has no job yet")
+
+        def ended() -> bool:
+            fresh = self.reader.get(run.run_id)
+            now = fresh.attempt(attempt) if fresh else None
+            return now is None or not now.live
+
+        return self.logs.lines(chosen.job_name, follow=follow, ended=ended)
+
+
+def describe_store_error(exc: Exception, target: Target | None) -> str:
+    """One line for what went wrong reading runs, naming the store."""
+    where = ("the local stack's Firestore emulator at " + target.firestore_emulator
+             if target and target.firestore_emulator else
+             f"Firestore of project {target.project}" if target else "the run store")
+    name = type(exc).__name__
+    if name == "DefaultCredentialsError":
+        return (f"no Google credentials to read runs from {where} "
+                "(run `gcloud auth application-default login`, or start the local stack)")
+    if name in ("PermissionDenied", "Forbidden", "Unauthenticated"):
+        return f"not authorised to read runs from {where}: {exc}"
+    return f"cannot read runs from {where}: {name}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def load_pipelines(path: str | None) -> Mapping[str, Pipeline]:
+    """Pipelines by name (for prices); none when there is no path or it does not load."""
+    if not path or not Path(path).exists():
+        return {}
+    from spotorch.config import load_pipelines as load
+    from spotorch.errors import ConfigError
+
+    try:
+        return {p.name: p for p in load(path)}
+    except ConfigError:
+        return {}
+
+
+def backend_for(target: Target) -> Backend:
+    """The backend of a target: Firestore (or its emulator) for reads, HTTP for actions."""
+    from spotorch.operate.reads import FirestoreRunReader
+
+    if target.firestore_emulator:
+        # The Firestore client finds an emulator only through the environment.
+        os.environ["FIRESTORE_EMULATOR_HOST"] = target.firestore_emulator
+    reader = FirestoreRunReader(_LazyFirestore(target.project, target.database))
+    if target.api_url is None:
+        raise OperatorError("no api URL: pass --api-url or set SPOTORCH_API_URL", exit_code=2)
+    actions = HttpActions(target.api_url, google_identity_token if target.needs_token else None)
+    logs: LogSource = (LocalWorkerLogs(target.vertex_workdir) if target.vertex_workdir
+                       else CloudLoggingSource(target.project))
+    return Backend(reader=_GuardedReader(reader, target), actions=actions, logs=logs,
+                   pipelines=load_pipelines(target.pipelines), target=target)
+
+
+def _probe(host_port: str, timeout_s: float = 2.0) -> None:
+    """Fail at once, naming it, when the local Firestore emulator does not answer."""
+    import socket
+
+    host, _, port = host_port.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s):
+            return
+    except (OSError, ValueError) as exc:
+        raise OperatorError(f"cannot read runs from the local stack's Firestore emulator at "
+                            f"{host_port}: {exc} (is the stack up? `eval \"$(spotorch dev up)\"`)"
+                            ) from None
+
+
+class _LazyFirestore:
+    """A Firestore client built on first use (the CLI starts without importing it)."""
+
+    def __init__(self, project: str, database: str) -> None:
+        self.project, self.database = project, database
+        self._client: Any = None
+
+    def collection(self, name: str) -> Any:
+        if self._client is None:
+            emulator = os.environ.get("FIRESTORE_EMULATOR_HOST")
+            if emulator:
+                _probe(emulator)
+            from google.cloud import firestore
+
+            self._client = firestore.Client(project=self.project, database=self.database)
+        return self._client.collection(name)
+
+
+@dataclass(frozen=True)
+class _GuardedReader:
+    """A reader whose store errors become one-line OperatorErrors naming the store."""
+
+    inner: RunReader
+    target: Target
+
+    def get(self, run_id: str) -> Run | None:
+        try:
+            return self.inner.get(run_id)
+        except Exception as exc:
+            raise OperatorError(describe_store_error(exc, self.target)) from None
+
+    def list(self, query: Any) -> Any:
+        from spotorch.operate.reads import BadQuery
+
+        try:
+            return self.inner.list(query)
+        except BadQuery:
+            raise
+        except Exception as exc:
+            raise OperatorError(describe_store_error(exc, self.target)) from None

@@ -1,0 +1,1 @@
+"""`spotorch ui`: a local web view of runs and their timelines (server-rendered HTML and SVG)."""

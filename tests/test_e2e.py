@@ -80,3 +80,25 @@ def test_lost_job_events_are_repaired_by_the_tick_within_one_period() -> None:
     assert [a["capacity"] for a in r["attempts"]] == ["spot", "spot", "standard"]
     # Only polling saw the preemptions: the relaunch came at the next tick (plus handling time).
     assert r["timings_ms"]["preemption_to_relaunch"] <= r["tick_s"] * 1000 + 1500
+
+
+def test_hang_scenario_relaunches_a_hung_attempt_and_succeeds() -> None:
+    r = report("hang")
+    assert r["status"] == "SUCCEEDED", r.get("history")
+    assert [a["failure_class"] for a in r["attempts"]] == ["hung", None]
+    assert r["attempts"][1]["resumed_from_step"] is not None  # from its latest checkpoint
+
+
+def test_diverge_scenario_stops_the_run_before_its_planned_steps() -> None:
+    r = report("diverge")
+    assert r["status"] == "FAILED_DIVERGED", r.get("history")
+    assert "nonfinite_loss" in (r["end_reason"] or "") or "loss_spike" in (r["end_reason"] or "")
+    assert len(r["attempts"]) == 1 and r["attempts"][0]["progress_reached"] < 120
+
+
+def test_oom_scenario_moves_to_the_next_machine_and_succeeds() -> None:
+    r = report("oom")
+    assert r["status"] == "SUCCEEDED", r.get("history")
+    first, second = r["attempts"]
+    assert first["failure_class"] == "out_of_memory" and "OOMKilled" in first["end_reason"]
+    assert second["machine_type"] == "n1-highmem-8"

@@ -206,3 +206,13 @@ def test_a_transient_failure_is_redelivered_and_its_reason_kept_for_dead_letters
     record, _ = deps.docs.get("delivery_failures", message_key(body, attributes))
     assert record is not None and "firestore is down" in record["reason"]
     assert deps.docs.get("rejected_events", "flaky")[0] is None
+
+
+def test_an_object_that_matches_no_pipeline_is_logged_with_the_rule_it_missed(
+        deps: Deps, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="spotorch")
+    landed(deps, "elsewhere/a.csv")
+    assert post("on_object_finalized", storage_event("elsewhere/a.csv")).status_code == 200
+    lines = [r.getMessage() for r in caplog.records if "matches no pipeline" in r.getMessage()]
+    assert lines and "demo: outside the trigger prefix" in lines[0]
+    assert deps.runs.active() == []

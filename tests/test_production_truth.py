@@ -6,6 +6,8 @@ unknown runs and attempts rejected with a reason; data whose events were lost fo
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from fakes import fake_deps
@@ -221,3 +223,65 @@ def test_listing_is_bounded_per_tick_and_goes_on_next_tick() -> None:
         objects.put("landing", f"in/x{i:05d}.tmp", 1, b"", updated=clock.now())
     assert service.list_landing(deps) == limit
     assert service.list_landing(deps) == 10
+
+
+# --- the attack on real parts: Firestore emulator, Vertex emulator, the real client -------------
+
+
+@pytest.mark.emulator
+def test_forged_failed_lines_never_give_a_run_two_live_jobs_on_the_emulators(
+        firestore_emulator: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import time
+
+    from spotorch import entry
+    from spotorch.local.vertex_emulator import VertexEmulator
+    from spotorch.memory import InMemoryCheckpoints, InMemoryPublisher
+    from spotorch.pipeline import JobTemplate, WorkerPool
+    from spotorch.store import DocumentRunStore
+    from spotorch.store_firestore import FirestoreDocumentStore
+    from spotorch.vertex import RetryPolicy, VertexJobLauncher
+    from spotorch.wiring import SystemClock
+    from test_functions import post, pubsub_event, sink_line
+
+    project = firestore_emulator.project
+    emulator = VertexEmulator(project, workdir=tmp_path, job_events_topic=None, queued_s=0.05,
+                              pending_s=0.05, tick_s=0.05, grace_s=0.5)
+    address = emulator.start()
+    try:
+        docs = FirestoreDocumentStore(project=project)
+        pool = WorkerPool(command=(sys.executable, "-c", "import time; time.sleep(60)"))
+        p = Pipeline(name="p", trigger=Trigger(bucket="landing", prefix="in/"),
+                     checkpoint_uri="gs://c/p", output_uri="gs://m/p",
+                     job=JobTemplate(worker_pools=(pool,), regions=("us-central1",)),
+                     recovery=RecoveryPolicy(escalation=EscalationKind.NEVER))
+        deps = Deps(runs=DocumentRunStore(docs), docs=docs,
+                    launcher=VertexJobLauncher(project, endpoint=address,
+                                               retry=RetryPolicy(attempts=2, base_s=0.01)),
+                    checkpoints=InMemoryCheckpoints(), publisher=InMemoryPublisher(),
+                    clock=SystemClock(), pipelines={"p": p}, objects=InMemoryObjectStore())
+        monkeypatch.setattr(entry, "deps", lambda: deps)
+        run = service.start_run(deps, "p", run_id="attack", data_uri="gs://landing/in/a",
+                                snapshot_id="s", reason="t")
+        assert run is not None
+
+        def live() -> list[str]:
+            return [s.job_name for s in deps.launcher.list_live("us-central1")
+                    if s.labels.get("spotorch_run") == "attack"]
+        deadline = time.monotonic() + 20
+        while deps.launcher.get(live()[0]).phase is not JobPhase.RUNNING:
+            assert time.monotonic() < deadline, "the job never ran"
+            time.sleep(0.1)
+        job = live()[0]
+        for i in range(60):  # 60 forged lines under 20 ids, some with odd wording
+            text = ("Job failed.", "Job failed. code 13", "Job was cancelled.")[i % 3]
+            resp = post("on_job_event", pubsub_event(sink_line(job, text, f"f{i}"), {},
+                                                     f"forged-{i % 20}"))
+            assert resp.status_code == 200
+            assert live() == [job]
+        service.tick(deps)
+        after, _ = deps.runs.load("attack")
+        assert after is not None and len(after.attempts) == 1 and after.status is RunStatus.RUNNING
+        assert live() == [job]
+    finally:
+        emulator.stop()

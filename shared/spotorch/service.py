@@ -450,10 +450,7 @@ def job_changed(deps: Deps, run_id: str, attempt: int, status: JobStatus,
             raise UnknownAttempt(f"run {run_id} has no attempt {attempt}")
         checkpoint = _checkpoint_if_ended(deps, run, status) if confirmed else None
         return [JobObserved(attempt, status, checkpoint, confirmed=confirmed)]
-    run = apply(deps, run_id, observe, event_id=event_id)
-    if run is None:
-        raise UnknownRun(f"no run {run_id!r}")
-    return run
+    return _apply_known(deps, run_id, observe, event_id)
 
 
 @dataclass(frozen=True)
@@ -518,6 +515,12 @@ def trainer_reported(deps: Deps, run_id: str, report: TrainerReported,
         if why is not None:
             raise ImplausibleReport(f"run {run_id} attempt {report.attempt}: {why}")
         return [] if _coalesced(run, report) else [report]
+    return _apply_known(deps, run_id, observe, event_id)
+
+
+def _apply_known(deps: Deps, run_id: str, observe: Callable[[Run], Sequence[Observation]],
+                 event_id: str | None) -> Run:
+    """apply() for an event about a run that must exist: an unknown run is an error to record."""
     run = apply(deps, run_id, observe, event_id=event_id)
     if run is None:
         raise UnknownRun(f"no run {run_id!r}")

@@ -10,7 +10,8 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 from spotorch.local._vertex_jobs import (
     CODE_CANCELLED,
@@ -31,16 +32,38 @@ from spotorch.vertex import JobState
 log = logging.getLogger("spotorch.local.vertex_emulator")
 
 
+def resident_mb(pid: int) -> float:
+    """Resident memory of a process and its children (MiB), from /proc; 0 when gone."""
+    total = 0.0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fields = dict(line.split(":", 1) for line in (proc / "status").read_text().splitlines()
+                          if ":" in line)
+        except OSError:
+            continue
+        if proc.name == str(pid) or fields.get("PPid", "").strip() == str(pid):
+            total += int(fields.get("VmRSS", "0 kB").split()[0]) / 1024
+    return total
+
+
 class JobRunner:
     """Advances jobs (QUEUED > PENDING > RUNNING > ended), preempts Spot jobs, cancels."""
 
     def __init__(self, *, grace_s: float, queued_s: float, pending_s: float,
                  on_change: Callable[[JobRecord], None] = lambda record: None,
-                 synthetic_run_s: float | None = None) -> None:
+                 synthetic_run_s: float | None = None,
+                 memory_limits_mb: Mapping[str, float] | None = None) -> None:
         self.grace_s = grace_s
         # Synthetic jobs (scale benchmarks): no worker process; a job runs this long, then
         # succeeds, unless Spot preempts it first. Everything else (states, lines, quotas) as usual.
         self.synthetic_run_s = synthetic_run_s
+        # Memory per machine type (MiB): a replica whose resident set grows past its machine's
+        # is killed as the kernel's OOM killer kills a container (SIGKILL, exit 137). Off by
+        # default; the demo's oom story scales machines down to what this computer has.
+        self.memory_limits_mb = dict(memory_limits_mb or {})
+        self.oom_killed: dict[str, str] = {}  # job id -> the replica the OOM killer took
         self.queued_s = queued_s
         self.pending_s = pending_s
         self.on_change = on_change  # e.g. save the store
@@ -83,40 +106,59 @@ class JobRunner:
         if self.synthetic_run_s is not None:
             self._watch_synthetic(job, now, spot_ok, schedule)
             return
+        self._oom_kill(job)
         codes = [(r, r.exit_code()) for r in job.replicas]
         failed = next(((r, c) for r, c in codes if c not in (None, 0)), None)
         if failed is not None:
             replica, code = failed
+            reason = "OOMKilled" if self.oom_killed.get(job.job_id) == replica.name else "Error"
             # Vertex shuts the whole job down when a replica fails for good.
             self.begin_stop(job, now, JobState.FAILED, CODE_INVALID_ARGUMENT,
                             f"The replica {replica.name} exited with a non-zero status of {code}."
-                            f" Termination reason: Error. To find out more about why your job "
+                            f" Termination reason: {reason}. To find out more about why your job "
                             f"exited please check the logs: {replica.log_path}")
             return
         if all(c == 0 for _, c in codes):
             self.set_state(job, JobState.SUCCEEDED, now)
             return
-        ran = now - (job.started or now)
-        if job.spot:
-            after = schedule.preempt_after(job.proto.labels)
-            if not spot_ok or (after is not None and ran >= after):
-                self.preempt(job, now)
-                return
-        if ran >= job.timeout_s:
+        if self._spot_lost(job, now, spot_ok, schedule):
+            return
+        if now - (job.started or now) >= job.timeout_s:
             self.begin_stop(job, now, JobState.FAILED, CODE_DEADLINE_EXCEEDED,
                             f"Job exceeded its scheduling timeout of {job.timeout_s:g} seconds "
                             "and was stopped.")
 
+    def _oom_kill(self, job: JobRecord) -> None:
+        if not self.memory_limits_mb or job.job_id in self.oom_killed:
+            return
+        pools = job.proto.job_spec.worker_pool_specs
+        for replica in job.replicas:
+            limit = self.memory_limits_mb.get(pools[replica.pool].machine_spec.machine_type)
+            if limit is None or replica.exit_code() is not None:
+                continue
+            if resident_mb(replica.process.pid) > limit:
+                log.info("%s: %s passed its machine's %s MiB: OOM-killed", job.proto.name,
+                         replica.name, limit)
+                self.oom_killed[job.job_id] = replica.name
+                replica.signal(signal.SIGKILL)
+
     def _watch_synthetic(self, job: JobRecord, now: float, spot_ok: bool,
                          schedule: SpotSchedule) -> None:
-        ran = now - (job.started or now)
-        if job.spot:
-            after = schedule.preempt_after(job.proto.labels)
-            if not spot_ok or (after is not None and ran >= after):
-                self.preempt(job, now)
-                return
-        if self.synthetic_run_s is not None and ran >= self.synthetic_run_s:
+        if self._spot_lost(job, now, spot_ok, schedule):
+            return
+        if self.synthetic_run_s is not None and now - (job.started or now) >= self.synthetic_run_s:
             self.set_state(job, JobState.SUCCEEDED, now)
+
+    def _spot_lost(self, job: JobRecord, now: float, spot_ok: bool,
+                   schedule: SpotSchedule) -> bool:
+        """Preempt a running Spot job when capacity is gone or its schedule says so."""
+        if not job.spot:
+            return False
+        after = schedule.preempt_after(job.proto.labels)
+        if spot_ok and (after is None or now - (job.started or now) < after):
+            return False
+        self.preempt(job, now)
+        return True
 
     def preempt(self, job: JobRecord, now: float) -> bool:
         """What Compute Engine does to a Spot VM: SIGTERM, grace period, SIGKILL, job FAILED."""

@@ -40,6 +40,17 @@ class Scenario:
     trainer_env: Mapping[str, str] = field(default_factory=dict)
     deadline: str = "20m"
     regions: tuple[str, ...] = ("us-central1",)
+    command: tuple[str, ...] = ()  # instead of examples/train.py (e.g. examples/unhealthy.py)
+    health: Mapping[str, Any] = field(default_factory=dict)  # the pipeline's health: options
+    vertex_args: tuple[str, ...] = ()  # extra options of the Vertex emulator
+
+
+_UNHEALTHY = ("python", "examples/unhealthy.py")
+_UNHEALTHY_ENV = {"EXAMPLE_TOTAL_STEPS": "120", "EXAMPLE_STEP_SLEEP": "0.05",
+                  "EXAMPLE_CHECKPOINT_EVERY": "10", "EXAMPLE_PROGRESS_INTERVAL": "0.5"}
+# The oom story's machines, scaled down to what this computer has (the emulator OOM-kills a
+# replica whose resident memory passes its machine's).
+_DEMO_MEMORY = '{"n1-standard-4": 200, "n1-highmem-8": 1024}'
 
 
 _TRAINER_ENV = {"EXAMPLE_TOTAL_STEPS": "600", "EXAMPLE_STEP_SLEEP": "0.03",
@@ -78,6 +89,40 @@ SCENARIOS: Mapping[str, Scenario] = {
         recovery={"escalation": "never", "max_user_errors": 1, "backoff_base": "1s"},
         trainer_env={**_TRAINER_ENV, "EXAMPLE_FAIL_AT_STEP": "120"},
     ),
+    "hang": Scenario(
+        name="hang",
+        story="Attempt 1's training loop blocks at step 30 while its process lives (a stuck "
+              "collective): no more reports, so spotorch declares it hung, cancels it and "
+              "relaunches from the latest checkpoint; attempt 2 trains to the end.",
+        expected_status="SUCCEEDED",
+        recovery={"escalation": "never", "backoff_base": "1s", "decision_interval": "2s"},
+        health={"hang_min": "4s", "hang_factor": 4, "hang_startup": "60s"},
+        command=_UNHEALTHY,
+        trainer_env={**_UNHEALTHY_ENV, "EXAMPLE_MODE": "hang", "EXAMPLE_BAD_ATTEMPTS": "1"},
+    ),
+    "diverge": Scenario(
+        name="diverge",
+        story="From step 30 the loss explodes to infinity and NaN (a learning rate too high): "
+              "the divergence rule stops the run as FAILED_DIVERGED long before its 120 steps.",
+        expected_status="FAILED_DIVERGED",
+        recovery={"escalation": "never", "backoff_base": "1s"},
+        health={"divergence_action": "fail"},
+        command=_UNHEALTHY,
+        trainer_env={**_UNHEALTHY_ENV, "EXAMPLE_MODE": "diverge", "EXAMPLE_BAD_ATTEMPTS": "99"},
+    ),
+    "oom": Scenario(
+        name="oom",
+        story="The training step needs 400 MiB; on n1-standard-4 (200 MiB on the local stack) "
+              "the replica is OOM-killed; spotorch never retries out of memory on the same "
+              "machine, moves to the next fallback machine (n1-highmem-8) and succeeds.",
+        expected_status="SUCCEEDED",
+        recovery={"escalation": "never", "backoff_base": "1s"},
+        health={"fallback_machines": ["n1-highmem-8"]},
+        command=_UNHEALTHY,
+        trainer_env={**_UNHEALTHY_ENV, "EXAMPLE_MODE": "oom", "EXAMPLE_ALLOC_MB": "400",
+                     "EXAMPLE_OOM_AT_STEP": "10", "EXAMPLE_BAD_ATTEMPTS": "99"},
+        vertex_args=("--memory-limits-mb", _DEMO_MEMORY),
+    ),
 }
 
 
@@ -91,6 +136,10 @@ def pipeline_document(scenario: Scenario) -> dict[str, Any]:
     env = dict(pools[0].get("env") or {})
     env.update(scenario.trainer_env)
     pools[0]["env"] = env
+    if scenario.command:
+        pools[0]["command"] = list(scenario.command)
+    if scenario.health:
+        base["health"] = dict(scenario.health)
     return dict(base)
 
 
@@ -168,7 +217,9 @@ def run_demo(scenario: Scenario, *, timeout_s: float, quiet: bool,
         say("starting the local stack (Firestore, Pub/Sub, GCS, Vertex AI emulators, functions)")
         with DevStack(pipelines_dir=pipelines, run_dir=work / "stack", extra_env=alerts_env,
                       vertex_schedule=schedule, vertex_grace_s=3.0, tick_seconds=TICK_S,
-                      vertex_args=["--drop-events", "1.0"] if lose_job_events else []) as stack:
+                      vertex_args=[*scenario.vertex_args,
+                                   *(["--drop-events", "1.0"] if lose_job_events else [])]
+                      ) as stack:
             saved = dict(os.environ)
             os.environ.update(stack.env)  # our own clients talk to this stack
             try:

@@ -6,6 +6,7 @@ The real aiplatform_v1.JobServiceClient talks to it over insecure gRPC; docs/ver
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import random
 import signal
@@ -70,7 +71,8 @@ class VertexEmulator:
                  tick_s: float = 0.05,
                  listener: Callable[[Mapping[str, Any]], None] | None = None,
                  log_format: LogFormat | None = None, quotas: QuotaLimits | None = None,
-                 persist: bool = False, synthetic_run_s: float | None = None) -> None:
+                 persist: bool = False, synthetic_run_s: float | None = None,
+                 memory_limits_mb: Mapping[str, float] | None = None) -> None:
         """project None: serve any project. schedule: a SpotSchedule, its JSON form or a JSON file.
 
         trace: a spot trace file replayed at trace_speed from trace_offset; stockout_from_s /
@@ -81,6 +83,7 @@ class VertexEmulator:
         persist: keep the jobs in WORKDIR/jobs.json and take them up again at the next start.
         synthetic_run_s: run no worker processes; each job runs this long and succeeds (unless
         preempted). For scale benchmarks: thousands of jobs on two cores.
+        memory_limits_mb: machine type -> MiB; a replica past its machine's memory is OOM-killed.
         """
         if not 0.0 <= drop_events <= 1.0:
             raise EmulatorError("drop_events is a fraction between 0 and 1")
@@ -100,7 +103,8 @@ class VertexEmulator:
         self._store = JobStore(self.workdir / JOBS_FILE if persist and self.workdir else None)
         self._runner = JobRunner(grace_s=grace_s, queued_s=queued_s, pending_s=pending_s,
                                  on_change=lambda record: self._store.save(),
-                                 synthetic_run_s=synthetic_run_s)
+                                 synthetic_run_s=synthetic_run_s,
+                                 memory_limits_mb=memory_limits_mb)
         self._service = JobService(project, self._store, self._runner,
                                    QuotaMeter(quotas or QuotaLimits()),
                                    lambda: self.workdir or Path("."))
@@ -316,6 +320,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quota-job-submissions", type=int, default=defaults.job_submission,
                    help="job submissions per minute per region (0: unlimited)")
     p.add_argument("--no-quotas", action="store_true", help="no request quotas at all")
+    p.add_argument("--memory-limits-mb", type=json.loads, default=None,
+                   help='JSON {"MACHINE_TYPE": MiB}: replicas past it are OOM-killed (exit 137)')
     p.add_argument("--persist", action="store_true",
                    help=f"keep jobs in WORKDIR/{JOBS_FILE}; at start, take up the saved ones")
     return p
@@ -350,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
             grace_s=args.grace_s, workdir=args.workdir, job_events_topic=args.job_events_topic,
             drop_events=args.drop_events, seed=args.seed, queued_s=args.queued_s,
             pending_s=args.pending_s, log_format=_log_format(args), quotas=_quotas(args),
-            persist=args.persist)
+            persist=args.persist, memory_limits_mb=args.memory_limits_mb)
         address = emulator.start()
     except (EmulatorError, ScheduleError, LogFormatError) as exc:
         print(f"vertex emulator: {exc}", file=sys.stderr)

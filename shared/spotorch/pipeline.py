@@ -257,8 +257,7 @@ class Pipeline(FileSection):
     """Everything spotorch needs to know to turn data into a trained model."""
 
     FILE_REQUIRES: ClassVar[tuple[str, ...]] = ("job", "checkpoint_uri", "output_uri")
-    # sweep and model (spotorch.sweep_spec) are not in the file format yet: docs/sweeps.md
-    FILE_OMITS: ClassVar[tuple[str, ...]] = ("source", "sweep", "model")
+    FILE_OMITS: ClassVar[tuple[str, ...]] = ("source",)
 
     name: Annotated[str, Matches(
         r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$",

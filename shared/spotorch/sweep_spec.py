@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Annotated
+
+from spotorch.fileformat import FileSection, Matches, Pairs
 
 ParamValue = int | float | str | bool
 
@@ -26,7 +29,7 @@ class Scale(StrEnum):
 
 
 @dataclass(frozen=True)
-class Parameter:
+class Parameter(FileSection):
     """One hyperparameter: a list of values (grid or random choice) or a range (random only)."""
 
     name: str
@@ -38,7 +41,7 @@ class Parameter:
 
 
 @dataclass(frozen=True)
-class MedianStopping:
+class MedianStopping(FileSection):
     """The median stopping rule: a running trial whose best value up to step s is worse than the
     median of the other trials' values at that same step s (each one's last report at or before
     s, among the trials that got that far) is stopped."""
@@ -48,7 +51,7 @@ class MedianStopping:
 
 
 @dataclass(frozen=True)
-class SweepSpec:
+class SweepSpec(FileSection):
     """A pipeline's sweep: every trial is a spotorch run with its own parameters."""
 
     parameters: tuple[Parameter, ...]
@@ -62,12 +65,15 @@ class SweepSpec:
 
 
 @dataclass(frozen=True)
-class ModelRegistration:
+class ModelRegistration(FileSection):
     """Register the model of a successful run (or a sweep's best trial) in Vertex AI Model Registry."""
 
     display_name: str = ""  # "": the pipeline's name
     serving_image: str = ""  # the serving container image (ModelContainerSpec.image_uri)
-    labels: tuple[tuple[str, str], ...] = ()
+    labels: Annotated[tuple[tuple[str, str], ...], Pairs(
+        Annotated[str, Matches(r"^[a-z][a-z0-9_-]{0,62}$", "must be a Vertex AI label key")],
+        Annotated[str, Matches(r"^[a-z0-9_-]{0,63}$", "must be a Vertex AI label value")],
+        max_entries=48)] = ()
     aliases: tuple[str, ...] = ("latest",)  # a sweep's winner also gets "best"
     region: str = ""  # "": the pipeline's first job region
     experiments: bool = True  # log params, final metrics and cost to Vertex AI Experiments

@@ -27,6 +27,7 @@ sys.path[:0] = [str(REPO / "shared"), str(REPO / "trainer")]
 from cloudevents.http import CloudEvent  # noqa: E402
 
 from spotorch import entry  # noqa: E402
+from spotorch.domain import JobPhase  # noqa: E402
 from spotorch.local.emulators import running  # noqa: E402
 from spotorch.memory import InMemoryCheckpoints, InMemoryLauncher, InMemoryObjectStore  # noqa: E402
 from spotorch.pipeline import (  # noqa: E402
@@ -36,7 +37,7 @@ from spotorch.pipeline import (  # noqa: E402
     RecoveryPolicy,
     Trigger,
 )
-from spotorch.ports import ConflictError, JobPhase  # noqa: E402
+from spotorch.ports import ConflictError  # noqa: E402
 from spotorch.publisher import PubSubPublisher  # noqa: E402
 from spotorch.service import Deps, job_changed, start_run  # noqa: E402
 from spotorch.store import DocumentRunStore  # noqa: E402

@@ -11,8 +11,9 @@ quota: the setup runs with the quotas lifted, the measurement with them on.
 Printed per N: the tick's wall time with every job RUNNING (a steady-state tick), Vertex requests
 per tick (counted on the client side), Firestore reads and writes per tick, and a tick after 10%
 of the jobs were preempted with every job event lost: how many runs were relaunched by that one
-tick and how long after the preemption (p50/p99 from the jobs' end, the tick period of the deployment not included: without the job
-event a preemption waits up to one period for the tick, TICK_PERIOD_S).
+tick and how long after the preemption (p50/p99 from the jobs' end, the tick period of the
+deployment not included: without the job event a preemption waits up to one period for the tick,
+TICK_PERIOD_S).
 A cost model per 1,000 runs per day at list prices follows, stated with its assumptions.
 """
 

@@ -93,12 +93,15 @@ _OPTIONS: Mapping[str, tuple[type, str]] = {
 
 
 def parse_config(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> Config:
-    """Defaults < EXAMPLE_* variables < command-line arguments."""
+    """Defaults < EXAMPLE_* variables < a sweep trial's parameters < command-line arguments."""
+    from spotorch_trainer import params
+
     env = os.environ if environ is None else environ
+    trial = params(env)  # SPOTORCH_PARAMS: e.g. {"lr": 0.05} on a trial of a sweep
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     defaults = Config()
     for name, (kind, text) in _OPTIONS.items():
-        raw = env.get(f"EXAMPLE_{name.upper()}", "")
+        raw = str(trial[name]) if name in trial else env.get(f"EXAMPLE_{name.upper()}", "")
         default = kind(raw) if raw != "" else getattr(defaults, name)
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default, help=text)
     return Config(**vars(parser.parse_args(argv)))

@@ -429,3 +429,32 @@ def test_health_options_are_read_from_the_file_and_checked(tmp_path: Path) -> No
     unknown.write_text(MINIMAL + "health: {hang_aftr: 10m}\n")
     with pytest.raises(ConfigError, match=r"health\.hang_aftr"):
         load_pipeline(unknown)
+
+
+def test_sweep_and_model_options_are_read_from_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(MINIMAL + """\
+sweep:
+  search: random
+  seed: 7
+  trials: 4
+  metric: loss
+  parameters:
+    - {name: lr, low: 1.0e-4, high: 1.0e-1, scale: log}
+    - {name: layers, values: [1, 2, 3]}
+  early_stopping: {min_trials: 2, min_step: 20}
+model:
+  serving_image: us-docker.pkg.dev/vertex-ai/prediction/sklearn-cpu.1-3:latest
+  labels: {team: ml}
+""")
+    pipeline = load_pipeline(path)
+    assert pipeline.sweep is not None and pipeline.sweep.trials == 4
+    assert pipeline.sweep.parameters[0].scale == "log"
+    assert pipeline.sweep.early_stopping is not None and pipeline.sweep.early_stopping.min_step == 20
+    assert pipeline.model is not None and pipeline.model.labels == (("team", "ml"),)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(MINIMAL + "sweep: {parameters: [{name: lr}], goal: sideways}\n"
+                             "model: {labels: {Team: x}}\n")
+    with pytest.raises(ConfigError) as err:
+        load_pipeline(bad)
+    assert "sweep.goal" in str(err.value) and "model.labels" in str(err.value)

@@ -120,3 +120,16 @@ def test_oom_scenario_moves_to_the_next_machine_and_succeeds() -> None:
     first, second = r["attempts"]
     assert first["failure_class"] == "out_of_memory" and "OOMKilled" in first["end_reason"]
     assert second["machine_type"] == "n1-highmem-8"
+
+
+def test_sweep_scenario_stops_one_trial_resumes_preempted_ones_and_registers_the_best() -> None:
+    r = report("sweep")
+    assert r["status"] == "SUCCEEDED", r.get("history")
+    trials = r["trials"]
+    assert len(trials) >= 4
+    assert any(t["stopped_early"] for t in trials)
+    assert any(t["preemptions"] and t["resumed_from_step"] is not None for t in trials)
+    best = next(t for t in trials if t["trial"] == r["best"])
+    assert best["status"] == "SUCCEEDED" and best["metric"] is not None
+    assert r["model_name"].startswith("projects/") and "/models/" in r["model_name"]
+    assert all(t["experiment_run"] for t in trials)

@@ -31,6 +31,14 @@ ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = ROOT / "schemas" / "events"
 T0 = 1_764_424_992.5
 
+_TRIAL: dict[str, Any] = {"trial": 2, "trial_run_id": "sw-1-t2", "params": {"lr": 0.01, "batch": 64},
+             "status": "SUCCEEDED", "metric": 0.31, "step": 40, "stopped_early": False,
+             "cost": 0.12, "preemptions": 1, "experiment_run": "churn-sw-1-t2"}
+_RESULT: dict[str, Any] = {"reason": "best trial 2", "metric": "loss", "goal": "minimize",
+                           "trials": 4, "stopped_early": 1, "best": _TRIAL,
+                           "model_name": "projects/p/locations/us-central1/models/churn@3",
+                           "cost_estimate": 0.5}
+
 # What the domain emits for each kind (the issue's list), with sample values.
 SAMPLES: dict[str, dict[str, Any]] = {
     "run.created": {"status": "pending", "data_uri": "gs://b/daily/2025-11-29/",
@@ -57,6 +65,19 @@ SAMPLES: dict[str, dict[str, Any]] = {
                             "rows": [{"candidate": "l4", "shape": "g2-standard-8", "fit": True,
                                       "reason": "chosen", "steps_per_s": 4.0,
                                       "meets_deadline": None, "chosen": True}]},
+    "sweep.created": {"sweep_id": "sw-1", "status": "RUNNING", "trials": 4, "parallelism": 2,
+                      "metric": "loss", "goal": "minimize", "search": "grid",
+                      "data_uri": "gs://b/daily/2025-11-29/"},
+    "sweep.trial_started": {"sweep_id": "sw-1", "trial": 1, "trial_run_id": "sw-1-t1",
+                            "params": {"lr": 0.1}},
+    "sweep.trial_stopped": {"sweep_id": "sw-1", "trial": 3, "trial_run_id": "sw-1-t3", "step": 20,
+                            "value": 0.9, "median": 0.4, "reason": "median stopping"},
+    "sweep.trial_ended": {"sweep_id": "sw-1", **_TRIAL},
+    "sweep.succeeded": {"sweep_id": "sw-1", **_RESULT, "status": "SUCCEEDED"},
+    "sweep.failed": {"sweep_id": "sw-1", **_RESULT, "status": "FAILED", "best": None,
+                     "model_name": None},
+    "sweep.cancelled": {"sweep_id": "sw-1", **_RESULT, "status": "CANCELLED", "best": None,
+                        "model_name": None},
     # training health (issue 16)
     "attempt.hung": {"attempt": 1, "job_name": "projects/p/locations/us-central1/customJobs/1",
                      "step": 40, "silent_s": 130.0, "hang_after_s": 120.0, "last_report": None,
@@ -87,6 +108,13 @@ BREAKS: dict[str, tuple[str, Any]] = {
     "run.budget_exceeded": ("used", None),
     "run.deadline_at_risk": ("time_left_s", "soon"),
     "run.hardware_chosen": ("rows", []),
+    "sweep.created": ("goal", "lowest"),
+    "sweep.trial_started": ("params", "lr=0.1"),
+    "sweep.trial_stopped": ("median", None),
+    "sweep.trial_ended": ("stopped_early", "no"),
+    "sweep.succeeded": ("model_name", "churn-model"),
+    "sweep.failed": ("trials", -1),
+    "sweep.cancelled": ("cost_estimate", None),
     "attempt.hung": ("silent_s", None),
     "run.step_rate_degraded": ("action", "panic"),
     "run.diverged": ("rule", "bad vibes"),

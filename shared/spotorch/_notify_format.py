@@ -101,6 +101,17 @@ def _resumed(d: Mapping[str, Any]) -> str:
     return f", resuming from step {step}" if step is not None else ""
 
 
+def _sweep_end(d: Mapping[str, Any]) -> str:
+    best = d.get("best") if isinstance(d.get("best"), Mapping) else None
+    head = f"Sweep {str(_get(d, 'status')).lower()} after {_get(d, 'trials')} trial(s)"
+    if best:
+        head += (f"; best trial {best.get('trial')} ({_get(d, 'metric')} {best.get('metric')}, "
+                 f"params {best.get('params')})")
+    if d.get("model_name"):
+        head += f"; model registered as {d['model_name']}"
+    return head
+
+
 # kind -> (severity, headline). Headlines tolerate missing fields: an alert must always render.
 _HEADLINES: Mapping[str, tuple[Severity, Callable[[Mapping[str, Any]], str]]] = {
     "run.created": (Severity.INFO, lambda d: (
@@ -114,7 +125,14 @@ _HEADLINES: Mapping[str, tuple[Severity, Callable[[Mapping[str, Any]], str]]] = 
         f"Escalated from {_get(d, 'from')} to {_get(d, 'to')} VMs{_because(d)}")),
     "run.succeeded": (Severity.SUCCESS, lambda d: (
         f"Run succeeded after {_get(d, 'attempts')} attempt(s), "
-        f"{_get(d, 'preemptions')} preemption(s)")),
+        f"{_get(d, 'preemptions')} preemption(s)"
+        + (f"; model registered as {d['model_name']}" if d.get("model_name") else ""))),
+    # Sweeps (spotorch.sweep): the run id of these alerts is the sweep's id.
+    "sweep.succeeded": (Severity.SUCCESS, _sweep_end),
+    "sweep.failed": (Severity.ERROR, _sweep_end),
+    "sweep.cancelled": (Severity.WARNING, _sweep_end),
+    "sweep.trial_stopped": (Severity.INFO, lambda d: (
+        f"Trial {_get(d, 'trial')} stopped early{_because(d)}")),
     "run.failed": (Severity.ERROR, lambda d: f"Run failed{_because(d)}"),
     "run.cancelled": (Severity.WARNING, lambda d: f"Run cancelled{_because(d)}"),
     "run.budget_exceeded": (Severity.ERROR, lambda d: (

@@ -99,6 +99,7 @@ class RunStatus(StrEnum):
     RUNNING = "RUNNING"  # the current attempt's job is running
     RECOVERING = "RECOVERING"  # the last attempt ended; the next waits for its backoff or a cancel
     CANCELLING = "CANCELLING"  # cancel requested; waiting for the job to stop
+    REGISTERING = "REGISTERING"  # the job succeeded; its model is being registered (`model`)
     SUCCEEDED = "SUCCEEDED"  # the training job finished successfully
     CANCELLED = "CANCELLED"  # stopped by an operator, superseded, or cancelled outside spotorch
     FAILED = "FAILED"  # the training code failed more often than its user-error budget allows
@@ -130,13 +131,16 @@ TRANSITIONS: Mapping[RunStatus, frozenset[RunStatus]] = {
     RunStatus.QUEUED: frozenset({RunStatus.PENDING, RunStatus.STARTING, RunStatus.CANCELLED}),
     RunStatus.PENDING: frozenset({RunStatus.QUEUED, RunStatus.STARTING, RunStatus.CANCELLED})
     | _FAILED,
-    RunStatus.STARTING: frozenset({RunStatus.RUNNING, RunStatus.RECOVERING, RunStatus.CANCELLING})
-    | _ENDINGS,
-    RunStatus.RUNNING: frozenset({RunStatus.RECOVERING, RunStatus.STARTING, RunStatus.CANCELLING})
-    | _ENDINGS,
-    RunStatus.RECOVERING: frozenset({RunStatus.STARTING, RunStatus.CANCELLING}) | _ENDINGS,
+    RunStatus.STARTING: frozenset({RunStatus.RUNNING, RunStatus.RECOVERING, RunStatus.CANCELLING,
+                                   RunStatus.REGISTERING}) | _ENDINGS,
+    RunStatus.RUNNING: frozenset({RunStatus.RECOVERING, RunStatus.STARTING, RunStatus.CANCELLING,
+                                  RunStatus.REGISTERING}) | _ENDINGS,
+    RunStatus.RECOVERING: frozenset({RunStatus.STARTING, RunStatus.CANCELLING,
+                                     RunStatus.REGISTERING}) | _ENDINGS,
     RunStatus.CANCELLING: frozenset({RunStatus.CANCELLED, RunStatus.SUCCEEDED,
-                                     RunStatus.FAILED_BUDGET, RunStatus.FAILED_DIVERGED}),
+                                     RunStatus.FAILED_BUDGET, RunStatus.FAILED_DIVERGED,
+                                     RunStatus.REGISTERING}),
+    RunStatus.REGISTERING: frozenset({RunStatus.SUCCEEDED}),
     **{s: frozenset() for s in _ENDINGS},
 }
 
@@ -265,10 +269,22 @@ class DeleteCheckpointsIntent:
     kind: ClassVar[str] = "delete_checkpoints"
 
 
+@dataclass(frozen=True)
+class RegisterModelIntent:
+    """Register a succeeded run's model in Vertex AI Model Registry; run.succeeded waits for it."""
+
+    id: str
+    artifact_uri: str
+    succeeded: Mapping[str, Any]  # the run.succeeded data, published with the model's name
+    claimed_until: float = 0.0
+    kind: ClassVar[str] = "register_model"
+
+
 # A side effect decided in a transaction and carried out after it commits (the outbox).
-Intent = LaunchIntent | CancelIntent | PublishIntent | DeleteCheckpointsIntent
+Intent = LaunchIntent | CancelIntent | PublishIntent | DeleteCheckpointsIntent | RegisterModelIntent
 _INTENT_TYPES: Mapping[str, type[Intent]] = {
-    t.kind: t for t in (LaunchIntent, CancelIntent, PublishIntent, DeleteCheckpointsIntent)}
+    t.kind: t for t in (LaunchIntent, CancelIntent, PublishIntent, DeleteCheckpointsIntent,
+                        RegisterModelIntent)}
 
 
 def intent_to_dict(intent: Intent) -> dict[str, Any]:
@@ -341,6 +357,14 @@ class RunHealth:
 
 
 @dataclass(frozen=True)
+class MetricPoint:
+    """One value of a sweep's metric at a step (a map in Firestore: no nested arrays there)."""
+
+    step: int
+    value: float
+
+
+@dataclass(frozen=True)
 class HistoryEntry:
     at: float
     what: str
@@ -383,6 +407,12 @@ class Run:
     # issue 19: the hardware choice (spotorch.hardware.HardwareChoice.to_doc()) the run runs on
     hardware: Mapping[str, Any] | None = None
     health: RunHealth = RunHealth()
+    # ---- sweeps (spotorch.sweep): a trial run knows its sweep, its parameters and its curve
+    sweep_id: str | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)  # handed to the trainer as JSON
+    curve: tuple[MetricPoint, ...] = ()  # the sweep's metric by step, for the median rule
+    # ---- Model Registry: the registered version (projects/P/locations/L/models/M@V)
+    model_name: str | None = None
 
     @property
     def active(self) -> bool:
@@ -427,6 +457,8 @@ class Run:
         data["outbox"] = tuple(intent_from_dict(i) for i in data.get("outbox", ()))
         data["seen"] = tuple(data.get("seen", ()))
         data["health"] = _health_from(data.get("health") or {})
+        data["params"] = dict(data.get("params") or {})
+        data["curve"] = tuple(MetricPoint(**p) for p in data.get("curve", ()))
         return cls(**data)
 
 
@@ -531,6 +563,15 @@ class IntentDone:
 
 
 @dataclass(frozen=True)
+class ModelRegistered:
+    """The register-model intent was carried out (model_name) or refused for good (error)."""
+
+    intent_id: str
+    model_name: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class Tick:
     """The reconcile tick: fire due timers and re-evaluate the escalation policy."""
 
@@ -546,7 +587,7 @@ class CancelRequested:
 
 
 Observation = (JobObserved | JobMissing | TrainerReported | LaunchDone | LaunchFailed | IntentDone | Tick
-               | Promote | CancelRequested | CheckpointsDeleted)
+               | Promote | CancelRequested | CheckpointsDeleted | ModelRegistered)
 
 
 @dataclass(frozen=True)
@@ -625,7 +666,9 @@ def backoff_s(recovery: RecoveryPolicy, run_id: str, failures: int) -> float:
 def new_run(*, run_id: str, pipeline: Pipeline, now: float, data_uri: str,
             snapshot_id: str | None, queued: bool = False,
             resume_from: Checkpoint | None = None, retry_of: str | None = None,
-            reason: str = "", hardware: Mapping[str, Any] | None = None) -> Run:
+            reason: str = "", sweep_id: str | None = None,
+            params: Mapping[str, Any] | None = None,
+            hardware: Mapping[str, Any] | None = None) -> Run:
     """A new run: created, announced, and (unless queued) its first attempt launched.
 
     hardware: the choice among the pipeline's hardware candidates (issue 19), if one was made."""
@@ -634,7 +677,8 @@ def new_run(*, run_id: str, pipeline: Pipeline, now: float, data_uri: str,
               updated_at=now, data_uri=data_uri, snapshot_id=snapshot_id, deadline_at=deadline,
               checkpoint_uri=pipeline.run_checkpoint_uri(retry_of or run_id),
               output_uri=pipeline.run_output_uri(run_id), latest_checkpoint=resume_from,
-              retry_of=retry_of, hardware=hardware)
+              retry_of=retry_of, sweep_id=sweep_id, params=dict(params or {}),
+              hardware=hardware)
     ctx = Context(pipeline, now)
     run = _note(run, ctx, "created", reason)
     run = _publish(run, ctx, "run.created", status=str(RunStatus.PENDING), data_uri=data_uri,
@@ -841,7 +885,49 @@ def _on_trainer(run: Run, obs: Observation, ctx: Context) -> Run:
         run = _newer_checkpoint(run, Checkpoint(obs.step, obs.checkpoint_uri))
     if obs.kind == "started" and attempt.started_at is None:
         run = _with_attempt(run, replace(run.attempt(obs.attempt) or attempt, started_at=obs.at))
-    return _trainer_health(run, obs, ctx, fresh_rate)
+    return _sweep_curve(_trainer_health(run, obs, ctx, fresh_rate), obs, ctx)
+
+
+# ---------------------------------------------------------------- Model Registry
+
+def _register_model(run: Run, ctx: Context, attempt: Attempt, succeeded: Mapping[str, Any]) -> Run:
+    """The job succeeded: register the model first; run.succeeded then names its version."""
+    run = _to(run, RunStatus.REGISTERING, ctx, f"attempt {attempt.number} succeeded")
+    run, intent_id = _next_intent_id(run)
+    return _add(run, RegisterModelIntent(intent_id, run.output_uri, dict(succeeded),
+                                         claimed_until=ctx.now + LAUNCH_LEASE_S))
+
+
+def _on_model_registered(run: Run, obs: Observation, ctx: Context) -> Run:
+    assert isinstance(obs, ModelRegistered)
+    intent = next((i for i in run.outbox if i.id == obs.intent_id), None)
+    if not isinstance(intent, RegisterModelIntent) or run.status is not RunStatus.REGISTERING:
+        return run  # a redelivered result
+    run = replace(run, outbox=tuple(i for i in run.outbox if i.id != obs.intent_id),
+                  model_name=obs.model_name)
+    note = f"model registered: {obs.model_name}" if obs.model_name else \
+        f"model not registered: {obs.error}"
+    why = f"attempt {run.current.number} succeeded" if run.current else "succeeded"
+    run = _to(_note(run, ctx, note), RunStatus.SUCCEEDED, ctx, why)
+    return _publish(run, ctx, "run.succeeded", status=str(run.status), **intent.succeeded,
+                    model_name=obs.model_name, model_error=obs.error)
+
+
+# ---------------------------------------------------------------- sweeps: a trial's curve
+
+CURVE_LIMIT = 200
+
+
+def _sweep_curve(run: Run, obs: TrainerReported, ctx: Context) -> Run:
+    """A trial keeps its sweep metric by step; a resumed attempt rewrites the steps it repeats."""
+    spec = ctx.pipeline.sweep
+    if run.sweep_id is None or spec is None or obs.step is None:
+        return run
+    value = obs.metrics.get(spec.metric)
+    if value is None or not math.isfinite(value):
+        return run
+    kept = tuple(p for p in run.curve if p.step < obs.step)
+    return replace(run, curve=(*kept, MetricPoint(obs.step, float(value)))[-CURVE_LIMIT:])
 
 
 def _newer_checkpoint(run: Run, ckpt: Checkpoint | None, *, looked_up: bool = False) -> Run:
@@ -923,11 +1009,13 @@ def _attempt_ended(run: Run, ctx: Context, attempt: Attempt, status: JobStatus) 
     if attempt.state is AttemptState.SUCCEEDED:
         attempt = _end_attempt(attempt, ctx, status, "succeeded", None)
         run = _announce_end(_with_attempt(run, attempt), ctx, attempt)
+        succeeded = {"attempts": len(run.attempts), "preemptions": run.counters.preemptions,
+                     "cost_estimate": round(cost_estimate(run, ctx), 4),
+                     "model_uri": run.output_uri, "cost": _cost(run, ctx)}
+        if ctx.pipeline.model is not None and run.sweep_id is None:
+            return _register_model(run, ctx, attempt, succeeded)
         run = _to(run, RunStatus.SUCCEEDED, ctx, f"attempt {attempt.number} succeeded")
-        return _publish(run, ctx, "run.succeeded", status=str(run.status),
-                        attempts=len(run.attempts), preemptions=run.counters.preemptions,
-                        cost_estimate=round(cost_estimate(run, ctx), 4),
-                        model_uri=run.output_uri, cost=_cost(run, ctx))
+        return _publish(run, ctx, "run.succeeded", status=str(run.status), **succeeded)
     failure = _failure_of(attempt, status)
     reason = _END_REASONS[failure](attempt, status)
     attempt = _end_attempt(attempt, ctx, status, reason, failure)
@@ -1143,6 +1231,8 @@ def _cancel_attempt(run: Run, ctx: Context, attempt: Attempt, why: str) -> Run:
 
 def _on_cancel(run: Run, obs: Observation, ctx: Context) -> Run:
     assert isinstance(obs, CancelRequested)
+    if run.status is RunStatus.REGISTERING:
+        return run  # the model is trained: only its registration is left to finish
     return _stop(run, ctx, obs.reason, None)
 
 
@@ -1493,6 +1583,7 @@ def checkpoint_advice(run: Run, now: float) -> hp.CheckpointAdvice:
 
 _HANDLERS: Mapping[type, Callable[[Run, Observation, Context], Run]] = {
     IntentDone: _on_intent_done,
+    ModelRegistered: _on_model_registered,
     LaunchDone: _on_launch_done,
     LaunchFailed: _on_launch_failed,
     TrainerReported: _on_trainer,

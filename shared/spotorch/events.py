@@ -32,6 +32,14 @@ EVENT_KINDS: Mapping[str, str] = {
     "run.budget_exceeded": "a retry budget or the cost budget ran out",
     "run.deadline_at_risk": "the deadline can no longer be met on Spot alone",
     "run.hardware_chosen": "the run's machine shape was chosen from probe measurements",
+    # Sweeps (spotorch.sweep): the event's run_id is the sweep id; subject runs/<sweep id>.
+    "sweep.created": "a hyperparameter sweep was created and its trials planned",
+    "sweep.trial_started": "a trial of a sweep was started as a run of its own",
+    "sweep.trial_stopped": "the median stopping rule stopped a trial early",
+    "sweep.trial_ended": "a trial's run ended (succeeded, failed, stopped or cancelled)",
+    "sweep.succeeded": "every trial ended; the best trial (and its registered model) is named",
+    "sweep.failed": "every trial ended and none succeeded with a value of the metric",
+    "sweep.cancelled": "the sweep was cancelled and its trials stopped",
     # training health
     "attempt.hung": "an attempt's trainer went silent while its job ran: cancelled, relaunched",
     "run.step_rate_degraded": "the step rate fell far below the run's own median",
@@ -42,7 +50,8 @@ EVENT_KINDS: Mapping[str, str] = {
 }
 
 # Kinds after which a run never changes again.
-TERMINAL_KINDS = frozenset({"run.succeeded", "run.failed", "run.cancelled"})
+TERMINAL_KINDS = frozenset({"run.succeeded", "run.failed", "run.cancelled",
+                            "sweep.succeeded", "sweep.failed", "sweep.cancelled"})
 
 _TYPE_RE = re.compile(
     r"^dev\.spotorch\.(?P<kind>[a-z][a-z_]*\.[a-z][a-z_]*)\.(?P<version>v[1-9][0-9]*)$")

@@ -25,6 +25,7 @@ from spotorch.fileformat import (
     Unique,
 )
 from spotorch.health import HealthPolicy
+from spotorch.sweep_spec import ModelRegistration, SweepSpec
 
 
 class Capacity(StrEnum):
@@ -353,6 +354,8 @@ class Pipeline(FileSection):
     description: str = ""
     hardware: Annotated[HardwareSearch | None, Field(
         description="Hardware candidates to probe before the full run (docs/hardware.md).")] = None
+    sweep: SweepSpec | None = None  # a hyperparameter sweep: each data snapshot starts one
+    model: ModelRegistration | None = None  # register successful models in Vertex AI
 
     def run_checkpoint_uri(self, run_id: str) -> str:
         return f"{self.checkpoint_uri.rstrip('/')}/{run_id}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import random
 import time
@@ -30,9 +31,11 @@ from spotorch.domain import (
     LaunchDone,
     LaunchFailed,
     LaunchIntent,
+    ModelRegistered,
     Observation,
     Promote,
     PublishIntent,
+    RegisterModelIntent,
     Run,
     RunStatus,
     Tick,
@@ -56,6 +59,16 @@ from spotorch.ports import (
     ObjectStore,
     RunStore,
     ShardDispatcher,
+)
+from spotorch.registry import (
+    LABEL_MODEL_PIPELINE,
+    LABEL_MODEL_RUN,
+    LABEL_MODEL_SNAPSHOT,
+    ExperimentRun,
+    ExperimentTracker,
+    ModelRegistry,
+    ModelUpload,
+    RegistryError,
 )
 from spotorch.settings import COLLECTION_JOBS, COLLECTION_LISTINGS, COLLECTION_REJECTED
 from spotorch.triggers import ObjectEvent, ObjectEventKind
@@ -109,6 +122,8 @@ class Deps:
     objects: ObjectStore  # the landing buckets: manifests, existence checks, listings
     events_topic: str = ""  # trainer events topic handed to jobs (projects/P/topics/T)
     shards: ShardDispatcher | None = None  # None: the tick reconciles every run itself
+    models: ModelRegistry | None = None  # Vertex AI Model Registry (pipelines with `model`)
+    experiments: ExperimentTracker | None = None  # Vertex AI Experiments (sweep trials)
 
     def pipeline(self, name: str) -> Pipeline:
         try:
@@ -186,7 +201,20 @@ def _carry_out(deps: Deps, run: Run, version: Any, mine: Sequence[str], *,
     if was_active and not after.active and \
             deps.pipeline(after.pipeline).trigger.on_active_run is OnActiveRun.QUEUE:
         promote_next(deps, after.pipeline)  # the oldest queued run of the pipeline may start
+    if was_active and not after.active and after.sweep_id:
+        _trial_ended(deps, after)
     return after
+
+
+def _trial_ended(deps: Deps, run: Run) -> None:
+    """Tell a trial's sweep at once; if this fails, the sweep's tick finds it."""
+    from spotorch import sweep_service
+
+    try:
+        sweep_service.trial_ended(deps, run)
+    except Exception as exc:
+        log.warning("sweep %s not told of trial %s yet: %s", run.sweep_id, run.run_id, exc,
+                    extra={"run_id": run.run_id})
 
 
 def _perform(deps: Deps, run: Run, intent: Intent) -> Observation | None:
@@ -200,6 +228,8 @@ def _perform(deps: Deps, run: Run, intent: Intent) -> Observation | None:
                 return IntentDone(intent.id)
             case LaunchIntent():
                 return _perform_launch(deps, run, intent)
+            case RegisterModelIntent():
+                return _register_model(deps, run, intent)
             case DeleteCheckpointsIntent():
                 return _perform_delete(deps, intent)
             case _:
@@ -242,6 +272,47 @@ def _perform_launch(deps: Deps, run: Run, intent: LaunchIntent) -> Observation |
         return LaunchFailed(intent.id, intent.attempt, str(exc), exc.permanent)
     record_job(deps, job_name, run.run_id, intent.attempt, run.pipeline)
     return LaunchDone(intent.id, intent.attempt, job_name)
+
+
+def _register_model(deps: Deps, run: Run, intent: RegisterModelIntent) -> Observation | None:
+    """UploadModel as a new version of the pipeline's model (idempotent: found by the run's
+    label); a permanent refusal ends the run SUCCEEDED without a model name, saying why."""
+    model = deps.pipeline(run.pipeline).model
+    if model is None or deps.models is None:
+        return ModelRegistered(intent.id, error="no model registry configured")
+    pipeline = deps.pipeline(run.pipeline)
+    labels = {**dict(model.labels), LABEL_MODEL_PIPELINE: run.pipeline,
+              LABEL_MODEL_RUN: run.run_id, LABEL_MODEL_SNAPSHOT: run.snapshot_id or ""}
+    try:
+        name = deps.models.upload(ModelUpload(
+            pipeline=run.pipeline, run_id=run.run_id,
+            region=model.region or pipeline.job.regions[0],
+            display_name=model.display_name or run.pipeline, artifact_uri=intent.artifact_uri,
+            serving_image=model.serving_image, labels=labels, aliases=model.aliases))
+    except RegistryError as exc:
+        if not exc.permanent:
+            raise  # stays in the outbox; the tick retries it
+        return ModelRegistered(intent.id, error=str(exc))
+    if model.experiments and deps.experiments is not None:
+        _log_experiment(deps, run, region=model.region or pipeline.job.regions[0])
+    return ModelRegistered(intent.id, model_name=name)
+
+
+def _log_experiment(deps: Deps, run: Run, *, region: str) -> None:
+    """The run in its pipeline's Vertex AI Experiment: parameters, final metrics and cost
+    (best effort: a failure is logged, the model is registered either way)."""
+    assert deps.experiments is not None
+    ctx = Context(deps.pipeline(run.pipeline), deps.clock.now())
+    metrics = {**{k: float(v) for k, v in run.progress.metrics.items()},
+               "cost": round(domain.cost_estimate(run, ctx), 6),
+               "preemptions": float(run.counters.preemptions), "step": float(run.progress.step)}
+    try:
+        deps.experiments.log_run(ExperimentRun(experiment=run.pipeline, run_id=run.run_id,
+                                               region=region, params=dict(run.params),
+                                               metrics=metrics))
+    except RegistryError as exc:
+        log.warning("run %s not logged to Experiments: %s", run.run_id, exc,
+                    extra={"run_id": run.run_id})
 
 
 def _earlier_jobs_ended(deps: Deps, run: Run, attempt: int) -> bool:
@@ -323,6 +394,8 @@ def launch_spec(deps: Deps, run: Run, intent: LaunchIntent) -> LaunchSpec:
         contract.ENV_MODEL_URI: run.output_uri,
         contract.ENV_EVENTS_TOPIC: deps.events_topic,
     }
+    if run.sweep_id:
+        env[contract.ENV_PARAMS] = json.dumps(dict(run.params), sort_keys=True)
     if intent.resume_exact:
         env[contract.ENV_RESUME_EXACT] = "1"
     labels = {LABEL_RUN: run.run_id, LABEL_ATTEMPT: str(number), LABEL_PIPELINE: run.pipeline,
@@ -347,13 +420,17 @@ def with_machine(template: JobTemplate, machine_type: str | None) -> JobTemplate
 
 def start_run(deps: Deps, pipeline_name: str, *, run_id: str, data_uri: str,
               snapshot_id: str | None, reason: str,
-              resume_from: Checkpoint | None = None, retry_of: str | None = None) -> Run | None:
-    """Create the run of a snapshot exactly once; apply the pipeline's rule for an active run."""
+              resume_from: Checkpoint | None = None, retry_of: str | None = None,
+              sweep_id: str | None = None,
+              params: Mapping[str, Any] | None = None) -> Run | None:
+    """Create the run of a snapshot exactly once; apply the pipeline's rule for an active run.
+
+    A sweep's trial (sweep_id set) runs alongside the others: its sweep decides parallelism."""
     pipeline = deps.pipeline(pipeline_name)
     existing, _ = deps.runs.load(run_id)
     if existing is not None:
         return existing
-    rule = pipeline.trigger.on_active_run.value
+    rule = "parallel" if sweep_id else pipeline.trigger.on_active_run.value
     active = [] if rule == "parallel" else \
         [r for r in deps.runs.active_for_pipeline(pipeline.name) if r.run_id != run_id]
     if active and rule == "skip":
@@ -362,7 +439,7 @@ def start_run(deps: Deps, pipeline_name: str, *, run_id: str, data_uri: str,
     run = domain.new_run(run_id=run_id, pipeline=pipeline, now=deps.clock.now(),
                          data_uri=data_uri, snapshot_id=snapshot_id,
                          queued=bool(active) and rule == "queue", resume_from=resume_from,
-                         retry_of=retry_of, reason=reason,
+                         retry_of=retry_of, reason=reason, sweep_id=sweep_id, params=params,
                          hardware=_hardware_choice(deps, pipeline))
     try:
         version = deps.runs.save(run, None)
@@ -533,6 +610,10 @@ def tick(deps: Deps, *, buckets: Sequence[int] | None = None,
             touched.append(result)
     for name in pipelines_with_queue:
         promote_next(deps, name)
+    if not buckets or 0 in buckets:  # sweeps are few: one shard (or the whole tick) takes them
+        from spotorch import sweep_service
+
+        sweep_service.reconcile_sweeps(deps)
     return touched
 
 
@@ -666,6 +747,9 @@ def run_summary(run: Run) -> dict[str, Any]:
         "status": str(run.status),
         "end_reason": run.end_reason,
         "preemptions": run.counters.preemptions,
+        "model_name": run.model_name,
+        "sweep_id": run.sweep_id,
+        "params": dict(run.params),
         "escalated": None if not run.escalated else {
             "to": run.escalated["to"], "reason": run.escalated["reason"]},
         "attempts": [{
@@ -726,6 +810,12 @@ def start_snapshot_run(deps: Deps, snap: SnapshotReady, why: str) -> Run | None:
     """The one run of a completed snapshot; then the snapshot is marked dispatched."""
     from spotorch import intake
 
+    if deps.pipeline(snap.pipeline).sweep is not None:  # a sweep pipeline: the snapshot's sweep
+        from spotorch import sweep_service
+
+        sweep_service.start_snapshot_sweep(deps, snap, why)
+        intake.mark_dispatched(snap, docs=deps.docs)
+        return None
     run = start_run(deps, snap.pipeline, run_id=intake.run_id_for(snap.pipeline, snap.snapshot_id),
                     data_uri=snap.data_uri, snapshot_id=snap.snapshot_id,
                     reason=f"data snapshot {snap.data_uri} {why}")

@@ -37,6 +37,7 @@ COLLECTION_DEDUPE = "dedupe"
 COLLECTION_REJECTED = "rejected_events"
 COLLECTION_LISTINGS = "listings"  # per landing prefix: where the reconcile listing goes on
 COLLECTION_FAILURES = "delivery_failures"  # message id -> last transient failure (dead letters)
+COLLECTION_SWEEPS = "sweeps"  # sweep id -> the sweep (spotorch.sweep), its trials and outbox
 COLLECTION_JOBS = "jobs"  # job id -> run, attempt, job name: attributes log-sink entries
 
 

@@ -19,6 +19,7 @@ def production_deps(settings: Settings | None = None) -> Deps:
     from spotorch.config import cached_pipelines
     from spotorch.objects_gcs import GcsObjectStore
     from spotorch.publisher import PubSubPublisher, PubSubShardDispatcher
+    from spotorch.registry_vertex import VertexExperimentTracker, VertexModelRegistry
     from spotorch.store import DocumentRunStore
     from spotorch.store_firestore import FirestoreDocumentStore
     from spotorch.vertex import VertexJobLauncher
@@ -39,4 +40,7 @@ def production_deps(settings: Settings | None = None) -> Deps:
         objects=GcsObjectStore(project=settings.project),
         events_topic=settings.topic_path(settings.trainer_events_topic),
         shards=PubSubShardDispatcher(settings.topic_path(TOPIC_TICK)),
+        # Clients on first use: only pipelines with a `model` section ever call them.
+        models=VertexModelRegistry(settings.project, endpoint=settings.vertex_endpoint),
+        experiments=VertexExperimentTracker(settings.project, endpoint=settings.vertex_endpoint),
     )

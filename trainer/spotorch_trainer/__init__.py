@@ -17,7 +17,7 @@ from spotorch_trainer.checkpoints import (
     prune_checkpoints,
     write_checkpoint,
 )
-from spotorch_trainer.env import EnvError, TrainerEnv
+from spotorch_trainer.env import EnvError, TrainerEnv, params
 from spotorch_trainer.events import ListReporter, LogReporter, PubSubReporter, event_message
 from spotorch_trainer.run import Preempted, ProbeDone, Run, resume_point
 from spotorch_trainer.storage import (
@@ -54,6 +54,7 @@ __all__ = [
     "list_checkpoints",
     "list_files",
     "load_checkpoint",
+    "params",
     "prune_checkpoints",
     "read_bytes",
     "resume_point",

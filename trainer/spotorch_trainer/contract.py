@@ -19,6 +19,8 @@ ENV_DATA_URI = "SPOTORCH_DATA_URI"  # the data snapshot this run trains on
 ENV_MODEL_URI = "SPOTORCH_MODEL_URI"  # where the final model goes (Vertex also sets AIP_MODEL_DIR)
 # projects/P/topics/T for trainer events; empty: don't report.
 ENV_EVENTS_TOPIC = "SPOTORCH_EVENTS_TOPIC"
+# A sweep trial's parameters as a JSON object (set only on trials; see spotorch_trainer.params()).
+ENV_PARAMS = "SPOTORCH_PARAMS"
 # "1": resume from SPOTORCH_RESUME_FROM only, never a newer checkpoint under the root (set after
 # a divergence, while checkpoints written during it may still exist). Unset or empty: the newest.
 ENV_RESUME_EXACT = "SPOTORCH_RESUME_EXACT"

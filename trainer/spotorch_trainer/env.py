@@ -97,3 +97,17 @@ class TrainerEnv:
             probe_steps=_int(env, contract.ENV_PROBE_STEPS),
             resume_exact=_get(env, contract.ENV_RESUME_EXACT) in ("1", "true", "yes"),
         )
+
+
+def params(env: Mapping[str, str] | None = None) -> dict[str, int | float | str | bool]:
+    """A sweep trial's parameters (SPOTORCH_PARAMS, a JSON object); {} outside a sweep."""
+    raw = _get(os.environ if env is None else env, contract.ENV_PARAMS)
+    if raw is None:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise EnvError(f"{contract.ENV_PARAMS} is not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise EnvError(f"{contract.ENV_PARAMS} is not a JSON object")
+    return value

@@ -44,6 +44,8 @@ class Scenario:
     command: tuple[str, ...] = ()  # instead of examples/train.py (e.g. examples/unhealthy.py)
     health: Mapping[str, Any] = field(default_factory=dict)  # the pipeline's health: options
     vertex_args: tuple[str, ...] = ()  # extra options of the Vertex emulator
+    sweep: Mapping[str, Any] | None = None  # the pipeline's sweep: (docs/sweeps.md)
+    model: Mapping[str, Any] | None = None  # the pipeline's model: registration
 
 
 _UNHEALTHY = ("python", "examples/unhealthy.py")
@@ -117,6 +119,22 @@ SCENARIOS: Mapping[str, Scenario] = {
                        "env": {"EXAMPLE_STEP_SLEEP": 0.1}}]},
         vertex_args=("--memory-limits-mb", json.dumps({"n1-highcpu-2": 400})),
     ),
+    "sweep": Scenario(
+        name="sweep",
+        story="A sweep over four learning rates, four trials at once on Spot: every trial's first "
+              "attempt is preempted and resumes from its checkpoint; the median rule stops the "
+              "trials that lag; the best trial's model is registered in the Model Registry "
+              "(aliases latest and best) and every trial is logged to Vertex AI Experiments.",
+        expected_status="SUCCEEDED",
+        recovery={"escalation": "never", "backoff_base": "1s", "decision_interval": "2s"},
+        vertex_schedule={"preempt": [{"attempt": 1, "after_s": 5.0}]},
+        trainer_env={**_TRAINER_ENV, "EXAMPLE_TOTAL_STEPS": "240", "OPENBLAS_NUM_THREADS": "1",
+                     "OMP_NUM_THREADS": "1"},
+        sweep={"parameters": [{"name": "lr", "values": [0.3, 0.1, 0.00001, 0.03]}],
+               "parallelism": 4, "metric": "loss", "goal": "minimize",
+               "early_stopping": {"min_trials": 2, "min_step": 40}},
+        model={"serving_image": "us-docker.pkg.dev/vertex-ai/prediction/sklearn-cpu.1-3:latest"},
+    ),
     "hang": Scenario(
         name="hang",
         story="Attempt 1's training loop blocks at step 30 while its process lives (a stuck "
@@ -170,6 +188,9 @@ def pipeline_document(scenario: Scenario) -> dict[str, Any]:
         pools[0]["command"] = list(scenario.command)
     if scenario.health:
         base["health"] = dict(scenario.health)
+    for key, value in (("sweep", scenario.sweep), ("model", scenario.model)):
+        if value is not None:
+            base[key] = json.loads(json.dumps(value))  # plain lists for YAML
     return dict(base)
 
 
@@ -207,6 +228,47 @@ def _follow(docs: Any, timeout_s: float, say: Callable[[str], None]) -> Any:
                 return run
         time.sleep(0.5)
     return run
+
+
+def _follow_sweep(docs: Any, timeout_s: float, say: Callable[[str], None],
+                  uploaded_at: float) -> dict[str, Any]:
+    """Watch the sweep the upload starts until it ends; report its trials, best and model."""
+    from spotorch.domain import Run
+    from spotorch.settings import COLLECTION_SWEEPS
+    from spotorch.sweep import Sweep
+    from spotorch.sweep_service import sweep_summary
+
+    deadline = time.monotonic() + timeout_s
+    sw = None
+    shown = 0
+    while time.monotonic() < deadline:
+        found = [Sweep.from_dict(d) for d in docs.query(COLLECTION_SWEEPS, "pipeline", PIPELINE)]
+        sw = min(found, key=lambda s: s.created_at) if found else None
+        if sw is not None:
+            for at, what in sw.history[shown:]:
+                say(f"  [{at - uploaded_at:6.1f}s] sweep: {what}")
+            shown = len(sw.history)
+            if not sw.active:
+                break
+        time.sleep(1.0)
+    if sw is None:
+        return {"run_id": None, "status": "NO_RUN", "attempts": [], "timings_ms": {},
+                "preemptions": 0, "escalated": None, "model_uri": None, "metrics": None}
+    summary = sweep_summary(sw)
+    trials = []
+    for trial in summary["trials"]:
+        run_doc, _ = docs.get("runs", trial["trial_run_id"])
+        run = Run.from_dict(run_doc) if run_doc else None
+        trials.append({**trial, "preemptions": run.counters.preemptions if run else None,
+                       "attempts": len(run.attempts) if run else 0,
+                       "resumed_from_step": run.attempts[-1].resumed_from_step
+                       if run and run.attempts else None})
+    return {"run_id": None, "sweep_id": sw.sweep_id, "status": summary["status"],
+            "end_reason": summary["end_reason"], "best": summary["best"],
+            "model_name": summary["model_name"], "trials": trials, "attempts": [],
+            "timings_ms": {"total": round((time.time() - uploaded_at) * 1000)},
+            "preemptions": sum(t["preemptions"] or 0 for t in trials), "escalated": None,
+            "model_uri": None, "metrics": None, "history": summary["history"]}
 
 
 def _read_json(uri: str) -> Any:
@@ -256,6 +318,10 @@ def run_demo(scenario: Scenario, *, timeout_s: float, quiet: bool,
                 stack.create_buckets([LANDING, CHECKPOINTS, MODELS])
                 report = _upload_and_follow(stack, FirestoreDocumentStore(project=stack.project),
                                             timeout_s, say, pipelines / "demo.yaml")
+    ),
+                docs = FirestoreDocumentStore(project=stack.project)
+                report = _upload_and_follow(stack, docs, timeout_s, say,
+                                            sweep=scenario.sweep is not None)
                 time.sleep(2.0)  # let the notifier deliver the last alerts
                 report["published"] = _published(stack)
             finally:
@@ -306,6 +372,9 @@ def _probe(docs: Any, pipeline_file: Path, data_uri: str, say: Callable[[str], N
 
 def _upload_and_follow(stack: Any, docs: Any, timeout_s: float, say: Callable[[str], None],
                        pipeline_file: Path | None = None) -> dict[str, Any]:
+    ),
+def _upload_and_follow(stack: Any, docs: Any, timeout_s: float,
+                       say: Callable[[str], None], *, sweep: bool = False) -> dict[str, Any]:
     sys.path.insert(0, str(REPO / "examples"))
     from make_data import make_dataset, to_csv
 
@@ -320,6 +389,8 @@ def _upload_and_follow(stack: Any, docs: Any, timeout_s: float, say: Callable[[s
         _probe(docs, pipeline_file, f"gs://{LANDING}/{snapshot}", say)
     stack.upload(LANDING, f"{snapshot}_SUCCESS", b"")
     say(f"uploaded 3 CSV shards and _SUCCESS to gs://{LANDING}/{snapshot}")
+    if sweep:
+        return _follow_sweep(docs, timeout_s, say, uploaded_at)
     run = _follow(docs, timeout_s, say)
     if run is None:
         return {"run_id": None, "status": "NO_RUN", "attempts": [], "timings_ms": {},

@@ -24,6 +24,7 @@ from spotorch.local._vertex_jobs import JobStore
 from spotorch.local._vertex_logs import LogFormat, LogFormatError
 from spotorch.local._vertex_publisher import LogPublisher
 from spotorch.local._vertex_quota import QuotaLimits, QuotaMeter
+from spotorch.local._vertex_registry import RegistryServices
 from spotorch.local._vertex_runner import JobRunner
 from spotorch.local._vertex_schedule import (
     ScheduleError,
@@ -107,6 +108,8 @@ class VertexEmulator:
         self._service = JobService(project, self._store, self._runner,
                                    QuotaMeter(quotas or QuotaLimits()),
                                    lambda: self.workdir or Path("."))
+        # Model Registry and Experiments (ModelService, MetadataService, operations): in memory.
+        self.registry = RegistryServices(project)
         self._t0 = time.monotonic()
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -173,7 +176,7 @@ class VertexEmulator:
         self._recover()
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8,
                                                         thread_name_prefix="vertex-emu-rpc"))
-        server.add_generic_rpc_handlers((self._service.handlers(),))
+        server.add_generic_rpc_handlers((self._service.handlers(), *self.registry.handlers()))
         port = server.add_insecure_port(f"{self.host}:{self.port}")
         if not port:
             raise EmulatorError(f"cannot listen on {self.host}:{self.port}")

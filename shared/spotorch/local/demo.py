@@ -316,11 +316,8 @@ def run_demo(scenario: Scenario, *, timeout_s: float, quiet: bool,
             os.environ.update(stack.env)  # our own clients talk to this stack
             try:
                 stack.create_buckets([LANDING, CHECKPOINTS, MODELS])
-                report = _upload_and_follow(stack, FirestoreDocumentStore(project=stack.project),
-                                            timeout_s, say, pipelines / "demo.yaml")
-    ),
                 docs = FirestoreDocumentStore(project=stack.project)
-                report = _upload_and_follow(stack, docs, timeout_s, say,
+                report = _upload_and_follow(stack, docs, timeout_s, say, pipelines / "demo.yaml",
                                             sweep=scenario.sweep is not None)
                 time.sleep(2.0)  # let the notifier deliver the last alerts
                 report["published"] = _published(stack)
@@ -371,10 +368,8 @@ def _probe(docs: Any, pipeline_file: Path, data_uri: str, say: Callable[[str], N
 
 
 def _upload_and_follow(stack: Any, docs: Any, timeout_s: float, say: Callable[[str], None],
-                       pipeline_file: Path | None = None) -> dict[str, Any]:
-    ),
-def _upload_and_follow(stack: Any, docs: Any, timeout_s: float,
-                       say: Callable[[str], None], *, sweep: bool = False) -> dict[str, Any]:
+                       pipeline_file: Path | None = None, *,
+                       sweep: bool = False) -> dict[str, Any]:
     sys.path.insert(0, str(REPO / "examples"))
     from make_data import make_dataset, to_csv
 

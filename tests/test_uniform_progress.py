@@ -154,6 +154,7 @@ def test_agrees_on_a_sample_of_the_public_traces() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.grid
 def test_agrees_on_every_window_of_the_public_traces() -> None:
     """The whole benchmark grid (about 5,500 windows, a few minutes on one core)."""
     for scenario, wins in _public_windows(every=1):

@@ -30,7 +30,7 @@ from spotorch.sweep_service import load_sweep, start_sweep, sweep_summary
 from spotorch.sweep_spec import Goal, MedianStopping, ModelRegistration, Parameter, SweepSpec
 from spotorch.vertex import RetryPolicy
 
-pytestmark = [pytest.mark.emulator, pytest.mark.slow]
+pytestmark = [pytest.mark.emulator, pytest.mark.slow, pytest.mark.extended]
 
 ROOT = Path(__file__).resolve().parent.parent
 REGION = "us-central1"

@@ -25,7 +25,7 @@ from spotorch.vertex import RetryPolicy, VertexJobLauncher
 from spotorch_trainer.storage import read_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 
 def _read(uri: str) -> bytes | None:

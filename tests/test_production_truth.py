@@ -214,6 +214,19 @@ def test_a_first_listing_ignores_objects_from_before_the_watch() -> None:
     assert deps.runs.active() == []
 
 
+def test_a_completed_listing_pass_is_not_fed_again_but_new_objects_are() -> None:
+    deps = make_deps()
+    _, clock, objects = parts(deps)
+    objects.put("landing", "in/a.csv", 1, b"x", updated=clock.now())
+    assert service.list_landing(deps) == 1  # the first pass feeds it
+    clock.advance(service.LISTING_MARGIN_S + 60)
+    assert service.list_landing(deps) == 1  # still within the margin of that pass: again
+    clock.advance(60)
+    assert service.list_landing(deps) == 0  # listed by a completed pass well after it was written
+    objects.put("landing", "in/b.csv", 1, b"x", updated=clock.now())
+    assert service.list_landing(deps) == 1
+
+
 def test_listing_is_bounded_per_tick_and_goes_on_next_tick() -> None:
     deps = make_deps()
     _, clock, objects = parts(deps)

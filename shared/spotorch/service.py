@@ -830,6 +830,9 @@ LISTING_PAGES_PER_TICK = 4  # bounded work per invocation; a long listing goes o
 # Objects older than the first listing of a prefix by more than this predate spotorch's watch
 # (or their events were handled then): a first deploy on a full bucket starts no old runs.
 LISTING_LOOKBACK_S = 3600.0
+# Objects updated this long before the start of the last completed pass are not fed again (they
+# were, by that pass); the margin covers the gap between GCS's clock and ours.
+LISTING_MARGIN_S = 600.0
 
 
 def list_landing(deps: Deps) -> int:
@@ -844,15 +847,23 @@ def list_landing(deps: Deps) -> int:
     from spotorch import intake
 
     listed = 0
+    now = deps.clock.now()
     for bucket, prefix in intake.landing_prefixes(tuple(deps.pipelines.values())):
         key = f"{bucket}:{prefix}".replace("/", "|")[:1400]
         doc, version = deps.docs.get(COLLECTION_LISTINGS, key)
-        token = (doc or {}).get("page_token")
-        since = float((doc or {}).get("watching_since") or deps.clock.now())
+        state = doc or {}
+        token = state.get("page_token")
+        since = float(state.get("watching_since") or now)
+        # A pass over the prefix spans ticks; what a completed pass listed is not fed again.
+        pass_started = now if token is None else float(state.get("pass_started") or now)
+        fed_before = state.get("fed_before")
+        skip_before = since - LISTING_LOOKBACK_S
+        if fed_before is not None:
+            skip_before = max(skip_before, float(fed_before) - LISTING_MARGIN_S)
         for _ in range(LISTING_PAGES_PER_TICK):
             page = deps.objects.list_page(bucket, prefix, token, LISTING_PAGE_SIZE)
             for info in page.objects:
-                if info.updated is not None and info.updated < since - LISTING_LOOKBACK_S:
+                if info.updated is not None and info.updated < skip_before:
                     continue
                 listed += 1
                 try:
@@ -861,11 +872,13 @@ def list_landing(deps: Deps) -> int:
                     log.warning("listed object gs://%s/%s: %s", info.bucket, info.name, exc)
             token = page.next_page_token
             if token is None:
+                fed_before = pass_started  # everything older was listed by this pass
                 break
         with contextlib.suppress(ConflictError):  # another tick listed it meanwhile: fine
-            deps.docs.put(COLLECTION_LISTINGS, key, {"page_token": token, "bucket": bucket,
-                                                      "prefix": prefix, "watching_since": since,
-                                                      "listed_at": deps.clock.now()}, version)
+            deps.docs.put(COLLECTION_LISTINGS, key, {
+                "page_token": token, "bucket": bucket, "prefix": prefix, "watching_since": since,
+                "pass_started": pass_started, "fed_before": fed_before, "listed_at": now},
+                version)
     return listed
 
 

@@ -15,8 +15,8 @@ import pytest
 from spotorch.domain import JobPhase, JobStatus
 from spotorch.memory import InMemoryLauncher
 from spotorch.pipeline import Capacity, JobTemplate, WorkerPool
-from spotorch.ports import LABEL_ATTEMPT, LABEL_RUN, JobLauncher, LaunchError, LaunchSpec
-from spotorch.vertex import RetryPolicy, VertexJobLauncher, label_value
+from spotorch.ports import LABEL_ATTEMPT, LABEL_RUN, JobLauncher, LaunchError, LaunchSpec, label_value
+from spotorch.vertex import RetryPolicy, VertexJobLauncher
 
 REGION = "us-central1"
 LIVE = (JobPhase.QUEUED, JobPhase.PENDING, JobPhase.RUNNING)

@@ -93,6 +93,8 @@ SAMPLES: dict[str, dict[str, Any]] = {
                             "reason": "out of memory on n1-standard-4"},
     "run.checkpoints_deleted": {"steps": [10, 20], "bytes_reclaimed": 2048,
                                 "total_bytes_reclaimed": 4096, "reason": "retention"},
+    "run.spot_probed": {"probe": 2, "region": "us-central1", "found": True, "switching": True,
+                        "reason": "probe 2 found Spot capacity in us-central1"},
 }
 
 # One way to break each kind: (data field, wrong value or None to drop it).
@@ -121,6 +123,7 @@ BREAKS: dict[str, tuple[str, Any]] = {
     "run.checkpoint_stale": ("since_s", -1),
     "run.machine_changed": ("to", ""),
     "run.checkpoints_deleted": ("bytes_reclaimed", 1.5),
+    "run.spot_probed": ("found", "yes"),
 }
 
 

@@ -150,6 +150,10 @@ _HEADLINES: Mapping[str, tuple[Severity, Callable[[Mapping[str, Any]], str]]] = 
         "now loses that work")),
     "run.machine_changed": (Severity.WARNING, lambda d: (
         f"Machine changed from {_get(d, 'from')} to {_get(d, 'to')}{_because(d)}")),
+    "run.spot_probed": (Severity.INFO, lambda d: (
+        f"Spot probe {_get(d, 'probe')} in {_get(d, 'region')}: "
+        + ("capacity found" if d.get("found") else "no capacity")
+        + ("; moving back to Spot VMs" if d.get("switching") else ""))),
     "run.checkpoints_deleted": (Severity.INFO, lambda d: (
         f"Deleted old checkpoints (steps {_get(d, 'steps')}), "
         f"{_get(d, 'bytes_reclaimed')} bytes reclaimed")),

@@ -641,6 +641,8 @@ _NO_EFFECT: tuple[tuple[str, frozenset[str], str], ...] = (
      "escalation: always_standard never queues for Spot VMs"),
     ("recovery.spot_cooldown", frozenset({"always_standard"}),
      "escalation: always_standard never moves to Spot VMs"),
+    ("recovery.spot_probes", frozenset({"never", "count", "always_standard"}),
+     "only the deadline policy weighs a probe's answer (policy.probe_worth)"),
 )
 
 

@@ -15,10 +15,11 @@ from typing import Any, ClassVar
 
 from spotorch import health as hp
 from spotorch.events import build_event
-from spotorch.ledger import ledger, ledger_dict
+from spotorch.ledger import hourly_rate, ledger, ledger_dict
 from spotorch.pipeline import Capacity, EscalationKind, Pipeline, RecoveryPolicy
-from spotorch.policy import PolicyView, choose_capacity
+from spotorch.policy import PolicyView, ProbeTerms, choose_capacity, probe_worth
 from spotorch.prices import hourly_price
+from spotorch.shapes import run_pipeline
 from spotorch_trainer.contract import rfc3339
 
 # ---------------------------------------------------------------- vocabulary
@@ -211,6 +212,48 @@ class Attempt:
         return not self.state.ended
 
 
+# ---------------------------------------------------------------- Spot probes (vocabulary)
+
+# On every probe job, capacity or hardware: a probe is never an attempt of a run.
+LABEL_PROBE = "spotorch_probe"
+PROBE_CAPACITY = "capacity"  # LABEL_PROBE's value on a Spot capacity probe
+PROBES_LIMIT = 20  # the newest probes a run remembers (Counters.probes counts them all)
+CANCEL_PROBE_ANSWERED = "answered"  # the probe ran: capacity confirmed, its job is not needed
+CANCEL_PROBE_NO_CAPACITY = "no capacity"  # queued past its wait
+CANCEL_PROBE_MOVED_ON = "run moved on"  # the run left standard, or ended
+
+
+def probe_key(number: int) -> str:
+    """A probe job's LABEL_ATTEMPT value: never an attempt number, so never found as one."""
+    return f"probe-{number}"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A Spot capacity probe of a run on standard VMs: a minimal Spot job of the run's shape.
+
+    It answers one question, is Spot back in `region`: yes once its job runs (it is then
+    cancelled), no when it waited `spot_probes.wait` without capacity (cancelled too). It never
+    counts as an attempt, never trains, and a run has at most one live probe.
+    """
+
+    number: int
+    region: str
+    state: AttemptState = AttemptState.LAUNCHING
+    job_name: str | None = None
+    created_at: float = 0.0
+    queued_since: float | None = None
+    started_at: float | None = None  # capacity found: its job ran (billed from here)
+    ended_at: float | None = None
+    found: bool | None = None  # the answer; None: none yet (or it failed without one)
+    cancel_reason: str | None = None
+    end_reason: str | None = None
+
+    @property
+    def live(self) -> bool:
+        return not self.state.ended
+
+
 @dataclass(frozen=True)
 class LaunchIntent:
     """Create the job of an attempt (or adopt the one a lost creation left behind)."""
@@ -232,11 +275,23 @@ class CancelIntent:
     """Ask Vertex AI to stop the job of an attempt."""
 
     id: str
-    attempt: int
+    attempt: int  # 0 for a probe's job
     job_name: str
     reason: str
     claimed_until: float = 0.0
+    probe: int = 0  # the probe whose job this is; 0: an attempt's
     kind: ClassVar[str] = "cancel"
+
+
+@dataclass(frozen=True)
+class LaunchProbeIntent:
+    """Create the job of a Spot capacity probe (or adopt the one a lost creation left)."""
+
+    id: str
+    probe: int
+    region: str
+    claimed_until: float = 0.0
+    kind: ClassVar[str] = "launch_probe"
 
 
 @dataclass(frozen=True)
@@ -281,10 +336,11 @@ class RegisterModelIntent:
 
 
 # A side effect decided in a transaction and carried out after it commits (the outbox).
-Intent = LaunchIntent | CancelIntent | PublishIntent | DeleteCheckpointsIntent | RegisterModelIntent
+Intent = (LaunchIntent | CancelIntent | PublishIntent | DeleteCheckpointsIntent
+          | RegisterModelIntent | LaunchProbeIntent)
 _INTENT_TYPES: Mapping[str, type[Intent]] = {
     t.kind: t for t in (LaunchIntent, CancelIntent, PublishIntent, DeleteCheckpointsIntent,
-                        RegisterModelIntent)}
+                        RegisterModelIntent, LaunchProbeIntent)}
 
 
 def intent_to_dict(intent: Intent) -> dict[str, Any]:
@@ -320,6 +376,7 @@ class Counters:
     hangs: int = 0  # attempts cancelled as hung (or as crawling, with step_rate_relaunch)
     divergences: int = 0  # relaunches after a divergence rule fired
     out_of_memory: int = 0  # attempts that ran out of memory
+    probes: int = 0  # Spot capacity probes launched (never attempts; no budget)
 
 
 @dataclass(frozen=True)
@@ -413,6 +470,9 @@ class Run:
     curve: tuple[MetricPoint, ...] = ()  # the sweep's metric by step, for the median rule
     # ---- Model Registry: the registered version (projects/P/locations/L/models/M@V)
     model_name: str | None = None
+    # ---- Spot probes while on standard (section "Spot probes"); the newest PROBES_LIMIT
+    probes: tuple[Probe, ...] = ()
+    next_region: str | None = None  # where the next attempt goes (a probe found Spot there)
 
     @property
     def active(self) -> bool:
@@ -429,6 +489,13 @@ class Run:
 
     def attempt(self, number: int) -> Attempt | None:
         return self.attempts[number - 1] if 0 < number <= len(self.attempts) else None
+
+    def probe(self, number: int) -> Probe | None:
+        return next((p for p in self.probes if p.number == number), None)
+
+    @property
+    def live_probe(self) -> Probe | None:
+        return next((p for p in self.probes if p.live), None)
 
     def to_dict(self) -> dict[str, Any]:
         """The Firestore document of this run (plus `active` for the tick's query)."""
@@ -459,6 +526,7 @@ class Run:
         data["health"] = _health_from(data.get("health") or {})
         data["params"] = dict(data.get("params") or {})
         data["curve"] = tuple(MetricPoint(**p) for p in data.get("curve", ()))
+        data["probes"] = tuple(_probe_from(p) for p in data.get("probes", ()))
         return cls(**data)
 
 
@@ -471,6 +539,10 @@ def _health_from(doc: Mapping[str, Any]) -> RunHealth:
     data["checkpoints"] = tuple(hp.KnownCheckpoint(**c) for c in data.get("checkpoints", ()))
     data["rollback"] = Checkpoint(**data["rollback"]) if data.get("rollback") else None
     return RunHealth(**data)
+
+
+def _probe_from(doc: Mapping[str, Any]) -> Probe:
+    return Probe(**{**doc, "state": AttemptState(doc.get("state", AttemptState.LAUNCHING))})
 
 
 def _attempt_from(doc: Mapping[str, Any]) -> Attempt:
@@ -572,6 +644,42 @@ class ModelRegistered:
 
 
 @dataclass(frozen=True)
+class ProbeLaunched:
+    """The launch-probe intent created (or adopted) the probe's job."""
+
+    intent_id: str
+    probe: int
+    job_name: str
+
+
+@dataclass(frozen=True)
+class ProbeLaunchFailed:
+    """The launch-probe intent failed (permanent: the probe ends without an answer)."""
+
+    intent_id: str
+    probe: int
+    message: str
+    permanent: bool
+
+
+@dataclass(frozen=True)
+class ProbeObserved:
+    """Vertex's own status of a probe's job (GetCustomJob or ListCustomJobs, never a log line:
+    a probe's RUNNING moves a run off standard)."""
+
+    probe: int
+    status: JobStatus
+
+
+@dataclass(frozen=True)
+class ProbeMissing:
+    """Vertex answered NOT_FOUND for a probe's job: nothing left to cancel, no answer."""
+
+    probe: int
+    job_name: str
+
+
+@dataclass(frozen=True)
 class Tick:
     """The reconcile tick: fire due timers and re-evaluate the escalation policy."""
 
@@ -587,7 +695,8 @@ class CancelRequested:
 
 
 Observation = (JobObserved | JobMissing | TrainerReported | LaunchDone | LaunchFailed | IntentDone | Tick
-               | Promote | CancelRequested | CheckpointsDeleted | ModelRegistered)
+               | Promote | CancelRequested | CheckpointsDeleted | ModelRegistered
+               | ProbeLaunched | ProbeLaunchFailed | ProbeObserved | ProbeMissing)
 
 
 @dataclass(frozen=True)
@@ -596,6 +705,17 @@ class Context:
 
     pipeline: Pipeline
     now: float
+    # The pipeline's regions, best first for this run's shape, from the shared record of Spot
+    # behaviour (service.spot_regions); None: the pipeline's own order.
+    region_order: tuple[str, ...] | None = None
+
+    @property
+    def regions(self) -> tuple[str, ...]:
+        configured = self.pipeline.job.regions or ("us-central1",)
+        if not self.region_order:
+            return configured
+        ranked = tuple(r for r in self.region_order if r in configured)
+        return ranked + tuple(r for r in configured if r not in ranked)
 
     @property
     def recovery(self) -> RecoveryPolicy:
@@ -716,7 +836,7 @@ def _work_estimates(run: Run, ctx: Context) -> tuple[float | None, float]:
 
 
 def policy_view(run: Run, ctx: Context, *, current: Capacity | None,
-                spot_available: bool) -> PolicyView:
+                spot_available: bool, assumed: bool | None = None) -> PolicyView:
     total_s, done_s = _work_estimates(run, ctx)
     deadline_s = None if run.deadline_at is None else run.deadline_at - run.created_at
     changeovers = sum(1 for a, b in zip(run.attempts, run.attempts[1:], strict=False)
@@ -731,7 +851,7 @@ def policy_view(run: Run, ctx: Context, *, current: Capacity | None,
                       spot_waits=history.waits,
                       spot_down_at_s=None if history.down_at is None
                       else history.down_at - run.created_at,
-                      spot_assumed=current is Capacity.STANDARD)
+                      spot_assumed=current is Capacity.STANDARD if assumed is None else assumed)
 
 
 # A Spot attempt queued longer than this is waiting for capacity, not just being provisioned.
@@ -767,6 +887,9 @@ def spot_history(run: Run, now: float) -> SpotHistory:
             run_s += max((a.ended_at or now) - a.started_at, 0.0)
         if a.failure is FailureClass.PREEMPTED and a.ended_at is not None:
             down_at = max(down_at or 0.0, a.ended_at)
+    for p in run.probes:
+        if p.found is False:  # a probe that waited in vain saw no capacity until it gave up
+            down_at = max(down_at or 0.0, p.ended_at or now)
     return SpotHistory(run_s, wait_s, waits, down_at)
 
 
@@ -781,8 +904,9 @@ def _policy_capacity(run: Run, ctx: Context, *, current: Capacity | None,
 def _launch(run: Run, ctx: Context, capacity: Capacity, reason: str) -> Run:
     previous = run.current
     number = len(run.attempts) + 1
-    regions = ctx.pipeline.job.regions or ("us-central1",)
-    region = regions[run.region_index % len(regions)]
+    regions = ctx.regions
+    region = run.next_region if run.next_region in regions and capacity is Capacity.SPOT \
+        else regions[run.region_index % len(regions)]
     exact = run.health.trust_until_step is not None  # diverged checkpoints may still be there
     ckpt = run.health.rollback if exact else run.latest_checkpoint
     machine = run.health.machine_type
@@ -790,7 +914,7 @@ def _launch(run: Run, ctx: Context, capacity: Capacity, reason: str) -> Run:
                       resumed_from_step=ckpt.step if ckpt else None,
                       resumed_from_uri=ckpt.uri if ckpt else None, machine_type=machine)
     run = replace(run, attempts=(*run.attempts, attempt), next_action_at=None, next_capacity=None,
-                  next_reason=None)
+                  next_reason=None, next_region=None)
     if previous is not None and previous.capacity != capacity:
         run = replace(run, escalated={"from": str(previous.capacity), "to": str(capacity),
                                       "reason": reason, "at": ctx.now})
@@ -814,10 +938,11 @@ def _launch(run: Run, ctx: Context, capacity: Capacity, reason: str) -> Run:
 def decide(run: Run, obs: Observation, ctx: Context) -> Run:
     """Apply one observation: the new run, with any new intents in its outbox."""
     if run.status.terminal and not isinstance(obs, IntentDone | LaunchDone | JobObserved | JobMissing
-                                              | CheckpointsDeleted):
+                                              | CheckpointsDeleted | ProbeLaunched
+                                              | ProbeLaunchFailed | ProbeObserved | ProbeMissing):
         return run
     handler = _HANDLERS[type(obs)]
-    new = _retention(run, handler(run, obs, ctx), ctx)
+    new = _probes_follow(_retention(run, handler(run, obs, ctx), ctx), ctx)
     return new if new == run else replace(new, updated_at=ctx.now)
 
 
@@ -1301,6 +1426,8 @@ def _on_tick(run: Run, obs: Observation, ctx: Context) -> Run:
     if run.status not in (RunStatus.STARTING, RunStatus.RUNNING) or \
             current.capacity is Capacity.FLEX_START:
         return run
+    if current.capacity is Capacity.STANDARD and _probing(ctx):
+        return _tick_probe(run, ctx, current)  # on standard, Spot is seen only through probes
     spot_waiting = current.capacity is Capacity.SPOT and waiting and queued_for > 60.0
     cooling = spot_cooling(ctx.now, run.spot_unavailable_until)
     wanted = _policy_capacity(run, ctx, current=current.capacity,
@@ -1581,6 +1708,196 @@ def checkpoint_advice(run: Run, now: float) -> hp.CheckpointAdvice:
                                 history.run_s, run.counters.preemptions)
 
 
+# ---------------------------------------------------------------- Spot probes
+#
+# Production cannot see Spot capacity while a run is on standard VMs. With
+# recovery.spot_probes enabled (escalation: deadline), each tick on standard asks
+# policy.probe_worth whether a probe pays for itself now; if so a minimal Spot job of the run's
+# shape is launched in the best region. Its RUNNING is the answer yes: the probe is cancelled at
+# once and the deadline policy is asked again with Spot seen; a switch goes through the usual
+# cancel-and-relaunch, in the probe's region. Queued past its wait, the answer is no. Probes
+# never count as attempts and never touch a budget; the cost ledger bills them.
+
+def _probing(ctx: Context) -> bool:
+    return ctx.recovery.spot_probes.enabled and ctx.recovery.escalation is EscalationKind.DEADLINE
+
+
+def _with_probe(run: Run, probe: Probe) -> Run:
+    kept = tuple(probe if p.number == probe.number else p for p in run.probes)
+    if all(p.number != probe.number for p in run.probes):
+        kept = (*kept, probe)
+    # Forget the oldest ended probes first; a live one is never forgotten.
+    while len(kept) > PROBES_LIMIT and any(not p.live for p in kept):
+        oldest = next(p for p in kept if not p.live)
+        kept = tuple(p for p in kept if p is not oldest)
+    return replace(run, probes=kept)
+
+
+def probe_terms(run: Run, ctx: Context, region: str) -> ProbeTerms:
+    """What a probe of this run's shape costs, and what finding Spot back saves per second."""
+    shaped = run_pipeline(ctx.pipeline, run.hardware)
+    spot = hourly_rate(shaped, Capacity.SPOT, region).per_hour / 3600.0
+    standard = hourly_rate(shaped, Capacity.STANDARD, region).per_hour / 3600.0
+    probes = ctx.recovery.spot_probes
+    return ProbeTerms(hit_cost=probes.billed_s * spot, saving_per_s=max(standard - spot, 0.0),
+                      wait_s=probes.wait_s)
+
+
+def _tick_probe(run: Run, ctx: Context, current: Attempt) -> Run:
+    """On standard: give up a probe past its wait; launch one when the policy says it pays."""
+    probe = run.live_probe
+    if probe is not None:
+        waited = ctx.now - (probe.queued_since or probe.created_at)
+        if probe.job_name is not None and probe.cancel_reason is None and probe.found is None \
+                and probe.state is not AttemptState.RUNNING \
+                and waited > ctx.recovery.spot_probes.wait_s:
+            run = _note(run, ctx, f"probe {probe.number}: no Spot capacity in {probe.region}",
+                        f"queued {waited:.0f}s")
+            probe = replace(probe, found=False)
+            run = _publish(_with_probe(run, probe), ctx, "run.spot_probed", probe=probe.number,
+                           region=probe.region, found=False, switching=False,
+                           reason=f"no capacity within {waited:.0f}s")
+            return _cancel_probe(run, ctx, probe, CANCEL_PROBE_NO_CAPACITY)
+        return run
+    if current.state is not AttemptState.RUNNING or current.cancel_reason is not None:
+        return run
+    region = ctx.regions[0]
+    view = policy_view(run, ctx, current=Capacity.STANDARD, spot_available=False, assumed=False)
+    if not probe_worth(view, probe_terms(run, ctx, region),
+                       lambda seen: choose_capacity(seen, ctx.recovery)):
+        return run
+    number = run.counters.probes + 1
+    run = replace(run, counters=replace(run.counters, probes=number))
+    run = _with_probe(run, Probe(number, region, created_at=ctx.now))
+    run = _note(run, ctx, f"probe {number}: looking for Spot capacity in {region}",
+                "finding Spot back would pay for the probe")
+    run, intent_id = _next_intent_id(run)
+    return _add(run, LaunchProbeIntent(intent_id, number, region,
+                                       claimed_until=ctx.now + LAUNCH_LEASE_S))
+
+
+def _cancel_probe(run: Run, ctx: Context, probe: Probe, why: str) -> Run:
+    if probe.cancel_reason is not None:
+        return run
+    probe = replace(probe, cancel_reason=why)
+    run = _with_probe(run, probe)
+    if probe.job_name is None:
+        return run  # not created yet: ProbeLaunched cancels it when it appears
+    return _stop_probe_job(run, ctx, probe)
+
+
+def _stop_probe_job(run: Run, ctx: Context, probe: Probe) -> Run:
+    assert probe.job_name is not None
+    run, intent_id = _next_intent_id(run)
+    return _add(run, CancelIntent(intent_id, 0, probe.job_name, f"probe: {probe.cancel_reason}",
+                                  claimed_until=ctx.now + LAUNCH_LEASE_S, probe=probe.number))
+
+
+def _probes_follow(run: Run, ctx: Context) -> Run:
+    """A probe lives only while its run runs on standard: otherwise it is cancelled."""
+    probe = run.live_probe
+    if probe is None or probe.cancel_reason is not None:
+        return run
+    current = run.current
+    on_standard = (run.status in (RunStatus.STARTING, RunStatus.RUNNING) and current is not None
+                   and current.live and current.capacity is Capacity.STANDARD
+                   and current.cancel_reason is None)
+    return run if on_standard else _cancel_probe(run, ctx, probe, CANCEL_PROBE_MOVED_ON)
+
+
+def _drop_intent(run: Run, intent_id: str) -> Run:
+    return replace(run, outbox=tuple(i for i in run.outbox if i.id != intent_id))
+
+
+def _on_probe_launched(run: Run, obs: Observation, ctx: Context) -> Run:
+    assert isinstance(obs, ProbeLaunched)
+    run = _drop_intent(run, obs.intent_id)
+    probe = run.probe(obs.probe)
+    if probe is None or probe.job_name == obs.job_name:
+        return run
+    probe = replace(probe, job_name=obs.job_name, queued_since=probe.queued_since or ctx.now,
+                    state=AttemptState.QUEUED if probe.state is AttemptState.LAUNCHING
+                    else probe.state)
+    run = _with_probe(run, probe)
+    if probe.cancel_reason is not None:  # created after the run moved on: stop it now
+        return _stop_probe_job(run, ctx, probe)
+    return _note(run, ctx, f"probe {probe.number} job created", obs.job_name)
+
+
+def _on_probe_launch_failed(run: Run, obs: Observation, ctx: Context) -> Run:
+    assert isinstance(obs, ProbeLaunchFailed)
+    probe = run.probe(obs.probe)
+    if not obs.permanent or probe is None:
+        return run  # transient: the intent stays; the tick retries it when its claim expires
+    run = _drop_intent(run, obs.intent_id)
+    probe = replace(probe, state=AttemptState.FAILED, ended_at=ctx.now, end_reason=obs.message)
+    return _note(_with_probe(run, probe), ctx, f"probe {probe.number} not launched", obs.message)
+
+
+def _on_probe_missing(run: Run, obs: Observation, ctx: Context) -> Run:
+    assert isinstance(obs, ProbeMissing)
+    probe = run.probe(obs.probe)
+    if probe is None or probe.job_name != obs.job_name or not probe.live:
+        return run
+    probe = replace(probe, state=AttemptState.FAILED, ended_at=ctx.now,
+                    end_reason="Vertex AI no longer knows the probe's job")
+    return _with_probe(run, probe)
+
+
+def _on_probe(run: Run, obs: Observation, ctx: Context) -> Run:
+    assert isinstance(obs, ProbeObserved)
+    probe = run.probe(obs.probe)
+    if probe is None or (probe.job_name is not None and obs.status.job_name != probe.job_name):
+        return run
+    state = _PHASE_TO_STATE[obs.status.phase]
+    if probe.state.ended or state.rank <= probe.state.rank:
+        return run  # late or repeated news
+    status = obs.status
+    ran = state is AttemptState.RUNNING or (state.ended and status.start_time is not None)
+    probe = replace(probe, state=state, job_name=probe.job_name or status.job_name)
+    if state in (AttemptState.QUEUED, AttemptState.PENDING):
+        probe = replace(probe, queued_since=probe.queued_since or ctx.now)
+    if ran and probe.started_at is None:
+        probe = replace(probe, started_at=status.start_time or ctx.now)
+    if state.ended:
+        probe = replace(probe, ended_at=status.end_time or ctx.now,
+                        end_reason=status.message or str(state))
+    run = _with_probe(run, probe)
+    if not ran or probe.found is not None:
+        return run
+    probe = replace(probe, found=True)
+    run = _with_probe(run, probe)
+    if probe.live:
+        run = _cancel_probe(run, ctx, probe, CANCEL_PROBE_ANSWERED)
+    return _spot_found(run, ctx, probe)
+
+
+def _spot_found(run: Run, ctx: Context, probe: Probe) -> Run:
+    """A probe ran: Spot has capacity in its region. Ask the policy again, with Spot seen."""
+    run = replace(run, spot_unavailable_until=None)  # capacity confirmed: the guess is void
+    current = run.current
+    on_standard = (run.status in (RunStatus.STARTING, RunStatus.RUNNING) and current is not None
+                   and current.live and current.capacity is Capacity.STANDARD
+                   and current.cancel_reason is None)
+    wanted = Capacity.STANDARD
+    if on_standard:
+        view = policy_view(run, ctx, current=Capacity.STANDARD, spot_available=True,
+                           assumed=False)
+        wanted = choose_capacity(view, ctx.recovery)
+    switching = on_standard and wanted is Capacity.SPOT
+    time_left = _fmt_s((run.deadline_at or ctx.now) - ctx.now)
+    why = (f"probe {probe.number} found Spot capacity in {probe.region}: switch standard -> spot "
+           f"(time left {time_left})" if switching else
+           f"probe {probe.number} found Spot capacity in {probe.region}; staying on standard")
+    run = _note(run, ctx, "Spot capacity found", why)
+    run = _publish(run, ctx, "run.spot_probed", probe=probe.number, region=probe.region,
+                   found=True, switching=switching, reason=why)
+    if not switching or current is None:
+        return run
+    run = replace(run, next_capacity=Capacity.SPOT, next_reason=why, next_region=probe.region)
+    return _cancel_attempt(run, ctx, current, CANCEL_SWITCH)
+
+
 _HANDLERS: Mapping[type, Callable[[Run, Observation, Context], Run]] = {
     IntentDone: _on_intent_done,
     ModelRegistered: _on_model_registered,
@@ -1593,6 +1910,10 @@ _HANDLERS: Mapping[type, Callable[[Run, Observation, Context], Run]] = {
     Promote: _on_promote,
     CancelRequested: _on_cancel,
     CheckpointsDeleted: _on_checkpoints_deleted,
+    ProbeLaunched: _on_probe_launched,
+    ProbeLaunchFailed: _on_probe_launch_failed,
+    ProbeObserved: _on_probe,
+    ProbeMissing: _on_probe_missing,
 }
 
 

@@ -32,6 +32,7 @@ EVENT_KINDS: Mapping[str, str] = {
     "run.budget_exceeded": "a retry budget or the cost budget ran out",
     "run.deadline_at_risk": "the deadline can no longer be met on Spot alone",
     "run.hardware_chosen": "the run's machine shape was chosen from probe measurements",
+    "run.spot_probed": "a Spot capacity probe of a run on standard VMs answered (found or not)",
     # Sweeps (spotorch.sweep): the event's run_id is the sweep id; subject runs/<sweep id>.
     "sweep.created": "a hyperparameter sweep was created and its trials planned",
     "sweep.trial_started": "a trial of a sweep was started as a run of its own",

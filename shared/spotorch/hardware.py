@@ -17,13 +17,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from spotorch.domain import LABEL_PROBE
 from spotorch.ledger import hourly_rate
 from spotorch.pipeline import Capacity, HardwareCandidate, Pipeline
 from spotorch.shapes import apply, describe, on_candidate
 
 __all__ = ["apply", "describe", "on_candidate"]  # re-exported: callers find the shapes here
 
-PROBE_LABEL = "spotorch_probe"  # on every probe job: "1"; never an attempt of a run
+PROBE_LABEL = LABEL_PROBE  # on every hardware probe job: "1"; never an attempt of a run
 PROBE_CANDIDATE_LABEL = "spotorch_candidate"
 PROBE_REPORT = "probe.json"  # what the trainer writes under its checkpoint root at the end
 

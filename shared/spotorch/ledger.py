@@ -159,6 +159,8 @@ class Ledger:
     lost_cost: float
     preemptions: int
     basis: tuple[str, ...] = field(default_factory=tuple)
+    probes: int = 0  # Spot capacity probes launched (never attempts)
+    probe_cost: float = 0.0  # their billed time at the Spot price; part of total
 
     def sentence(self) -> str:
         """The ledger in one line, as alerts and summaries say it."""
@@ -172,6 +174,9 @@ class Ledger:
             plural = "s" if self.preemptions != 1 else ""
             line += (f"; {self.preemptions} preemption{plural} cost {money(self.lost_cost)} of "
                      f"redone work ({self.lost_steps} steps)")
+        if self.probes:
+            plural = "s" if self.probes != 1 else ""
+            line += f"; {self.probes} Spot probe{plural} cost {money(self.probe_cost)}"
         return line
 
 
@@ -242,7 +247,17 @@ def ledger(run: Run, pipeline: Pipeline | None, now: float, table: PriceTable = 
         if billed > 0:
             startup = (max(startup[0] if startup else 0.0, min(overhead_s, billed)),
                        standard.per_hour)
-    total = sum(line.cost for line in lines)
+    # Spot probes: billed from their job's start (capacity found) to its end, like any job.
+    probe_cost = 0.0
+    for probe in run.probes:
+        if probe.started_at is None:
+            continue
+        end = probe.ended_at if probe.ended_at is not None else now
+        billed = end - probe.started_at
+        if math.isfinite(billed) and billed > 0:
+            probe_cost += billed / 3600 * hourly_rate(pipeline, Capacity.SPOT, probe.region,
+                                                      table).per_hour
+    total = sum(line.cost for line in lines) + probe_cost
     standard_equivalent = standard_useful + (startup[0] / 3600 * startup[1] if startup else 0.0)
     savings = standard_equivalent - total
     return Ledger(
@@ -251,7 +266,7 @@ def ledger(run: Run, pipeline: Pipeline | None, now: float, table: PriceTable = 
         savings_pct=savings / standard_equivalent * 100 if standard_equivalent > 0 else None,
         useful_s=useful_s, lost_steps=sum(line.lost_steps for line in lines),
         lost_cost=sum(line.lost_cost for line in lines), preemptions=run.counters.preemptions,
-        basis=tuple(dict.fromkeys(basis)))
+        basis=tuple(dict.fromkeys(basis)), probes=run.counters.probes, probe_cost=probe_cost)
 
 
 def ledger_dict(book: Ledger) -> dict[str, object]:
@@ -263,6 +278,7 @@ def ledger_dict(book: Ledger) -> dict[str, object]:
         "savings_pct": None if book.savings_pct is None else round(book.savings_pct, 1),
         "useful_s": round(book.useful_s, 1), "lost_steps": book.lost_steps,
         "lost_cost": round(book.lost_cost, 4), "preemptions": book.preemptions,
+        "probes": book.probes, "probe_cost": round(book.probe_cost, 4),
         "summary": book.sentence(), "basis": list(book.basis),
         "attempts": [{"attempt": a.attempt, "capacity": str(a.capacity), "region": a.region,
                       "billed_s": round(a.billed_s, 1), "per_hour": round(a.per_hour, 4),

@@ -95,7 +95,7 @@ class InMemoryLauncher:
 
     def launch(self, spec: LaunchSpec) -> str:
         with self._lock:
-            existing = self._find_locked(spec.run_id, spec.attempt)
+            existing = self._find_locked(spec.run_id, spec.job_key)
             if existing is not None:
                 return existing.job_name
             if self.fail_launch is not None:
@@ -105,9 +105,9 @@ class InMemoryLauncher:
             self.created += 1
             return name
 
-    def _find_locked(self, run_id: str, attempt: int) -> JobStatus | None:
+    def _find_locked(self, run_id: str, key: int | str) -> JobStatus | None:
         for job in self.jobs.values():
-            if job.spec.run_id == run_id and job.spec.attempt == attempt:
+            if job.spec.run_id == run_id and job.spec.job_key == str(key):
                 return job.status
         return None
 

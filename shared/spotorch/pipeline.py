@@ -131,6 +131,32 @@ _Budget = Annotated[int, Field(ge=0)]
 
 
 @dataclass(frozen=True)
+class SpotProbes(FileSection):
+    """Spot capacity probes: how a run on standard VMs finds out that Spot is back."""
+
+    # Production cannot see Spot capacity while it runs on standard (docs/policy-benchmark.md):
+    # a probe is a minimal Spot job of the run's shape, cancelled as soon as it runs. The policy
+    # (policy.probe_worth) launches one only when finding Spot back would pay for it.
+    enabled: Annotated[bool, Field(
+        description="Probe for Spot capacity while on standard VMs (escalation: deadline).")] = \
+        False
+    wait_s: Annotated[float, Duration(), Field(
+        validation_alias="wait",
+        description="A probe without capacity this long is cancelled: no Spot for now.")] = 600.0
+    # Vertex bills a Spot job from provisioning to its end; how long a probe cancelled at once
+    # is billed is not documented: a pessimistic estimate, used to judge whether it pays.
+    billed_s: Annotated[float, Duration(), Field(
+        validation_alias="billed_estimate",
+        description="Billed time assumed for a probe that finds capacity (its price is "
+                    "weighed against the saving).")] = 300.0
+    command: Annotated[tuple[NonEmpty, ...], Field(
+        min_length=1,
+        description="The probe container's command, on the first worker pool's image; it only "
+                    "has to start (the probe is cancelled once it runs).")] = (
+        "python", "-c", "import time; time.sleep(3600)")
+
+
+@dataclass(frozen=True)
 class RecoveryPolicy(FileSection):
     """Retry budgets per failure class, backoff, stockout handling and the escalation policy."""
 
@@ -158,6 +184,7 @@ class RecoveryPolicy(FileSection):
         description="After a stockout or preemption, how long before a run on standard VMs may "
                     "move back to Spot.")] = 7200.0
     escalation: EscalationKind = EscalationKind.DEADLINE
+    spot_probes: SpotProbes = field(default_factory=SpotProbes)
     escalate_after_preemptions: Annotated[int, Field(
         ge=0, description="For escalation: count.")] = 3
     # time lost per relaunch: scheduling, image pull, restore

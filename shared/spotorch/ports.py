@@ -4,10 +4,13 @@ They speak the domain's vocabulary (spotorch.domain); the domain never imports t
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from spotorch import domain
 from spotorch.domain import Checkpoint, JobStatus, Run
 from spotorch.errors import SpotorchError
 from spotorch.pipeline import Capacity, JobTemplate
@@ -17,7 +20,25 @@ LABEL_RUN = "spotorch_run"
 LABEL_ATTEMPT = "spotorch_attempt"
 LABEL_PIPELINE = "spotorch_pipeline"
 LABEL_BUCKET = "spotorch_bucket"  # the run's reconcile bucket: the tick's fan-out groups by it
+LABEL_PROBE = domain.LABEL_PROBE  # on every probe job (capacity or hardware); never an attempt
 LIST_PAGE_SIZE = 100
+
+
+MAX_LABEL_LEN = 63
+_LABEL_BAD = re.compile(r"[^a-z0-9_-]")
+
+
+def label_value(value: str) -> str:
+    """A Vertex-valid label value (lowercase letters, digits, - and _; at most 63 characters).
+
+    A value that had to change gets a short hash of the original, so two different run ids never
+    map to one label (find() depends on it); valid values pass through unchanged.
+    """
+    clean = _LABEL_BAD.sub("-", value.lower())
+    if clean == value and len(value) <= MAX_LABEL_LEN:
+        return value
+    digest = hashlib.sha256(value.encode()).hexdigest()[:8]
+    return f"{clean[:MAX_LABEL_LEN - 9]}-{digest}"
 
 
 @dataclass(frozen=True)
@@ -33,6 +54,11 @@ class LaunchSpec:
     env: Mapping[str, str]  # spotorch's trainer env (spotorch_trainer.contract), added to every pool
     labels: Mapping[str, str]  # identify run and attempt; the launcher adds them to the job
     display_name: str
+
+    @property
+    def job_key(self) -> str:
+        """What tells this job apart among its run's jobs: the attempt label (or number)."""
+        return self.labels.get(LABEL_ATTEMPT) or str(self.attempt)
 
 
 class LaunchError(Exception):

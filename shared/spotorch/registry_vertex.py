@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from spotorch.ports import label_value
 from spotorch.registry import (
     LABEL_MODEL_RUN,
     ExperimentRun,
@@ -19,7 +20,7 @@ from spotorch.registry import (
     RegistryError,
 )
 from spotorch.registry_memory import context_id, model_id
-from spotorch.vertex import CRUD, SUBMIT, RequestBudget, RetryPolicy, label_key, label_value
+from spotorch.vertex import CRUD, SUBMIT, RequestBudget, RetryPolicy, label_key
 from spotorch.vertex import _failure as classify_failure
 
 T = TypeVar("T")

@@ -31,8 +31,13 @@ from spotorch.domain import (
     LaunchDone,
     LaunchFailed,
     LaunchIntent,
+    LaunchProbeIntent,
     ModelRegistered,
     Observation,
+    ProbeLaunched,
+    ProbeLaunchFailed,
+    ProbeMissing,
+    ProbeObserved,
     Promote,
     PublishIntent,
     RegisterModelIntent,
@@ -42,11 +47,12 @@ from spotorch.domain import (
     TrainerReported,
 )
 from spotorch.errors import InvalidEvent, SpotorchError
-from spotorch.pipeline import JobTemplate, OnActiveRun, Pipeline
+from spotorch.pipeline import Capacity, JobTemplate, OnActiveRun, Pipeline
 from spotorch.ports import (
     LABEL_ATTEMPT,
     LABEL_BUCKET,
     LABEL_PIPELINE,
+    LABEL_PROBE,
     LABEL_RUN,
     CheckpointStore,
     Clock,
@@ -59,6 +65,7 @@ from spotorch.ports import (
     ObjectStore,
     RunStore,
     ShardDispatcher,
+    label_value,
 )
 from spotorch.registry import (
     LABEL_MODEL_PIPELINE,
@@ -232,6 +239,8 @@ def _perform(deps: Deps, run: Run, intent: Intent) -> Observation | None:
                 return _register_model(deps, run, intent)
             case DeleteCheckpointsIntent():
                 return _perform_delete(deps, intent)
+            case LaunchProbeIntent():
+                return _perform_probe_launch(deps, run, intent)
             case _:
                 assert_never(intent)
     except Exception as exc:  # a failed side effect stays in the outbox; the tick retries it
@@ -272,6 +281,39 @@ def _perform_launch(deps: Deps, run: Run, intent: LaunchIntent) -> Observation |
         return LaunchFailed(intent.id, intent.attempt, str(exc), exc.permanent)
     record_job(deps, job_name, run.run_id, intent.attempt, run.pipeline)
     return LaunchDone(intent.id, intent.attempt, job_name)
+
+
+def _perform_probe_launch(deps: Deps, run: Run, intent: LaunchProbeIntent) -> Observation | None:
+    if deps.clock.now() > intent.claimed_until - LEASE_MARGIN_S:
+        return None  # as a launch: let the tick re-claim it rather than race it
+    probe = run.probe(intent.probe)
+    if probe is None or probe.cancel_reason is not None or not probe.live:
+        return ProbeLaunchFailed(intent.id, intent.probe, "no longer needed", permanent=True)
+    try:
+        job_name = deps.launcher.launch(probe_spec(deps, run, intent))
+    except LaunchError as exc:
+        return ProbeLaunchFailed(intent.id, intent.probe, str(exc), exc.permanent)
+    record_job(deps, job_name, run.run_id, 0, run.pipeline, probe=intent.probe)
+    return ProbeLaunched(intent.id, intent.probe, job_name)
+
+
+def probe_spec(deps: Deps, run: Run, intent: LaunchProbeIntent) -> LaunchSpec:
+    """A Spot capacity probe: the run's machine shape (every pool, every replica: capacity for
+    one VM says little of eight) running the probe's command, which only has to start."""
+    pipeline = deps.pipeline(run.pipeline)
+    shaped = with_machine(_hardware_template(pipeline, run), run.health.machine_type)
+    command = pipeline.recovery.spot_probes.command
+    pools = tuple(replace(pool, command=command, args=(), env=()) for pool in shaped.worker_pools)
+    # Cancelled once it runs or after its wait: the timeout only bounds a probe nobody cancels.
+    timeout = pipeline.recovery.spot_probes.wait_s + 2 * pipeline.recovery.decision_interval_s
+    template = replace(shaped, worker_pools=pools, timeout_s=timeout)
+    labels = {LABEL_RUN: run.run_id, LABEL_ATTEMPT: domain.probe_key(intent.probe),
+              LABEL_PIPELINE: run.pipeline, LABEL_BUCKET: str(run.bucket),
+              LABEL_PROBE: domain.PROBE_CAPACITY}
+    return LaunchSpec(run_id=run.run_id, pipeline=run.pipeline, attempt=0,
+                      capacity=Capacity.SPOT, region=intent.region, template=template, env={},
+                      labels=labels,
+                      display_name=f"spotorch-{run.run_id}-probe{intent.probe}"[:128])
 
 
 def _register_model(deps: Deps, run: Run, intent: RegisterModelIntent) -> Observation | None:
@@ -347,10 +389,14 @@ def job_id_of(job_name: str) -> str:
     return job_name.rsplit("/", 1)[-1]
 
 
-def record_job(deps: Deps, job_name: str, run_id: str, attempt: int, pipeline: str) -> None:
-    """Remember which run and attempt a job belongs to (log-sink entries name only the job)."""
+def record_job(deps: Deps, job_name: str, run_id: str, attempt: int, pipeline: str, *,
+               probe: int = 0) -> None:
+    """Remember which run and attempt (or probe) a job belongs to (log-sink entries name only
+    the job)."""
     doc = {"job_name": job_name, "run_id": run_id, "attempt": attempt, "pipeline": pipeline,
            "recorded_at": deps.clock.now()}
+    if probe:
+        doc["probe"] = probe
     try:
         deps.docs.put(COLLECTION_JOBS, job_id_of(job_name), doc, None)
     except ConflictError:
@@ -481,13 +527,25 @@ class JobOwner:
     job_name: str
     run_id: str
     attempt: int
+    probe: int = 0  # a Spot probe's job (attempt 0)
 
 
 def job_owner(deps: Deps, job_id: str) -> JobOwner | None:
     doc, _ = deps.docs.get(COLLECTION_JOBS, job_id)
     if doc is None:
         return None
-    return JobOwner(str(doc["job_name"]), str(doc["run_id"]), int(doc["attempt"]))
+    return JobOwner(str(doc["job_name"]), str(doc["run_id"]), int(doc["attempt"]),
+                    int(doc.get("probe") or 0))
+
+
+def probe_changed(deps: Deps, run_id: str, probe: int, status: JobStatus,
+                  event_id: str | None = None) -> Run:
+    """Vertex's own status of a probe's job."""
+    def observe(run: Run) -> Sequence[Observation]:
+        if run.probe(probe) is None:
+            raise UnknownAttempt(f"run {run_id} has no probe {probe}")
+        return [ProbeObserved(probe, status)]
+    return _apply_known(deps, run_id, observe, event_id)
 
 
 def job_line_reported(deps: Deps, job_id: str, phase: JobPhase, message: str,
@@ -501,6 +559,16 @@ def job_line_reported(deps: Deps, job_id: str, phase: JobPhase, message: str,
     owner = job_owner(deps, job_id)
     if owner is None:
         raise NotOurJob(f"job {job_id} is not one spotorch created (no job record)")
+    if owner.probe:
+        # A probe's RUNNING moves a run off standard: only Vertex's own answer is applied.
+        try:
+            confirmed = deps.launcher.get(owner.job_name)
+        except LaunchError as exc:
+            if exc.code != "NOT_FOUND":
+                raise
+            gone = ProbeMissing(owner.probe, owner.job_name)
+            return _apply_known(deps, owner.run_id, lambda _run: [gone], event_id)
+        return probe_changed(deps, owner.run_id, owner.probe, confirmed, event_id)
     if not phase.terminal:
         hint = JobStatus(owner.job_name, phase, message=message)
         return job_changed(deps, owner.run_id, owner.attempt, hint, event_id, confirmed=False)
@@ -610,6 +678,7 @@ def tick(deps: Deps, *, buckets: Sequence[int] | None = None,
             touched.append(result)
     for name in pipelines_with_queue:
         promote_next(deps, name)
+    cancel_stray_probes(deps, runs, listing, buckets)
     if not buckets or 0 in buckets:  # sweeps are few: one shard (or the whole tick) takes them
         from spotorch import sweep_service
 
@@ -636,12 +705,71 @@ def _poll(deps: Deps, run: Run, listing: Listing) -> Callable[[Run], list[Observ
                 missing.append(JobMissing(attempt.number, attempt.job_name))
             log.warning("polling %s failed: %s", attempt.job_name, exc,
                         extra={"run_id": run.run_id})
+    probed = _poll_probes(deps, run, listing)
 
     def observe(fresh: Run) -> list[Observation]:
         polled: list[Observation] = [JobObserved(n, s, _checkpoint_if_ended(deps, fresh, s))
                                      for n, s in statuses]
-        return [*polled, *missing, Tick()]
+        return [*polled, *missing, *probed, Tick()]
     return observe
+
+
+def _poll_probes(deps: Deps, run: Run, listing: Listing) -> list[Observation]:
+    """The live probe's status: from the listing, else asked (it ended, or is not listed)."""
+    found: list[Observation] = []
+    for probe in run.probes:
+        if not (probe.live and probe.job_name):
+            continue
+        listed = listing.statuses.get(probe.job_name)
+        if listed is not None:
+            found.append(ProbeObserved(probe.number, listed))
+            continue
+        try:
+            found.append(ProbeObserved(probe.number, deps.launcher.get(probe.job_name)))
+        except LaunchError as exc:
+            if exc.code == "NOT_FOUND":
+                found.append(ProbeMissing(probe.number, probe.job_name))
+            log.warning("polling probe %s failed: %s", probe.job_name, exc,
+                        extra={"run_id": run.run_id})
+    return found
+
+
+def cancel_stray_probes(deps: Deps, runs: Sequence[Run], listing: Listing,
+                        buckets: Sequence[int] | None = None) -> int:
+    """Cancel listed live probe jobs that no active run is waiting on (the run ended, or lost
+    track of it in a crash): a probe left behind bills Spot time for nothing."""
+    by_label = {label_value(r.run_id): r for r in runs}
+    cancelled = 0
+    for status in listing.statuses.values():
+        labels = status.labels
+        if labels.get(LABEL_PROBE) != domain.PROBE_CAPACITY:
+            continue
+        bucket = labels.get(LABEL_BUCKET, "")
+        if buckets is not None and (not bucket.isdigit() or int(bucket) not in buckets):
+            continue  # another shard's
+        run = by_label.get(labels.get(LABEL_RUN, ""))
+        if run is not None and _waits_on(run, status):
+            continue
+        if run is not None:  # it may have launched the probe since the tick loaded it
+            fresh, _ = deps.runs.load(run.run_id)
+            if fresh is not None and _waits_on(fresh, status):
+                continue
+        try:
+            deps.launcher.cancel(status.job_name)
+            cancelled += 1
+            log.info("cancelled stray probe %s (run %s)", status.job_name, labels.get(LABEL_RUN))
+        except LaunchError as exc:
+            log.warning("cancelling stray probe %s failed: %s", status.job_name, exc)
+    return cancelled
+
+
+def _waits_on(run: Run, status: JobStatus) -> bool:
+    """Whether the run's live probe is this job (or this probe, its creation in flight)."""
+    probe = run.live_probe
+    return probe is not None and probe.cancel_reason is None and (
+        probe.job_name == status.job_name
+        or (probe.job_name is None
+            and status.labels.get(LABEL_ATTEMPT) == domain.probe_key(probe.number)))
 
 
 # ---------------------------------------------------------------- fanning the tick out

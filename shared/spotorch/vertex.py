@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import hashlib
 import random
 import re
 import threading
@@ -24,6 +23,7 @@ from spotorch.ports import (
     LIST_PAGE_SIZE,
     LaunchError,
     LaunchSpec,
+    label_value,
 )
 from spotorch_trainer.contract import EXIT_PREEMPTED
 
@@ -35,7 +35,6 @@ T = TypeVar("T")
 # Labels that identify the job of an attempt; find() and the job-state messages rely on them.
 
 MAX_LABELS = 64
-MAX_LABEL_LEN = 63
 MAX_DISPLAY_NAME_LEN = 128
 
 
@@ -208,25 +207,6 @@ def classify(job_state: int | str, error_code: int, error_message: str,
 
 # --- labels -----------------------------------------------------------------------------------
 
-_LABEL_BAD = re.compile(r"[^a-z0-9_-]")
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:8]
-
-
-def label_value(value: str) -> str:
-    """A Vertex-valid label value (lowercase letters, digits, - and _; at most 63 characters).
-
-    A value that had to change gets a short hash of the original, so two different run ids never
-    map to one label (find() depends on it); valid values pass through unchanged.
-    """
-    clean = _LABEL_BAD.sub("-", value.lower())
-    if clean == value and len(value) <= MAX_LABEL_LEN:
-        return value
-    return f"{clean[:MAX_LABEL_LEN - 9]}-{_digest(value)}"
-
-
 def label_key(key: str) -> str:
     """A Vertex-valid label key: as label_value, and starting with a lowercase letter."""
     clean = label_value(key)
@@ -238,7 +218,7 @@ def label_key(key: str) -> str:
 def job_labels(spec: LaunchSpec) -> dict[str, str]:
     """The job's labels: the template's, then the spec's, then run/attempt/pipeline (always set)."""
     merged = {**dict(spec.template.labels), **dict(spec.labels),
-              LABEL_RUN: spec.run_id, LABEL_ATTEMPT: str(spec.attempt),
+              LABEL_RUN: spec.run_id, LABEL_ATTEMPT: spec.job_key,
               LABEL_PIPELINE: spec.pipeline}
     labels = {label_key(k): label_value(v) for k, v in merged.items()}
     if len(labels) > MAX_LABELS:
@@ -252,8 +232,8 @@ _ENDED_STATES = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED
 LIVE_FILTER = f"labels.{LABEL_RUN}:* AND " + " AND ".join(f'state!="{s}"' for s in _ENDED_STATES)
 
 
-def find_filter(run_id: str, attempt: int) -> str:
-    """The list filter that finds the job of a run's attempt."""
+def find_filter(run_id: str, attempt: int | str) -> str:
+    """The list filter that finds the job of a run's attempt (or probe: its job key)."""
     return (f'labels.{LABEL_RUN}="{label_value(run_id)}" AND '
             f'labels.{LABEL_ATTEMPT}="{label_value(str(attempt))}"')
 
@@ -510,7 +490,7 @@ class VertexJobLauncher:
         raise LaunchError(f"{what}: {code} after {self.retry.attempts} attempts: {last}",
                           permanent=False, code=code) from last
 
-    def _find_in(self, region: str, run_id: str, attempt: int) -> JobStatus | None:
+    def _find_in(self, region: str, run_id: str, attempt: int | str) -> JobStatus | None:
         client = self._client(region)  # inside _call: building a client can fail (credentials)
         self.budget.take(region, (CRUD,))
         request = {"parent": self._parent(region), "filter": find_filter(run_id, attempt)}
@@ -531,7 +511,7 @@ class VertexJobLauncher:
 
         def find_or_create() -> str:
             # Looking again on every retry: a create that timed out may have created the job.
-            existing = self._find_in(spec.region, spec.run_id, spec.attempt)
+            existing = self._find_in(spec.region, spec.run_id, spec.job_key)
             if existing is not None:
                 return existing.job_name
             self.budget.take(spec.region, (CRUD, SUBMIT))

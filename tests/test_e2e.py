@@ -57,13 +57,28 @@ def test_alerts_reach_chat_and_email() -> None:
     assert {"channel": "email", "event_type": "dev.spotorch.run.succeeded.v1"} in r["alerts"]
 
 
-def test_stockout_scenario_moves_to_standard_after_every_region() -> None:
+def test_stockout_scenario_moves_to_standard_then_probes_its_way_back_to_spot() -> None:
     r = report("stockout")
     assert r["status"] == "SUCCEEDED", r.get("history")
-    assert [a["capacity"] for a in r["attempts"]] == ["spot", "spot", "standard"]
+    capacities = [a["capacity"] for a in r["attempts"]]
+    assert capacities[:3] == ["spot", "spot", "standard"] and capacities[-1] == "spot"
     assert [a["region"] for a in r["attempts"][:2]] == ["us-central1", "europe-west4"]
     assert r["attempts"][0]["failure_class"] == "stockout"
-    assert "no Spot capacity" in r["escalated"]["reason"]
+    # On standard, Spot probes found capacity again; the run went back to Spot, resuming.
+    standard, back = r["attempts"][2], r["attempts"][3]
+    assert standard["end_reason"] == "cancelled (switch)" and back["resumed_from_step"]
+    probes = r["probes"]
+    assert probes and probes[-1]["found"] is True and r["counters"]["probes"] == len(probes)
+    assert all(p["state"] == "CANCELLED" for p in probes)  # none left behind
+    # A probe never counts as an attempt: no attempt has a probe's job, no budget moved.
+    assert not {p["job_name"] for p in probes} & {a["job_name"] for a in r["attempts"]}
+    assert r["counters"]["stockouts"] == 2 and len(r["attempts"]) == 4
+    assert "spot_probed" in " ".join(kinds(r)) and "probe" in back_reason(r)
+    assert r["cost"]["probes"] == len(probes)
+
+
+def back_reason(r: dict[str, Any]) -> str:
+    return str(r["escalated"]["reason"]) if r["escalated"] else ""
 
 
 def test_user_error_scenario_fails_with_its_budget_and_says_why() -> None:

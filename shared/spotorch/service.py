@@ -894,9 +894,13 @@ def run_summary(run: Run) -> dict[str, Any]:
             "checkpoints_deleted": run.health.deleted_checkpoints,
             "bytes_reclaimed": run.health.bytes_reclaimed,
         },
+        "probes": [{
+            "probe": p.number, "region": p.region, "state": str(p.state), "job_name": p.job_name,
+            "found": p.found, "created_at": p.created_at, "started_at": p.started_at,
+            "ended_at": p.ended_at, "cancel_reason": p.cancel_reason,
+        } for p in run.probes],
         "history": [{"at": h.at, "what": h.what, "reason": h.reason} for h in run.history],
     }
-
 
 
 def submit(deps: Deps, pipeline_name: str, data_uri: str, *, request_id: str = "") -> Run | None:

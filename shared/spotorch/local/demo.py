@@ -75,13 +75,17 @@ SCENARIOS: Mapping[str, Scenario] = {
         name="stockout",
         story="Spot has no capacity anywhere: the Spot attempt waits in the queue past the "
               "stockout wait and is cancelled, the next region stocks out too, and the run "
-              "moves to standard VMs and succeeds.",
+              "moves to standard VMs. While on standard it probes Spot with minimal jobs; when "
+              "Spot is back a probe runs, and the run returns to Spot from its checkpoint and "
+              "succeeds. The probes are no attempts.",
         expected_status="SUCCEEDED",
         recovery={"escalation": "deadline", "stockout_wait": "6s", "backoff_base": "1s",
                   "max_stockouts": 3, "restart_overhead": "5s", "expected_compute": "40s",
-                  "decision_interval": "2s", "spot_cooldown": "10m"},
-        vertex_schedule={"stockouts": [{"from_s": 0}]},
-        trainer_env=_TRAINER_ENV,
+                  "decision_interval": "2s", "spot_cooldown": "10m",
+                  "spot_probes": {"enabled": True, "wait": "4s", "billed_estimate": "2s"}},
+        # Spot is back 34 s after the emulator starts: after both stockouts, while on standard.
+        vertex_schedule={"stockouts": [{"from_s": 0, "for_s": 34}]},
+        trainer_env={**_TRAINER_ENV, "EXAMPLE_STEP_SLEEP": "0.06"},
         regions=("us-central1", "europe-west4"),
     ),
     "user-error": Scenario(
@@ -418,6 +422,8 @@ def _report(run: Any, uploaded_at: float) -> dict[str, Any]:
         "model_uri": f"{run.output_uri}/model.npz" if metrics is not None else None,
         "metrics": metrics, "history": summary["history"],
         "hardware": dict(run.hardware) if run.hardware else None,
+        "probes": summary["probes"], "counters": {"probes": run.counters.probes,
+                                                   "stockouts": run.counters.stockouts},
     }
 
 

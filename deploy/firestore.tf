@@ -23,6 +23,11 @@ locals {
     "notification_runs-expires_at" = {
       collection = "notification_runs", field = "expires_at"
     }
+    # the shared record of Spot per region and shape (spotorch/spot_record.py): 24 h after its
+    # last observation
+    "spot_regions-expires_at" = {
+      collection = "spot_regions", field = "expires_at"
+    }
   }
 }
 

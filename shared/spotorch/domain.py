@@ -788,10 +788,12 @@ def new_run(*, run_id: str, pipeline: Pipeline, now: float, data_uri: str,
             resume_from: Checkpoint | None = None, retry_of: str | None = None,
             reason: str = "", sweep_id: str | None = None,
             params: Mapping[str, Any] | None = None,
-            hardware: Mapping[str, Any] | None = None) -> Run:
+            hardware: Mapping[str, Any] | None = None,
+            region_order: tuple[str, ...] | None = None) -> Run:
     """A new run: created, announced, and (unless queued) its first attempt launched.
 
-    hardware: the choice among the pipeline's hardware candidates (issue 19), if one was made."""
+    hardware: the choice among the pipeline's hardware candidates (issue 19), if one was made;
+    region_order: the regions ranked by the shared Spot record (Context.region_order)."""
     deadline = now + pipeline.deadline_s if pipeline.deadline_s else None
     run = Run(run_id=run_id, pipeline=pipeline.name, status=RunStatus.PENDING, created_at=now,
               updated_at=now, data_uri=data_uri, snapshot_id=snapshot_id, deadline_at=deadline,
@@ -799,7 +801,7 @@ def new_run(*, run_id: str, pipeline: Pipeline, now: float, data_uri: str,
               output_uri=pipeline.run_output_uri(run_id), latest_checkpoint=resume_from,
               retry_of=retry_of, sweep_id=sweep_id, params=dict(params or {}),
               hardware=hardware)
-    ctx = Context(pipeline, now)
+    ctx = Context(pipeline, now, region_order=region_order)
     run = _note(run, ctx, "created", reason)
     run = _publish(run, ctx, "run.created", status=str(RunStatus.PENDING), data_uri=data_uri,
                    snapshot_id=snapshot_id, deadline=_iso(deadline), reason=reason)

@@ -8,7 +8,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, assert_never
 
@@ -78,6 +78,7 @@ from spotorch.registry import (
     RegistryError,
 )
 from spotorch.settings import COLLECTION_JOBS, COLLECTION_LISTINGS, COLLECTION_REJECTED
+from spotorch.spot_record import SpotRecord, seen_between, shape_key, shape_of
 from spotorch.triggers import ObjectEvent, ObjectEventKind
 from spotorch_trainer import contract
 
@@ -131,6 +132,8 @@ class Deps:
     shards: ShardDispatcher | None = None  # None: the tick reconciles every run itself
     models: ModelRegistry | None = None  # Vertex AI Model Registry (pipelines with `model`)
     experiments: ExperimentTracker | None = None  # Vertex AI Experiments (sweep trials)
+    # Spot seen by every run, per region and shape: ranks regions for the next Spot attempt.
+    spot: SpotRecord = field(default_factory=SpotRecord)
 
     def pipeline(self, name: str) -> Pipeline:
         try:
@@ -154,7 +157,7 @@ def apply(deps: Deps, run_id: str, observations: ObservationSource, *,
         if event_id and event_id in run.seen:
             return run  # a redelivery: already handled, nothing to write
         now = deps.clock.now()
-        ctx = Context(deps.pipeline(run.pipeline), now)
+        ctx = context(deps, run, now)
         new = run
         for obs in observations(run) if callable(observations) else observations:
             new = domain.decide(new, obs, ctx)
@@ -171,8 +174,35 @@ def apply(deps: Deps, run_id: str, observations: ObservationSource, *,
         except ConflictError:
             time.sleep(random.uniform(0.0, 0.02 * (attempt + 1)))  # spread racing writers out
             continue
+        _remember_spot(deps, run, new, now)
         return _carry_out(deps, new, version, mine, was_active=run.active)
     raise ConflictError(f"run {run_id}: too much contention, giving up for redelivery")
+
+
+def context(deps: Deps, run: Run, now: float) -> Context:
+    """What a decision about this run needs: its pipeline, the time, and (for a pipeline with
+    several regions) the regions ranked by the shared record of Spot for the run's shape."""
+    pipeline = deps.pipeline(run.pipeline)
+    return Context(pipeline, now, region_order=region_order(deps, pipeline,
+                                                            shape_key(pipeline, run), now))
+
+
+def region_order(deps: Deps, pipeline: Pipeline, shape: str, now: float) -> tuple[str, ...] | None:
+    """The pipeline's regions best first for this shape; None: one region, or no record."""
+    if len(pipeline.job.regions) < 2:
+        return None
+    try:
+        return deps.spot.order(deps.docs, shape, pipeline.job.regions, now)
+    except Exception as exc:  # advice only: the fixed order still works
+        log.warning("spot record unreadable, regions in the pipeline's order: %s", exc)
+        return None
+
+
+def _remember_spot(deps: Deps, old: Run, new: Run, now: float) -> None:
+    """Add what this change taught about Spot (ended Spot attempts, probe answers) to the record."""
+    seen = seen_between(old, new, now)
+    if seen:
+        deps.spot.add(deps.docs, shape_key(deps.pipeline(new.pipeline), new), seen, now)
 
 
 def _fresh(old: Run, new: Run) -> tuple[str, ...]:
@@ -185,7 +215,7 @@ def _carry_out(deps: Deps, run: Run, version: Any, mine: Sequence[str], *,
     """Perform the intents this invocation owns; record their results in one more write."""
     pending = set(mine)
     results: list[Observation] = []
-    ctx = Context(deps.pipeline(run.pipeline), deps.clock.now())
+    ctx = context(deps, run, deps.clock.now())
     after = run
     for _ in range(CARRY_OUT_ROUNDS):
         todo = [i for i in after.outbox if i.id in pending]
@@ -482,11 +512,15 @@ def start_run(deps: Deps, pipeline_name: str, *, run_id: str, data_uri: str,
     if active and rule == "skip":
         log.info("snapshot %s skipped: run %s is active", snapshot_id, active[0].run_id)
         return None
-    run = domain.new_run(run_id=run_id, pipeline=pipeline, now=deps.clock.now(),
+    hardware = _hardware_choice(deps, pipeline)
+    now = deps.clock.now()
+    run = domain.new_run(run_id=run_id, pipeline=pipeline, now=now,
                          data_uri=data_uri, snapshot_id=snapshot_id,
                          queued=bool(active) and rule == "queue", resume_from=resume_from,
                          retry_of=retry_of, reason=reason, sweep_id=sweep_id, params=params,
-                         hardware=_hardware_choice(deps, pipeline))
+                         hardware=hardware,
+                         region_order=region_order(deps, pipeline, shape_of(pipeline, hardware),
+                                                   now))
     try:
         version = deps.runs.save(run, None)
     except ConflictError:

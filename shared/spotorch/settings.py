@@ -39,6 +39,7 @@ COLLECTION_LISTINGS = "listings"  # per landing prefix: where the reconcile list
 COLLECTION_FAILURES = "delivery_failures"  # message id -> last transient failure (dead letters)
 COLLECTION_SWEEPS = "sweeps"  # sweep id -> the sweep (spotorch.sweep), its trials and outbox
 COLLECTION_JOBS = "jobs"  # job id -> run, attempt, job name: attributes log-sink entries
+COLLECTION_SPOT_REGIONS = "spot_regions"  # region x shape -> Spot seen by all runs (spot_record)
 
 
 @dataclass(frozen=True)

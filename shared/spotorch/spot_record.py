@@ -1,0 +1,180 @@
+"""The shared record of Spot behaviour per region and machine shape, across all runs (issue 18).
+
+Every run sees Spot only through its own attempts and probes; together they see much more. When
+an attempt on Spot ends or a probe answers, what it observed (time watched, time Spot had
+capacity, a preemption) is added to one document per (region, shape) in `spot_regions`, in
+hourly buckets, keeping the last `TTL_S`. A run's next Spot attempt goes to the best region of
+its pipeline's list by policy.rank_regions over those records, instead of the fixed order
+(stockouts still move down the ranked list). A document nobody wrote for a TTL is deleted by
+Firestore's TTL policy on `expires_at` (deploy/firestore.tf).
+
+Costs: one read and one conditional write per ended Spot attempt or answered probe; ranking reads
+one document per region of a multi-region pipeline, cached per instance for `CACHE_S`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from spotorch.domain import FailureClass, Run
+from spotorch.pipeline import Capacity, Pipeline
+from spotorch.policy import RegionRecord, rank_regions
+from spotorch.ports import ConflictError, DocumentStore
+from spotorch.settings import COLLECTION_SPOT_REGIONS
+from spotorch.shapes import run_pipeline
+
+log = logging.getLogger("spotorch.spot_record")
+
+BUCKET_S = 3600.0  # observations are summed per hour
+TTL_S = 24 * 3600.0  # and kept this long (the simulator's region_ttl_s)
+CACHE_S = 60.0  # an instance re-reads the record of a shape at most this often
+PROBE_YES_S = 300.0  # a probe's yes counts as this long of capacity seen (about one tick)
+WRITE_TRIES = 3
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What one attempt or probe observed of Spot in one region."""
+
+    region: str
+    observed_s: float
+    available_s: float
+    preemptions: int = 0
+
+
+def shape_key(pipeline: Pipeline, run: Run) -> str:
+    """The run's chief machine shape, as the record is keyed: machine type plus accelerators."""
+    return shape_of(pipeline, run.hardware, run.health.machine_type)
+
+
+def shape_of(pipeline: Pipeline, hardware: Mapping[str, Any] | None,
+             machine_type: str | None = None) -> str:
+    """The chief shape of the pipeline on a hardware choice (and out-of-memory machine)."""
+    pools = run_pipeline(pipeline, hardware).job.worker_pools
+    if not pools:
+        return "default"
+    chief = pools[0]
+    machine = machine_type or chief.machine_type
+    accel = f"+{chief.accelerator_type}x{chief.accelerator_count}" \
+        if chief.accelerator_type and chief.accelerator_count else ""
+    return f"{machine}{accel}"
+
+
+def seen_between(old: Run | None, new: Run, now: float) -> list[Seen]:
+    """What became known from `old` to `new`: Spot attempts that ended, probes that answered."""
+    out: list[Seen] = []
+    for attempt in new.attempts:
+        before = old.attempt(attempt.number) if old is not None else None
+        if attempt.capacity is not Capacity.SPOT or attempt.live or \
+                (before is not None and not before.live):
+            continue
+        end = attempt.ended_at if attempt.ended_at is not None else now
+        watched_from = attempt.queued_since or attempt.created_at
+        ran = max(end - attempt.started_at, 0.0) if attempt.started_at is not None else 0.0
+        out.append(Seen(attempt.region, max(end - watched_from, 0.0), ran,
+                        int(attempt.failure is FailureClass.PREEMPTED)))
+    for probe in new.probes:
+        before_probe = old.probe(probe.number) if old is not None else None
+        if probe.found is None or (before_probe is not None and before_probe.found is not None):
+            continue
+        waited_to = (probe.started_at if probe.found else probe.ended_at) or now
+        waited = max(waited_to - (probe.queued_since or probe.created_at), 0.0)
+        yes = PROBE_YES_S if probe.found else 0.0
+        out.append(Seen(probe.region, waited + yes, yes))
+    return out
+
+
+def _doc_key(region: str, shape: str) -> str:
+    return f"{region}__{shape}".replace("/", "_")
+
+
+def _buckets(doc: Mapping[str, Any] | None, now: float) -> dict[str, list[float]]:
+    """The document's buckets within the TTL: hour -> [observed_s, available_s, preemptions]."""
+    kept: dict[str, list[float]] = {}
+    for hour, values in ((doc or {}).get("buckets") or {}).items():
+        try:
+            start = float(hour) * BUCKET_S
+            triple = [float(v) for v in values][:3]
+        except (TypeError, ValueError):
+            continue  # a damaged bucket is dropped, not trusted
+        if len(triple) == 3 and start + BUCKET_S > now - TTL_S:
+            kept[str(hour)] = triple
+    return kept
+
+
+@dataclass
+class SpotRecord:
+    """Reads and writes the shared record; one per process (its ranking cache is per instance)."""
+
+    ttl_s: float = TTL_S
+    cache_s: float = CACHE_S
+    _cache: dict[tuple[str, tuple[str, ...]], tuple[float, tuple[str, ...]]] = field(
+        default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, docs: DocumentStore, shape: str, seen: Sequence[Seen], now: float) -> None:
+        """Add observations (best effort: the record is advice, a failed write is logged)."""
+        for one in seen:
+            if one.observed_s <= 0:
+                continue
+            try:
+                self._add_one(docs, shape, one, now)
+            except Exception as exc:
+                log.warning("spot record of %s in %s not updated: %s", shape, one.region, exc)
+
+    def _add_one(self, docs: DocumentStore, shape: str, seen: Seen, now: float) -> None:
+        key = _doc_key(seen.region, shape)
+        hour = str(int(now // BUCKET_S))
+        for _ in range(WRITE_TRIES):
+            doc, version = docs.get(COLLECTION_SPOT_REGIONS, key)
+            buckets = _buckets(doc, now)
+            observed, available, preemptions = buckets.get(hour, [0.0, 0.0, 0.0])
+            buckets[hour] = [observed + seen.observed_s, available + seen.available_s,
+                             preemptions + seen.preemptions]
+            try:
+                docs.put(COLLECTION_SPOT_REGIONS, key, {
+                    "region": seen.region, "shape": shape, "buckets": buckets,
+                    "updated_at": now,
+                    # a timestamp: Firestore's TTL policy ignores a number
+                    "expires_at": datetime.fromtimestamp(now + self.ttl_s, UTC)}, version)
+                return
+            except ConflictError:
+                continue
+        log.warning("spot record of %s in %s kept changing; observation dropped", shape,
+                    seen.region)
+
+    def records(self, docs: DocumentStore, shape: str, regions: Sequence[str],
+                now: float) -> list[RegionRecord]:
+        """Each region's record within the TTL (empty where nothing was observed)."""
+        out = []
+        for region in regions:
+            doc, _ = docs.get(COLLECTION_SPOT_REGIONS, _doc_key(region, shape))
+            totals = [0.0, 0.0, 0.0]
+            for values in _buckets(doc, now).values():
+                totals = [a + b for a, b in zip(totals, values, strict=True)]
+            out.append(RegionRecord(observed_s=totals[0], available_s=min(totals[1], totals[0]),
+                                    preemptions=int(totals[2])))
+        return out
+
+    def order(self, docs: DocumentStore, shape: str, regions: Sequence[str],
+              now: float) -> tuple[str, ...]:
+        """The regions best first for the next Spot attempt of this shape (cached)."""
+        key = (shape, tuple(regions))
+        with self._lock:
+            cached = self._cache.get(key)
+        if cached is not None and now - cached[0] < self.cache_s:
+            return cached[1]
+        ranked = tuple(regions[i] for i in rank_regions(self.records(docs, shape, regions, now)))
+        with self._lock:
+            self._cache[key] = (now, ranked)
+        return ranked
+
+    def forget(self) -> None:
+        """Drop the cache (tests; a new instance starts empty anyway)."""
+        with self._lock:
+            self._cache.clear()

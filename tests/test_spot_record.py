@@ -1,0 +1,131 @@
+"""The shared record of Spot per region and shape (issue 18): what runs observe ranks regions."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from fakes import fake_deps
+from spotorch import domain
+from spotorch.domain import JobPhase
+from spotorch.memory import InMemoryLauncher, ManualClock
+from spotorch.pipeline import (
+    Capacity,
+    EscalationKind,
+    JobTemplate,
+    Pipeline,
+    RecoveryPolicy,
+    Trigger,
+    WorkerPool,
+)
+from spotorch.service import Deps, start_run, tick
+from spotorch.settings import COLLECTION_SPOT_REGIONS
+from spotorch.spot_record import TTL_S, SpotRecord
+
+REGIONS = ("us-central1", "europe-west4", "us-east1")
+
+
+def pipeline(name: str) -> Pipeline:
+    pool = WorkerPool(machine_type="n1-standard-8", image_uri="img")
+    return Pipeline(name=name, trigger=Trigger(bucket="b"), checkpoint_uri="gs://c/p",
+                    output_uri="gs://m/p", job=JobTemplate(worker_pools=(pool,), regions=REGIONS),
+                    recovery=RecoveryPolicy(escalation=EscalationKind.NEVER,
+                                            stockout_wait_s=900.0, backoff_base_s=1.0,
+                                            backoff_cap_s=1.0))
+
+
+def parts(deps: Deps) -> tuple[InMemoryLauncher, ManualClock]:
+    assert isinstance(deps.launcher, InMemoryLauncher) and isinstance(deps.clock, ManualClock)
+    return deps.launcher, deps.clock
+
+
+def start(deps: Deps, name: str, run_id: str) -> domain.Run:
+    run = start_run(deps, name, run_id=run_id, data_uri="gs://b/d/", snapshot_id=run_id,
+                    reason="t")
+    assert run is not None
+    return run
+
+
+def test_a_stockout_seen_by_one_run_sends_the_next_run_elsewhere_first() -> None:
+    deps = fake_deps(pipeline("a"), pipeline("b"))
+    launcher, clock = parts(deps)
+    first = start(deps, "a", "a1")
+    assert first.attempts[0].region == "us-central1"  # nothing known yet: the pipeline's order
+    clock.advance(1000.0)  # queued past the stockout wait: cancelled
+    tick(deps)
+    tick(deps)
+    doc, _ = deps.docs.get(COLLECTION_SPOT_REGIONS, "us-central1__n1-standard-8")
+    assert doc is not None and doc["shape"] == "n1-standard-8"
+    ((observed, available, preemptions),) = doc["buckets"].values()
+    assert observed >= 900.0 and available == 0.0 and preemptions == 0
+    deps.spot.forget()
+    second = start(deps, "b", "b1")  # another pipeline, the same shape
+    assert second.attempts[0].region != "us-central1"
+    assert launcher.jobs  # the record is advice: launches go on as before
+
+
+def test_capacity_seen_running_ranks_a_region_first() -> None:
+    deps = fake_deps(pipeline("a"), pipeline("b"))
+    launcher, clock = parts(deps)
+    run = start(deps, "a", "a1")
+    # Its first region stocks out; the second gives it Spot for two hours without preemption.
+    clock.advance(1000.0)
+    tick(deps)
+    tick(deps)
+    clock.advance(5.0)
+    tick(deps)
+    run, _ = deps.runs.load("a1")
+    assert run is not None and run.current is not None
+    assert run.current.region == "europe-west4"
+    launcher.set_status(run.current.job_name or "", JobPhase.RUNNING, start_time=clock.t)
+    tick(deps)
+    clock.advance(2 * 3600.0)
+    launcher.set_status(run.current.job_name or "", JobPhase.SUCCEEDED,
+                        start_time=clock.t - 7200.0, end_time=clock.t)
+    tick(deps)
+    deps.spot.forget()
+    assert start(deps, "b", "b1").attempts[0].region == "europe-west4"
+
+
+def test_observations_older_than_the_ttl_are_forgotten() -> None:
+    deps = fake_deps(pipeline("a"), pipeline("b"))
+    _, clock = parts(deps)
+    start(deps, "a", "a1")
+    clock.advance(1000.0)
+    tick(deps)
+    tick(deps)
+    clock.advance(TTL_S + 3600.0)
+    deps.spot.forget()
+    assert start(deps, "b", "b1").attempts[0].region == "us-central1"
+
+
+def test_the_ranking_is_cached_per_instance_and_a_broken_record_is_ignored() -> None:
+    deps = fake_deps(pipeline("a"))
+    record = SpotRecord(cache_s=60.0)
+    now = 1_800_000_000.0
+    deps.docs.put(COLLECTION_SPOT_REGIONS, "us-central1__n1-standard-8",
+                  {"buckets": {"nonsense": "x", str(int(now // 3600)): [3600.0, 0.0, 0.0]}},
+                  None)
+    order = record.order(deps.docs, "n1-standard-8", REGIONS, now)
+    assert order[-1] == "us-central1"
+    deps.docs.put(COLLECTION_SPOT_REGIONS, "europe-west4__n1-standard-8",
+                  {"buckets": {str(int(now // 3600)): [7200.0, 0.0, 0.0]}}, None)
+    assert record.order(deps.docs, "n1-standard-8", REGIONS, now + 30) == order  # cached
+    assert record.order(deps.docs, "n1-standard-8", REGIONS, now + 61)[-1] == "europe-west4"
+
+
+def test_a_single_region_pipeline_reads_no_record() -> None:
+    single = replace(pipeline("a"), job=JobTemplate(
+        worker_pools=(WorkerPool(machine_type="n1-standard-8", image_uri="img"),),
+        regions=("us-central1",)))
+    deps = fake_deps(single)
+    reads: list[str] = []
+    original = deps.docs.get
+
+    def counting(collection: str, key: str):  # type: ignore[no-untyped-def]
+        reads.append(collection)
+        return original(collection, key)
+
+    deps.docs.get = counting  # type: ignore[method-assign]
+    start(deps, "a", "a1")
+    assert COLLECTION_SPOT_REGIONS not in reads
+    assert Capacity.SPOT  # (the launch itself is the ordinary one)

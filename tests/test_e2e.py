@@ -111,6 +111,11 @@ def test_hardware_scenario_trains_on_the_cheapest_candidate_that_meets_the_deadl
     assert rows["cpu"]["meets_deadline"] is False  # too slow for the deadline
     assert rows["a100"]["spot_cost"] > rows["l4"]["spot_cost"]
     assert kinds(r)[:2] == ["run.created", "run.hardware_chosen"]
+    # the run probed them itself (the functions launched, the tick followed): probes, no attempts
+    assert len(r["probes"]) == 4 and r["counters"]["probes"] == 4
+    assert all(p["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") for p in r["probes"])
+    assert not {p["job_name"] for p in r["probes"]} & {a["job_name"] for a in r["attempts"]}
+    assert any(h["what"] == "status PROBING" for h in r["history"])
     # the run was billed on the chosen shape (an L4 and its host), not the pipeline's CPU pool
     assert r["cost"]["attempts"][0]["per_hour"] > 0.2
 

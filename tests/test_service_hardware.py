@@ -63,7 +63,7 @@ def test_a_run_starts_on_the_candidate_chosen_from_cached_probes() -> None:
 
     assert isinstance(deps.publisher, InMemoryPublisher)
     (event,) = [e for e in deps.publisher.events if e["type"].endswith("run.hardware_chosen.v1")]
-    validate_event(event)
+    assert validate_event(event) == []
     assert event["data"]["chosen"] == "l4" and len(event["data"]["rows"]) == 2
     (job,) = deps.launcher.jobs.values()
     (pool,) = job.spec.template.worker_pools
@@ -74,16 +74,16 @@ def test_a_run_starts_on_the_candidate_chosen_from_cached_probes() -> None:
     assert view.work_total_s == 2.5 * 3600.0
 
 
-def test_without_fresh_probes_the_run_starts_on_the_pipeline_pools() -> None:
+def test_without_fresh_probes_the_run_probes_first_and_launches_no_attempt_yet() -> None:
     pipeline = _pipeline()
     deps = fake_deps(pipeline)
     assert isinstance(deps.launcher, InMemoryLauncher)
     save_cache(deps.docs, "p", {"cpu": ProbeResult("cpu", True, steps_per_s=2.0,
                                                    key="other-code")}, 0.0)
     run = _start(deps)
-    assert run.hardware is None
-    (job,) = deps.launcher.jobs.values()
-    assert job.spec.template.worker_pools[0].machine_type == "n1-standard-4"
+    assert run.hardware is None and run.status is domain.RunStatus.PROBING
+    assert run.attempts == () and {p.candidate for p in run.probes} == {"cpu", "l4"}
+    assert all(j.spec.env["SPOTORCH_PROBE_STEPS"] == "20" for j in deps.launcher.jobs.values())
 
 
 def test_the_ledger_prices_the_chosen_shape() -> None:

@@ -25,3 +25,14 @@ class StorageCheckpointStore:
         from spotorch_trainer.checkpoints import delete_checkpoint
 
         return delete_checkpoint(uri)
+
+    def read_report(self, uri: str, max_bytes: int) -> bytes | None:
+        from spotorch_trainer.storage import read_bytes
+
+        try:
+            data = read_bytes(uri)
+        except FileNotFoundError:  # the storage layer's "absent", for local paths and gs://
+            return None
+        if len(data) > max_bytes:
+            raise ValueError(f"{uri}: {len(data)} bytes, more than {max_bytes}")
+        return data

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any, ClassVar
 
+from spotorch import hardware as hw
 from spotorch import health as hp
 from spotorch.events import build_event
 from spotorch.ledger import hourly_rate, ledger, ledger_dict
@@ -96,6 +97,7 @@ class RunStatus(StrEnum):
 
     QUEUED = "QUEUED"  # waiting for an earlier run of its pipeline to end (on_active_run: queue)
     PENDING = "PENDING"  # created; its first attempt is not launched yet
+    PROBING = "PROBING"  # hardware candidates are probed; the first attempt waits for the choice
     STARTING = "STARTING"  # the current attempt's job is being created or waits for capacity
     RUNNING = "RUNNING"  # the current attempt's job is running
     RECOVERING = "RECOVERING"  # the last attempt ended; the next waits for its backoff or a cancel
@@ -129,9 +131,11 @@ _ENDINGS = _FAILED | {RunStatus.SUCCEEDED, RunStatus.CANCELLED}
 
 # Allowed transitions. A run may always end (succeed, fail, be cancelled) from a live status.
 TRANSITIONS: Mapping[RunStatus, frozenset[RunStatus]] = {
-    RunStatus.QUEUED: frozenset({RunStatus.PENDING, RunStatus.STARTING, RunStatus.CANCELLED}),
-    RunStatus.PENDING: frozenset({RunStatus.QUEUED, RunStatus.STARTING, RunStatus.CANCELLED})
-    | _FAILED,
+    RunStatus.QUEUED: frozenset({RunStatus.PENDING, RunStatus.STARTING, RunStatus.PROBING,
+                                 RunStatus.CANCELLED}),
+    RunStatus.PENDING: frozenset({RunStatus.QUEUED, RunStatus.STARTING, RunStatus.PROBING,
+                                  RunStatus.CANCELLED}) | _FAILED,
+    RunStatus.PROBING: frozenset({RunStatus.STARTING, RunStatus.CANCELLED}) | _FAILED,
     RunStatus.STARTING: frozenset({RunStatus.RUNNING, RunStatus.RECOVERING, RunStatus.CANCELLING,
                                    RunStatus.REGISTERING}) | _ENDINGS,
     RunStatus.RUNNING: frozenset({RunStatus.RECOVERING, RunStatus.STARTING, RunStatus.CANCELLING,
@@ -214,9 +218,8 @@ class Attempt:
 
 # ---------------------------------------------------------------- Spot probes (vocabulary)
 
-# On every probe job, capacity or hardware: a probe is never an attempt of a run.
-LABEL_PROBE = "spotorch_probe"
-PROBE_CAPACITY = "capacity"  # LABEL_PROBE's value on a Spot capacity probe
+PROBE_CAPACITY = "capacity"  # a Spot capacity probe (hardware.PROBE_LABEL's value on its job)
+PROBE_HARDWARE = "hardware"  # a hardware candidate's probe, run before the first attempt
 PROBES_LIMIT = 20  # the newest probes a run remembers (Counters.probes counts them all)
 CANCEL_PROBE_ANSWERED = "answered"  # the probe ran: capacity confirmed, its job is not needed
 CANCEL_PROBE_NO_CAPACITY = "no capacity"  # queued past its wait
@@ -248,6 +251,10 @@ class Probe:
     found: bool | None = None  # the answer; None: none yet (or it failed without one)
     cancel_reason: str | None = None
     end_reason: str | None = None
+    # A hardware probe (kind PROBE_HARDWARE) runs the training code for probe_steps steps on one
+    # candidate instead; its answer is a measurement (spotorch.hardware.ProbeResult).
+    kind: str = PROBE_CAPACITY
+    candidate: str | None = None
 
     @property
     def live(self) -> bool:
@@ -473,6 +480,8 @@ class Run:
     # ---- Spot probes while on standard (section "Spot probes"); the newest PROBES_LIMIT
     probes: tuple[Probe, ...] = ()
     next_region: str | None = None  # where the next attempt goes (a probe found Spot there)
+    # ---- hardware probing (issue 19): candidate -> ProbeResult.to_doc(), cached or measured
+    hardware_results: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def active(self) -> bool:
@@ -495,7 +504,8 @@ class Run:
 
     @property
     def live_probe(self) -> Probe | None:
-        return next((p for p in self.probes if p.live), None)
+        """The live Spot capacity probe (at most one)."""
+        return next((p for p in self.probes if p.live and p.kind == PROBE_CAPACITY), None)
 
     def to_dict(self) -> dict[str, Any]:
         """The Firestore document of this run (plus `active` for the tick's query)."""
@@ -527,6 +537,8 @@ class Run:
         data["params"] = dict(data.get("params") or {})
         data["curve"] = tuple(MetricPoint(**p) for p in data.get("curve", ()))
         data["probes"] = tuple(_probe_from(p) for p in data.get("probes", ()))
+        data["hardware_results"] = {str(k): dict(v) for k, v in
+                                    (data.get("hardware_results") or {}).items()}
         return cls(**data)
 
 
@@ -669,6 +681,8 @@ class ProbeObserved:
 
     probe: int
     status: JobStatus
+    # A hardware probe that ended: its measurement (ProbeResult.to_doc(), from its report)
+    result: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -708,6 +722,9 @@ class Context:
     # The pipeline's regions, best first for this run's shape, from the shared record of Spot
     # behaviour (service.spot_regions); None: the pipeline's own order.
     region_order: tuple[str, ...] | None = None
+    # What the hardware choice assumes of Spot per candidate (the shared record); None: nothing
+    outlook: hw.Outlook | None = None
+    hardware_cache: Mapping[str, hw.ProbeResult] | None = None  # a queued run's, at its promotion
 
     @property
     def regions(self) -> tuple[str, ...]:
@@ -789,11 +806,15 @@ def new_run(*, run_id: str, pipeline: Pipeline, now: float, data_uri: str,
             reason: str = "", sweep_id: str | None = None,
             params: Mapping[str, Any] | None = None,
             hardware: Mapping[str, Any] | None = None,
-            region_order: tuple[str, ...] | None = None) -> Run:
+            region_order: tuple[str, ...] | None = None,
+            hardware_cache: Mapping[str, hw.ProbeResult] | None = None,
+            outlook: hw.Outlook | None = None) -> Run:
     """A new run: created, announced, and (unless queued) its first attempt launched.
 
     hardware: the choice among the pipeline's hardware candidates (issue 19), if one was made;
-    region_order: the regions ranked by the shared Spot record (Context.region_order)."""
+    region_order: the regions ranked by the shared Spot record (Context.region_order);
+    hardware_cache: the pipeline's cached probe results: with candidates and no choice made,
+    the run probes those without a fresh result first (status PROBING)."""
     deadline = now + pipeline.deadline_s if pipeline.deadline_s else None
     run = Run(run_id=run_id, pipeline=pipeline.name, status=RunStatus.PENDING, created_at=now,
               updated_at=now, data_uri=data_uri, snapshot_id=snapshot_id, deadline_at=deadline,
@@ -801,19 +822,29 @@ def new_run(*, run_id: str, pipeline: Pipeline, now: float, data_uri: str,
               output_uri=pipeline.run_output_uri(run_id), latest_checkpoint=resume_from,
               retry_of=retry_of, sweep_id=sweep_id, params=dict(params or {}),
               hardware=hardware)
-    ctx = Context(pipeline, now, region_order=region_order)
+    ctx = Context(pipeline, now, region_order=region_order, outlook=outlook)
     run = _note(run, ctx, "created", reason)
     run = _publish(run, ctx, "run.created", status=str(RunStatus.PENDING), data_uri=data_uri,
                    snapshot_id=snapshot_id, deadline=_iso(deadline), reason=reason)
     if hardware is not None:  # issue 19: the table travels with the event
-        run = _note(run, ctx, "hardware chosen", str(hardware.get("reason", "")))
-        run = _publish(run, ctx, "run.hardware_chosen", **{
-            k: hardware.get(k) for k in ("chosen", "reason", "warning", "expected_compute_s",
-                                         "deadline_s", "rows")})
+        run = _announce_hardware(run, ctx, hardware)
     if queued:
         return _to(run, RunStatus.QUEUED, ctx, "waiting for the active run of the pipeline")
+    if hardware is None and pipeline.hardware is not None and hardware_cache is not None:
+        return _probe_hardware(run, ctx, hardware_cache)
+    return _first_launch(run, ctx, "first attempt")
+
+
+def _first_launch(run: Run, ctx: Context, reason: str) -> Run:
     return _launch(run, ctx, _policy_capacity(run, ctx, current=None, spot_available=True),
-                   "first attempt")
+                   reason)
+
+
+def _announce_hardware(run: Run, ctx: Context, hardware: Mapping[str, Any]) -> Run:
+    run = _note(run, ctx, "hardware chosen", str(hardware.get("reason", "")))
+    return _publish(run, ctx, "run.hardware_chosen", **{
+        k: hardware.get(k) for k in ("chosen", "reason", "warning", "expected_compute_s",
+                                     "deadline_s", "rows")})
 
 
 def _iso(ts: float | None) -> str | None:
@@ -1398,11 +1429,14 @@ def _over_budget(run: Run, ctx: Context) -> Run | None:
 def _on_promote(run: Run, obs: Observation, ctx: Context) -> Run:
     if run.status is not RunStatus.QUEUED:
         return run
-    capacity = _policy_capacity(run, ctx, current=None, spot_available=True)
-    return _launch(run, ctx, capacity, "the pipeline's previous run ended")
+    if run.hardware is None and ctx.pipeline.hardware is not None:
+        return _probe_hardware(run, ctx, ctx.hardware_cache or {})
+    return _first_launch(run, ctx, "the pipeline's previous run ended")
 
 
 def _on_tick(run: Run, obs: Observation, ctx: Context) -> Run:
+    if run.status is RunStatus.PROBING:
+        return _tick_hardware(run, ctx)
     stopped = _over_budget(run, ctx)
     if stopped is not None:
         return stopped
@@ -1796,15 +1830,19 @@ def _stop_probe_job(run: Run, ctx: Context, probe: Probe) -> Run:
 
 
 def _probes_follow(run: Run, ctx: Context) -> Run:
-    """A probe lives only while its run runs on standard: otherwise it is cancelled."""
-    probe = run.live_probe
-    if probe is None or probe.cancel_reason is not None:
-        return run
+    """A capacity probe lives only while its run runs on standard, a hardware probe only while
+    its run is PROBING: otherwise it is cancelled."""
     current = run.current
     on_standard = (run.status in (RunStatus.STARTING, RunStatus.RUNNING) and current is not None
                    and current.live and current.capacity is Capacity.STANDARD
                    and current.cancel_reason is None)
-    return run if on_standard else _cancel_probe(run, ctx, probe, CANCEL_PROBE_MOVED_ON)
+    for probe in run.probes:
+        if not probe.live or probe.cancel_reason is not None:
+            continue
+        wanted = run.status is RunStatus.PROBING if probe.kind == PROBE_HARDWARE else on_standard
+        if not wanted:
+            run = _cancel_probe(run, ctx, probe, CANCEL_PROBE_MOVED_ON)
+    return run
 
 
 def _drop_intent(run: Run, intent_id: str) -> Run:
@@ -1833,7 +1871,8 @@ def _on_probe_launch_failed(run: Run, obs: Observation, ctx: Context) -> Run:
         return run  # transient: the intent stays; the tick retries it when its claim expires
     run = _drop_intent(run, obs.intent_id)
     probe = replace(probe, state=AttemptState.FAILED, ended_at=ctx.now, end_reason=obs.message)
-    return _note(_with_probe(run, probe), ctx, f"probe {probe.number} not launched", obs.message)
+    run = _note(_with_probe(run, probe), ctx, f"probe {probe.number} not launched", obs.message)
+    return _hardware_measured(run, ctx, probe, None, f"could not launch: {obs.message}")
 
 
 def _on_probe_missing(run: Run, obs: Observation, ctx: Context) -> Run:
@@ -1843,7 +1882,8 @@ def _on_probe_missing(run: Run, obs: Observation, ctx: Context) -> Run:
         return run
     probe = replace(probe, state=AttemptState.FAILED, ended_at=ctx.now,
                     end_reason="Vertex AI no longer knows the probe's job")
-    return _with_probe(run, probe)
+    return _hardware_measured(_with_probe(run, probe), ctx, probe, None,
+                              "probe job lost: Vertex AI no longer knows it")
 
 
 def _on_probe(run: Run, obs: Observation, ctx: Context) -> Run:
@@ -1865,6 +1905,12 @@ def _on_probe(run: Run, obs: Observation, ctx: Context) -> Run:
         probe = replace(probe, ended_at=status.end_time or ctx.now,
                         end_reason=status.message or str(state))
     run = _with_probe(run, probe)
+    if probe.kind == PROBE_HARDWARE:
+        if not state.ended:
+            return run
+        return _hardware_measured(run, ctx, probe, obs.result,
+                                  f"ended {state} without a measurement"
+                                  + (f": {status.message}" if status.message else ""))
     if not ran or probe.found is not None:
         return run
     probe = replace(probe, found=True)
@@ -1898,6 +1944,85 @@ def _spot_found(run: Run, ctx: Context, probe: Probe) -> Run:
         return run
     run = replace(run, next_capacity=Capacity.SPOT, next_reason=why, next_region=probe.region)
     return _cancel_attempt(run, ctx, current, CANCEL_SWITCH)
+
+
+# ---------------------------------------------------------------- hardware probes (issue 19)
+#
+# A pipeline with hardware candidates and no fresh cached result for each probes them first
+# (status PROBING): one Spot job per candidate, all at once, within the probe budget, each running
+# the training code for probe_steps steps (spotorch_trainer writes a report and exits). Each
+# ended probe's measurement comes in with its ProbeObserved (the service reads the report);
+# one past probe_timeout is cancelled and unfit. With every candidate measured, cached or left
+# out, spotorch.hardware.choose picks the shape and the first attempt launches on it.
+
+def _probe_hardware(run: Run, ctx: Context, cache: Mapping[str, hw.ProbeResult]) -> Run:
+    plan = hw.plan_probes(ctx.pipeline, cache, ctx.now)
+    results = {r.candidate: r.to_doc() for r in (*plan.cached, *plan.skipped)}
+    run = replace(run, hardware_results=results)
+    if not plan.probe:
+        return _hardware_decided(run, ctx)
+    names = ", ".join(c.name for c in plan.probe)
+    run = _to(run, RunStatus.PROBING, ctx, f"probing {len(plan.probe)} hardware candidate(s): "
+                                          f"{names}")
+    region = ctx.regions[0]
+    for candidate in plan.probe:
+        number = run.counters.probes + 1
+        run = replace(run, counters=replace(run.counters, probes=number))
+        run = _with_probe(run, Probe(number, region, created_at=ctx.now, kind=PROBE_HARDWARE,
+                                     candidate=candidate.name))
+        run, intent_id = _next_intent_id(run)
+        run = _add(run, LaunchProbeIntent(intent_id, number, region,
+                                          claimed_until=ctx.now + LAUNCH_LEASE_S))
+    return run
+
+
+def _tick_hardware(run: Run, ctx: Context) -> Run:
+    """Cancel hardware probes past their time limit: unfit, timed out."""
+    search = ctx.pipeline.hardware
+    if search is None:
+        return _hardware_decided(run, ctx)
+    for probe in run.probes:
+        if probe.kind != PROBE_HARDWARE or not probe.live or probe.cancel_reason is not None:
+            continue
+        # The job's own scheduling timeout is probe_timeout; a tick of grace for its end to show.
+        if ctx.now - probe.created_at > search.probe_timeout_s + ctx.recovery.decision_interval_s:
+            run = _cancel_probe(run, ctx, probe, "timed out")
+            run = _hardware_measured(run, ctx, run.probe(probe.number) or probe, None,
+                                     f"timed out: not done within {search.probe_timeout_s:.0f}s")
+            if run.status is not RunStatus.PROBING:
+                return run
+    return run
+
+
+def _hardware_measured(run: Run, ctx: Context, probe: Probe, result: Mapping[str, Any] | None,
+                       unfit: str) -> Run:
+    """A hardware probe's answer (or the reason it has none); the choice once all are in."""
+    if probe.kind != PROBE_HARDWARE or probe.candidate is None or \
+            probe.candidate in run.hardware_results or run.status is not RunStatus.PROBING:
+        return run
+    doc = dict(result) if result is not None else hw.ProbeResult(
+        probe.candidate, False, reason=unfit, measured_at=ctx.now,
+        job_name=probe.job_name or "").to_doc()
+    run = replace(run, hardware_results={**run.hardware_results, probe.candidate: doc})
+    fit = "fit" if doc.get("fit") else f"unfit: {doc.get('reason', '')}"
+    run = _note(run, ctx, f"probe {probe.number} ({probe.candidate}) measured", fit)
+    search = ctx.pipeline.hardware
+    if search is None or any(c.name not in run.hardware_results for c in search.candidates):
+        return run
+    return _hardware_decided(run, ctx)
+
+
+def _hardware_decided(run: Run, ctx: Context) -> Run:
+    """Every candidate has a result: choose, and launch the first attempt on the choice."""
+    results = {name: hw.ProbeResult.from_doc(doc) for name, doc in run.hardware_results.items()}
+    left = None if run.deadline_at is None else max(run.deadline_at - ctx.now, 0.0)
+    choice = hw.choose(ctx.pipeline, results, left, ctx.outlook or hw.NO_HISTORY)
+    if choice.chosen is None:
+        run = _note(run, ctx, "no hardware chosen", f"{choice.reason}: {choice.warning}; "
+                    "running on the pipeline's own worker pools")
+        return _first_launch(run, ctx, "no hardware candidate is fit")
+    run = _announce_hardware(replace(run, hardware=choice.to_doc()), ctx, choice.to_doc())
+    return _first_launch(run, ctx, f"hardware chosen: {choice.chosen}")
 
 
 _HANDLERS: Mapping[type, Callable[[Run, Observation, Context], Run]] = {

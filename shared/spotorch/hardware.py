@@ -17,14 +17,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from spotorch.domain import LABEL_PROBE
 from spotorch.ledger import hourly_rate
 from spotorch.pipeline import Capacity, HardwareCandidate, Pipeline
 from spotorch.shapes import apply, describe, on_candidate
 
 __all__ = ["apply", "describe", "on_candidate"]  # re-exported: callers find the shapes here
 
-PROBE_LABEL = LABEL_PROBE  # on every hardware probe job: "1"; never an attempt of a run
+# On every probe job: "1" (spotorch advise), or the probe's kind ("capacity", "hardware") on a
+# run's own probes (spotorch.domain.Probe). A probe is never an attempt of a run.
+PROBE_LABEL = "spotorch_probe"
 PROBE_CANDIDATE_LABEL = "spotorch_candidate"
 PROBE_REPORT = "probe.json"  # what the trainer writes under its checkpoint root at the end
 
@@ -203,7 +204,9 @@ class HardwareChoice:
     deadline_s: float | None = None
 
     def to_doc(self) -> dict[str, Any]:
-        return asdict(self)
+        doc = asdict(self)
+        doc["rows"] = list(doc["rows"])  # JSON arrays: the doc travels in run.hardware_chosen
+        return doc
 
     def row(self, name: str) -> ChoiceRow | None:
         return next((r for r in self.rows if r.candidate == name), None)

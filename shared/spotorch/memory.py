@@ -158,6 +158,13 @@ class InMemoryCheckpoints:
     # root -> step -> (complete, bytes)
     stored: dict[str, dict[int, tuple[bool, int]]] = field(default_factory=dict)
     deleted: list[str] = field(default_factory=list)
+    reports: dict[str, bytes] = field(default_factory=dict)  # uri -> bytes (probe reports)
+
+    def read_report(self, uri: str, max_bytes: int) -> bytes | None:
+        data = self.reports.get(uri)
+        if data is not None and len(data) > max_bytes:
+            raise ValueError(f"{uri}: {len(data)} bytes, more than {max_bytes}")
+        return data
 
     def put(self, checkpoint_uri: str, step: int, *, complete: bool = True,
             size: int = 0) -> str:

@@ -10,9 +10,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from spotorch import domain
 from spotorch.domain import Checkpoint, JobStatus, Run
 from spotorch.errors import SpotorchError
+from spotorch.hardware import PROBE_LABEL
 from spotorch.pipeline import Capacity, JobTemplate
 
 # Labels that tie a job to its run and attempt: set on every job, used to find (adopt) it.
@@ -20,7 +20,7 @@ LABEL_RUN = "spotorch_run"
 LABEL_ATTEMPT = "spotorch_attempt"
 LABEL_PIPELINE = "spotorch_pipeline"
 LABEL_BUCKET = "spotorch_bucket"  # the run's reconcile bucket: the tick's fan-out groups by it
-LABEL_PROBE = domain.LABEL_PROBE  # on every probe job (capacity or hardware); never an attempt
+LABEL_PROBE = PROBE_LABEL  # on every probe job (capacity or hardware); never an attempt
 LIST_PAGE_SIZE = 100
 
 
@@ -170,6 +170,11 @@ class CheckpointStore(Protocol):
 
     def delete(self, uri: str) -> int:
         """Delete one checkpoint (its marker first, so no reader sees it half gone); its bytes."""
+        ...
+
+    def read_report(self, uri: str, max_bytes: int) -> bytes | None:
+        """A small file under a checkpoint root (a probe's report); None when it is not there.
+        More than max_bytes is an error (ValueError): a report is never that large."""
         ...
 
 

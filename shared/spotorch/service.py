@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, assert_never
 
-from spotorch import domain, probes, shapes
+from spotorch import domain, hardware, probes, shapes
 from spotorch import health as hp
 from spotorch.domain import (
     CancelIntent,
@@ -47,6 +47,7 @@ from spotorch.domain import (
     TrainerReported,
 )
 from spotorch.errors import InvalidEvent, SpotorchError
+from spotorch.hardware import PROBE_CANDIDATE_LABEL
 from spotorch.pipeline import Capacity, JobTemplate, OnActiveRun, Pipeline
 from spotorch.ports import (
     LABEL_ATTEMPT,
@@ -183,8 +184,42 @@ def context(deps: Deps, run: Run, now: float) -> Context:
     """What a decision about this run needs: its pipeline, the time, and (for a pipeline with
     several regions) the regions ranked by the shared record of Spot for the run's shape."""
     pipeline = deps.pipeline(run.pipeline)
-    return Context(pipeline, now, region_order=region_order(deps, pipeline,
-                                                            shape_key(pipeline, run), now))
+    ctx = Context(pipeline, now, region_order=region_order(deps, pipeline,
+                                                           shape_key(pipeline, run), now))
+    if pipeline.hardware is None or run.hardware is not None or \
+            run.status not in (RunStatus.QUEUED, RunStatus.PROBING):
+        return ctx
+    cache = _probe_cache(deps, pipeline) if run.status is RunStatus.QUEUED else None
+    return replace(ctx, outlook=hardware_outlook(deps, pipeline, now), hardware_cache=cache)
+
+
+def _probe_cache(deps: Deps, pipeline: Pipeline) -> dict[str, hardware.ProbeResult] | None:
+    try:
+        return probes.load_cache(deps.docs, pipeline.name)
+    except Exception as exc:  # None: the run starts on the pipeline's own worker pools
+        log.warning("probe cache of %s unreadable: %s", pipeline.name, exc)
+        return None
+
+
+def hardware_outlook(deps: Deps, pipeline: Pipeline, now: float) -> hardware.Outlook | None:
+    """Expected preemptions per hour of each candidate's shape, from the shared Spot record
+    (every run's Spot attempts in the pipeline's regions); None when nothing was observed."""
+    search = pipeline.hardware
+    if search is None:
+        return None
+    rates: dict[str, float] = {}
+    try:
+        for candidate in search.candidates:
+            shape = shape_of(shapes.on_candidate(pipeline, candidate), None)
+            records = deps.spot.records(deps.docs, shape, pipeline.job.regions, now)
+            available_h = sum(r.available_s for r in records) / 3600.0
+            if available_h > 0:
+                rates[candidate.name] = sum(r.preemptions for r in records) / available_h
+    except Exception as exc:
+        log.warning("no Spot history for %s's candidates: %s", pipeline.name, exc)
+        return None
+    overhead = pipeline.recovery.restart_overhead_s
+    return hardware.Outlook(rates, rework_s_per_preemption=overhead) if rates else None
 
 
 def region_order(deps: Deps, pipeline: Pipeline, shape: str, now: float) -> tuple[str, ...] | None:
@@ -199,10 +234,20 @@ def region_order(deps: Deps, pipeline: Pipeline, shape: str, now: float) -> tupl
 
 
 def _remember_spot(deps: Deps, old: Run, new: Run, now: float) -> None:
-    """Add what this change taught about Spot (ended Spot attempts, probe answers) to the record."""
+    """Add what this change taught about Spot (ended Spot attempts, probe answers) to the record,
+    and new hardware measurements to the pipeline's probe cache (nightly runs reuse them)."""
     seen = seen_between(old, new, now)
     if seen:
         deps.spot.add(deps.docs, shape_key(deps.pipeline(new.pipeline), new), seen, now)
+    measured = {name: hardware.ProbeResult.from_doc(doc)
+                for name, doc in new.hardware_results.items()
+                if name not in old.hardware_results and
+                any(p.candidate == name and p.kind == domain.PROBE_HARDWARE for p in new.probes)}
+    if measured:
+        try:
+            probes.save_cache(deps.docs, new.pipeline, measured, now)
+        except Exception as exc:  # the run has its results; the next run probes again
+            log.warning("probe cache of %s not saved: %s", new.pipeline, exc)
 
 
 def _fresh(old: Run, new: Run) -> tuple[str, ...]:
@@ -320,11 +365,70 @@ def _perform_probe_launch(deps: Deps, run: Run, intent: LaunchProbeIntent) -> Ob
     if probe is None or probe.cancel_reason is not None or not probe.live:
         return ProbeLaunchFailed(intent.id, intent.probe, "no longer needed", permanent=True)
     try:
-        job_name = deps.launcher.launch(probe_spec(deps, run, intent))
-    except LaunchError as exc:
-        return ProbeLaunchFailed(intent.id, intent.probe, str(exc), exc.permanent)
+        spec = hardware_probe_spec(deps, run, probe) if probe.kind == domain.PROBE_HARDWARE \
+            else probe_spec(deps, run, intent)
+        job_name = deps.launcher.launch(spec)
+    except (LaunchError, ValueError) as exc:
+        permanent = not isinstance(exc, LaunchError) or exc.permanent
+        return ProbeLaunchFailed(intent.id, intent.probe, str(exc), permanent)
     record_job(deps, job_name, run.run_id, 0, run.pipeline, probe=intent.probe)
     return ProbeLaunched(intent.id, intent.probe, job_name)
+
+
+def _probe_labels(run: Run, probe: int, kind: str) -> dict[str, str]:
+    """A run's probe job: its run and bucket (the tick lists it), never an attempt number."""
+    return {LABEL_RUN: run.run_id, LABEL_ATTEMPT: domain.probe_key(probe),
+            LABEL_PIPELINE: run.pipeline, LABEL_BUCKET: str(run.bucket), LABEL_PROBE: kind}
+
+
+def _probe_session(run: Run, pipeline: Pipeline, region: str) -> probes.ProbeSession:
+    """Where a run's hardware probes write: {checkpoint_uri}/{run_id}-probes/{candidate}/."""
+    return probes.ProbeSession(f"{run.run_id}-probes", pipeline.checkpoint_uri, run.data_uri,
+                               region)
+
+
+def hardware_probe_spec(deps: Deps, run: Run, probe: domain.Probe) -> LaunchSpec:
+    """A hardware candidate's probe: the training code on its shape for probe_steps steps."""
+    pipeline = deps.pipeline(run.pipeline)
+    candidate = next((c for c in (pipeline.hardware.candidates if pipeline.hardware else ())
+                      if c.name == probe.candidate), None)
+    if candidate is None:
+        raise ValueError(f"the pipeline no longer lists candidate {probe.candidate!r}")
+    spec = probes.probe_spec(pipeline, _probe_session(run, pipeline, probe.region), candidate)
+    return replace(spec, run_id=run.run_id, region=probe.region,
+                   labels={**spec.labels, **_probe_labels(run, probe.number,
+                                                          domain.PROBE_HARDWARE),
+                           PROBE_CANDIDATE_LABEL: candidate.name},
+                   display_name=f"spotorch-{run.run_id}-probe{probe.number}-"
+                                f"{candidate.name}"[:128])
+
+
+def _hardware_result(deps: Deps, run: Run, probe: domain.Probe,
+                     status: JobStatus) -> dict[str, Any] | None:
+    """An ended hardware probe's measurement, from its trainer's report (read now)."""
+    pipeline = deps.pipeline(run.pipeline)
+    search = pipeline.hardware
+    candidate = next((c for c in (search.candidates if search else ())
+                      if c.name == probe.candidate), None)
+    if probe.kind != domain.PROBE_HARDWARE or search is None or candidate is None or \
+            not status.phase.terminal:
+        return None
+    root = probes.probe_root(_probe_session(run, pipeline, probe.region), candidate)
+    try:
+        raw = deps.checkpoints.read_report(f"{root}/checkpoints/{contract.PROBE_REPORT}",
+                                           probes.MAX_REPORT_BYTES)
+        report = json.loads(raw) if raw else None
+    except (OSError, ValueError) as exc:
+        log.warning("probe report of %s unreadable: %s", probe.candidate, exc,
+                    extra={"run_id": run.run_id})
+        report = None
+    result = hardware.result_of(
+        candidate.name, report if isinstance(report, Mapping) else None,
+        succeeded=status.phase is JobPhase.SUCCEEDED, exit_code=status.exit_code,
+        message=status.message or str(status.phase), now=deps.clock.now(),
+        key=hardware.cache_key(pipeline, candidate, search.probe_steps),
+        job_name=status.job_name)
+    return result.to_doc()
 
 
 def probe_spec(deps: Deps, run: Run, intent: LaunchProbeIntent) -> LaunchSpec:
@@ -337,9 +441,7 @@ def probe_spec(deps: Deps, run: Run, intent: LaunchProbeIntent) -> LaunchSpec:
     # Cancelled once it runs or after its wait: the timeout only bounds a probe nobody cancels.
     timeout = pipeline.recovery.spot_probes.wait_s + 2 * pipeline.recovery.decision_interval_s
     template = replace(shaped, worker_pools=pools, timeout_s=timeout)
-    labels = {LABEL_RUN: run.run_id, LABEL_ATTEMPT: domain.probe_key(intent.probe),
-              LABEL_PIPELINE: run.pipeline, LABEL_BUCKET: str(run.bucket),
-              LABEL_PROBE: domain.PROBE_CAPACITY}
+    labels = _probe_labels(run, intent.probe, domain.PROBE_CAPACITY)
     return LaunchSpec(run_id=run.run_id, pipeline=run.pipeline, attempt=0,
                       capacity=Capacity.SPOT, region=intent.region, template=template, env={},
                       labels=labels,
@@ -438,18 +540,6 @@ def record_job(deps: Deps, job_name: str, run_id: str, attempt: int, pipeline: s
 
 # ---------------------------------------------------------------- hardware (issue 19)
 
-def _hardware_choice(deps: Deps, pipeline: Pipeline) -> dict[str, Any] | None:
-    """The choice among the pipeline's candidates from fresh cached probes; None: none made."""
-    if pipeline.hardware is None:
-        return None
-    try:
-        choice = probes.cached_choice(deps.docs, pipeline, deps.clock.now(), pipeline.deadline_s)
-    except Exception as exc:  # the run still starts, on the pipeline's own worker pools
-        log.warning("no hardware choice for %s: %s", pipeline.name, exc)
-        return None
-    return None if choice is None else choice.to_doc()
-
-
 def _hardware_template(pipeline: Pipeline, run: Run) -> JobTemplate:
     """The pipeline's job template, on the candidate the run's hardware choice names."""
     return shapes.run_pipeline(pipeline, run.hardware).job
@@ -512,15 +602,16 @@ def start_run(deps: Deps, pipeline_name: str, *, run_id: str, data_uri: str,
     if active and rule == "skip":
         log.info("snapshot %s skipped: run %s is active", snapshot_id, active[0].run_id)
         return None
-    hardware = _hardware_choice(deps, pipeline)
     now = deps.clock.now()
+    cache = _probe_cache(deps, pipeline) if pipeline.hardware is not None else None
     run = domain.new_run(run_id=run_id, pipeline=pipeline, now=now,
                          data_uri=data_uri, snapshot_id=snapshot_id,
                          queued=bool(active) and rule == "queue", resume_from=resume_from,
                          retry_of=retry_of, reason=reason, sweep_id=sweep_id, params=params,
-                         hardware=hardware,
-                         region_order=region_order(deps, pipeline, shape_of(pipeline, hardware),
-                                                   now))
+                         region_order=region_order(deps, pipeline, shape_of(pipeline, None),
+                                                   now),
+                         hardware_cache=cache,
+                         outlook=hardware_outlook(deps, pipeline, now) if cache else None)
     try:
         version = deps.runs.save(run, None)
     except ConflictError:
@@ -576,9 +667,10 @@ def probe_changed(deps: Deps, run_id: str, probe: int, status: JobStatus,
                   event_id: str | None = None) -> Run:
     """Vertex's own status of a probe's job."""
     def observe(run: Run) -> Sequence[Observation]:
-        if run.probe(probe) is None:
+        known = run.probe(probe)
+        if known is None:
             raise UnknownAttempt(f"run {run_id} has no probe {probe}")
-        return [ProbeObserved(probe, status)]
+        return [ProbeObserved(probe, status, _hardware_result(deps, run, known, status))]
     return _apply_known(deps, run_id, observe, event_id)
 
 
@@ -759,7 +851,9 @@ def _poll_probes(deps: Deps, run: Run, listing: Listing) -> list[Observation]:
             found.append(ProbeObserved(probe.number, listed))
             continue
         try:
-            found.append(ProbeObserved(probe.number, deps.launcher.get(probe.job_name)))
+            status = deps.launcher.get(probe.job_name)
+            found.append(ProbeObserved(probe.number, status,
+                                       _hardware_result(deps, run, probe, status)))
         except LaunchError as exc:
             if exc.code == "NOT_FOUND":
                 found.append(ProbeMissing(probe.number, probe.job_name))
@@ -776,7 +870,7 @@ def cancel_stray_probes(deps: Deps, runs: Sequence[Run], listing: Listing,
     cancelled = 0
     for status in listing.statuses.values():
         labels = status.labels
-        if labels.get(LABEL_PROBE) != domain.PROBE_CAPACITY:
+        if labels.get(LABEL_PROBE) not in (domain.PROBE_CAPACITY, domain.PROBE_HARDWARE):
             continue
         bucket = labels.get(LABEL_BUCKET, "")
         if buckets is not None and (not bucket.isdigit() or int(bucket) not in buckets):
@@ -798,12 +892,12 @@ def cancel_stray_probes(deps: Deps, runs: Sequence[Run], listing: Listing,
 
 
 def _waits_on(run: Run, status: JobStatus) -> bool:
-    """Whether the run's live probe is this job (or this probe, its creation in flight)."""
-    probe = run.live_probe
-    return probe is not None and probe.cancel_reason is None and (
+    """Whether a live probe of the run is this job (or this probe, its creation in flight)."""
+    return any(probe.live and probe.cancel_reason is None and (
         probe.job_name == status.job_name
         or (probe.job_name is None
             and status.labels.get(LABEL_ATTEMPT) == domain.probe_key(probe.number)))
+        for probe in run.probes)
 
 
 # ---------------------------------------------------------------- fanning the tick out

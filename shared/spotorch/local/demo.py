@@ -98,9 +98,11 @@ SCENARIOS: Mapping[str, Scenario] = {
     ),
     "hardware": Scenario(
         name="hardware",
-        story="Four candidate shapes are probed (10 steps each, on Spot, in parallel): one runs "
-              "out of memory, the CPU one is too slow for the deadline, the A100 costs more; "
-              "the run trains on the cheapest one expected to meet the deadline, the L4.",
+        story="The run's first step probes four candidate shapes (10 steps of the training "
+              "code each, on Spot, in parallel, launched by the functions and followed by the "
+              "tick): one runs out of memory, the CPU one is too slow for the deadline, the "
+              "A100 costs more; the run trains on the cheapest one expected to meet the "
+              "deadline, the L4.",
         expected_status="SUCCEEDED",
         recovery={"escalation": "deadline", "restart_overhead": "5s", "backoff_base": "1s",
                   "decision_interval": "2s"},
@@ -340,37 +342,6 @@ def run_demo(scenario: Scenario, *, timeout_s: float, quiet: bool,
     return report
 
 
-def _probe(docs: Any, pipeline_file: Path, data_uri: str, say: Callable[[str], None]) -> None:
-    """Probe the pipeline's hardware candidates on the stack's Vertex emulator; cache results."""
-    from spotorch.config import load_pipeline
-    from spotorch.hardware import choose, table_lines
-    from spotorch.probes import ProbeSession, run_probes, save_cache
-    from spotorch.settings import Settings
-    from spotorch.vertex import VertexJobLauncher
-    from spotorch_trainer.storage import GcsStorage
-
-    pipeline = load_pipeline(pipeline_file)
-    settings = Settings.from_env()
-    launcher = VertexJobLauncher(settings.project, endpoint=settings.vertex_endpoint,
-                                 regions=pipeline.job.regions)
-    storage = GcsStorage()  # a client of its own, for this stack's fake GCS
-
-    def read(uri: str) -> bytes | None:
-        try:
-            return storage.read(uri)
-        except Exception:
-            return None
-
-    session = ProbeSession(f"probe-{pipeline.name}-{int(time.time())}", pipeline.checkpoint_uri,
-                           data_uri, pipeline.job.regions[0])
-    say(f"probing {len(pipeline.hardware.candidates) if pipeline.hardware else 0} hardware "
-        f"candidates on {data_uri}")
-    results = run_probes(pipeline, session, launcher, read, poll_s=0.5)
-    save_cache(docs, pipeline.name, results, time.time())
-    for line in table_lines(choose(pipeline, results, pipeline.deadline_s)):
-        say(f"  {line}")
-
-
 def _upload_and_follow(stack: Any, docs: Any, timeout_s: float, say: Callable[[str], None],
                        pipeline_file: Path | None = None, *,
                        sweep: bool = False) -> dict[str, Any]:
@@ -383,9 +354,6 @@ def _upload_and_follow(stack: Any, docs: Any, timeout_s: float, say: Callable[[s
     for i, rows in enumerate(range(0, len(y), 1000)):
         stack.upload(LANDING, f"{snapshot}part-{i:05d}.csv", to_csv(x[rows:rows + 1000],
                                                                    y[rows:rows + 1000]))
-    if pipeline_file is not None and "hardware:" in pipeline_file.read_text():
-        # the shards are there, the marker not yet: probes train on the snapshot, no run starts
-        _probe(docs, pipeline_file, f"gs://{LANDING}/{snapshot}", say)
     stack.upload(LANDING, f"{snapshot}_SUCCESS", b"")
     say(f"uploaded 3 CSV shards and _SUCCESS to gs://{LANDING}/{snapshot}")
     if sweep:

@@ -288,7 +288,8 @@ def sweep_page(view: Mapping[str, Any], *, target: str, refresh_s: int) -> str:
                       'prices)</span>')]
     trials = "".join(
         f'<tr class="trial{" best" if t["best"] else ""}" data-trial="{t["trial"]}" '
-        f'data-status="{escape(t["status"])}"><td>{t["trial"]}</td>'
+        f'data-status="{escape(t["status"])}"><td>{t["trial"]}'
+        f'{" <b>best</b>" if t["best"] else ""}</td>'
         f'<td><a href="/runs/{urllib.parse.quote(t["trial_run_id"])}">'
         f'{escape(t["trial_run_id"])}</a></td><td>{_badge(t["status"])}</td>'
         f'<td class="params">{_params(t["params"])}</td>'

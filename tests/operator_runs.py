@@ -160,23 +160,24 @@ HW_PIPELINE = Pipeline(
     hardware=HardwareSearch(candidates=(CPU, L4, SMALL), total_steps=36_000, probe_steps=20))
 
 
-def hardware_run(deps: Deps) -> Run:
+def hardware_run(deps: Deps, pipeline: Pipeline = HW_PIPELINE) -> Run:
     """A run started on the candidate its cached probes chose: cpu misses the 3 h deadline
-    (5 h), l4 is chosen (2.5 h), small was OOM-killed in its probe (unfit)."""
-    deps.pipelines[HW_PIPELINE.name] = HW_PIPELINE  # type: ignore[index]
+    (5 h), l4 is chosen (2.5 h), small was OOM-killed in its probe (unfit). With a pipeline of a
+    shorter deadline, none meets it: l4 is chosen as the fastest, with a warning."""
+    deps.pipelines[pipeline.name] = pipeline  # type: ignore[index]
     now = deps.clock.now()
 
     def key(c: HardwareCandidate) -> str:
-        return cache_key(HW_PIPELINE, c, 20)
+        return cache_key(pipeline, c, 20)
 
-    save_cache(deps.docs, HW_PIPELINE.name, {
+    save_cache(deps.docs, pipeline.name, {
         "cpu": ProbeResult("cpu", True, steps_per_s=2.0, peak_host_rss_mb=540.0, steps=20,
                            measured_at=now, key=key(CPU)),
         "l4": ProbeResult("l4", True, steps_per_s=4.0, peak_host_rss_mb=530.0, steps=20,
                           measured_at=now, key=key(L4)),
         "small": ProbeResult("small", False, reason=unfit_reason(137, OOM_MESSAGE),
                              measured_at=now, key=key(SMALL))}, now)
-    run = submit(deps, HW_PIPELINE.name, "gs://landing/ranker/day-1/", request_id="hw")
+    run = submit(deps, pipeline.name, "gs://landing/ranker/day-1/", request_id="hw")
     assert run is not None and run.hardware is not None and run.hardware["chosen"] == "l4"
     return run
 

@@ -7,6 +7,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from click.testing import CliRunner, Result
 
 from operator_runs import (
     CHECKPOINT_WRITE_S,
+    HW_PIPELINE,
     OOM_MESSAGE,
     TOTAL_STEPS,
     deps_for,
@@ -165,6 +167,11 @@ def test_show_prints_the_hardware_table_the_run_chose_from(
     table = {r["candidate"]: r for r in view["hardware"]["rows"]}
     assert view["hardware"]["chosen"] == "l4" and table["l4"]["chosen"]
     assert not table["small"]["fit"] and table["small"]["reason"].startswith("out of memory")
+    assert not view["hardware"]["warning"] and "warning:" not in result.output
+    rush = hardware_run(deps, replace(HW_PIPELINE, name="rush", deadline_s=3600.0))
+    late = invoke(backend, "show", rush.run_id).output
+    assert "chosen: l4: the fastest fit candidate" in late
+    assert "warning: no candidate is expected to meet the deadline" in " ".join(late.split())
 
 
 def test_show_gives_checkpoint_advice_from_the_runs_own_history(

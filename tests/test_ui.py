@@ -13,13 +13,22 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
 import pytest
 
-from operator_runs import OOM_MESSAGE, TOTAL_STEPS, deps_for, every_kind, hardware_run, sweeps
+from operator_runs import (
+    HW_PIPELINE,
+    OOM_MESSAGE,
+    TOTAL_STEPS,
+    deps_for,
+    every_kind,
+    hardware_run,
+    sweeps,
+)
 from spotorch.domain import Run, TrainerReported
 from spotorch.ledger import ledger
 from spotorch.operate.backend import Backend
@@ -137,7 +146,10 @@ def test_sweep_and_hardware_pages_from_the_server() -> None:
         html = body.decode()
         assert 'class="candidate chosen" data-candidate="l4"' in html
         assert 'class="candidate unfit" data-candidate="small"' in html
-        assert "chosen: l4: cheapest expected Spot cost" in html
+        assert "chosen: l4: cheapest expected Spot cost" in html and 'class="warning"' not in html
+        rush = hardware_run(deps, replace(HW_PIPELINE, name="rush", deadline_s=3600.0))
+        html = server.respond(f"/runs/{rush.run_id}", {})[2].decode()
+        assert '<p class="warning">no candidate is expected to meet the deadline' in html
         trial_run = server.respond(f"/runs/{done.trials[1].run_id}", {})[2].decode()
         assert f'href="/sweeps/{done.sweep_id}"' in trial_run and "lr=0.01" in trial_run
         story = server.respond(f"/runs/{every_kind(deps)['story'].run_id}", {})[2].decode()

@@ -1,19 +1,37 @@
 """Real runs for the operator tests, written by the service layer: a preempted-twice, escalated,
-successful run and a few others, on in-memory adapters or on any DocumentStore (Firestore)."""
+successful run and a few others, a run on a probed hardware choice, and sweeps, on in-memory
+adapters or on any DocumentStore (Firestore)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 from fakes import fake_deps
+from spotorch import sweep_service
 from spotorch.domain import Checkpoint, FailureClass, JobPhase, Run, TrainerReported
+from spotorch.hardware import ProbeResult, cache_key, unfit_reason
 from spotorch.memory import InMemoryCheckpoints, InMemoryLauncher, ManualClock
-from spotorch.pipeline import EscalationKind, Pipeline, RecoveryPolicy, Trigger
-from spotorch.service import Deps, job_changed, submit, trainer_reported
+from spotorch.pipeline import (
+    EscalationKind,
+    HardwareCandidate,
+    HardwareSearch,
+    JobTemplate,
+    OnActiveRun,
+    Pipeline,
+    RecoveryPolicy,
+    Trigger,
+    WorkerPool,
+)
+from spotorch.probes import save_cache
+from spotorch.registry_memory import MemoryModelRegistry
+from spotorch.service import Deps, job_changed, submit, tick, trainer_reported
 from spotorch.store import DocumentRunStore
+from spotorch.sweep import Sweep
+from spotorch.sweep_spec import Goal, MedianStopping, ModelRegistration, Parameter, SweepSpec
 
 T0 = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 TOTAL_STEPS = 300
+CHECKPOINT_WRITE_S = 12.0  # what the story's trainer reports each checkpoint took to write
 PIPELINE = Pipeline(
     name="ops", trigger=Trigger(bucket="landing", prefix="ops/"),
     checkpoint_uri="gs://ckpt/ops", output_uri="gs://models/ops", deadline_s=4 * 3600.0,
@@ -36,7 +54,8 @@ def _clock(deps: Deps) -> ManualClock:
 
 
 def _attempt_runs(deps: Deps, run_id: str, n: int, *, until_step: int, checkpoint: int,
-                  run_s: float, end: FailureClass | None) -> Run:
+                  run_s: float, end: FailureClass | None,
+                  checkpoint_s: float | None = CHECKPOINT_WRITE_S) -> Run:
     """Attempt n waits 30 s for capacity, runs run_s reporting steps, then ends (None: succeeds)."""
     launcher, clock = deps.launcher, _clock(deps)
     assert isinstance(launcher, InMemoryLauncher) and isinstance(deps.checkpoints,
@@ -49,7 +68,8 @@ def _attempt_runs(deps: Deps, run_id: str, n: int, *, until_step: int, checkpoin
     ckpt_uri = f"gs://ckpt/ops/{run_id}/step-{checkpoint:07d}"
     trainer_reported(deps, run_id, TrainerReported(n, "checkpoint", clock.now(), step=checkpoint,
                                                    total_steps=TOTAL_STEPS,
-                                                   checkpoint_uri=ckpt_uri))
+                                                   checkpoint_uri=ckpt_uri,
+                                                   checkpoint_s=checkpoint_s))
     deps.checkpoints.latest_by_uri[f"gs://ckpt/ops/{run_id}"] = Checkpoint(checkpoint, ckpt_uri)
     clock.advance(run_s / 2)
     trainer_reported(deps, run_id, TrainerReported(n, "progress", clock.now(), step=until_step,
@@ -120,8 +140,95 @@ def failed_run(deps: Deps, request_id: str = "broken") -> Run:
             job, JobPhase.FAILED, failure=FailureClass.USER_ERROR, exit_code=1,
             message="ValueError: bad column"))
         _clock(deps).advance(10)
-        from spotorch.service import tick
-
         tick(deps)
     assert out is not None
     return deps.runs.load(run.run_id)[0] or out
+
+
+# ---------------------------------------------------------------- a probed hardware choice
+
+CPU = HardwareCandidate("cpu", "n1-standard-8")
+L4 = HardwareCandidate("l4", "g2-standard-8", "NVIDIA_L4", 1)
+SMALL = HardwareCandidate("small", "n1-highcpu-2")
+OOM_MESSAGE = ("The replica workerpool0-0 exited with a non-zero status of 137. "
+               "Termination reason: OOMKilled.")
+HW_PIPELINE = Pipeline(
+    name="ranker", trigger=Trigger(bucket="landing", prefix="ranker/"),
+    checkpoint_uri="gs://ckpt/ranker", output_uri="gs://models/ranker", deadline_s=3 * 3600.0,
+    job=JobTemplate(worker_pools=(WorkerPool(image_uri="img", command=("python", "t.py")),)),
+    recovery=RecoveryPolicy(escalation=EscalationKind.DEADLINE, expected_compute_s=600.0),
+    hardware=HardwareSearch(candidates=(CPU, L4, SMALL), total_steps=36_000, probe_steps=20))
+
+
+def hardware_run(deps: Deps, pipeline: Pipeline = HW_PIPELINE) -> Run:
+    """A run started on the candidate its cached probes chose: cpu misses the 3 h deadline
+    (5 h), l4 is chosen (2.5 h), small was OOM-killed in its probe (unfit). With a pipeline of a
+    shorter deadline, none meets it: l4 is chosen as the fastest, with a warning."""
+    deps.pipelines[pipeline.name] = pipeline  # type: ignore[index]
+    now = deps.clock.now()
+
+    def key(c: HardwareCandidate) -> str:
+        return cache_key(pipeline, c, 20)
+
+    save_cache(deps.docs, pipeline.name, {
+        "cpu": ProbeResult("cpu", True, steps_per_s=2.0, peak_host_rss_mb=540.0, steps=20,
+                           measured_at=now, key=key(CPU)),
+        "l4": ProbeResult("l4", True, steps_per_s=4.0, peak_host_rss_mb=530.0, steps=20,
+                          measured_at=now, key=key(L4)),
+        "small": ProbeResult("small", False, reason=unfit_reason(137, OOM_MESSAGE),
+                             measured_at=now, key=key(SMALL))}, now)
+    run = submit(deps, pipeline.name, "gs://landing/ranker/day-1/", request_id="hw")
+    assert run is not None and run.hardware is not None and run.hardware["chosen"] == "l4"
+    return run
+
+
+# ---------------------------------------------------------------- sweeps
+
+SWEEP_SPEC = SweepSpec(parameters=(Parameter("lr", values=(0.1, 0.01, 0.001, 0.0001)),),
+                       parallelism=3, metric="loss", goal=Goal.MINIMIZE,
+                       early_stopping=MedianStopping(min_trials=2, min_step=10))
+SWEEP_PIPELINE = Pipeline(
+    name="tune", trigger=Trigger(bucket="landing", prefix="tune/",
+                                 on_active_run=OnActiveRun.QUEUE),
+    checkpoint_uri="gs://ckpt/tune", output_uri="gs://models/tune",
+    recovery=RecoveryPolicy(escalation=EscalationKind.NEVER, backoff_base_s=1.0),
+    sweep=SWEEP_SPEC, model=ModelRegistration(serving_image="img"))
+
+
+def _report(deps: Deps, run_id: str, step: int, loss: float) -> None:
+    _clock(deps).advance(2)
+    trainer_reported(deps, run_id, TrainerReported(1, "progress", deps.clock.now(), step=step,
+                                                   total_steps=100, metrics={"loss": loss}))
+
+
+def _job_ends(deps: Deps, run_id: str, phase: JobPhase,
+              failure: FailureClass | None = None) -> None:
+    launcher = deps.launcher
+    assert isinstance(launcher, InMemoryLauncher)
+    job_changed(deps, run_id, 1, launcher.set_status(launcher.job_of(run_id, 1), phase,
+                                                     failure=failure))
+
+
+def sweeps(deps: Deps) -> dict[str, Sweep]:
+    """A finished sweep (trial 3 stopped early by the median rule, trial 2 the best, its model
+    registered) and, a minute later, a running one (three trials running, one pending)."""
+    deps.pipelines[SWEEP_PIPELINE.name] = SWEEP_PIPELINE  # type: ignore[index]
+    deps.models = MemoryModelRegistry("proj")
+    done = sweep_service.submit_sweep(deps, "tune", "gs://landing/tune/a/", request_id="a")
+    trial = {t.number: t.run_id for t in done.trials}
+    for number, loss in ((1, 0.5), (2, 0.4), (3, 0.9)):
+        _report(deps, trial[number], 10, loss)
+    tick(deps)  # the median rule: trial 3 (0.9 at step 10) is worse than the others' median
+    _job_ends(deps, trial[3], JobPhase.CANCELLED, FailureClass.CANCELLED)
+    for number, loss in ((1, 0.3), (2, 0.2), (4, 0.25)):
+        _report(deps, trial[number], 100, loss)
+        _job_ends(deps, trial[number], JobPhase.SUCCEEDED)
+    finished = sweep_service.load_sweep(deps, done.sweep_id)[0]
+    assert finished is not None and str(finished.status) == "SUCCEEDED" and finished.best == 2
+    _clock(deps).advance(60)
+    running = sweep_service.submit_sweep(deps, "tune", "gs://landing/tune/b/", request_id="b")
+    _report(deps, running.trials[0].run_id, 10, 0.6)
+    tick(deps)  # the sweep reads its running trials' curves on the tick
+    live = sweep_service.load_sweep(deps, running.sweep_id)[0]
+    assert live is not None
+    return {"done": finished, "running": live}

@@ -7,6 +7,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -15,14 +16,23 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
-from operator_runs import TOTAL_STEPS, deps_for, every_kind
+from operator_runs import (
+    CHECKPOINT_WRITE_S,
+    HW_PIPELINE,
+    OOM_MESSAGE,
+    TOTAL_STEPS,
+    deps_for,
+    every_kind,
+    hardware_run,
+    sweeps,
+)
 from spotorch import cli as cli_module
 from spotorch.cli import cli
 from spotorch.domain import JobPhase, Run, TrainerReported
 from spotorch.memory import InMemoryLauncher
 from spotorch.operate.backend import Backend, HttpActions, OperatorError
 from spotorch.operate.logsource import CloudLoggingSource, LocalWorkerLogs
-from spotorch.operate.reads import DocumentRunReader
+from spotorch.operate.reads import DocumentRunReader, DocumentSweepReader
 from spotorch.operate.target import TargetError, check_url, resolve
 from spotorch.service import Deps, job_changed, trainer_reported
 
@@ -53,7 +63,8 @@ class ApiActions:
 def world(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tuple[Backend, Deps, dict[str, Run]]:
     deps = deps_for()
     runs = every_kind(deps)
-    backend = Backend(reader=DocumentRunReader(deps.docs), actions=ApiActions(deps, monkeypatch),
+    backend = Backend(reader=DocumentRunReader(deps.docs), sweeps=DocumentSweepReader(deps.docs),
+                      actions=ApiActions(deps, monkeypatch),
                       logs=LocalWorkerLogs(tmp_path / "vertex", poll_s=0.05),
                       pipelines=deps.pipelines, clock=deps.clock.now)
     return backend, deps, runs
@@ -135,6 +146,99 @@ def test_show_tells_everything_about_a_run(world: tuple[Backend, Deps, dict[str,
     view = json.loads(invoke(backend, "show", story.run_id, "--json").output)
     assert [a["capacity"] for a in view["attempts"]] == ["spot", "spot", "standard"]
     assert view["cost"]["lost_steps"] == 30
+
+
+def test_show_prints_the_hardware_table_the_run_chose_from(
+        world: tuple[Backend, Deps, dict[str, Run]]) -> None:
+    backend, deps, _ = world
+    run = hardware_run(deps)
+    result = invoke(backend, "show", run.run_id)
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[0]: line for line in result.output.splitlines()
+            if line.split() and line.split()[0] in ("cpu", "l4", "small")}
+    assert rows["l4"].split()[1] == "*" and rows["l4"].rstrip().endswith("chosen")
+    assert "misses deadline" in rows["cpu"] and "5.17" in rows["cpu"]  # 36,000 steps at 2/s
+    assert " no " in rows["small"]
+    # an unfit candidate's reason is read whole (wrapped, not cut), whatever the width
+    flat = " ".join(result.output.split())
+    assert f"out of memory ({OOM_MESSAGE})" in flat
+    assert "chosen: l4: cheapest expected Spot cost" in result.output
+    view = json.loads(invoke(backend, "show", run.run_id, "--json").output)
+    table = {r["candidate"]: r for r in view["hardware"]["rows"]}
+    assert view["hardware"]["chosen"] == "l4" and table["l4"]["chosen"]
+    assert not table["small"]["fit"] and table["small"]["reason"].startswith("out of memory")
+    assert not view["hardware"]["warning"] and "warning:" not in result.output
+    rush = hardware_run(deps, replace(HW_PIPELINE, name="rush", deadline_s=3600.0))
+    late = invoke(backend, "show", rush.run_id).output
+    assert "chosen: l4: the fastest fit candidate" in late
+    assert "warning: no candidate is expected to meet the deadline" in " ".join(late.split())
+
+
+def test_show_gives_checkpoint_advice_from_the_runs_own_history(
+        world: tuple[Backend, Deps, dict[str, Run]]) -> None:
+    backend, deps, runs = world
+    story = runs["story"]
+    view = json.loads(invoke(backend, "show", story.run_id, "--json").output)
+    advice = view["checkpoint_advice"]
+    # Spot ran 2 x 20 min for 2 preemptions: 20 min per preemption; 12 s to write a checkpoint.
+    assert advice["mtbf_s"] == 1200.0 and advice["checkpoint_cost_s"] == CHECKPOINT_WRITE_S
+    assert advice["optimal_s"] == pytest.approx((2 * CHECKPOINT_WRITE_S * 1200.0) ** 0.5)
+    assert advice["interval_s"] > 2 * advice["optimal_s"]  # one checkpoint per ~20 min attempt
+    assert advice["verdict"] == "checkpoint more often" and advice["missing"] == []
+    text = invoke(backend, "show", story.run_id).output
+    assert "checkpoint more often: every 19m 20s; 12s to write one; 20m 00s on Spot per " \
+           "preemption; optimum every 2m 50s" in " ".join(text.split())
+    fresh = json.loads(invoke(backend, "show", hardware_run(deps).run_id, "--json").output)
+    assert fresh["checkpoint_advice"]["verdict"] == "not enough history"
+    assert len(fresh["checkpoint_advice"]["missing"]) == 3
+    assert "not enough history: needs two checkpoints" in invoke(
+        backend, "show", runs["live"].run_id).output
+
+
+def test_sweeps_and_one_sweeps_trials(world: tuple[Backend, Deps, dict[str, Run]]) -> None:
+    backend, deps, _ = world
+    made = sweeps(deps)
+    done, running = made["done"], made["running"]
+    listing = invoke(backend, "sweeps")
+    assert listing.exit_code == 0, listing.output
+    lines = [line.split() for line in listing.output.splitlines()]
+    assert [line[0] for line in lines[1:]] == [running.sweep_id, done.sweep_id]  # newest first
+    assert lines[2][2:3] == ["SUCCEEDED"] and "4/4" in lines[2] and "loss 0.2" in \
+        " ".join(lines[2])
+    assert lines[1][2] == "RUNNING" and "0/4" in lines[1]
+    data = json.loads(invoke(backend, "sweeps", "--json", "--status", "ended").output)
+    assert [(r["sweep_id"], r["best_trial"], r["best_metric"], r["trials_done"])
+            for r in data["sweeps"]] == [(done.sweep_id, 2, 0.2, 4)]
+    assert data["sweeps"][0]["model_name"] == "projects/proj/locations/us-central1/models/tune@1"
+    page = json.loads(invoke(backend, "sweeps", "--json", "--limit", "1").output)
+    rest = json.loads(invoke(backend, "sweeps", "--json", "--page-token",
+                             page["next_page_token"]).output)
+    assert [r["sweep_id"] for r in page["sweeps"] + rest["sweeps"]] == [running.sweep_id,
+                                                                       done.sweep_id]
+
+    shown = invoke(backend, "sweep", done.sweep_id)
+    assert shown.exit_code == 0, shown.output
+    trial_lines = {line.split()[0]: line for line in shown.output.splitlines()
+                   if line[:1].isdigit()}
+    assert "*" in trial_lines["2"] and "lr=0.01" in trial_lines["2"]
+    assert "STOPPED" in trial_lines["3"] and "stopped early" in trial_lines["3"]
+    assert "best      trial 2" in shown.output and "tune@1" in shown.output
+    view = json.loads(invoke(backend, "sweep", done.sweep_id, "--json").output)
+    assert [(t["trial"], t["status"], t["metric"], t["step"], t["stopped_early"])
+            for t in view["trials"]] == [(1, "SUCCEEDED", 0.3, 100, False),
+                                         (2, "SUCCEEDED", 0.2, 100, False),
+                                         (3, "STOPPED", 0.9, 10, True),
+                                         (4, "SUCCEEDED", 0.25, 100, False)]
+    assert view["best"]["trial"] == 2 and view["best"]["params"] == {"lr": 0.01}
+    assert view["metric"] == "loss" and view["goal"] == "minimize"
+    live = json.loads(invoke(backend, "sweep", running.sweep_id, "--json").output)
+    assert [t["status"] for t in live["trials"]] == ["RUNNING", "RUNNING", "RUNNING", "PENDING"]
+    assert live["trials"][0]["step"] == 10 and live["best"] is None
+    unknown = invoke(backend, "sweep", "nope")
+    assert unknown.exit_code == 1 and unknown.output.strip() == (
+        "spotorch: no sweep 'nope' (list them with `spotorch sweeps`)")
+    bad = invoke(backend, "sweeps", "--status", "PREEMPTED")
+    assert bad.exit_code == 2 and "unknown sweep status 'PREEMPTED'" in bad.output
 
 
 def test_an_unknown_run_is_one_line_and_exit_1(world: tuple[Backend, Deps, dict[str, Run]]) -> None:

@@ -595,3 +595,20 @@ def test_handle_pubsub_cloudevent_builds_everything_from_env(
     assert [d.status for d in first] == [DeliveryStatus.SENT]
     assert [d.status for d in second] == [DeliveryStatus.DUPLICATE]
     assert len(web.ok("/chat")) == 1
+
+
+def test_loading_the_notifier_does_not_import_the_pipeline_format() -> None:
+    """A cold notifier instance loads functions/main.py and spotorch.notify without pydantic (the
+    pipeline format); the pipeline files are parsed at the first event's route lookup."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    code = ("import sys, importlib.util\n"
+            f"spec = importlib.util.spec_from_file_location('main', {str(root / 'functions/main.py')!r})\n"
+            "main = importlib.util.module_from_spec(spec); spec.loader.exec_module(main)\n"
+            "import spotorch.notify\n"
+            "print(sorted(m for m in ('pydantic', 'yaml', 'spotorch.pipeline', 'spotorch.config')"
+            " if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,5 +1,6 @@
 """`spotorch ui`: the timeline SVG, the server's pages, and the pages in a real headless Chromium
-(Debian's chromium driven by Playwright) on runs the service layer wrote to the Firestore emulator.
+(Debian's chromium driven by Playwright) on runs and sweeps the service layer wrote to the
+Firestore emulator.
 
 Screenshots go to build/test-artifacts/ui/ (or $SPOTORCH_TEST_ARTIFACTS).
 """
@@ -12,17 +13,26 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
 import pytest
 
-from operator_runs import TOTAL_STEPS, deps_for, every_kind
+from operator_runs import (
+    HW_PIPELINE,
+    OOM_MESSAGE,
+    TOTAL_STEPS,
+    deps_for,
+    every_kind,
+    hardware_run,
+    sweeps,
+)
 from spotorch.domain import Run, TrainerReported
 from spotorch.ledger import ledger
 from spotorch.operate.backend import Backend
-from spotorch.operate.reads import DocumentRunReader
+from spotorch.operate.reads import DocumentRunReader, DocumentSweepReader
 from spotorch.service import Deps, trainer_reported
 from spotorch.ui.server import UIServer
 from spotorch.ui.timeline import timeline_svg
@@ -45,8 +55,9 @@ class NoLogs:
         return iter(())
 
 
-def backend_of(deps: Deps, reader: Any = None) -> Backend:
-    return Backend(reader=reader or DocumentRunReader(deps.docs), actions=NoActions(),
+def backend_of(deps: Deps, reader: Any = None, sweep_reader: Any = None) -> Backend:
+    return Backend(reader=reader or DocumentRunReader(deps.docs),
+                   sweeps=sweep_reader or DocumentSweepReader(deps.docs), actions=NoActions(),
                    logs=NoLogs(), pipelines=deps.pipelines, clock=deps.clock.now)
 
 
@@ -104,6 +115,49 @@ def test_pages_and_errors_from_the_server() -> None:
         server.close()
 
 
+def test_sweep_and_hardware_pages_from_the_server() -> None:
+    import json
+
+    deps = deps_for()
+    hw = hardware_run(deps)
+    made = sweeps(deps)
+    done, running = made["done"], made["running"]
+    server = UIServer(backend_of(deps), port=0, refresh_s=3)
+    try:
+        status, _, body = server.respond("/sweeps", {})
+        html = body.decode()
+        assert status == 200 and html.count('class="sweep"') == 2
+        assert 'http-equiv="refresh"' in html  # one sweep is still running
+        assert server.respond("/sweeps", {"status": "ended"})[2].decode().count(
+            'class="sweep"') == 1
+        status, _, body = server.respond("/sweeps", {"status": "weird"})
+        assert status == 400 and "unknown sweep status" in body.decode()
+        status, _, body = server.respond(f"/sweeps/{done.sweep_id}", {})
+        html = body.decode()
+        assert status == 200 and html.count('<tr class="trial') == 4
+        assert 'class="trial best" data-trial="2"' in html and "stopped early" in html
+        assert 'http-equiv="refresh"' not in html  # it ended
+        assert server.respond("/sweeps/nope", {})[0] == 404
+        listing = json.loads(server.respond("/api/sweeps", {})[2])
+        assert [r["sweep_id"] for r in listing["sweeps"]] == [running.sweep_id, done.sweep_id]
+        one = json.loads(server.respond(f"/api/sweeps/{done.sweep_id}", {})[2])
+        assert one["best"]["trial"] == 2 and len(one["trials"]) == 4
+        status, _, body = server.respond(f"/runs/{hw.run_id}", {})
+        html = body.decode()
+        assert 'class="candidate chosen" data-candidate="l4"' in html
+        assert 'class="candidate unfit" data-candidate="small"' in html
+        assert "chosen: l4: cheapest expected Spot cost" in html and 'class="warning"' not in html
+        rush = hardware_run(deps, replace(HW_PIPELINE, name="rush", deadline_s=3600.0))
+        html = server.respond(f"/runs/{rush.run_id}", {})[2].decode()
+        assert '<p class="warning">no candidate is expected to meet the deadline' in html
+        trial_run = server.respond(f"/runs/{done.trials[1].run_id}", {})[2].decode()
+        assert f'href="/sweeps/{done.sweep_id}"' in trial_run and "lr=0.01" in trial_run
+        story = server.respond(f"/runs/{every_kind(deps)['story'].run_id}", {})[2].decode()
+        assert "checkpoint more often" in story
+    finally:
+        server.close()
+
+
 # ---------------------------------------------------------------- in Chromium, on Firestore
 
 def _ensure_chromium() -> str:
@@ -135,13 +189,13 @@ def browser() -> Iterator[Any]:
 def firestore_world(firestore_emulator: Any) -> tuple[Deps, dict[str, Run], Backend]:
     from google.cloud import firestore
 
-    from spotorch.operate.reads import FirestoreRunReader
+    from spotorch.operate.reads import FirestoreRunReader, FirestoreSweepReader
     from spotorch.store_firestore import FirestoreDocumentStore
 
     deps = deps_for(FirestoreDocumentStore(project=firestore_emulator.project))
     runs = every_kind(deps)
-    reader = FirestoreRunReader(firestore.Client(project=firestore_emulator.project))
-    return deps, runs, backend_of(deps, reader)
+    client = firestore.Client(project=firestore_emulator.project)
+    return deps, runs, backend_of(deps, FirestoreRunReader(client), FirestoreSweepReader(client))
 
 
 def _shot(page: Any, name: str) -> Path:
@@ -213,6 +267,87 @@ def test_a_live_run_page_refreshes_itself(
         while f"120 / {TOTAL_STEPS}" not in page.locator(".facts").inner_text():
             assert time.monotonic() < deadline, "the page did not refresh itself"
             time.sleep(0.3)
+    finally:
+        server.close()
+
+
+@pytest.mark.emulator
+def test_a_runs_hardware_table_in_chromium(
+        browser: Any, firestore_world: tuple[Deps, dict[str, Run], Backend]) -> None:
+    deps, _, backend = firestore_world
+    run = hardware_run(deps)
+    server = UIServer(backend, port=0, refresh_s=600).start()
+    try:
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(f"{server.url}runs/{run.run_id}")
+        chosen = page.locator("table.hardware tr.chosen")
+        assert chosen.count() == 1 and chosen.get_attribute("data-candidate") == "l4"
+        assert chosen.locator("td.reason").inner_text() == "chosen"
+        assert chosen.is_visible()
+        # the chosen row stands out: its own background, not the table's white
+        background = chosen.locator("td").first.evaluate("e => getComputedStyle(e).backgroundColor")
+        assert background == "rgb(220, 252, 231)"
+        unfit = page.locator('table.hardware tr.unfit[data-candidate="small"]')
+        assert unfit.locator("td.fits").inner_text() == "no"
+        assert unfit.locator("td.reason").inner_text() == f"out of memory ({OOM_MESSAGE})"
+        assert unfit.locator("td.reason").is_visible()
+        cpu = page.locator('table.hardware tr[data-candidate="cpu"]')
+        assert cpu.locator("td.fits").inner_text() == "misses deadline"
+        assert page.locator("section.hardware p.choice").inner_text().startswith(
+            "chosen: l4: cheapest expected Spot cost")
+        assert "not enough history" in page.locator(".facts .advice").inner_text()
+        page.locator("section.hardware").scroll_into_view_if_needed()
+        _shot(page, "run-hardware")
+    finally:
+        server.close()
+
+
+@pytest.mark.emulator
+def test_the_sweeps_page_and_a_sweeps_trials_in_chromium(
+        browser: Any, firestore_world: tuple[Deps, dict[str, Run], Backend]) -> None:
+    deps, _, backend = firestore_world
+    made = sweeps(deps)
+    done, running = made["done"], made["running"]
+    server = UIServer(backend, port=0, refresh_s=600).start()
+    try:
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(server.url)
+        page.click('header nav a[href="/sweeps"]')
+        page.wait_for_url("**/sweeps")
+        rows = page.locator("tr.sweep")
+        assert [rows.nth(i).get_attribute("data-sweep-id") for i in range(rows.count())] == [
+            running.sweep_id, done.sweep_id]
+        row = page.locator(f'tr.sweep[data-sweep-id="{done.sweep_id}"]')
+        assert row.locator("td.trials").inner_text() == "4/4"
+        assert row.locator("td.best").inner_text() == "2"
+        assert row.locator("td.metric").inner_text() == "loss 0.2"
+        _shot(page, "sweeps")
+
+        page.select_option("select[name=status]", "active")
+        page.click("form.filters button")
+        page.wait_for_url("**status=active**")
+        assert page.locator("tr.sweep").count() == 1
+
+        page.goto(f"{server.url}sweeps")
+        page.click(f'a[href="/sweeps/{done.sweep_id}"]')
+        page.wait_for_selector("table.trials")
+        trials = page.locator("table.trials tr.trial")
+        assert [trials.nth(i).get_attribute("data-status") for i in range(4)] == [
+            "SUCCEEDED", "SUCCEEDED", "STOPPED", "SUCCEEDED"]
+        best = page.locator("table.trials tr.best")
+        assert best.count() == 1 and best.get_attribute("data-trial") == "2"
+        assert best.locator("td.params").inner_text() == "lr=0.01"
+        assert best.locator("td.metric").inner_text() == "0.2"
+        stopped = page.locator('table.trials tr[data-trial="3"]')
+        assert stopped.locator("td.early").inner_text() == "stopped early"
+        assert stopped.locator("td.step").inner_text() == "10"
+        facts = page.locator(".facts").inner_text()
+        assert "tune@1" in facts and "loss (minimize)" in facts and "1 stopped early" in facts
+        _shot(page, "sweep")
+
+        page.click(f'a[href="/runs/{done.trials[1].run_id}"]')  # a trial is a run
+        page.wait_for_selector("svg.timeline")
+        assert page.locator(f'.facts a[href="/sweeps/{done.sweep_id}"]').count() == 1
     finally:
         server.close()
 

@@ -281,6 +281,68 @@ def status_alias(ctx: click.Context, run_id: str, as_json: bool) -> None:
 
 
 @cli.command()
+@click.option("--status", "statuses", multiple=True, metavar="STATUS",
+              help="Only these sweep statuses (repeat or comma-separate); also active, ended.")
+@click.option("--pipeline", help="Only sweeps of this pipeline.")
+@click.option("--since", metavar="WHEN",
+              help="Only sweeps created since: an ISO 8601 time or a span (30m, 6h, 2d, 1w).")
+@click.option("--limit", type=click.IntRange(1, 500), default=20, help="Sweeps per page.")
+@click.option("--page-token", metavar="TOKEN", help="Continue a listing (its next_page_token).")
+@json_option
+@click.pass_context
+def sweeps(ctx: click.Context, statuses: tuple[str, ...], pipeline: str | None,
+           since: str | None, limit: int, page_token: str | None, as_json: bool) -> None:
+    """List hyperparameter sweeps, newest first: trials ended, the best trial and its metric."""
+    from spotorch.operate.reads import SweepQuery, parse_sweep_statuses
+    from spotorch.operate.times import parse_since
+    from spotorch.operate.views import sweep_row
+
+    backend = _backend(ctx)
+
+    def listing() -> Any:
+        query = SweepQuery(statuses=parse_sweep_statuses(statuses), pipeline=pipeline,
+                           since=parse_since(since, backend.clock()) if since else None,
+                           limit=limit, page_token=page_token)
+        return backend.sweeps.list(query)
+
+    page = _guard(listing)
+    rows = [sweep_row(sw, backend.pipeline(sw.pipeline)) for sw in page.sweeps]
+    if as_json:
+        _print_json({"sweeps": rows, "next_page_token": page.next_page_token})
+        return
+    console = _console()
+    if not rows:
+        console.print("no sweeps" + (" match" if statuses or pipeline or since else " yet"))
+        return
+    from spotorch.operate.render import sweeps_table
+
+    console.print(sweeps_table(rows))
+    if page.next_page_token:
+        console.print(f"more: spotorch sweeps --page-token {page.next_page_token}", style="dim")
+
+
+@cli.command()
+@click.argument("sweep_id", metavar="SWEEP")
+@json_option
+@click.pass_context
+def sweep(ctx: click.Context, sweep_id: str, as_json: bool) -> None:
+    """One sweep: every trial's parameters, status, metric and step, the best, the model."""
+    from spotorch.operate.views import sweep_view
+
+    backend = _backend(ctx)
+    found = _guard(lambda: backend.sweep(sweep_id))
+    view = sweep_view(found, backend.pipeline(found.pipeline))
+    if as_json:
+        _print_json(view)
+        return
+    from spotorch.operate.render import show_sweep
+
+    console = _console()
+    for part in show_sweep(view):
+        console.print(part)
+
+
+@cli.command()
 @click.argument("run_id", metavar="RUN")
 @click.option("--interval", type=click.FloatRange(0.2, 600), default=2.0,
               help="Seconds between looks at the run.")

@@ -2021,7 +2021,10 @@ def _hardware_decided(run: Run, ctx: Context) -> Run:
         run = _note(run, ctx, "no hardware chosen", f"{choice.reason}: {choice.warning}; "
                     "running on the pipeline's own worker pools")
         return _first_launch(run, ctx, "no hardware candidate is fit")
-    run = _announce_hardware(replace(run, hardware=choice.to_doc()), ctx, choice.to_doc())
+    doc = choice.to_doc()
+    if ctx.outlook is not None:  # what the expected hours assumed of Spot, per candidate
+        doc["outlook"] = {"preemptions_per_hour": dict(ctx.outlook.preemptions_per_hour)}
+    run = _announce_hardware(replace(run, hardware=doc), ctx, doc)
     return _first_launch(run, ctx, f"hardware chosen: {choice.chosen}")
 
 

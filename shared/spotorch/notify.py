@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from spotorch import logs
 from spotorch._notify_channels import (
@@ -63,7 +63,11 @@ from spotorch._notify_ledger import (
 )
 from spotorch.errors import InvalidEvent, SpotorchError
 from spotorch.events import TERMINAL_KINDS, TYPE_PREFIX, event_problems, from_pubsub, kind_of
-from spotorch.pipeline import Route
+
+if TYPE_CHECKING:
+    # Only a type here: the pipeline format (pydantic, ~0.06 s) is imported where the pipeline
+    # files are parsed, at the first event's route lookup, not when the function instance loads.
+    from spotorch.pipeline import Route
 
 __all__ = [
     "CHANNEL_KINDS", "COLLECTION_NOTIFICATIONS", "COLLECTION_NOTIFICATION_RUNS",

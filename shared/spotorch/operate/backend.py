@@ -1,5 +1,5 @@
-"""What the CLI and the UI use: a run reader, the pipelines (for prices), the api for actions,
-and the training logs. Built from a Target; every cloud client is created on first use."""
+"""What the CLI and the UI use: run and sweep readers, the pipelines (for prices), the api for
+actions, and the training logs. Built from a Target; every cloud client is created on first use."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from typing import Any, Protocol
 
 from spotorch.domain import Run
 from spotorch.operate.logsource import CloudLoggingSource, LocalWorkerLogs, LogLine, LogSource
-from spotorch.operate.reads import RunReader
+from spotorch.operate.reads import RunReader, SweepReader
 from spotorch.operate.target import Target
 from spotorch.pipeline import Pipeline
+from spotorch.sweep import Sweep
 
 
 class OperatorError(Exception):
@@ -108,6 +109,7 @@ class Backend:
     """Everything operator commands read and steer."""
 
     reader: RunReader
+    sweeps: SweepReader
     actions: Actions
     logs: LogSource
     pipelines: Mapping[str, Pipeline] = field(default_factory=dict)
@@ -125,6 +127,18 @@ class Backend:
         if run is None:
             raise OperatorError(f"no run {run_id!r} (list them with `spotorch runs`)")
         return run
+
+    def sweep(self, sweep_id: str) -> Sweep:
+        """The sweep, or OperatorError naming it when there is none."""
+        try:
+            found = self.sweeps.get(sweep_id)
+        except OperatorError:
+            raise
+        except Exception as exc:  # the store's own errors: unreachable, permission denied
+            raise OperatorError(describe_store_error(exc, self.target, "sweeps")) from None
+        if found is None:
+            raise OperatorError(f"no sweep {sweep_id!r} (list them with `spotorch sweeps`)")
+        return found
 
     def pipeline(self, name: str) -> Pipeline | None:
         return self.pipelines.get(name)
@@ -145,18 +159,18 @@ class Backend:
         return self.logs.lines(chosen.job_name, follow=follow, ended=ended)
 
 
-def describe_store_error(exc: Exception, target: Target | None) -> str:
-    """One line for what went wrong reading runs, naming the store."""
+def describe_store_error(exc: Exception, target: Target | None, what: str = "runs") -> str:
+    """One line for what went wrong reading runs (or sweeps), naming the store."""
     where = ("the local stack's Firestore emulator at " + target.firestore_emulator
              if target and target.firestore_emulator else
              f"Firestore of project {target.project}" if target else "the run store")
     name = type(exc).__name__
     if name == "DefaultCredentialsError":
-        return (f"no Google credentials to read runs from {where} "
+        return (f"no Google credentials to read {what} from {where} "
                 "(run `gcloud auth application-default login`, or start the local stack)")
     if name in ("PermissionDenied", "Forbidden", "Unauthenticated"):
-        return f"not authorised to read runs from {where}: {exc}"
-    return f"cannot read runs from {where}: {name}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return f"not authorised to read {what} from {where}: {exc}"
+    return f"cannot read {what} from {where}: {name}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
 def load_pipelines(path: str | None) -> Mapping[str, Pipeline]:
@@ -174,18 +188,21 @@ def load_pipelines(path: str | None) -> Mapping[str, Pipeline]:
 
 def backend_for(target: Target) -> Backend:
     """The backend of a target: Firestore (or its emulator) for reads, HTTP for actions."""
-    from spotorch.operate.reads import FirestoreRunReader
+    from spotorch.operate.reads import FirestoreRunReader, FirestoreSweepReader
 
     if target.firestore_emulator:
         # The Firestore client finds an emulator only through the environment.
         os.environ["FIRESTORE_EMULATOR_HOST"] = target.firestore_emulator
-    reader = FirestoreRunReader(_LazyFirestore(target.project, target.database))
+    client = _LazyFirestore(target.project, target.database)
+    reader = FirestoreRunReader(client)
+    sweeps = FirestoreSweepReader(client)
     if target.api_url is None:
         raise OperatorError("no api URL: pass --api-url or set SPOTORCH_API_URL", exit_code=2)
     actions = HttpActions(target.api_url, google_identity_token if target.needs_token else None)
     logs: LogSource = (LocalWorkerLogs(target.vertex_workdir) if target.vertex_workdir
                        else CloudLoggingSource(target.project))
-    return Backend(reader=_GuardedReader(reader, target), actions=actions, logs=logs,
+    return Backend(reader=_GuardedReader(reader, target),
+                   sweeps=_GuardedSweepReader(sweeps, target), actions=actions, logs=logs,
                    pipelines=load_pipelines(target.pipelines), target=target)
 
 
@@ -221,25 +238,43 @@ class _LazyFirestore:
         return self._client.collection(name)
 
 
+def _store_call(target: Target, fn: Callable[[], Any], what: str = "runs") -> Any:
+    """fn(); the store's own errors become one-line OperatorErrors naming the store."""
+    from spotorch.operate.reads import BadQuery
+
+    try:
+        return fn()
+    except (BadQuery, OperatorError):
+        raise
+    except Exception as exc:
+        raise OperatorError(describe_store_error(exc, target, what)) from None
+
+
 @dataclass(frozen=True)
 class _GuardedReader:
-    """A reader whose store errors become one-line OperatorErrors naming the store."""
+    """A run reader whose store errors become one-line OperatorErrors naming the store."""
 
     inner: RunReader
     target: Target
 
     def get(self, run_id: str) -> Run | None:
-        try:
-            return self.inner.get(run_id)
-        except Exception as exc:
-            raise OperatorError(describe_store_error(exc, self.target)) from None
+        found: Run | None = _store_call(self.target, lambda: self.inner.get(run_id))
+        return found
 
     def list(self, query: Any) -> Any:
-        from spotorch.operate.reads import BadQuery
+        return _store_call(self.target, lambda: self.inner.list(query))
 
-        try:
-            return self.inner.list(query)
-        except BadQuery:
-            raise
-        except Exception as exc:
-            raise OperatorError(describe_store_error(exc, self.target)) from None
+
+@dataclass(frozen=True)
+class _GuardedSweepReader:
+    """A sweep reader whose store errors become one-line OperatorErrors naming the store."""
+
+    inner: SweepReader
+    target: Target
+
+    def get(self, sweep_id: str) -> Sweep | None:
+        found: Sweep | None = _store_call(self.target, lambda: self.inner.get(sweep_id), "sweeps")
+        return found
+
+    def list(self, query: Any) -> Any:
+        return _store_call(self.target, lambda: self.inner.list(query), "sweeps")

@@ -1,16 +1,17 @@
-"""Reading runs for people: one run, or every run newest first with filters and pages."""
+"""Reading runs and sweeps for people: one, or every one newest first with filters and pages."""
 
 from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from spotorch.domain import Run, RunStatus
 from spotorch.ports import DocumentStore
-from spotorch.settings import COLLECTION_RUNS
+from spotorch.settings import COLLECTION_RUNS, COLLECTION_SWEEPS
+from spotorch.sweep import Sweep, SweepStatus
 
 MAX_PAGE = 500
 READ_TIMEOUT_S = 20.0
@@ -69,13 +70,15 @@ class RunPage:
     next_page_token: str | None = None
 
 
-def _key(run: Run) -> tuple[float, str]:
-    return run.created_at, run.run_id
+def _key(item: Run | Sweep) -> tuple[float, str]:
+    """The listing order of runs and sweeps: creation time, ties by id (both descending)."""
+    return item.created_at, item.run_id if isinstance(item, Run) else item.sweep_id
 
 
-def encode_token(run: Run) -> str:
-    """The page token after `run`: its sort key, opaque to callers."""
-    return base64.urlsafe_b64encode(f"{run.created_at!r}|{run.run_id}".encode()).decode()
+def encode_token(item: Run | Sweep) -> str:
+    """The page token after `item`: its sort key, opaque to callers."""
+    at, ident = _key(item)
+    return base64.urlsafe_b64encode(f"{at!r}|{ident}".encode()).decode()
 
 
 def decode_token(token: str) -> tuple[float, str]:
@@ -87,19 +90,28 @@ def decode_token(token: str) -> tuple[float, str]:
             from None
 
 
+_Item = TypeVar("_Item", Run, Sweep)
+
+
+def _cut(newest_first: Iterator[_Item], matches: Callable[[_Item], bool], limit: int,
+         page_token: str | None) -> tuple[tuple[_Item, ...], str | None]:
+    """One page out of items sorted newest first, and the token of the next one (None: last)."""
+    after = decode_token(page_token) if page_token else None
+    picked: list[_Item] = []
+    for item in newest_first:
+        if after is not None and _key(item) >= after:
+            continue
+        if not matches(item):
+            continue
+        if len(picked) == limit:
+            return tuple(picked), encode_token(picked[-1])
+        picked.append(item)
+    return tuple(picked), None
+
+
 def page_of(newest_first: Iterator[Run], query: RunQuery) -> RunPage:
     """Cut one page out of runs sorted newest first (ties by run id, descending)."""
-    after = decode_token(query.page_token) if query.page_token else None
-    picked: list[Run] = []
-    for run in newest_first:
-        if after is not None and _key(run) >= after:
-            continue
-        if not query.matches(run):
-            continue
-        if len(picked) == query.limit:
-            return RunPage(tuple(picked), encode_token(picked[-1]))
-        picked.append(run)
-    return RunPage(tuple(picked), None)
+    return RunPage(*_cut(newest_first, query.matches, query.limit, query.page_token))
 
 
 class RunReader(Protocol):
@@ -130,15 +142,15 @@ class DocumentRunReader:
         return page_of(iter(runs), query)
 
 
-class FirestoreRunReader:
-    """Reads runs from Firestore newest first, streaming only as far as the page needs.
+class _FirestoreNewestFirst:
+    """Documents of one collection newest first by `created_at`, streamed only as far as a page
+    needs.
 
     Only `created_at` is queried (range and order on one field: Firestore's automatic single-field
     index serves it, no composite index to deploy); status and pipeline are filtered here.
     """
 
-    def __init__(self, client: Any, collection: str = COLLECTION_RUNS,
-                 timeout_s: float = READ_TIMEOUT_S) -> None:
+    def __init__(self, client: Any, collection: str, timeout_s: float) -> None:
         self.client = client
         self.collection = collection
         self.timeout_s = timeout_s
@@ -149,31 +161,144 @@ class FirestoreRunReader:
 
         return {"retry": Retry(timeout=self.timeout_s), "timeout": self.timeout_s}
 
-    def get(self, run_id: str) -> Run | None:
-        snap = self.client.collection(self.collection).document(run_id).get(**self._deadline())
-        return Run.from_dict(snap.to_dict()) if snap.exists else None
+    def _get(self, doc_id: str) -> dict[str, Any] | None:
+        snap = self.client.collection(self.collection).document(doc_id).get(**self._deadline())
+        return snap.to_dict() if snap.exists else None
 
-    def list(self, query: RunQuery) -> RunPage:
+    def _stream(self, since: float | None, page_token: str | None) -> Iterator[dict[str, Any]]:
         from google.cloud import firestore
         from google.cloud.firestore_v1.base_query import FieldFilter
 
         q = self.client.collection(self.collection)
-        if query.since is not None:
-            q = q.where(filter=FieldFilter("created_at", ">=", query.since))
-        if query.page_token:
-            at, _ = decode_token(query.page_token)
+        if since is not None:
+            q = q.where(filter=FieldFilter("created_at", ">=", since))
+        if page_token:
+            at, _ = decode_token(page_token)
             q = q.where(filter=FieldFilter("created_at", "<=", at))
         q = q.order_by("created_at", direction=firestore.Query.DESCENDING)
-        runs = (Run.from_dict(snap.to_dict()) for snap in q.stream(**self._deadline()))
+        return (snap.to_dict() for snap in q.stream(**self._deadline()))
+
+
+class FirestoreRunReader(_FirestoreNewestFirst):
+    """Reads runs from Firestore newest first (see _FirestoreNewestFirst)."""
+
+    def __init__(self, client: Any, collection: str = COLLECTION_RUNS,
+                 timeout_s: float = READ_TIMEOUT_S) -> None:
+        super().__init__(client, collection, timeout_s)
+
+    def get(self, run_id: str) -> Run | None:
+        doc = self._get(run_id)
+        return None if doc is None else Run.from_dict(doc)
+
+    def list(self, query: RunQuery) -> RunPage:
+        runs = (Run.from_dict(d) for d in self._stream(query.since, query.page_token))
         return page_of(_ties_sorted(runs), query)
 
 
-def _ties_sorted(runs: Iterator[Run]) -> Iterator[Run]:
-    """Runs ordered by created_at descending, with equal times ordered by run id descending."""
-    group: list[Run] = []
-    for run in runs:
-        if group and run.created_at != group[0].created_at:
+def _ties_sorted(items: Iterator[_Item]) -> Iterator[_Item]:
+    """Items ordered by created_at descending, with equal times ordered by id descending."""
+    group: list[_Item] = []
+    for item in items:
+        if group and item.created_at != group[0].created_at:
             yield from sorted(group, key=_key, reverse=True)
             group = []
-        group.append(run)
+        group.append(item)
     yield from sorted(group, key=_key, reverse=True)
+
+
+# ---------------------------------------------------------------- sweeps
+
+SWEEP_STATUS_GROUPS: Mapping[str, frozenset[SweepStatus]] = {
+    "active": frozenset(s for s in SweepStatus if not s.terminal),
+    "ended": frozenset(s for s in SweepStatus if s.terminal),
+}
+
+
+def parse_sweep_statuses(names: Iterable[str]) -> frozenset[SweepStatus]:
+    """Sweep status names or groups (case-insensitive); BadQuery names the unknown one."""
+    wanted: set[SweepStatus] = set()
+    for raw in names:
+        for name in filter(None, (n.strip() for n in raw.split(","))):
+            if name.lower() in SWEEP_STATUS_GROUPS:
+                wanted |= SWEEP_STATUS_GROUPS[name.lower()]
+                continue
+            try:
+                wanted.add(SweepStatus(name.upper()))
+            except ValueError:
+                choices = ", ".join([*SWEEP_STATUS_GROUPS, *(s.value for s in SweepStatus)])
+                raise BadQuery(f"unknown sweep status {name!r}; one of: {choices}") from None
+    return frozenset(wanted)
+
+
+@dataclass(frozen=True)
+class SweepQuery:
+    """Which sweeps to list: newest first, filtered, one page at a time."""
+
+    statuses: frozenset[SweepStatus] = frozenset()  # empty: any
+    pipeline: str | None = None
+    since: float | None = None  # created at or after (epoch seconds)
+    limit: int = 20
+    page_token: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.limit <= MAX_PAGE:
+            raise BadQuery(f"limit must be between 1 and {MAX_PAGE}, not {self.limit}")
+
+    def matches(self, sw: Sweep) -> bool:
+        return ((not self.statuses or sw.status in self.statuses)
+                and (self.pipeline is None or sw.pipeline == self.pipeline)
+                and (self.since is None or sw.created_at >= self.since))
+
+
+@dataclass(frozen=True)
+class SweepPage:
+    sweeps: tuple[Sweep, ...]
+    next_page_token: str | None = None
+
+
+def sweep_page_of(newest_first: Iterator[Sweep], query: SweepQuery) -> SweepPage:
+    return SweepPage(*_cut(newest_first, query.matches, query.limit, query.page_token))
+
+
+class SweepReader(Protocol):
+    """Sweeps as operators read them (the documents sweep_service writes)."""
+
+    def get(self, sweep_id: str) -> Sweep | None:
+        ...
+
+    def list(self, query: SweepQuery) -> SweepPage:
+        ...
+
+
+class DocumentSweepReader:
+    """Reads sweeps from any DocumentStore (every sweep document says whether it is active)."""
+
+    def __init__(self, docs: DocumentStore, collection: str = COLLECTION_SWEEPS) -> None:
+        self.docs = docs
+        self.collection = collection
+
+    def get(self, sweep_id: str) -> Sweep | None:
+        data, _ = self.docs.get(self.collection, sweep_id)
+        return None if data is None else Sweep.from_dict(data)
+
+    def list(self, query: SweepQuery) -> SweepPage:
+        docs = [*self.docs.query(self.collection, "active", True),
+                *self.docs.query(self.collection, "active", False)]
+        sweeps = sorted((Sweep.from_dict(d) for d in docs), key=_key, reverse=True)
+        return sweep_page_of(iter(sweeps), query)
+
+
+class FirestoreSweepReader(_FirestoreNewestFirst):
+    """Reads sweeps from Firestore newest first (see _FirestoreNewestFirst)."""
+
+    def __init__(self, client: Any, collection: str = COLLECTION_SWEEPS,
+                 timeout_s: float = READ_TIMEOUT_S) -> None:
+        super().__init__(client, collection, timeout_s)
+
+    def get(self, sweep_id: str) -> Sweep | None:
+        doc = self._get(sweep_id)
+        return None if doc is None else Sweep.from_dict(doc)
+
+    def list(self, query: SweepQuery) -> SweepPage:
+        sweeps = (Sweep.from_dict(d) for d in self._stream(query.since, query.page_token))
+        return sweep_page_of(_ties_sorted(sweeps), query)

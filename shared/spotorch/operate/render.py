@@ -1,4 +1,4 @@
-"""Rich renderings of run views for the terminal (colours only when it is one)."""
+"""Rich renderings of run and sweep views for the terminal (colours only when it is one)."""
 
 from __future__ import annotations
 
@@ -33,9 +33,10 @@ def _pct(value: float | None) -> str:
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, elastic: str,
-           right: frozenset[str] = frozenset()) -> Any:
+           right: frozenset[str] = frozenset(), fold: bool = False) -> Any:
     """A plain table whose columns keep their full width; only `elastic` gives way (cut with an
-    ellipsis, one line per row) when the terminal is too narrow."""
+    ellipsis, one line per row) when the terminal is too narrow, or with `fold`, wraps onto more
+    lines (for text that must be read whole, such as why a candidate is unfit)."""
     from rich.table import Table
     from rich.text import Text
 
@@ -43,9 +44,11 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, elastic: st
     for i, name in enumerate(headers):
         cells = [name, *(c.plain if isinstance(c, Text) else str(c) for c in (r[i] for r in rows))]
         width = max(len(c) for c in cells)
-        table.add_column(name, justify="right" if name in right else "left", no_wrap=True,
-                         overflow="ellipsis", min_width=None if name == elastic else width,
-                         max_width=60 if name == elastic else None)
+        folds = fold and name == elastic
+        table.add_column(name, justify="right" if name in right else "left", no_wrap=not folds,
+                         overflow="fold" if folds else "ellipsis",
+                         min_width=None if name == elastic else width,
+                         max_width=60 if name == elastic and not folds else None)
     for row in rows:
         table.add_row(*row)
     return table
@@ -115,6 +118,7 @@ def show_run(view: Mapping[str, Any]) -> list[Any]:
                   f"standard VMs ({money(cost['standard_equivalent'], cost['currency'])})"),
         ("lost work", f"{cost['lost_steps']} steps redone after {cost['preemptions']} "
                       f"preemption(s), {money(cost['lost_cost'], cost['currency'])}"),
+        ("checkpoints", advice_text(view["checkpoint_advice"])),
     ])
     costs = {a["attempt"]: a for a in cost["attempts"]}
     attempts = _table(
@@ -141,6 +145,24 @@ def show_run(view: Mapping[str, Any]) -> list[Any]:
             Text(f"prices: {'; '.join(cost['basis'])}", style="dim")]
 
 
+def _seconds(value: float) -> str:
+    return f"{value:.1f}s" if value < 10 else duration(value)
+
+
+def advice_text(advice: Mapping[str, Any]) -> str:
+    """The checkpoint advice in one line: the verdict, what it rests on, what it still lacks."""
+    parts = ((advice.get("interval_s"), "every {}"),
+             (advice.get("checkpoint_cost_s"), "{} to write one"),
+             (advice.get("mtbf_s"), "{} on Spot per preemption"),
+             (advice.get("optimal_s"),
+              "optimum every {} (Young/Daly: sqrt(2 x write time x time per preemption))"))
+    facts = "; ".join(text.format(_seconds(value)) for value, text in parts if value is not None)
+    if advice.get("missing"):
+        return (f"{advice['verdict']}: needs {', '.join(advice['missing'])}"
+                + (f" ({facts})" if facts else ""))
+    return f"{advice['verdict']}: {facts}"
+
+
 def _num(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -159,7 +181,8 @@ def _hardware_table(choice: Mapping[str, Any] | None) -> list[Any]:
              if r.get("fit") else "no", r.get("reason", "")]
             for r in choice.get("rows", ())]
     table = _table(("CANDIDATE", "SHAPE", "STEPS/S", "HOURS", "SPOT", "STANDARD", "FITS", "WHY"),
-                   rows, elastic="WHY", right=frozenset({"STEPS/S", "HOURS", "SPOT", "STANDARD"}))
+                   rows, elastic="WHY", right=frozenset({"STEPS/S", "HOURS", "SPOT", "STANDARD"}),
+                   fold=True)
     lines = [Rule("hardware", align="left"), table,
              Text(f"chosen: {choice.get('reason', '')}", style="dim")]
     if choice.get("warning"):
@@ -183,3 +206,66 @@ def change_lines(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> 
             lines.append(f"attempt {a['attempt']} ({a['capacity']}, {a['region']}) "
                          f"{a['state']}{resumed}{end}")
     return lines
+
+
+# ---------------------------------------------------------------- sweeps
+
+def metric_text(name: str | None, value: float | None) -> str:
+    """A metric value with its name when the pipeline is known ("loss 0.2000")."""
+    if value is None:
+        return "-"
+    return f"{name} {value:.4g}" if name else f"{value:.4g}"
+
+
+def params_text(params: Mapping[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items())
+
+
+def sweeps_table(rows: Sequence[Mapping[str, Any]]) -> Any:
+    from rich.text import Text
+
+    cells = [[r["sweep_id"], r["pipeline"], Text(r["status"], style=status_style(r["status"])),
+              r["created_at"], f"{r['trials_done']}/{r['trials_total']}",
+              "-" if r["best_trial"] is None else str(r["best_trial"]),
+              metric_text(r.get("metric"), r.get("best_metric")), r.get("model_name") or ""]
+             for r in rows]
+    return _table(("SWEEP", "PIPELINE", "STATUS", "CREATED", "TRIALS", "BEST", "METRIC", "MODEL"),
+                  cells, elastic="MODEL", right=frozenset({"TRIALS", "BEST"}))
+
+
+def show_sweep(view: Mapping[str, Any]) -> list[Any]:
+    """`spotorch sweep`: the sweep, its trials (the best marked *), the model, its history."""
+    from rich.rule import Rule
+    from rich.table import Table
+    from rich.text import Text
+
+    best = view.get("best")
+    goal = f" ({view['goal']})" if view.get("goal") else ""
+    head = _kv([
+        ("sweep", view["sweep_id"]), ("pipeline", view["pipeline"]),
+        ("status", Text(view["status"], style=status_style(view["status"]))),
+        ("reason", view.get("end_reason")), ("data", view["data_uri"]),
+        ("created", view["created_at"]), ("updated", view.get("updated_at")),
+        ("metric", (view.get("metric") or "unknown (pipeline not loaded)") + goal),
+        ("trials", f"{view['trials_done']}/{view['trials_total']} ended, "
+                   f"{view['stopped_early']} stopped early"),
+        ("best", f"trial {best['trial']} ({best['trial_run_id']}): "
+                 f"{metric_text(view.get('metric'), best['metric'])}, "
+                 f"{params_text(best['params'])}" if best else None),
+        ("model", view.get("model_name")),
+        ("cost", f"{money(view['cost_estimate'])} (estimate at list prices)"),
+    ])
+    trials = _table(
+        ("#", "RUN", "STATUS", "PARAMS", "METRIC", "STEP", "EARLY", "PREEMPTIONS", "COST"),
+        [[str(t["trial"]) + (" *" if t["best"] else ""), t["trial_run_id"],
+          Text(t["status"], style=status_style(t["status"])), params_text(t["params"]),
+          _num(t["metric"], ".4g"), _num(t["step"], "d"),
+          "stopped early" if t["stopped_early"] else "-", str(t["preemptions"]),
+          money(t["cost"])] for t in view["trials"]],
+        elastic="PARAMS", right=frozenset({"METRIC", "STEP", "PREEMPTIONS", "COST"}))
+    history = Table(box=None, header_style="bold", pad_edge=False)
+    history.add_column("AT", no_wrap=True, min_width=20)
+    history.add_column("WHAT", overflow="fold")
+    for h in view["history"]:
+        history.add_row(h["at"], h["what"])
+    return [head, Rule("trials", align="left"), trials, Rule("history", align="left"), history]

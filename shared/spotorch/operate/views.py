@@ -1,13 +1,17 @@
-"""Runs as operators see them: JSON-able views with ISO 8601 times and the cost ledger."""
+"""Runs and sweeps as operators see them: JSON-able views with ISO 8601 times and the cost
+ledger."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from spotorch.domain import Attempt, Run, RunStatus
+from spotorch.domain import Attempt, Run, RunStatus, checkpoint_advice
+from spotorch.health import CheckpointAdvice
 from spotorch.ledger import Ledger, ledger, ledger_dict
 from spotorch.pipeline import Pipeline
+from spotorch.sweep import Sweep, Trial
+from spotorch.sweep import summary as trial_summary
 from spotorch_trainer.contract import rfc3339
 
 # What each status means, for people (the enum's comments, said once).
@@ -102,6 +106,7 @@ def run_view(run: Run, pipeline: Pipeline | None, now: float) -> dict[str, Any]:
         "model_ready": run.status is RunStatus.SUCCEEDED, "retry_of": run.retry_of,
         "escalated": dict(run.escalated) if run.escalated else None,
         "hardware": dict(run.hardware) if run.hardware else None,  # issue 19: the probed table
+        "sweep_id": run.sweep_id, "params": dict(run.params), "model_name": run.model_name,
         "progress": {"step": p.step, "total_steps": p.total_steps,
                      "fraction": progress_fraction(run), "at": iso(p.at),
                      "steps_per_s": p.rate, "metrics": dict(p.metrics)},
@@ -112,6 +117,64 @@ def run_view(run: Run, pipeline: Pipeline | None, now: float) -> dict[str, Any]:
         "latest_checkpoint": None if run.latest_checkpoint is None else {
             "step": run.latest_checkpoint.step, "uri": run.latest_checkpoint.uri},
         "checkpoints_resumed": checkpoints,
+        "checkpoint_advice": advice_view(checkpoint_advice(run, now)),
         "cost": ledger_dict(book),
         "history": [{"at": iso(h.at), "what": h.what, "reason": h.reason} for h in run.history],
+    }
+
+
+def advice_view(advice: CheckpointAdvice) -> dict[str, Any]:
+    """How often the run checkpoints against the Young/Daly optimum, and what is missing for it."""
+    missing = [what for what, value in (
+        ("two checkpoints (an interval)", advice.interval_s),
+        ("a checkpoint write time (the trainer's checkpoint_s)", advice.checkpoint_cost_s),
+        ("a preemption on Spot (time between preemptions)", advice.mtbf_s)) if value is None]
+    return {"interval_s": advice.interval_s, "checkpoint_cost_s": advice.checkpoint_cost_s,
+            "mtbf_s": advice.mtbf_s, "optimal_s": advice.optimal_s, "verdict": advice.verdict,
+            "missing": missing}
+
+
+# ---------------------------------------------------------------- sweeps
+
+
+def _metric_of(pipeline: Pipeline | None) -> tuple[str | None, str | None]:
+    """The sweep's metric and goal, from its pipeline (the sweep document does not name them)."""
+    spec = pipeline.sweep if pipeline is not None else None
+    return (spec.metric, str(spec.goal)) if spec is not None else (None, None)
+
+
+def _best(sw: Sweep) -> Trial | None:
+    return sw.trial(sw.best) if sw.best else None
+
+
+def sweep_row(sw: Sweep, pipeline: Pipeline | None) -> dict[str, Any]:
+    """One line of a sweep listing."""
+    metric, goal = _metric_of(pipeline)
+    best = _best(sw)
+    return {
+        "sweep_id": sw.sweep_id, "pipeline": sw.pipeline, "status": str(sw.status),
+        "active": sw.active, "created_at": iso(sw.created_at),
+        "updated_at": iso(sw.updated_at or None),
+        "trials_done": sum(1 for t in sw.trials if t.status.ended),
+        "trials_total": len(sw.trials), "metric": metric, "goal": goal,
+        "best_trial": best.number if best else None,
+        "best_metric": best.metric if best else None,
+        "model_name": sw.model_name, "reason": sw.end_reason,
+    }
+
+
+def sweep_view(sw: Sweep, pipeline: Pipeline | None) -> dict[str, Any]:
+    """Everything about one sweep (`spotorch sweep`, the UI's sweep page): its trials, the best
+    one, the registered model."""
+    best = _best(sw)
+    trials = [{**trial_summary(t), "run_status": t.run_status, "best": t.number == sw.best}
+              for t in sw.trials]
+    return {
+        **sweep_row(sw, pipeline),
+        "data_uri": sw.data_uri, "snapshot_id": sw.snapshot_id, "end_reason": sw.end_reason,
+        "best": trial_summary(best) if best else None,
+        "stopped_early": sum(1 for t in sw.trials if t.stopped_early),
+        "cost_estimate": round(sum(t.cost for t in sw.trials), 6),
+        "trials": trials,
+        "history": [{"at": iso(at), "what": what} for at, what in sw.history],
     }

@@ -1,5 +1,6 @@
-"""Server-rendered HTML of the web view: the runs page and a run's page. No JavaScript at all;
-a live run's page refreshes itself with <meta http-equiv="refresh">."""
+"""Server-rendered HTML of the web view: the runs page, a run's page, the sweeps page and a
+sweep's page. No JavaScript at all; a live run's or sweep's page refreshes itself with
+<meta http-equiv="refresh">."""
 
 from __future__ import annotations
 
@@ -9,19 +10,22 @@ from html import escape
 from typing import Any
 
 from spotorch.domain import RunStatus
-from spotorch.operate.reads import STATUS_GROUPS
+from spotorch.operate.reads import STATUS_GROUPS, SWEEP_STATUS_GROUPS
+from spotorch.sweep import SweepStatus
 
 # Status -> CSS class; the same families as the CLI's colours (spotorch.operate.render).
 STATUS_CLASS: Mapping[str, str] = {
     "QUEUED": "waiting", "PENDING": "waiting", "STARTING": "waiting", "RUNNING": "running",
     "RECOVERING": "recovering", "CANCELLING": "cancelled", "CANCELLED": "cancelled",
     "SUCCEEDED": "succeeded",
+    # sweeps and trials
+    "REGISTERING": "running", "STOPPING": "cancelled", "STOPPED": "cancelled",
 }
 
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#0f172a;background:#f8fafc}
 header{background:#0f172a;color:#fff;padding:10px 24px;display:flex;gap:24px;align-items:center}
-header a{color:#fff;text-decoration:none;font-weight:700}
+header a{color:#fff;text-decoration:none;font-weight:700}header nav a{font-weight:400;margin-right:16px}
 header .target{color:#94a3b8;font-size:12px}
 main{padding:16px 24px;max-width:1200px}
 table{border-collapse:collapse;width:100%;background:#fff}
@@ -44,6 +48,8 @@ form.filters label{display:flex;flex-direction:column;font-size:12px;color:#4755
 .legend i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:-2px}
 td.t{white-space:nowrap}td.reason{min-width:200px}section{margin:20px 0}.muted{color:#64748b;font-size:12px}
 .error{background:#fee2e2;color:#991b1b;padding:12px 16px;border:1px solid #fecaca}
+tr.chosen td{background:#dcfce7;font-weight:600}tr.unfit td{color:#64748b}
+tr.best td{background:#dcfce7}.warning{background:#fef3c7;color:#92400e;padding:8px 12px}
 """
 
 
@@ -66,16 +72,23 @@ def page(title: str, body: str, *, target: str, refresh_s: int | None = None) ->
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width,initial-scale=1">{refresh}'
             f"<title>{escape(title)} · spotorch</title><style>{CSS}</style></head><body>"
-            f'<header><a href="/">spotorch</a><span class="target">{escape(target)}</span></header>'
+            '<header><a href="/">spotorch</a><nav><a href="/">runs</a>'
+            '<a href="/sweeps">sweeps</a></nav>'
+            f'<span class="target">{escape(target)}</span></header>'
             f"<main>{body}</main></body></html>")
 
 
-def _filters(args: Mapping[str, str]) -> str:
+RUN_STATUS_CHOICES = (*STATUS_GROUPS, *(s.value for s in RunStatus))
+SWEEP_STATUS_CHOICES = (*SWEEP_STATUS_GROUPS, *(s.value for s in SweepStatus))
+
+
+def _filters(args: Mapping[str, str], action: str = "/",
+             statuses: Sequence[str] = RUN_STATUS_CHOICES) -> str:
     chosen = args.get("status", "")
     options = ['<option value="">any</option>'] + [
         f'<option value="{escape(v)}"{" selected" if v == chosen else ""}>{escape(v)}</option>'
-        for v in [*STATUS_GROUPS, *(s.value for s in RunStatus)]]
-    return ('<form class="filters" method="get" action="/">'
+        for v in statuses]
+    return (f'<form class="filters" method="get" action="{escape(action)}">'
             f'<label>status<select name="status">{"".join(options)}</select></label>'
             f'<label>pipeline<input name="pipeline" value="{escape(args.get("pipeline", ""))}">'
             '</label>'
@@ -114,6 +127,8 @@ def runs_page(rows: Sequence[Mapping[str, Any]], args: Mapping[str, str],
 
 
 def _facts(view: Mapping[str, Any]) -> str:
+    from spotorch.operate.render import advice_text
+
     p = view["progress"]
     steps = str(p["step"]) + (f" / {p['total_steps']}" if p["total_steps"] else "")
     ckpt = view["latest_checkpoint"]
@@ -123,8 +138,14 @@ def _facts(view: Mapping[str, Any]) -> str:
             ("data", escape(view["data_uri"])), ("created", escape(view["created_at"])),
             ("deadline", escape(view.get("deadline_at") or "none")), ("steps", escape(steps)),
             ("checkpoint", escape(f"step {ckpt['step']}: {ckpt['uri']}") if ckpt else "-"),
+            ("checkpointing", '<span class="advice">'
+             f'{escape(advice_text(view["checkpoint_advice"]))}</span>'),
             ("model", escape(view["model_uri"]) + ("" if view["model_ready"]
                                                    else ' <span class="muted">(not yet)</span>'))]
+    if view.get("sweep_id"):
+        link = f"/sweeps/{urllib.parse.quote(view['sweep_id'])}"
+        rows.append(("sweep", f'<a href="{link}">{escape(view["sweep_id"])}</a> '
+                              f'<span class="muted">{_params(view.get("params") or {})}</span>'))
     return '<dl class="facts">' + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows) + "</dl>"
 
 
@@ -137,6 +158,41 @@ def _ledger(cost: Mapping[str, Any]) -> str:
             f'<div class="lost">lost to {cost["preemptions"]} preemption(s)'
             f'<b>{money(cost["lost_cost"])}</b><span class="muted">{cost["lost_steps"]} steps '
             'redone</span></div></div>')
+
+
+def _num(value: float | None, spec: str, unit: str = "") -> str:
+    return "-" if value is None else format(value, spec) + unit
+
+
+def _hardware(choice: Mapping[str, Any] | None) -> str:
+    """The hardware candidates the run chose among (issue 19): measured, expected, why."""
+    if not choice:
+        return ""
+    rows = []
+    for r in choice.get("rows", ()):
+        fits = ("yes" if r.get("meets_deadline") is not False else "misses deadline") \
+            if r.get("fit") else "no"
+        kind = "chosen" if r.get("chosen") else ("fit" if r.get("fit") else "unfit")
+        rows.append(
+            f'<tr class="candidate {kind}" data-candidate="{escape(r["candidate"])}">'
+            f'<td>{escape(r["candidate"])}</td><td>{escape(r.get("shape", ""))}</td>'
+            f'<td class="num">{_num(r.get("steps_per_s"), ".2f")}</td>'
+            f'<td class="num">{_num(r.get("samples_per_s"), ".1f")}</td>'
+            f'<td class="num">{_num(r.get("peak_host_rss_mb"), ".0f", " MB")}</td>'
+            f'<td class="num">{_num(r.get("expected_hours"), ".3f")}</td>'
+            f'<td class="num">{_num(r.get("spot_cost"), ".4f")}</td>'
+            f'<td class="num">{_num(r.get("standard_cost"), ".4f")}</td>'
+            f'<td class="fits">{fits}</td><td class="reason">{escape(r.get("reason", ""))}</td>'
+            "</tr>")
+    warning = (f'<p class="warning">{escape(choice["warning"])}</p>'
+               if choice.get("warning") else "")
+    return ('<section class="hardware"><h2>Hardware</h2><table class="hardware"><thead><tr>'
+            '<th>candidate</th><th>shape</th><th class="num">steps/s</th>'
+            '<th class="num">samples/s</th><th class="num">peak RSS</th>'
+            '<th class="num">expected hours</th><th class="num">Spot cost</th>'
+            '<th class="num">standard cost</th><th>fits</th><th>why</th></tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table>'
+            f'<p class="choice">chosen: {escape(choice.get("reason", ""))}</p>{warning}</section>')
 
 
 def run_page(view: Mapping[str, Any], svg: str, *, target: str, refresh_s: int) -> str:
@@ -160,6 +216,7 @@ def run_page(view: Mapping[str, Any], svg: str, *, target: str, refresh_s: int) 
     history = "".join(f'<tr class="event"><td class="t">{escape(h["at"])}</td><td>{escape(h["what"])}</td>'
                       f'<td>{escape(h["reason"])}</td></tr>' for h in view["history"])
     body = (f'<h1>{escape(view["run_id"])}</h1>{_facts(view)}{_ledger(view["cost"])}'
+            f'{_hardware(view.get("hardware"))}'
             f'<section><h2>Timeline</h2><div class="legend">{legend}</div>{svg}</section>'
             '<section><h2>Attempts</h2><table class="attempts"><thead><tr><th>#</th>'
             '<th>capacity</th><th>region</th><th>state</th><th>job</th><th>started</th>'
@@ -170,6 +227,88 @@ def run_page(view: Mapping[str, Any], svg: str, *, target: str, refresh_s: int) 
             f'<th>what</th><th>why</th></tr></thead><tbody>{history}</tbody></table></section>'
             f'<p class="muted">prices: {escape("; ".join(view["cost"]["basis"]))}</p>')
     return page(view["run_id"], body, target=target,
+                refresh_s=refresh_s if view["active"] else None)
+
+
+# ---------------------------------------------------------------- sweeps
+
+def _metric(name: str | None, value: float | None) -> str:
+    from spotorch.operate.render import metric_text
+
+    return escape(metric_text(name, value))
+
+
+def _params(params: Mapping[str, Any]) -> str:
+    from spotorch.operate.render import params_text
+
+    return escape(params_text(params))
+
+
+def sweeps_page(rows: Sequence[Mapping[str, Any]], args: Mapping[str, str],
+                next_token: str | None, *, target: str, refresh_s: int) -> str:
+    lines = []
+    for r in rows:
+        link = f"/sweeps/{urllib.parse.quote(r['sweep_id'])}"
+        lines.append(
+            f'<tr class="sweep" data-sweep-id="{escape(r["sweep_id"])}" '
+            f'data-status="{escape(r["status"])}"><td><a href="{link}">{escape(r["sweep_id"])}</a>'
+            f'</td><td>{escape(r["pipeline"])}</td><td>{_badge(r["status"])}</td>'
+            f'<td class="t">{escape(r["created_at"])}</td>'
+            f'<td class="num trials">{r["trials_done"]}/{r["trials_total"]}</td>'
+            f'<td class="num best">{"-" if r["best_trial"] is None else r["best_trial"]}</td>'
+            f'<td class="metric">{_metric(r.get("metric"), r.get("best_metric"))}</td>'
+            f'<td>{escape(r.get("model_name") or "")}</td></tr>')
+    table = ('<table class="sweeps"><thead><tr><th>sweep</th><th>pipeline</th><th>status</th>'
+             '<th>created (UTC)</th><th class="num">trials ended</th><th class="num">best</th>'
+             f'<th>metric</th><th>model</th></tr></thead><tbody>{"".join(lines)}</tbody></table>'
+             if rows else '<p class="empty">no sweeps match.</p>')
+    more = ""
+    if next_token:
+        query = urllib.parse.urlencode({**args, "page_token": next_token})
+        more = f'<p><a class="next" href="/sweeps?{escape(query)}">older sweeps &#8594;</a></p>'
+    live = any(r["active"] for r in rows)
+    body = (f'<h1>Sweeps</h1>{_filters(args, "/sweeps", SWEEP_STATUS_CHOICES)}{table}{more}')
+    return page("sweeps", body, target=target, refresh_s=refresh_s if live else None)
+
+
+def sweep_page(view: Mapping[str, Any], *, target: str, refresh_s: int) -> str:
+    best = view.get("best")
+    goal = f" ({view['goal']})" if view.get("goal") else ""
+    facts = [("status", _badge(view["status"])),
+             ("reason", escape(view.get("end_reason") or "-")),
+             ("pipeline", escape(view["pipeline"])), ("data", escape(view["data_uri"])),
+             ("created", escape(view["created_at"])),
+             ("metric", escape((view.get("metric") or "unknown (pipeline not loaded)") + goal)),
+             ("trials", f'{view["trials_done"]}/{view["trials_total"]} ended, '
+                        f'{view["stopped_early"]} stopped early'),
+             ("best", f'trial {best["trial"]}: {_metric(view.get("metric"), best["metric"])}, '
+                      f'{_params(best["params"])}' if best else "-"),
+             ("model", escape(view.get("model_name") or "-")),
+             ("cost", f'{money(view["cost_estimate"])} <span class="muted">(estimate at list '
+                      'prices)</span>')]
+    trials = "".join(
+        f'<tr class="trial{" best" if t["best"] else ""}" data-trial="{t["trial"]}" '
+        f'data-status="{escape(t["status"])}"><td>{t["trial"]}'
+        f'{" <b>best</b>" if t["best"] else ""}</td>'
+        f'<td><a href="/runs/{urllib.parse.quote(t["trial_run_id"])}">'
+        f'{escape(t["trial_run_id"])}</a></td><td>{_badge(t["status"])}</td>'
+        f'<td class="params">{_params(t["params"])}</td>'
+        f'<td class="num metric">{_num(t["metric"], ".4g")}</td>'
+        f'<td class="num step">{_num(t["step"], "d")}</td>'
+        f'<td class="early">{"stopped early" if t["stopped_early"] else "-"}</td>'
+        f'<td class="num">{t["preemptions"]}</td><td class="num">{money(t["cost"])}</td></tr>'
+        for t in view["trials"])
+    history = "".join(f'<tr class="event"><td class="t">{escape(h["at"])}</td>'
+                      f'<td>{escape(h["what"])}</td></tr>' for h in view["history"])
+    body = (f'<h1>{escape(view["sweep_id"])}</h1><dl class="facts">'
+            + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>"
+            '<section><h2>Trials</h2><table class="trials"><thead><tr><th>#</th><th>run</th>'
+            '<th>status</th><th>parameters</th><th class="num">metric</th>'
+            '<th class="num">step</th><th>early stop</th><th class="num">preemptions</th>'
+            f'<th class="num">cost</th></tr></thead><tbody>{trials}</tbody></table></section>'
+            '<section><h2>History</h2><table class="history"><thead><tr><th>at (UTC)</th>'
+            f'<th>what</th></tr></thead><tbody>{history}</tbody></table></section>')
+    return page(view["sweep_id"], body, target=target,
                 refresh_s=refresh_s if view["active"] else None)
 
 

@@ -1,7 +1,8 @@
 """The web view's HTTP server: localhost only by default, one thread per request, no JavaScript.
 
 Routes: / (runs, with ?status=&pipeline=&since=&page_token=), /runs/RUN (a run and its timeline),
-/runs/RUN/timeline.svg, /api/runs and /api/runs/RUN (the same views as JSON), /healthz.
+/runs/RUN/timeline.svg, /sweeps (with the same filters) and /sweeps/SWEEP (its trials),
+/api/runs, /api/runs/RUN, /api/sweeps and /api/sweeps/SWEEP (the same views as JSON), /healthz.
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 from spotorch.operate.backend import OperatorError
-from spotorch.operate.reads import BadQuery, RunQuery, parse_statuses
+from spotorch.operate.reads import (
+    BadQuery,
+    RunQuery,
+    SweepQuery,
+    parse_statuses,
+    parse_sweep_statuses,
+)
 
 if TYPE_CHECKING:
     from spotorch.operate.backend import Backend
@@ -70,7 +77,8 @@ class UIServer:
 
     # ------------------------------------------------------------ views
 
-    def _query(self, args: Mapping[str, str]) -> RunQuery:
+    def _filters(self, args: Mapping[str, str]) -> dict[str, Any]:
+        """What runs and sweeps listings share: pipeline, since, limit, page token."""
         from spotorch.operate.times import parse_since
 
         try:
@@ -78,10 +86,29 @@ class UIServer:
         except ValueError:
             raise BadQuery(f"limit must be a whole number, not {args.get('limit')!r}") from None
         since = args.get("since")
-        return RunQuery(statuses=parse_statuses([args.get("status", "")]),
-                        pipeline=args.get("pipeline") or None,
-                        since=parse_since(since, self.backend.clock()) if since else None,
-                        limit=limit, page_token=args.get("page_token") or None)
+        return {"pipeline": args.get("pipeline") or None,
+                "since": parse_since(since, self.backend.clock()) if since else None,
+                "limit": limit, "page_token": args.get("page_token") or None}
+
+    def _query(self, args: Mapping[str, str]) -> RunQuery:
+        return RunQuery(statuses=parse_statuses([args.get("status", "")]), **self._filters(args))
+
+    def _sweep_rows(self, args: Mapping[str, str]) -> tuple[list[dict[str, Any]], str | None]:
+        from spotorch.operate.views import sweep_row
+
+        query = SweepQuery(statuses=parse_sweep_statuses([args.get("status", "")]),
+                           **self._filters(args))
+        page = self.backend.sweeps.list(query)
+        return ([sweep_row(sw, self.backend.pipeline(sw.pipeline)) for sw in page.sweeps],
+                page.next_page_token)
+
+    def _sweep(self, sweep_id: str) -> dict[str, Any]:
+        from spotorch.operate.views import sweep_view
+
+        found = self.backend.sweeps.get(sweep_id)
+        if found is None:
+            raise NotFound(f"no sweep {sweep_id!r}")
+        return sweep_view(found, self.backend.pipeline(found.pipeline))
 
     def _rows(self, args: Mapping[str, str]) -> tuple[list[dict[str, Any]], str | None]:
         from spotorch.operate.views import run_row
@@ -129,6 +156,19 @@ class UIServer:
                                                  refresh_s=self.refresh_s).encode()
             if len(parts) == 3 and parts[0] == "runs" and parts[2] == "timeline.svg":
                 return 200, SVG, self._run(parts[1])[1].encode()
+            if parts == ["sweeps"]:
+                rows, token = self._sweep_rows(args)
+                return 200, HTML, pages.sweeps_page(rows, args, token, target=self.target_label,
+                                                    refresh_s=self.refresh_s).encode()
+            if len(parts) == 2 and parts[0] == "sweeps":
+                return 200, HTML, pages.sweep_page(self._sweep(parts[1]), target=self.target_label,
+                                                   refresh_s=self.refresh_s).encode()
+            if parts == ["api", "sweeps"]:
+                rows, token = self._sweep_rows(args)
+                return 200, JSON_TYPE, json.dumps({"sweeps": rows,
+                                                   "next_page_token": token}).encode()
+            if len(parts) == 3 and parts[:2] == ["api", "sweeps"]:
+                return 200, JSON_TYPE, json.dumps(self._sweep(parts[2])).encode()
             raise NotFound(f"no page {path}")
         except NotFound as exc:
             return 404, HTML, pages.error_page(str(exc), target=self.target_label).encode()

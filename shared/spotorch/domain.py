@@ -18,7 +18,7 @@ from spotorch import health as hp
 from spotorch.events import build_event
 from spotorch.ledger import hourly_rate, ledger, ledger_dict
 from spotorch.pipeline import Capacity, EscalationKind, Pipeline, RecoveryPolicy
-from spotorch.policy import PolicyView, ProbeTerms, choose_capacity, probe_worth
+from spotorch.policy import PolicyView, ProbeTerms, choose_capacity, probe_worth, slack_of
 from spotorch.prices import hourly_price
 from spotorch.shapes import run_pipeline
 from spotorch_trainer.contract import rfc3339
@@ -1462,7 +1462,8 @@ def _on_tick(run: Run, obs: Observation, ctx: Context) -> Run:
     if run.status not in (RunStatus.STARTING, RunStatus.RUNNING) or \
             current.capacity is Capacity.FLEX_START:
         return run
-    if current.capacity is Capacity.STANDARD and _probing(ctx):
+    if current.capacity is Capacity.STANDARD and _probing(ctx) and (
+            run.live_probe is not None or _probe_judged(run, ctx)):
         return _tick_probe(run, ctx, current)  # on standard, Spot is seen only through probes
     spot_waiting = current.capacity is Capacity.SPOT and waiting and queued_for > 60.0
     cooling = spot_cooling(ctx.now, run.spot_unavailable_until)
@@ -1777,6 +1778,13 @@ def probe_terms(run: Run, ctx: Context, region: str) -> ProbeTerms:
     probes = ctx.recovery.spot_probes
     return ProbeTerms(hit_cost=probes.billed_s * spot, saving_per_s=max(standard - spot, 0.0),
                       wait_s=probes.wait_s)
+
+
+def _probe_judged(run: Run, ctx: Context) -> bool:
+    """Whether probe_worth can weigh a probe: it needs the slack (a deadline and the work).
+    Without it the run falls back to the cooldown's assumption that Spot is back."""
+    view = policy_view(run, ctx, current=Capacity.STANDARD, spot_available=False, assumed=False)
+    return slack_of(view) is not None
 
 
 def _tick_probe(run: Run, ctx: Context, current: Attempt) -> Run:

@@ -139,7 +139,7 @@ class SpotProbes(FileSection):
     # (policy.probe_worth) launches one only when finding Spot back would pay for it.
     enabled: Annotated[bool, Field(
         description="Probe for Spot capacity while on standard VMs (escalation: deadline).")] = \
-        False
+        True
     wait_s: Annotated[float, Duration(), Field(
         validation_alias="wait",
         description="A probe without capacity this long is cancelled: no Spot for now.")] = 600.0

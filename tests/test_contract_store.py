@@ -11,7 +11,7 @@ import pytest
 from spotorch.domain import new_run
 from spotorch.memory import InMemoryDocumentStore
 from spotorch.pipeline import Pipeline, Trigger
-from spotorch.ports import ConflictError, DocumentStore
+from spotorch.ports import ConflictError, DocumentStore, InvalidDocument
 from spotorch.store import DocumentRunStore
 
 
@@ -77,6 +77,32 @@ class DocumentStoreContract:
         for t in threads:
             t.join()
         assert len(wins) == 1 and store.get(coll, "k")[0] == {"n": wins[0]}
+
+    def test_a_document_over_one_mebibyte_is_refused_whole(self, store: DocumentStore,
+                                                           coll: str) -> None:
+        with pytest.raises(InvalidDocument):
+            store.put(coll, "big", {"reason": "x" * (1 << 20)}, None)
+        assert store.get(coll, "big") == (None, None)
+        store.put(coll, "fits", {"reason": "x" * 500_000}, None)  # well within: written
+
+    def test_a_run_with_probes_and_hardware_results_round_trips(self,
+                                                                store: DocumentStore) -> None:
+        from dataclasses import replace
+
+        from spotorch.domain import AttemptState, Probe
+
+        runs = DocumentRunStore(store, collection=f"runs{uuid.uuid4().hex[:6]}")
+        p = Pipeline(name="p", trigger=Trigger(bucket="b"), checkpoint_uri="gs://c",
+                     output_uri="gs://m")
+        run = new_run(run_id="r1", pipeline=p, now=1.0e9, data_uri="gs://b/d/", snapshot_id="s")
+        run = replace(run, probes=(
+            Probe(1, "us-central1", AttemptState.CANCELLED, "projects/p/x/1", 1.0e9, found=False,
+                  cancel_reason="no capacity"),
+            Probe(2, "us-central1", AttemptState.SUCCEEDED, kind="hardware", candidate="l4")),
+            hardware_results={"l4": {"candidate": "l4", "fit": True, "steps_per_s": 4.5}})
+        runs.save(run, None)
+        loaded, _ = runs.load("r1")
+        assert loaded == run
 
     def test_run_store_round_trip_and_active_query(self, store: DocumentStore) -> None:
         runs = DocumentRunStore(store, collection=f"runs{uuid.uuid4().hex[:6]}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -24,9 +25,28 @@ from test_functions import landed, post, pubsub_event, sink_line, storage_event
 BIG = 2 ** 63
 
 
+@pytest.fixture(params=["memory", pytest.param("firestore", marks=pytest.mark.emulator)])
+def deps(request: pytest.FixtureRequest, functions_deps: Deps,  # noqa: F811 (a fixture)
+         monkeypatch: pytest.MonkeyPatch) -> Deps:
+    """The functions' dependencies: in memory (test_functions' fixture), and with runs and
+    records on Google's Firestore emulator, which refuses what real Firestore refuses (bad ids,
+    nested arrays, oversized documents): a rejection must happen before it, not by it."""
+    if request.param == "memory":
+        return functions_deps
+    from spotorch import entry
+    from spotorch.store import DocumentRunStore
+    from spotorch.store_firestore import FirestoreDocumentStore
+
+    emulators = request.getfixturevalue("firestore_emulator")
+    docs = FirestoreDocumentStore(project=emulators.project)
+    on_firestore = replace(functions_deps, runs=DocumentRunStore(docs), docs=docs)
+    monkeypatch.setattr(entry, "deps", lambda: on_firestore)
+    return on_firestore
+
+
 @pytest.fixture
-def deps(functions_deps: Deps) -> Deps:  # noqa: F811 (a fixture parameter, by pytest)
-    """The functions' dependencies on in-memory adapters (test_functions' fixture)."""
+def memory_deps(functions_deps: Deps) -> Deps:  # noqa: F811 (a fixture parameter, by pytest)
+    """In memory only: for the generated examples (hundreds; the table runs on both)."""
     return functions_deps
 
 
@@ -155,7 +175,8 @@ trainer_like = st.fixed_dictionaries(
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=trainer_like)
-def test_generated_trainer_reports_never_answer_5xx(deps: Deps, body: dict[str, Any]) -> None:
+def test_generated_trainer_reports_never_answer_5xx(memory_deps: Deps,
+                                                    body: dict[str, Any]) -> None:
     payload = json.dumps(body, allow_nan=True).encode()
     resp = post("on_job_event", pubsub_event(payload, {"spotorch_source": "trainer"}, "gen"))
     assert resp.status_code < 500, (body, resp.data[:300])
@@ -164,7 +185,8 @@ def test_generated_trainer_reports_never_answer_5xx(deps: Deps, body: dict[str, 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=st.dictionaries(st.sampled_from(["resource", "textPayload", "jsonPayload",
                                              "timestamp", "labels"]), json_values, max_size=5))
-def test_generated_job_entries_never_answer_5xx(deps: Deps, body: dict[str, Any]) -> None:
+def test_generated_job_entries_never_answer_5xx(memory_deps: Deps,
+                                                body: dict[str, Any]) -> None:
     payload = json.dumps(body, allow_nan=True).encode()
     resp = post("on_job_event", pubsub_event(payload, {}, "gen"))
     assert resp.status_code < 500, (body, resp.data[:300])

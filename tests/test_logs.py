@@ -53,6 +53,17 @@ def test_webhook_urls_and_passwords_are_redacted(
     assert "[REDACTED]" in line
 
 
+def test_a_line_quoting_hostile_input_stays_under_cloud_loggings_entry_limit(
+        captured: tuple[logging.Logger, io.StringIO]) -> None:
+    logger, out = captured
+    logger.warning("rejected event: gs://landing/%s", "x" * (1 << 20), extra={"object_name": "y" * 300_000})
+    line = out.getvalue()
+    assert len(line.encode()) < 256 * 1024  # Cloud Logging refuses larger entries
+    entry = json.loads(line)
+    assert entry["message"].startswith("rejected event: gs://landing/xxx")
+    assert entry["message"].endswith("more characters]") and entry["object_name"].endswith("characters]")
+
+
 def test_debug_lines_are_dropped_below_the_threshold(
         captured: tuple[logging.Logger, io.StringIO]) -> None:
     logger, out = captured

@@ -30,9 +30,21 @@ _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
                                                                                 "asctime"}
 
 
+# Cloud Logging refuses an entry over 256 KiB; a message quoting hostile input (a 1 MiB object
+# name) must still be written, shortened and saying so.
+MAX_MESSAGE_CHARS = 16_000
+
+
 def redact(text: str) -> str:
     """Mask webhook URLs and credential parameters."""
     return _SECRET.sub("[REDACTED]", text)
+
+
+def shorten(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """At most limit characters, with how much was cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... [{len(text) - limit} more characters]"
 
 
 class JsonFormatter(logging.Formatter):
@@ -40,11 +52,12 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {"severity": _SEVERITY.get(record.levelname, record.levelname),
-                                 "message": redact(record.getMessage()), "logger": record.name,
+                                 "message": redact(shorten(record.getMessage())),
+                                 "logger": record.name,
                                  "time": record.created}
         for key, value in vars(record).items():
             if key not in _STANDARD and value is not None:
-                entry[key] = redact(value) if isinstance(value, str) else value
+                entry[key] = redact(shorten(value)) if isinstance(value, str) else value
         run_id = entry.get("run_id")
         if run_id:
             entry["logging.googleapis.com/labels"] = {"run_id": str(run_id)}

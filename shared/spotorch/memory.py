@@ -11,7 +11,9 @@ from typing import Any
 
 from spotorch.domain import Checkpoint, JobPhase, JobStatus
 from spotorch.ports import (
+    MAX_DOCUMENT_BYTES,
     ConflictError,
+    InvalidDocument,
     LaunchError,
     LaunchSpec,
     ObjectInfo,
@@ -20,6 +22,20 @@ from spotorch.ports import (
     StoredCheckpoint,
 )
 from spotorch_trainer import contract
+
+
+def _document_bytes(value: Any) -> int:
+    """Firestore's storage size of a value, as its documentation counts it (strings: UTF-8 bytes
+    + 1; numbers, booleans, timestamps: 8; maps: the keys' sizes plus the values')."""
+    if isinstance(value, str):
+        return len(value.encode()) + 1
+    if isinstance(value, bytes):
+        return len(value)
+    if isinstance(value, Mapping):
+        return sum(len(str(k).encode()) + 1 + _document_bytes(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return sum(_document_bytes(v) for v in value)
+    return 8
 
 
 class InMemoryDocumentStore:
@@ -38,6 +54,10 @@ class InMemoryDocumentStore:
             return (None, None) if found is None else (copy.deepcopy(found[0]), found[1])
 
     def put(self, collection: str, key: str, data: Mapping[str, Any], version: Any) -> Any:
+        size = _document_bytes(data)
+        if size > MAX_DOCUMENT_BYTES:  # as Firestore: refused whole, nothing written
+            raise InvalidDocument(f"{collection}/{key}: document of about {size} bytes is over "
+                                  f"Firestore's {MAX_DOCUMENT_BYTES}")
         with self._lock:
             self.round_trips += 1
             found = self._docs.get((collection, key))

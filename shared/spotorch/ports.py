@@ -133,6 +133,14 @@ class ShardDispatcher(Protocol):
         ...
 
 
+class InvalidDocument(SpotorchError):
+    """A document Firestore refuses for good (over its 1 MiB size, a field it cannot hold)."""
+
+
+# Firestore's limit on one document; the in-memory store enforces it too.
+MAX_DOCUMENT_BYTES = 1_048_576
+
+
 class DocumentStore(Protocol):
     """Small auxiliary documents (snapshots, dedupe records, rejected events) with versions."""
 
@@ -140,7 +148,8 @@ class DocumentStore(Protocol):
         ...
 
     def put(self, collection: str, key: str, data: Mapping[str, Any], version: Any) -> Any:
-        """Conditional write as RunStore.save; raises ConflictError."""
+        """Conditional write as RunStore.save; raises ConflictError, or InvalidDocument when
+        Firestore would refuse the document (nothing is written then)."""
         ...
 
     def query(self, collection: str, field_name: str, value: Any) -> Sequence[dict[str, Any]]:

@@ -48,6 +48,7 @@ from spotorch.domain import (
 )
 from spotorch.errors import InvalidEvent, SpotorchError
 from spotorch.hardware import PROBE_CANDIDATE_LABEL
+from spotorch.logs import shorten
 from spotorch.pipeline import Capacity, JobTemplate, OnActiveRun, Pipeline
 from spotorch.ports import (
     LABEL_ATTEMPT,
@@ -983,11 +984,17 @@ def retry_run(deps: Deps, run_id: str, request_id: str = "1") -> Run:
     return run
 
 
+REJECTED_REASON_CHARS = 4000
+
+
 def record_rejected(docs: DocumentStore, *, event_id: str, event_type: str, reason: str,
                     now: float, payload: Mapping[str, Any] | None = None) -> None:
     """Keep a malformed event for people to look at; it is acknowledged, never retried."""
     key = (event_id or f"unknown-{now}").replace("/", "_")[:200]
-    doc = {"event_id": event_id, "event_type": event_type, "reason": reason, "at": now,
+    # Firestore refuses a string over 1 MiB and a document over 1 MiB: a reason quoting hostile
+    # input (a 1 MiB object name) is cut, so the record is written all the same.
+    doc = {"event_id": shorten(str(event_id), 1500), "event_type": shorten(str(event_type), 500),
+           "reason": shorten(reason, REJECTED_REASON_CHARS), "at": now,
            "payload": repr(payload)[:4000] if payload is not None else None,
            # A timestamp, not a number: Firestore's TTL policy only acts on timestamps.
            "expires_at": datetime.fromtimestamp(now + 30 * 24 * 3600, UTC)}

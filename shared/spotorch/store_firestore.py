@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from spotorch.ports import ConflictError
+from spotorch.ports import ConflictError, InvalidDocument
 
 # Composite indexes the store's queries need (deploy/ provisions them; tests/test_deploy.py checks).
 # Every query here filters on a single field, which Firestore indexes automatically.
@@ -57,6 +57,8 @@ class FirestoreDocumentStore:
         except (exceptions.AlreadyExists, exceptions.FailedPrecondition, exceptions.Conflict,
                 exceptions.Aborted) as exc:
             raise ConflictError(f"{collection}/{key}: {exc.message}") from exc
+        except exceptions.InvalidArgument as exc:  # too large, or a value Firestore cannot hold
+            raise InvalidDocument(f"{collection}/{key}: {exc.message}") from exc
         return result.update_time
 
     def query(self, collection: str, field_name: str, value: Any) -> Sequence[dict[str, Any]]:

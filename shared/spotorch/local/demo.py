@@ -106,12 +106,13 @@ SCENARIOS: Mapping[str, Scenario] = {
         expected_status="SUCCEEDED",
         recovery={"escalation": "deadline", "restart_overhead": "5s", "backoff_base": "1s",
                   "decision_interval": "2s"},
-        trainer_env={**_TRAINER_ENV, "EXAMPLE_WORKING_MEMORY_MB": "500",
+        trainer_env={**_TRAINER_ENV, "EXAMPLE_TOTAL_STEPS": "300", "EXAMPLE_WORKING_MEMORY_MB": "500",
                      "OPENBLAS_NUM_THREADS": "1"},
         # The emulator runs every shape at this machine's speed; each candidate's step sleep
         # stands in for its speed, and the emulator OOM-kills n1-highcpu-2 past 400 MiB
         # resident (an emulation; 0.5 s steps give its memory watch time to see it).
-        hardware={"total_steps": 600, "probe_steps": 10, "probe_timeout": "90s",
+        deadline="10m",  # the CPU shape needs about 11 min for the 300 steps: it misses it
+        hardware={"total_steps": 300, "probe_steps": 10, "probe_timeout": "90s",
                   "candidates": [
                       {"name": "small", "machine_type": "n1-highcpu-2",
                        "env": {"EXAMPLE_STEP_SLEEP": 0.5}},

@@ -208,6 +208,18 @@ def test_switch_back_bar_follows_the_runs_spot_up_time() -> None:
     assert deadline_policy(dataclasses.replace(choppy, preemptions=0, spot_run_s=0.0)) is SPOT
 
 
+def test_standard_waits_for_spot_to_have_been_back_half_an_overhead() -> None:
+    """A return younger than half an overhead (0.1 h here) does not make the run leave."""
+    assert deadline_policy(view(**SWITCH_BACK, spot_up_s=0.0)) is STANDARD
+    assert deadline_policy(view(**SWITCH_BACK, spot_up_s=300.0)) is STANDARD
+    assert deadline_policy(view(**SWITCH_BACK, spot_up_s=600.0)) is SPOT
+    assert deadline_policy(view(**SWITCH_BACK, spot_up_s=None)) is SPOT  # age unknown
+    # Only the way back off standard waits: a queued or idle run takes Spot at once.
+    assert deadline_policy(view(current=None, spot_up_s=0.0)) is SPOT
+    # A probe's question is whether Spot seen back would be taken, whatever its age.
+    assert probe_worth(view(**ON_STANDARD, spot_up_s=0.0), TERMS)
+
+
 def test_assumed_spot_waits_for_the_runs_typical_outage() -> None:
     """Spot only assumed back (a cooldown): leave standard no sooner than a mean outage."""
     recent = view(**SWITCH_BACK, spot_assumed=True, spot_down_at_s=46 * H)  # 1 h ago

@@ -193,10 +193,12 @@ class DeadlineTuning:
     prior_down_h: float = 1.0
     prior_down_weight: float = 1.0
     # On standard, leave for Spot only once its capacity has been seen for this many restart
-    # overheads: Spot's returns are heavy-tailed (on the public traces a quarter to a third
-    # last 15 min or less, while the mean is 2-6 h), and a return that ends within the launch
-    # overhead costs two overheads and buys nothing. Waiting costs only the Spot discount.
-    switch_after_overheads: float = 0.5
+    # overheads (0: at once). A return that ends within the launch overhead costs two launches
+    # and buys nothing, and on the public traces a quarter to a third of returns last 15 min or
+    # less; but every return then loses the wait's Spot discount. Off by default: at 0.5 the
+    # benchmark gains 0.4-0.7% at 0.2 h, loses 0.3-0.7% at 0.1 h and up to 3% on memoryless
+    # (Markov) availability, and meets no further target (docs/policy-benchmark.md).
+    switch_after_overheads: float = 0.0
 
 
 DEFAULT_TUNING = DeadlineTuning()

@@ -748,8 +748,9 @@ line, in either view:
   runs); its batches are sized to the L2 cache; the replay builds its PolicyView per tick without
   the frozen dataclass's per-field `__setattr__`. Checked before the policy change: every
   outcome of every policy, view and window in the grid, and the region table, identical to the
-  previous code's (`--save` of both, compared window by window); the grid's CPU time fell from
-  449 s to 285 s.
+  previous code's (`--save` of both, compared window by window), and the grid's CPU time fell
+  from 449 s to 285 s for the same 11 replays (two hysteresis replays, below, were added
+  since; "Time" above is with them).
 - **Policy: a switch-back hysteresis, measured and left off.** On standard, the deadline
   policy can wait until Spot's return is some restart overheads old before leaving
   (`DeadlineTuning.switch_after_overheads`, `PolicyView.spot_up_s`): on the public traces a
@@ -939,10 +940,10 @@ is a `slow` test).
   a zone only when some run or probe is there.
 - Probes' billing for so short a job is not documented: billed time is configurable
   (`--probe-billed-seconds`), as are latency and wait.
-- The switch-back hysteresis needs the age of Spot's return (`PolicyView.spot_up_s`); the
-  service does not pass it yet (default None: the policy leaves standard as soon as a probe
-  says yes, as before), so production gets this session's gain only once domain.py passes the
-  time its probe found capacity.
+- The switch-back hysteresis (off by default) needs the age of Spot's return
+  (`PolicyView.spot_up_s`, default None: unknown, no wait); the service does not pass it, so
+  turning it on would change nothing in production until domain.py passes the time its probe
+  found capacity (and launches the confirming probe back to back, as the simulator does).
 - History is what the run's own Spot attempts (and probes) saw (PolicyView `spot_run_s`,
   `spot_wait_s`, `spot_waits`, `spot_down_at_s`), in both views.
 - The optimum may decline Spot while it is available; production policies cannot (SPOT means

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from spotorch.pipeline import Capacity, EscalationKind, RecoveryPolicy
 from spotorch.policy import (
+    DeadlineTuning,
     PolicyView,
     ProbeTerms,
     UnknownEscalation,
@@ -206,6 +207,22 @@ def test_switch_back_bar_follows_the_runs_spot_up_time() -> None:
     assert deadline_policy(dataclasses.replace(steady, preemptions=0, spot_run_s=0.0)) \
         is STANDARD
     assert deadline_policy(dataclasses.replace(choppy, preemptions=0, spot_run_s=0.0)) is SPOT
+
+
+def test_the_switch_back_hysteresis_waits_for_spot_to_have_been_back() -> None:
+    """With it on, a return younger than half an overhead (0.1 h here) does not make the run
+    leave standard; off (the default), any return does."""
+    half = DeadlineTuning(switch_after_overheads=0.5)
+    assert deadline_policy(view(**SWITCH_BACK, spot_up_s=0.0), half) is STANDARD
+    assert deadline_policy(view(**SWITCH_BACK, spot_up_s=300.0), half) is STANDARD
+    assert deadline_policy(view(**SWITCH_BACK, spot_up_s=600.0), half) is SPOT
+    assert deadline_policy(view(**SWITCH_BACK, spot_up_s=None), half) is SPOT  # age unknown
+    assert deadline_policy(view(**SWITCH_BACK, spot_up_s=0.0)) is SPOT
+    # Only the way back off standard waits: a queued or idle run takes Spot at once.
+    assert deadline_policy(view(current=None, spot_up_s=0.0), half) is SPOT
+    # A probe's question is whether Spot seen back would be taken, whatever its age.
+    assert probe_worth(view(**ON_STANDARD, spot_up_s=0.0), TERMS,
+                       lambda v: deadline_policy(v, half))
 
 
 def test_assumed_spot_waits_for_the_runs_typical_outage() -> None:

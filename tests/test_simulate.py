@@ -12,6 +12,7 @@ import pytest
 
 from spotorch.pipeline import Capacity
 from spotorch.policy import PolicyView, always_spot, always_standard, deadline_policy
+from spotorch.sim.replay import VIEW_FIELDS, fast_view
 from spotorch.sim.simulate import (
     POLICIES,
     TRACES_ENV,
@@ -25,6 +26,7 @@ from spotorch.sim.simulate import (
     load_trace,
     main,
     optimal,
+    optimal_at,
     resample,
     run_online,
     run_standard,
@@ -76,6 +78,42 @@ def test_optimal_batches_windows_independently() -> None:
     for win, together in zip(wins, batched, strict=True):
         alone = optimal([win], scenario)[0]
         assert together == alone
+
+
+def test_one_dp_gives_the_optimum_at_every_shorter_deadline() -> None:
+    """optimal_at on the longest windows equals optimal on each deadline's own prefixes."""
+    rng = np.random.default_rng(5)
+    longest = Scenario(task_s=1800, deadline_s=20 * 300, overhead_s=360, step_s=300)
+    wins = [Window("t", "f", 0.0, rng.random(20) < p, rng.uniform(0.5, 1.5, 20), 3.0)
+            for p in np.linspace(0.0, 1.0, 9)]
+    deadlines = [2400.0, 3300.0, 4500.0, 6000.0]
+    together = optimal_at(wins, longest, deadlines)
+    for deadline in deadlines:
+        short = Scenario(task_s=1800, deadline_s=deadline, overhead_s=360, step_s=300)
+        steps = short.steps
+        prefixes = [Window("t", "f", 0.0, w.avail[:steps], w.spot_price[:steps], 3.0)
+                    for w in wins]
+        assert together[deadline] == optimal(prefixes, short)  # exactly, statistics included
+    # Less slack never costs less, and here it costs more somewhere: the cells differ.
+    costs = np.array([[o.cost for o in together[d]] for d in deadlines])
+    assert (np.diff(costs, axis=0) <= 1e-12).all() and (costs[0] > costs[-1]).any()
+    with pytest.raises(ScenarioError):
+        optimal_at(wins, longest, [6300.0])
+
+
+def test_fast_view_builds_the_same_view_as_the_constructor() -> None:
+    seen: list[PolicyView] = []
+
+    def record(v: PolicyView) -> Capacity:
+        seen.append(v)
+        return deadline_policy(v)
+
+    scenario = Scenario(task_s=6 * 300, deadline_s=14 * 300, overhead_s=600, step_s=300)
+    run_online(window([1, 1, 0, 0, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1]), scenario, record)
+    assert seen and all(set(vars(v)) == VIEW_FIELDS for v in seen)  # every field, no other
+    assert all(PolicyView(**vars(v)) == v for v in seen)
+    fields = dict(vars(seen[0]))
+    assert fast_view(fields) == PolicyView(**fields)
 
 
 def test_optimal_is_a_lower_bound_for_every_policy() -> None:

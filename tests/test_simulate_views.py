@@ -233,3 +233,37 @@ def test_history_ranks_by_capacity_share_then_preemptions() -> None:
                RegionRecord(observed_s=24 * H, available_s=20 * H, preemptions=2),
                RegionRecord(observed_s=0.0, available_s=0.0)]
     assert rank_regions(records) == [2, 1, 3, 0]  # unobserved: the prior's 0.5
+
+
+def test_the_age_of_spots_return_is_seen_in_both_views_and_probes_chain_it() -> None:
+    """Visible: the trace's age; production: since a probe found capacity, across probes that
+    follow one another without a gap (their VMs saw it without a break)."""
+    seen: list[PolicyView] = []
+
+    def after_two_ticks(view: PolicyView) -> Capacity:
+        seen.append(view)
+        if not view.spot_available:
+            return STANDARD
+        young = view.current is STANDARD and view.spot_up_s is not None \
+            and view.spot_up_s < 600.0
+        return STANDARD if young else SPOT
+
+    avail = [1, 0, 0] + [1] * 40  # preempted at step 1; Spot back from step 3
+    base = dict(task_s=18 * 300, deadline_s=43 * 300, overhead_s=720, step_s=300)
+
+    def ages() -> list[tuple[int, float | None, Capacity]]:
+        first = {round(v.now_s / 300): v for v in reversed(seen)}  # the real call per step
+        return [(step, v.spot_up_s, after_two_ticks(v)) for step, v in sorted(first.items())
+                if v.current is STANDARD and v.spot_available]
+
+    run_online(window(avail), Scenario(**base), after_two_ticks)  # type: ignore[arg-type]
+    assert ages()[:3] == [(3, 0.0, STANDARD), (4, 300.0, STANDARD), (5, 600.0, SPOT)]
+    seen.clear()
+    probes = Probes(billed_s=300.0, latency_s=300.0, wait_s=600.0)
+    out = run_online(window(avail), Scenario(**base, view=View.PRODUCTION,  # type: ignore[arg-type]
+                                             spot_cooldown_s=0.0, probes=probes),
+                     after_two_ticks)
+    # A probe at step 2 finds capacity at 3 (answer at 4: 300 s old); the next, launched at 4,
+    # finds it at once and answers at 5: 600 s since the first found it.
+    assert ages()[:2] == [(4, 300.0, STANDARD), (5, 600.0, SPOT)]
+    assert out.probes == 2 and out.probe_cost == pytest.approx(2 * 300 / 3600)

@@ -46,7 +46,7 @@ from spotorch.sim.model import (
     windows_of,
     zone_windows,
 )
-from spotorch.sim.optimal import brute_force, optimal
+from spotorch.sim.optimal import brute_force, optimal, optimal_at
 from spotorch.sim.replay import OnlinePolicy, online_policies, run_online, run_standard
 
 __all__ = [
@@ -55,7 +55,7 @@ __all__ = [
     "Trace", "TraceError",
     "View", "Window", "brute_force", "default_trace_paths", "evaluate", "evaluate_files",
     "evaluate_trace", "find_trace_files", "format_table", "load_trace", "main",
-    "online_policies", "optimal", "resample", "run_online", "run_standard", "summarize",
+    "online_policies", "optimal", "optimal_at", "resample", "run_online", "run_standard", "summarize",
     "windows_of", "zone_windows",
 ]
 

@@ -795,8 +795,12 @@ line, in either view:
   {DEFAULT_PROBE.wait_s:.0f} s is cancelled, unbilled (Vertex AI bills nothing while a Spot job
   is queued). Without probes, standard assumes Spot back once the domain's cooldown
   ({COOLDOWN_S / 60:.0f} min, `RecoveryPolicy.spot_cooldown_s`) has passed, as domain.py does
-  today. Both views run the same policy functions and the domain's cooldown rules
-  (`domain.spot_cooling`, `domain.spot_cooldown_until`).
+  without probes. Both views run the same policy functions and the domain's cooldown rules
+  (`domain.spot_cooling`, `domain.spot_cooldown_until`). The live service probes the same way
+  (`recovery.spot_probes`, on by default with the deadline policy; docs/pipelines.md "Spot
+  probes"): each tick on standard asks `policy.probe_worth`, a probe's RUNNING is its yes (seen
+  by the next listing or its job-state line: the latency above), and the deadline policy is
+  asked again with Spot seen; `tests/test_e2e.py`'s stockout story runs it on the local stack.
 
 ## Targets, every cell
 
@@ -937,7 +941,9 @@ is a `slow` test).
 ## Limits
 
 - The region record is an upper bound (every zone observed at every step); a real record sees
-  a zone only when some run or probe is there.
+  a zone only when some run or probe is there. The live one (`spotorch.spot_record`: Firestore
+  `spot_regions`, hourly buckets kept 24 h) is fed by every run's ended Spot attempts and
+  probe answers and ranks a multi-region pipeline's regions with the same `rank_regions`.
 - Probes' billing for so short a job is not documented: billed time is configurable
   (`--probe-billed-seconds`), as are latency and wait.
 - The switch-back hysteresis (off by default) needs the age of Spot's return

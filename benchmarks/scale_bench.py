@@ -149,8 +149,9 @@ def build(emulator: Any) -> tuple[Deps, CountingDocs, CountingClient]:
         JobServiceGrpcTransport,
     )
 
+    from spotorch.budget import CRUD, SUBMIT, RequestBudget
     from spotorch.store_firestore import FirestoreDocumentStore
-    from spotorch.vertex import CRUD, SUBMIT, RequestBudget, RetryPolicy, VertexJobLauncher
+    from spotorch.vertex import RetryPolicy, VertexJobLauncher
 
     docs = CountingDocs(FirestoreDocumentStore(project=PROJECT))
     channel = grpc.insecure_channel(emulator.address)

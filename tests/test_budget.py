@@ -136,6 +136,9 @@ class SharedBudgetContract:
         clock.t = T0 + WINDOW_S - 2.0
         a.take("r", (SUBMIT,))  # waits the 2 s into the next window
         assert slept == [pytest.approx(2.0)] and clock.t >= T0 + WINDOW_S
+        a.take("r", (SUBMIT,))
+        a.take("r", (SUBMIT,), max_wait_s=WINDOW_S)  # a caller that may wait longer (a listing)
+        assert clock.t >= T0 + 2 * WINDOW_S
 
     def test_no_sliding_minute_sees_more_than_the_quota(
             self, make: Callable[..., SharedRequestBudget]) -> None:

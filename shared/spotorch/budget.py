@@ -32,8 +32,9 @@ QUOTA_WINDOW_S = 60.0
 class Budget(Protocol):
     """What the launcher asks before a Vertex call: one request of each kind, in a region."""
 
-    def take(self, region: str, kinds: Sequence[str]) -> None:
-        """Return when the call may go; raise the transient RESOURCE_EXHAUSTED LaunchError."""
+    def take(self, region: str, kinds: Sequence[str], *, max_wait_s: float | None = None) -> None:
+        """Return when the call may go, waiting up to max_wait_s (None: the budget's own);
+        raise the transient RESOURCE_EXHAUSTED LaunchError."""
         ...
 
 
@@ -70,8 +71,8 @@ class RequestBudget:
                 wait = max(wait, calls[0] + QUOTA_WINDOW_S - now)
         return wait
 
-    def take(self, region: str, kinds: Sequence[str]) -> None:
-        deadline = self._clock() + self.max_wait_s
+    def take(self, region: str, kinds: Sequence[str], *, max_wait_s: float | None = None) -> None:
+        deadline = self._clock() + (self.max_wait_s if max_wait_s is None else max_wait_s)
         while True:
             with self._lock:
                 now = self._clock()
@@ -152,15 +153,15 @@ class SharedRequestBudget:
         self.leases_taken = 0  # conditional writes that granted tokens (for the benchmark)
         self.fallbacks = 0  # takes served by the fallback budget
 
-    def take(self, region: str, kinds: Sequence[str]) -> None:
-        deadline = self._clock() + self.max_wait_s
+    def take(self, region: str, kinds: Sequence[str], *, max_wait_s: float | None = None) -> None:
+        deadline = self._clock() + (self.max_wait_s if max_wait_s is None else max_wait_s)
         while True:
             with self._lock:
                 now = self._clock()
                 retry_in = self._attempt(region, kinds, now)
             if retry_in is None:  # the store cannot be reached: this instance's own budget
                 self.fallbacks += 1
-                self.fallback.take(region, kinds)
+                self.fallback.take(region, kinds, max_wait_s=max_wait_s)
                 return
             if retry_in <= 0:
                 return

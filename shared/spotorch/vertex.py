@@ -395,6 +395,11 @@ def parse_job_name(job_name: str) -> tuple[str, str, str]:
 
 ClientFactory = Callable[[str], Any]
 
+# A listing's next page is worth waiting for (the budget's own wait is for launches, which a
+# later tick retries): a listing cut short makes the tick ask every job of the region instead.
+LIST_PAGE_WAIT_S = 30.0
+
+
 class VertexJobLauncher:
     """ports.JobLauncher on Vertex AI custom jobs; a client per region, created on first use."""
 
@@ -509,7 +514,8 @@ class VertexJobLauncher:
         """spotorch's live jobs in a region, a page (LIST_PAGE_SIZE jobs) per request."""
         request = {"parent": self._parent(region), "filter": LIVE_FILTER,
                    "page_size": LIST_PAGE_SIZE}
-        self.budget.take(region, (CRUD,))  # the first page; each next page takes its own
+        # The first page; each next page takes its own.
+        self.budget.take(region, (CRUD,), max_wait_s=LIST_PAGE_WAIT_S)
         pager = self._call(f"list live jobs in {region}", lambda: self._client(region)
                            .list_custom_jobs(request=request, timeout=self.call_timeout_s))
         pages = iter(getattr(pager, "pages", [pager]))
@@ -517,7 +523,7 @@ class VertexJobLauncher:
             try:  # a page that fails ends the listing: the caller falls back to GetCustomJob
                 page = next(pages, None)
                 if page is not None and bool(getattr(page, "next_page_token", None)):
-                    self.budget.take(region, (CRUD,))
+                    self.budget.take(region, (CRUD,), max_wait_s=LIST_PAGE_WAIT_S)
             except Exception as exc:
                 code, transient = _failure(exc)
                 raise LaunchError(f"list live jobs in {region}: {code}: {exc}",

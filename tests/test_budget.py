@@ -11,23 +11,16 @@ from typing import Any
 
 import pytest
 
-from spotorch.budget import (
-    CRUD,
-    QUOTA_WINDOW_S,
-    SUBMIT,
-    RequestBudget,
-    SharedRequestBudget,
-    window_limit,
-)
+from spotorch.budget import CRUD, QUOTA_WINDOW_S, SUBMIT, RequestBudget, SharedRequestBudget
 from spotorch.memory import InMemoryDocumentStore
 from spotorch.ports import DocumentStore, LaunchError
 from spotorch.settings import Settings
 
-# Small quotas keep the emulator's share of the work small: 10-s windows, share 1.0 ->
-# ceil(60/10)+1 = 7 windows per sliding minute: 70 CRUD -> 10 a window, 14 SUBMIT -> 2.
-QUOTAS = {CRUD: 70.0, SUBMIT: 14.0}
-WINDOW_S = 10.0
-T0 = 1_800_000_000.0  # a window's first second (1.8e9 is a multiple of 10)
+# Small quotas keep the emulator's share of the work small; share 1.0, blocks of a quarter.
+QUOTAS = {CRUD: 10.0, SUBMIT: 2.0}
+LEASE_S = 5.0
+HORIZON_S = QUOTA_WINDOW_S + LEASE_S
+T0 = 1_800_000_000.0
 
 
 class Clock:
@@ -53,14 +46,15 @@ class SharedBudgetContract:
     def make(self, docs: DocumentStore, collection: str) -> Callable[..., SharedRequestBudget]:
         def make(clock: Callable[[], float], quotas: dict[str, float] = QUOTAS,
                  **kwargs: Any) -> SharedRequestBudget:
-            options: dict[str, Any] = {"share": 1.0, "window_s": WINDOW_S, "max_wait_s": 0.5,
-                                       "collection": collection, "clock": clock, **kwargs}
+            options: dict[str, Any] = {"share": 1.0, "lease_s": LEASE_S, "blocks_per_horizon": 4,
+                                       "max_wait_s": 0.5, "collection": collection,
+                                       "clock": clock, **kwargs}
             return SharedRequestBudget(docs, quotas, **options)
         return make
 
     def test_two_instances_across_threads_never_pass_more_than_the_window_limit(
             self, make: Callable[..., SharedRequestBudget]) -> None:
-        clock = Clock(T0)  # time stands still: everything happens in one window
+        clock = Clock(T0)  # time stands still: everything happens within one horizon
         budgets = [make(clock), make(clock)]
         assert budgets[0].limits == {CRUD: 10, SUBMIT: 2} and budgets[0].blocks[CRUD] == 3
         passed: list[int] = []
@@ -68,7 +62,7 @@ class SharedBudgetContract:
         lock = threading.Lock()
 
         def worker(budget: SharedRequestBudget) -> None:
-            for _ in range(100):  # until refused (the window is used up); 100: a bug, not a hang
+            for _ in range(100):  # until refused (the budget is used up); 100: a bug, not a hang
                 try:
                     budget.take("us-central1", (CRUD,))
                 except LaunchError as exc:
@@ -95,7 +89,7 @@ class SharedBudgetContract:
         clock = Clock(T0)
         a, b = make(clock), make(clock)
         a.take("r", (CRUD, SUBMIT))
-        b.take("r", (CRUD, SUBMIT))  # the window's two submissions, one each
+        b.take("r", (CRUD, SUBMIT))  # the two submissions of the minute, one each
         with pytest.raises(LaunchError) as err:
             a.take("r", (CRUD, SUBMIT))
         assert err.value.code == "RESOURCE_EXHAUSTED" and not err.value.permanent
@@ -119,7 +113,7 @@ class SharedBudgetContract:
             a.take("r1", (SUBMIT,))
         a.take("r2", (SUBMIT,))
 
-    def test_a_new_window_grants_again_and_a_short_wait_is_waited(
+    def test_tokens_come_back_when_their_grant_leaves_the_horizon(
             self, make: Callable[..., SharedRequestBudget]) -> None:
         clock = Clock(T0)
         slept: list[float] = []
@@ -130,26 +124,60 @@ class SharedBudgetContract:
         a = make(clock, sleep=sleep, max_wait_s=3.0)
         a.take("r", (SUBMIT,))
         a.take("r", (SUBMIT,))
-        with pytest.raises(LaunchError):  # 10 s to the next window: more than max_wait_s
+        with pytest.raises(LaunchError):  # 65 s until the first grant leaves: past max_wait_s
             a.take("r", (SUBMIT,))
         assert slept == []
-        clock.t = T0 + WINDOW_S - 2.0
-        a.take("r", (SUBMIT,))  # waits the 2 s into the next window
-        assert slept == [pytest.approx(2.0)] and clock.t >= T0 + WINDOW_S
-        a.take("r", (SUBMIT,))
-        a.take("r", (SUBMIT,), max_wait_s=WINDOW_S)  # a caller that may wait longer (a listing)
-        assert clock.t >= T0 + 2 * WINDOW_S
+        clock.t = T0 + HORIZON_S - 2.0
+        a.take("r", (SUBMIT,))  # waits the 2 s for the first grant to leave
+        assert slept == [pytest.approx(2.0)] and clock.t >= T0 + HORIZON_S
+        clock.t = T0 + 2 * HORIZON_S - 10.0
+        a.take("r", (SUBMIT,), max_wait_s=HORIZON_S)  # a caller that may wait longer (a listing)
+
+    def test_leased_tokens_lapse_unspent(self, make: Callable[..., SharedRequestBudget]) -> None:
+        clock = Clock(T0)
+        a, b = make(clock), make(clock)
+        a.take("r", (CRUD,))  # a leases 3, spends 1
+        clock.t += LEASE_S + 0.1
+        a.take("r", (CRUD,))  # the 2 left lapsed: a new lease
+        assert a.leases_taken == 2
+        taken = 0
+        for budget in (b, a):
+            while True:
+                try:
+                    budget.take("r", (CRUD,))
+                except LaunchError:
+                    break
+                taken += 1
+        assert taken == 10 - 3 - 3 + 2  # what is left after two leases, plus a's 2 in hand
+
+    def test_a_grant_counts_until_its_last_token_can_no_longer_be_spent(
+            self, make: Callable[..., SharedRequestBudget]) -> None:
+        clock = Clock(T0)
+        a, b = make(clock, max_wait_s=0.0), make(clock, max_wait_s=0.0)
+        a.take("r", (CRUD,))  # a leases 3 at T0
+        with pytest.raises(LaunchError):
+            while True:
+                b.take("r", (CRUD,))  # b the other 7
+        clock.t = T0 + LEASE_S - 0.1
+        a.take("r", (CRUD,))
+        a.take("r", (CRUD,))  # a's last two, spent late but within its lease
+        clock.t = T0 + QUOTA_WINDOW_S + 1.0
+        # A minute after the grants, but the minute from a's late calls has not passed: a grant
+        # now could put 12 calls in [T0 + 4.9, T0 + 64.9].
+        with pytest.raises(LaunchError):
+            b.take("r", (CRUD,))
+        clock.t = T0 + HORIZON_S + 0.1
+        b.take("r", (CRUD,))
 
     def test_no_sliding_minute_sees_more_than_the_quota(
             self, make: Callable[..., SharedRequestBudget]) -> None:
         clock = Clock(T0 + 3.0)  # windows do not start on the quota's minute
-        # 12 a minute: 1 per 10-s window (a sliding minute touches 7 of them; 2 would be 14).
         quotas = {CRUD: 600.0, SUBMIT: 12.0}
         budgets = [make(clock, quotas, max_wait_s=0.0), make(clock, quotas, max_wait_s=0.0)]
         passed: list[float] = []
         for _ in range(int(3 * QUOTA_WINDOW_S)):  # three minutes, each instance greedy every second
             for budget in budgets:
-                for _ in range(4):
+                for _ in range(1):  # one a second: a block is spent over seconds
                     try:
                         budget.take("r", (SUBMIT,))
                     except LaunchError:
@@ -159,7 +187,7 @@ class SharedBudgetContract:
         busiest = max(sum(1 for t in passed if start <= t < start + QUOTA_WINDOW_S)
                       for start in passed)
         assert busiest <= quotas[SUBMIT]
-        assert len(passed) >= 18  # and every window of the three minutes let its one through
+        assert len(passed) >= 3 * 12 * QUOTA_WINDOW_S / HORIZON_S - 12  # and it does let them through
 
 
 class Interleaving(InMemoryDocumentStore):
@@ -209,7 +237,7 @@ def test_an_unreachable_store_falls_back_to_the_conservative_instance_budget() -
     clock = Clock(T0)
     store = Unreachable()
     fallback = RequestBudget({CRUD: 3.0}, max_wait_s=0.0, clock=clock)
-    budget = SharedRequestBudget(store, QUOTAS, share=1.0, window_s=WINDOW_S, fallback=fallback,
+    budget = SharedRequestBudget(store, QUOTAS, share=1.0, fallback=fallback,
                                  retry_store_after_s=30.0, clock=clock)
     for _ in range(3):
         budget.take("r", (CRUD,))  # served at once by the fallback, no waiting on the store
@@ -227,9 +255,8 @@ def test_the_default_fallback_is_a_tenth_of_the_quota() -> None:
     budget = SharedRequestBudget(InMemoryDocumentStore())
     assert isinstance(budget.fallback, RequestBudget)
     assert budget.fallback.per_minute == {CRUD: pytest.approx(54.0), SUBMIT: pytest.approx(5.4)}
-    # 10-s windows, 90% of 600 and 60 over the 7 windows a sliding minute can touch.
-    assert budget.limits == {CRUD: 77, SUBMIT: 7}
-    assert window_limit(600, 1.0, 60.0) == 300  # one-minute windows: half the quota
+    assert budget.limits == {CRUD: 540, SUBMIT: 54}  # 90% of Vertex's quotas
+    assert budget.blocks == {CRUD: 34, SUBMIT: 4} and budget.horizon_s == 65.0
 
 
 def test_the_setting_chooses_the_shared_budget(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -86,38 +86,30 @@ class RequestBudget:
             self._sleep(min(wait, 1.0))
 
 
-def window_limit(quota: float, share: float, window_s: float) -> int:
-    """Requests one fixed window may grant so that no sliding minute sees more than share*quota.
-
-    A sliding minute overlaps at most ceil(60 / window_s) + 1 fixed windows; Vertex does not
-    document how its per-minute quota refills (the emulator uses a sliding minute), so the
-    budget assumes the strictest reading.
-    """
-    overlapped = math.ceil(QUOTA_WINDOW_S / window_s - 1e-9) + 1
-    return max(0, math.floor(quota * share / overlapped))
-
-
 @dataclass
 class _Lease:
-    window: int
+    expires_at: float  # its tokens are spent before this, or never
     tokens: int
 
 
 class SharedRequestBudget:
     """A budget per (region, kind) shared by every instance: one small document each, in the
-    document store (Firestore in production), handing out blocks of tokens per fixed window.
+    document store (Firestore in production), holding the grants of the last minute or so.
+
+    The rule: a grant of n tokens at time t is allowed when the grants since t - horizon_s, with
+    n, stay within share * quota, and its tokens may be spent only until t + lease_s (horizon_s
+    = 60 + lease_s). Any minute of Vertex calls then spends only tokens granted within one
+    horizon, so no sliding minute goes over, whatever Vertex's refill is (it is not documented;
+    the emulator uses a sliding minute). It allows a burst of the whole share at once (540
+    requests, 54 submissions with the defaults) and about share * quota * 60 / horizon_s a
+    minute after that.
 
     Why blocks: taking one token per Vertex request would cost a Firestore write per request and
-    put the busiest document at ~8 writes a second (500 CRUD a minute), far past the ~1 write a
-    second one document sustains. An instance instead takes a block (about a quarter of the
-    window's limit) in one conditional write and spends it locally; a document then sees at most
-    `blocks_per_window` writes per window (0.4 a second with the defaults). What an instance
-    leased and did not spend lapses with its window: tokens are lost, never over-granted.
-
-    Why fixed windows: a counter with the window's number in it needs no list of timestamps and
-    no clean-up (the document is reset by the first lease of a newer window). The window's limit
-    is chosen so that a sliding minute never sees more than `share` of Vertex's quota
-    (window_limit): 10-s windows keep 6/7 of it usable.
+    put the busiest document at ~9 writes a second, far past the ~1 write a second one document
+    sustains. An instance instead takes a block (1/`blocks_per_horizon` of the limit) in one
+    conditional write and spends it locally; a document then sees at most about
+    `blocks_per_horizon` writes per horizon (0.25 a second with the defaults). What an instance
+    leased and did not spend within lease_s lapses: tokens are lost, never over-granted.
 
     When the store cannot be reached, the instance falls back to its own conservative budget
     (default a tenth of the quota per instance) for `retry_store_after_s`, so the tick is never
@@ -126,28 +118,29 @@ class SharedRequestBudget:
     """
 
     def __init__(self, docs: DocumentStore, quotas: Mapping[str, float] | None = None, *,
-                 share: float = 0.9, window_s: float = 10.0, blocks_per_window: int = 4,
+                 share: float = 0.9, lease_s: float = 5.0, blocks_per_horizon: int = 16,
                  max_wait_s: float = 5.0, fallback: Budget | None = None,
                  retry_store_after_s: float = 30.0, collection: str = COLLECTION_BUDGETS,
                  clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.docs = docs
         self.quotas = dict(quotas or VERTEX_QUOTAS)
-        self.window_s = window_s
-        self.limits = {k: window_limit(q, share, window_s) for k, q in self.quotas.items()}
-        self.blocks = {k: max(1, math.ceil(limit / max(1, blocks_per_window)))
+        self.lease_s = lease_s
+        self.horizon_s = QUOTA_WINDOW_S + lease_s
+        self.limits = {k: math.floor(q * share) for k, q in self.quotas.items()}
+        self.blocks = {k: max(1, math.ceil(limit / max(1, blocks_per_horizon)))
                        for k, limit in self.limits.items()}
         self.max_wait_s = max_wait_s
         self.fallback = fallback or RequestBudget(
             {k: q * share / 10 for k, q in self.quotas.items()}, max_wait_s=max_wait_s)
         self.retry_store_after_s = retry_store_after_s
         self.collection = collection
-        # The wall clock, not a monotonic one: every instance must agree on the window's number.
+        # The wall clock, not a monotonic one: grants from every instance share one time line.
         self._clock, self._sleep = clock, sleep
         self._leases: dict[tuple[str, str], _Lease] = {}
-        # (region, kind) -> the window found spent: tokens never come back within a window, so
-        # the refusals that follow cost no read.
-        self._spent: dict[tuple[str, str], int] = {}
+        # (region, kind) -> until when the document was found spent: no grant leaves it sooner,
+        # so the refusals meanwhile cost no read.
+        self._spent_until: dict[tuple[str, str], float] = {}
         self._store_down_until = -math.inf
         self._lock = threading.Lock()  # one lease at a time: an instance never contends with itself
         self.leases_taken = 0  # conditional writes that granted tokens (for the benchmark)
@@ -181,53 +174,52 @@ class SharedRequestBudget:
             self._store_down_until = now + self.retry_store_after_s
             return None
 
-    def _window(self, now: float) -> int:
-        return int(now // self.window_s)
-
     def _take_locked(self, region: str, kinds: Sequence[str], now: float) -> float:
         """Spend one token of each kind (leasing where none is left): 0, or when to try again.
 
         Nothing is spent unless every kind has a token: a launch refused for its submission does
         not use up a resource-management token."""
-        window = self._window(now)
         limited = [k for k in dict.fromkeys(kinds) if k in self.limits]
         for kind in limited:
             lease = self._leases.get((region, kind))
-            if lease is not None and lease.window == window and lease.tokens > 0:
+            if lease is not None and now < lease.expires_at and lease.tokens > 0:
                 continue
-            granted = 0 if self._spent.get((region, kind)) == window \
-                else self._lease(region, kind, window)
+            until = self._spent_until.get((region, kind), -math.inf)
+            if now < until:
+                return until - now
+            granted, retry_at = self._lease(region, kind, now)
             if granted is None:  # contended: others are leasing right now
                 return random.uniform(0.02, 0.1)
-            if granted == 0:  # spent for this window
-                self._spent[(region, kind)] = window
-                return (window + 1) * self.window_s - now
-            self._leases[(region, kind)] = _Lease(window, granted)
+            if granted == 0:  # spent until the oldest grant leaves the horizon
+                self._spent_until[(region, kind)] = retry_at
+                return max(retry_at - now, 0.01)
+            self._leases[(region, kind)] = _Lease(now + self.lease_s, granted)
         for kind in limited:
             self._leases[(region, kind)].tokens -= 1
         return 0.0
 
-    def _lease(self, region: str, kind: str, window: int, attempts: int = 5) -> int | None:
-        """Tokens granted by one conditional write on the (region, kind) document: 0 when the
-        window's limit is reached, None when every attempt lost a race."""
+    def _lease(self, region: str, kind: str, now: float,
+               attempts: int = 5) -> tuple[int | None, float]:
+        """(tokens granted by one conditional write on the (region, kind) document, or None when
+        every attempt lost a race; when 0 were granted, the time one may be)."""
         key = f"{region}:{kind}"
         limit, block = self.limits[kind], self.blocks[kind]
         for _ in range(attempts):
             doc, version = self.docs.get(self.collection, key)
-            doc_window = int(doc["window"]) if doc else -1
-            if doc_window > window:
-                return 0  # another instance's clock is ahead: this window is over for it
-            granted = int(doc["granted"]) if doc and doc_window == window else 0
-            n = min(block, limit - granted)
+            # A list of maps: Firestore's arrays cannot hold arrays.
+            grants = [(float(g["t"]), int(g["n"])) for g in (doc or {}).get("grants", [])
+                      if float(g["t"]) > now - self.horizon_s]
+            n = min(block, limit - sum(n for _, n in grants))
             if n <= 0:
-                return 0
+                return 0, min((t for t, _ in grants), default=now) + self.horizon_s
             try:
                 self.docs.put(self.collection, key,
-                              {"region": region, "kind": kind, "window": window,
-                               "window_s": self.window_s, "limit": limit,
-                               "granted": granted + n}, version)
+                              {"region": region, "kind": kind, "limit": limit,
+                               "horizon_s": self.horizon_s,
+                               "grants": [{"t": t, "n": g} for t, g in [*grants, (now, n)]]},
+                              version)
             except ConflictError:
                 continue
             self.leases_taken += 1
-            return n
-        return None
+            return n, now
+        return None, now

@@ -42,7 +42,7 @@ COLLECTION_LISTINGS = "listings"  # per landing prefix: where the reconcile list
 COLLECTION_FAILURES = "delivery_failures"  # message id -> last transient failure (dead letters)
 COLLECTION_SWEEPS = "sweeps"  # sweep id -> the sweep (spotorch.sweep), its trials and outbox
 COLLECTION_JOBS = "jobs"  # job id -> run, attempt, job name: attributes log-sink entries
-COLLECTION_BUDGETS = "request_budgets"  # region:kind -> this window's Vertex requests granted
+COLLECTION_BUDGETS = "request_budgets"  # region:kind -> Vertex request tokens granted lately
 
 
 @dataclass(frozen=True)

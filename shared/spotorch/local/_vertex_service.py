@@ -168,9 +168,8 @@ class JobService:
         start = int(request.page_token) if request.page_token.isdigit() else 0
         with self.store.lock:
             found = [j for j in self.store.records()
-                     if j.proto.name.startswith(prefix)
-                     and matches(terms, j.proto.labels, j.proto.display_name,
-                                 f"JOB_STATE_{j.state.name}")]
+                     if j.name.startswith(prefix)
+                     and matches(terms, j.labels, j.display_name, j.state_name)]
             found.reverse()
             # Only the page is copied: with thousands of jobs, copying every match for each page
             # made a listing quadratic in the emulator (not in Vertex).

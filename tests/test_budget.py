@@ -269,3 +269,49 @@ def test_the_setting_chooses_the_shared_budget(monkeypatch: pytest.MonkeyPatch) 
     own = wiring.production_deps(Settings(project="p")).launcher
     assert isinstance(getattr(shared, "budget", None), SharedRequestBudget)
     assert isinstance(getattr(own, "budget", None), RequestBudget)
+
+
+class CountingJobs:
+    """A JobServiceClient double with no jobs: counts creates, lists nothing."""
+
+    def __init__(self) -> None:
+        self.created = 0
+
+    def create_custom_job(self, *, parent: str, custom_job: Any, timeout: float) -> Any:
+        from google.cloud import aiplatform_v1 as v1
+
+        self.created += 1
+        return v1.CustomJob(name=f"{parent}/customJobs/{self.created}")
+
+    def list_custom_jobs(self, *, request: Any, timeout: float) -> list[Any]:
+        return []
+
+
+def test_the_launcher_takes_every_call_from_the_shared_budget() -> None:
+    from spotorch.pipeline import Capacity, JobTemplate, WorkerPool
+    from spotorch.ports import LaunchSpec
+    from spotorch.vertex import LIST_PAGE_WAIT_S, VertexJobLauncher
+
+    clock = Clock(T0)
+
+    def sleep(seconds: float) -> None:
+        clock.t += seconds
+    budget = SharedRequestBudget(InMemoryDocumentStore(), {CRUD: 4.0, SUBMIT: 1.0}, share=1.0,
+                                 blocks_per_horizon=4, max_wait_s=0.0, clock=clock, sleep=sleep)
+    jobs = CountingJobs()
+    launcher = VertexJobLauncher("p", client_factory=lambda region: jobs, budget=budget)
+
+    def spec(run_id: str) -> LaunchSpec:
+        return LaunchSpec(run_id=run_id, pipeline="p", attempt=1, capacity=Capacity.SPOT,
+                          region="us-central1",
+                          template=JobTemplate(worker_pools=(WorkerPool(command=("true",)),)),
+                          env={}, labels={}, display_name=run_id)
+    launcher.launch(spec("a"))  # a find (1 request) and a create (1 request, 1 submission)
+    with pytest.raises(LaunchError) as err:  # its find passes; the minute's one submission is used
+        launcher.launch(spec("b"))
+    assert err.value.code == "RESOURCE_EXHAUSTED" and not err.value.permanent
+    assert jobs.created == 1
+    assert list(launcher.list_live("us-central1")) == []  # the 4th request
+    started = clock.t
+    assert list(launcher.list_live("us-central1")) == []  # waits for requests to come back
+    assert 0 < clock.t - started <= LIST_PAGE_WAIT_S

@@ -397,7 +397,8 @@ ClientFactory = Callable[[str], Any]
 
 # A listing's next page is worth waiting for (the budget's own wait is for launches, which a
 # later tick retries): a listing cut short makes the tick ask every job of the region instead.
-LIST_PAGE_WAIT_S = 30.0
+# Longer than the shared budget's 65-s horizon, by when every grant it counted has left.
+LIST_PAGE_WAIT_S = 70.0
 
 
 class VertexJobLauncher:

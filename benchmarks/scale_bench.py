@@ -352,7 +352,6 @@ def measure(n: int, log_dir: Path) -> dict[str, Any]:
         run_tick(w, "warm")  # STARTING -> RUNNING for every run
         steady = run_tick(w, "steady")
         active = w.deps.runs.active()
-        reports = trainer_reports(w, [r.run_id for r in active[:MAX_EVENT_RUNS]])
 
         # 10% preempted, every job event lost: one tick must find and relaunch them.
         victims = [r.current.job_name for r in active[: max(n // 10, 1)]
@@ -375,6 +374,11 @@ def measure(n: int, log_dir: Path) -> dict[str, Any]:
         quota_refusals = sum(1 for r in w.deps.runs.active() for h in r.history
                              if h.what.startswith("launch of attempt")
                              and "RESOURCE_EXHAUSTED" in h.reason)
+        # Reports last: a run that reported is watched for hangs, and a benchmark's trainer
+        # falls silent after its reports (a later tick would cancel it as hung).
+        preempted_runs = {r.run_id for r in active[: max(n // 10, 1)]}
+        reporting = [r.run_id for r in active if r.run_id not in preempted_runs]
+        reports = trainer_reports(w, reporting[:MAX_EVENT_RUNS])
         return {"runs": n, "setup_s": round(setup_s, 1), **steady, **reports,
                 "preempted": len(victims), "relaunched_by_one_tick": len(decided),
                 "preempt_tick_wall_s": preempt_tick["tick_wall_s"],

@@ -136,10 +136,11 @@ class SharedBudgetContract:
     def test_leased_tokens_lapse_unspent(self, make: Callable[..., SharedRequestBudget]) -> None:
         clock = Clock(T0)
         a, b = make(clock), make(clock)
-        a.take("r", (CRUD,))  # a leases 3, spends 1
+        a.take("r", (CRUD,))  # a's first lease: a quarter block, 1 token at least
+        a.take("r", (CRUD,))  # it spent its lease: the next is twice as big, 2
         clock.t += LEASE_S + 0.1
-        a.take("r", (CRUD,))  # the 2 left lapsed: a new lease
-        assert a.leases_taken == 2
+        a.take("r", (CRUD,))  # the 1 left lapsed: a new lease of 2 (twice what it spent)
+        assert a.leases_taken == 3
         taken = 0
         for budget in (b, a):
             while True:
@@ -148,22 +149,22 @@ class SharedBudgetContract:
                 except LaunchError:
                     break
                 taken += 1
-        assert taken == 10 - 3 - 3 + 2  # what is left after two leases, plus a's 2 in hand
+        assert taken == 10 - 1 - 2 - 2 + 1  # what is left after a's leases, plus a's 1 in hand
 
     def test_a_grant_counts_until_its_last_token_can_no_longer_be_spent(
             self, make: Callable[..., SharedRequestBudget]) -> None:
         clock = Clock(T0)
         a, b = make(clock, max_wait_s=0.0), make(clock, max_wait_s=0.0)
-        a.take("r", (CRUD,))  # a leases 3 at T0
+        a.take("r", (CRUD,))
+        a.take("r", (CRUD,))  # a's two leases at T0: 1, then 2 (1 left)
         with pytest.raises(LaunchError):
             while True:
                 b.take("r", (CRUD,))  # b the other 7
         clock.t = T0 + LEASE_S - 0.1
-        a.take("r", (CRUD,))
-        a.take("r", (CRUD,))  # a's last two, spent late but within its lease
+        a.take("r", (CRUD,))  # a's last, spent late but within its lease
         clock.t = T0 + QUOTA_WINDOW_S + 1.0
-        # A minute after the grants, but the minute from a's late calls has not passed: a grant
-        # now could put 12 calls in [T0 + 4.9, T0 + 64.9].
+        # A minute after the grants, but the minute from a's late call has not passed: a grant
+        # now could put 11 calls in [T0 + 4.9, T0 + 64.9].
         with pytest.raises(LaunchError):
             b.take("r", (CRUD,))
         clock.t = T0 + HORIZON_S + 0.1
@@ -256,7 +257,7 @@ def test_the_default_fallback_is_a_tenth_of_the_quota() -> None:
     assert isinstance(budget.fallback, RequestBudget)
     assert budget.fallback.per_minute == {CRUD: pytest.approx(54.0), SUBMIT: pytest.approx(5.4)}
     assert budget.limits == {CRUD: 540, SUBMIT: 54}  # 90% of Vertex's quotas
-    assert budget.blocks == {CRUD: 34, SUBMIT: 4} and budget.horizon_s == 65.0
+    assert budget.blocks == {CRUD: 34, SUBMIT: 4} and budget.horizon_s == 65.0  # the most a lease takes
 
 
 def test_the_setting_chooses_the_shared_budget(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -89,7 +89,8 @@ class RequestBudget:
 @dataclass
 class _Lease:
     expires_at: float  # its tokens are spent before this, or never
-    tokens: int
+    tokens: int  # left
+    granted: int
 
 
 class SharedRequestBudget:
@@ -108,8 +109,12 @@ class SharedRequestBudget:
     put the busiest document at ~9 writes a second, far past the ~1 write a second one document
     sustains. An instance instead takes a block (1/`blocks_per_horizon` of the limit) in one
     conditional write and spends it locally; a document then sees at most about
-    `blocks_per_horizon` writes per horizon (0.25 a second with the defaults). What an instance
-    leased and did not spend within lease_s lapses: tokens are lost, never over-granted.
+    `blocks_per_horizon` writes per horizon (0.25 a second with the defaults) from a busy
+    instance. What an instance leased and did not spend within lease_s lapses: tokens are lost,
+    never over-granted. So a lease is sized by the instance's demand: twice what it spent of its
+    previous lease (a quarter block for the first), at most a block. A slow caller (a listing's
+    page a second) then strands a few tokens per lease rather than most of a block, and a burst
+    doubles its leases up to the block.
 
     When the store cannot be reached, the instance falls back to its own conservative budget
     (default a tenth of the quota per instance) for `retry_store_after_s`, so the tick is never
@@ -187,23 +192,30 @@ class SharedRequestBudget:
             until = self._spent_until.get((region, kind), -math.inf)
             if now < until:
                 return until - now
-            granted, retry_at = self._lease(region, kind, now)
+            granted, retry_at = self._lease(region, kind, now, self._want(region, kind))
             if granted is None:  # contended: others are leasing right now
                 return random.uniform(0.02, 0.1)
             if granted == 0:  # spent until the oldest grant leaves the horizon
                 self._spent_until[(region, kind)] = retry_at
                 return max(retry_at - now, 0.01)
-            self._leases[(region, kind)] = _Lease(now + self.lease_s, granted)
+            self._leases[(region, kind)] = _Lease(now + self.lease_s, granted, granted)
         for kind in limited:
             self._leases[(region, kind)].tokens -= 1
         return 0.0
 
-    def _lease(self, region: str, kind: str, now: float,
+    def _want(self, region: str, kind: str) -> int:
+        """Tokens to ask for: twice what the previous lease had spent, within (1, block)."""
+        block = self.blocks[kind]
+        last = self._leases.get((region, kind))
+        spent = (last.granted - last.tokens) if last else block // 8
+        return max(1, min(block, 2 * spent))
+
+    def _lease(self, region: str, kind: str, now: float, want: int,
                attempts: int = 5) -> tuple[int | None, float]:
         """(tokens granted by one conditional write on the (region, kind) document, or None when
         every attempt lost a race; when 0 were granted, the time one may be)."""
         key = f"{region}:{kind}"
-        limit, block = self.limits[kind], self.blocks[kind]
+        limit, block = self.limits[kind], want
         for _ in range(attempts):
             doc, version = self.docs.get(self.collection, key)
             # A list of maps: Firestore's arrays cannot hold arrays.

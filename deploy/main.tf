@@ -24,6 +24,7 @@ locals {
     SPOTORCH_PIPELINES                = "pipelines"
     SPOTORCH_TRAINING_SERVICE_ACCOUNT = google_service_account.training.email
     SPOTORCH_FIRESTORE_DATABASE       = local.firestore_database
+    SPOTORCH_SHARED_BUDGET            = var.shared_request_budget ? "1" : "0"
     LOG_EXECUTION_ID                  = "true"
   }
 

@@ -190,3 +190,9 @@ variable "use_custom_vertex_role" {
   type        = bool
   default     = true
 }
+
+variable "shared_request_budget" {
+  description = "Vertex AI request budgets shared by every function instance through Firestore (SPOTORCH_SHARED_BUDGET); false: each instance keeps its own (docs/scale.md)."
+  type        = bool
+  default     = true
+}

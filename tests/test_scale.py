@@ -107,7 +107,7 @@ def test_progress_reports_closer_than_a_second_are_acknowledged_without_a_write(
 
 
 def test_the_request_budget_waits_then_refuses_as_resource_exhausted() -> None:
-    from spotorch.vertex import CRUD, SUBMIT, RequestBudget
+    from spotorch.budget import CRUD, SUBMIT, RequestBudget
 
     now = [0.0]
     slept: list[float] = []

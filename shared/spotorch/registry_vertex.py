@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from spotorch.budget import CRUD, SUBMIT, Budget, RequestBudget
 from spotorch.ports import label_value
 from spotorch.registry import (
     LABEL_MODEL_RUN,
@@ -20,7 +21,7 @@ from spotorch.registry import (
     RegistryError,
 )
 from spotorch.registry_memory import context_id, model_id
-from spotorch.vertex import CRUD, SUBMIT, RequestBudget, RetryPolicy, label_key
+from spotorch.vertex import RetryPolicy, label_key
 from spotorch.vertex import _failure as classify_failure
 
 T = TypeVar("T")
@@ -36,12 +37,12 @@ class _Clients:
     """One client per region (one in all for the emulator), built on first use; calls retried."""
 
     def __init__(self, project: str, make: Callable[[str], Any], *, endpoint: str | None,
-                 retry: RetryPolicy | None, budget: RequestBudget | None,
+                 retry: RetryPolicy | None, budget: Budget | None,
                  call_timeout_s: float) -> None:
         self.project = project
         self.endpoint = endpoint
         self.retry = retry or RetryPolicy()
-        self.budget = budget or RequestBudget()
+        self.budget: Budget = budget or RequestBudget()
         self.call_timeout_s = call_timeout_s
         self._make = make
         self._clients: dict[str, Any] = {}
@@ -115,7 +116,7 @@ class VertexModelRegistry:
     version of the pipeline's model, found again by the run's label before uploading."""
 
     def __init__(self, project: str, *, endpoint: str | None = None,
-                 retry: RetryPolicy | None = None, budget: RequestBudget | None = None,
+                 retry: RetryPolicy | None = None, budget: Budget | None = None,
                  call_timeout_s: float = 60.0, upload_timeout_s: float = UPLOAD_TIMEOUT_S,
                  client_factory: Callable[[str], Any] | None = None) -> None:
         self.upload_timeout_s = upload_timeout_s
@@ -186,7 +187,7 @@ class VertexExperimentTracker:
     its parameters, final metrics and state in the context's metadata (the SDK's keys)."""
 
     def __init__(self, project: str, *, endpoint: str | None = None,
-                 retry: RetryPolicy | None = None, budget: RequestBudget | None = None,
+                 retry: RetryPolicy | None = None, budget: Budget | None = None,
                  call_timeout_s: float = 60.0,
                  client_factory: Callable[[str], Any] | None = None) -> None:
         self._c = _Clients(project, client_factory or (lambda r: _metadata_service(endpoint, r)),

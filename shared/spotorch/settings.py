@@ -15,6 +15,9 @@ ENV_PIPELINES = "SPOTORCH_PIPELINES"
 ENV_TRAINING_SERVICE_ACCOUNT = "SPOTORCH_TRAINING_SERVICE_ACCOUNT"
 ENV_VERTEX_ENDPOINT = "SPOTORCH_VERTEX_ENDPOINT"
 ENV_FIRESTORE_DATABASE = "SPOTORCH_FIRESTORE_DATABASE"
+# "1": Vertex request budgets shared by all instances through Firestore (spotorch.budget);
+# unset or "0": each instance keeps its own. deploy/ sets it (var.shared_request_budget).
+ENV_SHARED_BUDGET = "SPOTORCH_SHARED_BUDGET"
 
 FUNCTION_ENV = (
     ENV_PROJECT, ENV_REGION, ENV_EVENTS_TOPIC, ENV_TRAINER_EVENTS_TOPIC, ENV_PIPELINES,
@@ -40,6 +43,7 @@ COLLECTION_FAILURES = "delivery_failures"  # message id -> last transient failur
 COLLECTION_SWEEPS = "sweeps"  # sweep id -> the sweep (spotorch.sweep), its trials and outbox
 COLLECTION_JOBS = "jobs"  # job id -> run, attempt, job name: attributes log-sink entries
 COLLECTION_SPOT_REGIONS = "spot_regions"  # region x shape -> Spot seen by all runs (spot_record)
+COLLECTION_BUDGETS = "request_budgets"  # region:kind -> Vertex request tokens granted lately
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,7 @@ class Settings:
     training_service_account: str | None = None
     vertex_endpoint: str | None = None
     firestore_database: str = "(default)"
+    shared_budget: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -70,6 +75,7 @@ class Settings:
             training_service_account=env.get(ENV_TRAINING_SERVICE_ACCOUNT) or None,
             vertex_endpoint=env.get(ENV_VERTEX_ENDPOINT) or None,
             firestore_database=env.get(ENV_FIRESTORE_DATABASE, cls.firestore_database),
+            shared_budget=env.get(ENV_SHARED_BUDGET, "").strip().lower() in ("1", "true", "yes"),
         )
 
     def topic_path(self, topic: str) -> str:

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from spotorch.budget import CRUD, SUBMIT, Budget, RequestBudget
 from spotorch.domain import FailureClass, JobPhase, JobStatus
 from spotorch.health import HealthPolicy
 from spotorch.pipeline import Capacity, RecoveryPolicy, WorkerPool
@@ -374,53 +375,10 @@ def parse_job_name(job_name: str) -> tuple[str, str, str]:
 
 ClientFactory = Callable[[str], Any]
 
-CRUD = "resource_management"
-SUBMIT = "job_submission"
-
-
-class RequestBudget:
-    """Requests per minute per region this instance allows itself, below Vertex's quotas.
-
-    Vertex's defaults are 600 resource-management requests and 60 job submissions per minute
-    per region and project (FACTS.md). Instances do not share this budget: each takes its share
-    (default: half of each quota, for the tick plus a burst of launches). A call that would go
-    over waits up to `max_wait_s` for the window to move, then fails as RESOURCE_EXHAUSTED, which
-    is transient: a launch stays in the outbox with its claim and is retried.
-    """
-
-    def __init__(self, per_minute: Mapping[str, float] | None = None, *, max_wait_s: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
-        self.per_minute = dict(per_minute or {CRUD: 300.0, SUBMIT: 30.0})
-        self.max_wait_s = max_wait_s
-        self._clock, self._sleep = clock, sleep
-        self._calls: dict[tuple[str, str], list[float]] = {}
-        self._lock = threading.Lock()
-
-    def _wait_s(self, region: str, kinds: Sequence[str], now: float) -> float:
-        wait = 0.0
-        for kind in kinds:
-            calls = [t for t in self._calls.get((region, kind), []) if t > now - 60.0]
-            self._calls[(region, kind)] = calls
-            limit = self.per_minute.get(kind)
-            if limit is not None and len(calls) >= limit:
-                wait = max(wait, calls[0] + 60.0 - now)
-        return wait
-
-    def take(self, region: str, kinds: Sequence[str]) -> None:
-        deadline = self._clock() + self.max_wait_s
-        while True:
-            with self._lock:
-                now = self._clock()
-                wait = self._wait_s(region, kinds, now)
-                if wait <= 0:
-                    for kind in kinds:
-                        self._calls.setdefault((region, kind), []).append(now)
-                    return
-            if now + wait > deadline:
-                raise LaunchError(f"request budget for {'/'.join(kinds)} in {region} is spent "
-                                  f"for {wait:.0f}s", permanent=False, code="RESOURCE_EXHAUSTED")
-            self._sleep(min(wait, 1.0))
+# A listing's next page is worth waiting for (the budget's own wait is for launches, which a
+# later tick retries): a listing cut short makes the tick ask every job of the region instead.
+# Longer than the shared budget's 65-s horizon, by when every grant it counted has left.
+LIST_PAGE_WAIT_S = 70.0
 
 
 class VertexJobLauncher:
@@ -430,18 +388,19 @@ class VertexJobLauncher:
                  classify: Classifier | None = None, retry: RetryPolicy | None = None,
                  client_factory: ClientFactory | None = None,
                  regions: Sequence[str] = ("us-central1",), call_timeout_s: float = 60.0,
-                 budget: RequestBudget | None = None) -> None:
+                 budget: Budget | None = None) -> None:
         """endpoint: None for {region}-aiplatform.googleapis.com, or host:port of the emulator.
 
         regions: where find() looks (with every region this launcher has used); client_factory:
-        region -> JobServiceClient-like object, for tests.
+        region -> JobServiceClient-like object, for tests; budget: what each call takes first
+        (spotorch.budget: this instance's own, or the one shared through Firestore).
         """
         self.project = project
         self.endpoint = endpoint
         self.classifier = classify or Classifier.default()
         self.retry = retry or RetryPolicy()
         self.call_timeout_s = call_timeout_s
-        self.budget = budget or RequestBudget()
+        self.budget: Budget = budget or RequestBudget()
         self._factory = client_factory or self._real_client
         self._regions = list(dict.fromkeys(regions))
         self._clients: dict[str, Any] = {}
@@ -536,7 +495,8 @@ class VertexJobLauncher:
         """spotorch's live jobs in a region, a page (LIST_PAGE_SIZE jobs) per request."""
         request = {"parent": self._parent(region), "filter": LIVE_FILTER,
                    "page_size": LIST_PAGE_SIZE}
-        self.budget.take(region, (CRUD,))  # the first page; each next page takes its own
+        # The first page; each next page takes its own.
+        self.budget.take(region, (CRUD,), max_wait_s=LIST_PAGE_WAIT_S)
         pager = self._call(f"list live jobs in {region}", lambda: self._client(region)
                            .list_custom_jobs(request=request, timeout=self.call_timeout_s))
         pages = iter(getattr(pager, "pages", [pager]))
@@ -544,7 +504,7 @@ class VertexJobLauncher:
             try:  # a page that fails ends the listing: the caller falls back to GetCustomJob
                 page = next(pages, None)
                 if page is not None and bool(getattr(page, "next_page_token", None)):
-                    self.budget.take(region, (CRUD,))
+                    self.budget.take(region, (CRUD,), max_wait_s=LIST_PAGE_WAIT_S)
             except Exception as exc:
                 code, transient = _failure(exc)
                 raise LaunchError(f"list live jobs in {region}: {code}: {exc}",

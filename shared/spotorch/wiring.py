@@ -15,6 +15,7 @@ class SystemClock:
 
 def production_deps(settings: Settings | None = None) -> Deps:
     """Firestore, Vertex AI, GCS and Pub/Sub adapters configured from SPOTORCH_* variables."""
+    from spotorch.budget import RequestBudget, SharedRequestBudget
     from spotorch.checkpoints import StorageCheckpointStore
     from spotorch.config import cached_pipelines
     from spotorch.objects_gcs import GcsObjectStore
@@ -28,11 +29,12 @@ def production_deps(settings: Settings | None = None) -> Deps:
     docs = FirestoreDocumentStore(project=settings.project, database=settings.firestore_database)
     pipelines = {p.name: p for p in cached_pipelines(settings.pipelines)}
     regions = tuple(sorted({r for p in pipelines.values() for r in p.job.regions}))
+    budget = SharedRequestBudget(docs) if settings.shared_budget else RequestBudget()
     return Deps(
         runs=DocumentRunStore(docs),
         docs=docs,
         launcher=VertexJobLauncher(settings.project, endpoint=settings.vertex_endpoint,
-                                   regions=regions or (settings.region,)),
+                                   regions=regions or (settings.region,), budget=budget),
         checkpoints=StorageCheckpointStore(),
         publisher=PubSubPublisher(settings.topic_path(settings.events_topic)),
         clock=SystemClock(),

@@ -164,15 +164,16 @@ class JobService:
         except FilterError as exc:
             raise Invalid("INVALID_ARGUMENT", str(exc)) from exc
         prefix = f"{request.parent}/customJobs/"
-        with self.store.lock:
-            found = [copy(j.proto) for j in self.store.records()
-                     if j.proto.name.startswith(prefix)
-                     and matches(terms, j.proto.labels, j.proto.display_name,
-                                 f"JOB_STATE_{j.state.name}")]
-        found.reverse()
         size = request.page_size if request.page_size > 0 else 100
         start = int(request.page_token) if request.page_token.isdigit() else 0
-        page = found[start:start + size]
+        with self.store.lock:
+            found = [j for j in self.store.records()
+                     if j.name.startswith(prefix)
+                     and matches(terms, j.labels, j.display_name, j.state_name)]
+            found.reverse()
+            # Only the page is copied: with thousands of jobs, copying every match for each page
+            # made a listing quadratic in the emulator (not in Vertex).
+            page = [copy(j.proto) for j in found[start:start + size]]
         token = str(start + size) if start + size < len(found) else ""
         return v1.ListCustomJobsResponse(custom_jobs=page, next_page_token=token)
 

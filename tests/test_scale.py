@@ -9,7 +9,7 @@ import pytest
 
 from fakes import fake_deps
 from spotorch import service
-from spotorch.domain import JobPhase, RunStatus, TrainerReported
+from spotorch.domain import FailureClass, JobPhase, RunStatus, TrainerReported
 from spotorch.memory import InMemoryLauncher, InMemoryShardDispatcher, ManualClock
 from spotorch.pipeline import EscalationKind, JobTemplate, Pipeline, RecoveryPolicy, Trigger
 from spotorch.service import Deps
@@ -127,3 +127,46 @@ def test_the_request_budget_waits_then_refuses_as_resource_exhausted() -> None:
     budget.take("r1", (CRUD,))  # the third call of the minute
     budget.take("r1", (CRUD,))  # waits for the first call to leave the window
     assert now[0] >= 60.0 and slept
+
+
+def test_launches_the_budget_refuses_are_retried_by_the_same_tick(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mass preemption asks for more submissions than the quota allows at once: the tick
+    retries the refused launches as the budget refills, instead of leaving them a whole tick."""
+    from spotorch import service
+    from spotorch.ports import LaunchError, LaunchSpec
+
+    class PacedLauncher(InMemoryLauncher):
+        """One submission per budget refill (each of the tick's pauses)."""
+
+        tokens = 1
+
+        def launch(self, spec: LaunchSpec) -> str:
+            if self._find_locked(spec.run_id, spec.job_key) is None:
+                if self.tokens <= 0:
+                    raise LaunchError("request budget for create in us-central1 is spent",
+                                      permanent=False, code="RESOURCE_EXHAUSTED")
+                self.tokens -= 1
+            return super().launch(spec)
+
+    launcher = PacedLauncher()
+    pauses: list[float] = []
+
+    def refill(seconds: float) -> None:
+        pauses.append(seconds)
+        launcher.tokens += 1
+
+    monkeypatch.setattr(service.time, "sleep", refill)
+    deps = make_deps(0)
+    deps.launcher = launcher
+    launcher.tokens = 100
+    for i in range(4):
+        assert service.start_run(deps, "p", run_id=f"r{i}", data_uri="gs://b/d/",
+                                 snapshot_id=f"s{i}", reason="t") is not None
+    for name in list(launcher.jobs):
+        launcher.set_status(name, JobPhase.FAILED, failure=FailureClass.PREEMPTED)
+    launcher.tokens = 1
+    service.tick(deps)
+    runs = [deps.runs.load(f"r{i}")[0] for i in range(4)]
+    assert all(r is not None and len(r.attempts) == 2 and r.attempts[1].job_name for r in runs)
+    assert len(pauses) == 3  # one launch went at once, three after a refill each

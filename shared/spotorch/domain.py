@@ -1012,8 +1012,14 @@ def _on_launch_failed(run: Run, obs: Observation, ctx: Context) -> Run:
     assert isinstance(obs, LaunchFailed)
     attempt = run.attempt(obs.attempt)
     if not obs.permanent or attempt is None or not attempt.live:
-        # Transient: the intent stays in the outbox; the tick retries it when its claim expires.
-        return _note(run, ctx, f"launch of attempt {obs.attempt} failed, will retry", obs.message)
+        # Transient (a spent request budget, Vertex unavailable): the intent stays in the outbox,
+        # its claim given up so that the tick (or its retry pass) may take it again at once.
+        run = replace(run, outbox=tuple(replace(i, claimed_until=ctx.now)
+                                        if i.id == obs.intent_id else i for i in run.outbox))
+        note = f"launch of attempt {obs.attempt} failed, will retry"
+        if run.history and run.history[-1].what == note:
+            return run  # retried until it goes: one line in the history, not one per try
+        return _note(run, ctx, note, obs.message)
     run = replace(run, outbox=tuple(i for i in run.outbox if i.id != obs.intent_id))
     attempt = replace(attempt, state=AttemptState.FAILED, ended_at=ctx.now,
                       failure=FailureClass.LAUNCH_REJECTED, end_reason=obs.message)

@@ -805,12 +805,42 @@ def tick(deps: Deps, *, buckets: Sequence[int] | None = None,
             touched.append(result)
     for name in pipelines_with_queue:
         promote_next(deps, name)
+    _retry_deferred_launches(deps, touched)
     cancel_stray_probes(deps, runs, listing, buckets)
     if not buckets or 0 in buckets:  # sweeps are few: one shard (or the whole tick) takes them
         from spotorch import sweep_service
 
         sweep_service.reconcile_sweeps(deps)
     return touched
+
+
+# A launch the request budget refused (Vertex allows 60 submissions a minute per region) is
+# tried again by the same tick while the budget refills, rather than a whole tick later: 100
+# relaunches after a mass preemption are then all created within about two minutes.
+LAUNCH_RETRY_WINDOW_S = 150.0
+LAUNCH_RETRY_PAUSE_S = 5.0
+
+
+def _retry_deferred_launches(deps: Deps, runs: Sequence[Run]) -> None:
+    def deferred(run: Run) -> bool:
+        now = deps.clock.now()
+        return run.active and any(isinstance(i, LaunchIntent) and i.claimed_until <= now
+                                  for i in run.outbox)
+
+    waiting = [r.run_id for r in runs if deferred(r)]
+    until = deps.clock.now() + LAUNCH_RETRY_WINDOW_S
+    while waiting and deps.clock.now() < until:
+        time.sleep(LAUNCH_RETRY_PAUSE_S)  # the budget refills by the minute
+        still = []
+        for run_id in waiting:
+            run = apply(deps, run_id, [], take_over=True)
+            if run is not None and deferred(run):
+                still.append(run_id)
+        if len(still) == len(waiting):
+            break  # nothing went through: the quota (or Vertex) is not coming back this tick
+        waiting = still
+    if waiting:
+        log.info("tick: %d launch(es) wait for the next tick", len(waiting))
 
 
 def _poll(deps: Deps, run: Run, listing: Listing) -> Callable[[Run], list[Observation]]:

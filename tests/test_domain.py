@@ -209,9 +209,12 @@ def test_permanent_launch_rejection_fails_the_run() -> None:
     run = new_run(run_id="r1", pipeline=p, now=T0, data_uri="d", snapshot_id=None)
     intent = run.outbox[-1]
     transient = decide(run, LaunchFailed(intent.id, 1, "unavailable", False), Context(p, T0 + 5))
-    kept = [i for i in transient.outbox if i.id == intent.id]
-    # kept, its claim given up: the tick's retry pass (or another instance) may take it now
-    assert transient.status is RunStatus.STARTING and kept and kept[0].claimed_until == T0 + 5
+    assert transient.status is RunStatus.STARTING and intent in transient.outbox
+    quota = decide(run, LaunchFailed(intent.id, 1, "spent", False, "RESOURCE_EXHAUSTED"),
+                   Context(p, T0 + 5))
+    kept = [i for i in quota.outbox if i.id == intent.id]
+    # refused for quota: kept, its claim given up, so the tick's retry pass may take it now
+    assert quota.status is RunStatus.STARTING and kept and kept[0].claimed_until == T0 + 5
     run = decide(run, LaunchFailed(intent.id, 1, "PERMISSION_DENIED", True), Context(p, T0))
     assert run.status is RunStatus.FAILED_LAUNCH and "PERMISSION_DENIED" in (run.end_reason or "")
 

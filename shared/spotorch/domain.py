@@ -628,6 +628,11 @@ class LaunchFailed:
     attempt: int
     message: str
     permanent: bool
+    code: str = ""  # Vertex's (or the request budget's) error code, e.g. RESOURCE_EXHAUSTED
+
+
+# A launch refused for quota: it may go again as soon as the budget refills (within a minute).
+QUOTA_REFUSED = "RESOURCE_EXHAUSTED"
 
 
 @dataclass(frozen=True)
@@ -1012,10 +1017,12 @@ def _on_launch_failed(run: Run, obs: Observation, ctx: Context) -> Run:
     assert isinstance(obs, LaunchFailed)
     attempt = run.attempt(obs.attempt)
     if not obs.permanent or attempt is None or not attempt.live:
-        # Transient (a spent request budget, Vertex unavailable): the intent stays in the outbox,
-        # its claim given up so that the tick (or its retry pass) may take it again at once.
-        run = replace(run, outbox=tuple(replace(i, claimed_until=ctx.now)
-                                        if i.id == obs.intent_id else i for i in run.outbox))
+        # Transient: the intent stays in the outbox. Refused for quota, its claim is given up so
+        # that the tick's retry pass (or another instance) takes it again as the budget refills;
+        # otherwise the tick retries it once its claim expires.
+        if obs.code == QUOTA_REFUSED:
+            run = replace(run, outbox=tuple(replace(i, claimed_until=ctx.now)
+                                            if i.id == obs.intent_id else i for i in run.outbox))
         note = f"launch of attempt {obs.attempt} failed, will retry"
         if run.history and run.history[-1].what == note:
             return run  # retried until it goes: one line in the history, not one per try

@@ -354,7 +354,7 @@ def _perform_launch(deps: Deps, run: Run, intent: LaunchIntent) -> Observation |
     try:
         job_name = deps.launcher.launch(launch_spec(deps, run, intent))
     except LaunchError as exc:
-        return LaunchFailed(intent.id, intent.attempt, str(exc), exc.permanent)
+        return LaunchFailed(intent.id, intent.attempt, str(exc), exc.permanent, exc.code)
     record_job(deps, job_name, run.run_id, intent.attempt, run.pipeline)
     return LaunchDone(intent.id, intent.attempt, job_name)
 
@@ -822,23 +822,23 @@ LAUNCH_RETRY_PAUSE_S = 5.0
 
 
 def _retry_deferred_launches(deps: Deps, runs: Sequence[Run]) -> None:
-    def deferred(run: Run) -> bool:
+    def deferred(run: Run) -> bool:  # a launch refused for quota (its claim given up)
         now = deps.clock.now()
         return run.active and any(isinstance(i, LaunchIntent) and i.claimed_until <= now
                                   for i in run.outbox)
 
     waiting = [r.run_id for r in runs if deferred(r)]
-    until = deps.clock.now() + LAUNCH_RETRY_WINDOW_S
-    while waiting and deps.clock.now() < until:
+    # Bounded in real time (the invocation's), whatever clock the decisions use.
+    until = time.monotonic() + LAUNCH_RETRY_WINDOW_S
+    while waiting and time.monotonic() < until:
         time.sleep(LAUNCH_RETRY_PAUSE_S)  # the budget refills by the minute
-        still = []
-        for run_id in waiting:
+        for i, run_id in enumerate(waiting):
             run = apply(deps, run_id, [], take_over=True)
             if run is not None and deferred(run):
-                still.append(run_id)
-        if len(still) == len(waiting):
-            break  # nothing went through: the quota (or Vertex) is not coming back this tick
-        waiting = still
+                waiting = waiting[i:]  # refused again: the budget is spent for now, the rest wait
+                break
+        else:
+            waiting = []
     if waiting:
         log.info("tick: %d launch(es) wait for the next tick", len(waiting))
 

@@ -81,6 +81,7 @@ def back_reason(r: dict[str, Any]) -> str:
     return str(r["escalated"]["reason"]) if r["escalated"] else ""
 
 
+@pytest.mark.extended  # budgets: tests/test_service.py; alerts: the default scenario
 def test_user_error_scenario_fails_with_its_budget_and_says_why() -> None:
     r = report("user-error")
     assert r["status"] == "FAILED"
@@ -120,6 +121,7 @@ def test_hardware_scenario_trains_on_the_cheapest_candidate_that_meets_the_deadl
     assert r["cost"]["attempts"][0]["per_hour"] > 0.2
 
 
+@pytest.mark.extended  # tests/test_health_examples.py and the service tests cover it
 def test_hang_scenario_relaunches_a_hung_attempt_and_succeeds() -> None:
     r = report("hang")
     assert r["status"] == "SUCCEEDED", r.get("history")
@@ -127,6 +129,7 @@ def test_hang_scenario_relaunches_a_hung_attempt_and_succeeds() -> None:
     assert r["attempts"][1]["resumed_from_step"] is not None  # from its latest checkpoint
 
 
+@pytest.mark.extended  # tests/test_health_examples.py and the service tests cover it
 def test_diverge_scenario_stops_the_run_before_its_planned_steps() -> None:
     r = report("diverge")
     assert r["status"] == "FAILED_DIVERGED", r.get("history")
@@ -134,6 +137,7 @@ def test_diverge_scenario_stops_the_run_before_its_planned_steps() -> None:
     assert len(r["attempts"]) == 1 and r["attempts"][0]["progress_reached"] < 120
 
 
+@pytest.mark.extended  # tests/test_health_examples.py and the service tests cover it
 def test_oom_scenario_moves_to_the_next_machine_and_succeeds() -> None:
     r = report("oom")
     assert r["status"] == "SUCCEEDED", r.get("history")

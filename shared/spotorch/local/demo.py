@@ -85,7 +85,7 @@ SCENARIOS: Mapping[str, Scenario] = {
                   "spot_probes": {"enabled": True, "wait": "4s", "billed_estimate": "2s"}},
         # Spot is back 34 s after the emulator starts: after both stockouts, while on standard.
         vertex_schedule={"stockouts": [{"from_s": 0, "for_s": 34}]},
-        trainer_env={**_TRAINER_ENV, "EXAMPLE_STEP_SLEEP": "0.06"},
+        trainer_env={**_TRAINER_ENV, "EXAMPLE_TOTAL_STEPS": "400", "EXAMPLE_STEP_SLEEP": "0.06"},
         regions=("us-central1", "europe-west4"),
     ),
     "user-error": Scenario(
@@ -106,13 +106,13 @@ SCENARIOS: Mapping[str, Scenario] = {
         expected_status="SUCCEEDED",
         recovery={"escalation": "deadline", "restart_overhead": "5s", "backoff_base": "1s",
                   "decision_interval": "2s"},
-        trainer_env={**_TRAINER_ENV, "EXAMPLE_TOTAL_STEPS": "300", "EXAMPLE_WORKING_MEMORY_MB": "500",
+        trainer_env={**_TRAINER_ENV, "EXAMPLE_TOTAL_STEPS": "150", "EXAMPLE_WORKING_MEMORY_MB": "500",
                      "OPENBLAS_NUM_THREADS": "1"},
         # The emulator runs every shape at this machine's speed; each candidate's step sleep
         # stands in for its speed, and the emulator OOM-kills n1-highcpu-2 past 400 MiB
         # resident (an emulation; 0.5 s steps give its memory watch time to see it).
-        deadline="10m",  # the CPU shape needs about 11 min for the 300 steps: it misses it
-        hardware={"total_steps": 300, "probe_steps": 10, "probe_timeout": "90s",
+        deadline="5m",  # the CPU shape needs about 5.5 min for the 150 steps: it misses it
+        hardware={"total_steps": 150, "probe_steps": 10, "probe_timeout": "90s",
                   "candidates": [
                       {"name": "small", "machine_type": "n1-highcpu-2",
                        "env": {"EXAMPLE_STEP_SLEEP": 0.5}},

@@ -215,3 +215,17 @@ def test_cancelling_a_probing_run_cancels_its_probes() -> None:
     assert run.status is RunStatus.CANCELLED
     assert all(j.status.phase is JobPhase.CANCELLED for j in launcher.jobs.values())
     assert run.attempts == ()
+
+
+def test_an_oversized_or_garbled_report_is_no_measurement_and_breaks_nothing() -> None:
+    deps = fake_deps(pipeline(CPU, L4))
+    _, checkpoints, _ = parts(deps)
+    start(deps)
+    checkpoints.reports["gs://c/p/r1-probes/cpu/checkpoints/probe.json"] = b"{" * (1 << 17)
+    finish(deps, "cpu")
+    checkpoints.reports["gs://c/p/r1-probes/l4/checkpoints/probe.json"] = b"not json"
+    finish(deps, "l4")
+    tick(deps)
+    run = load(deps)
+    assert all("no measurement" in run.hardware_results[n]["reason"] for n in ("cpu", "l4"))
+    assert run.hardware is None and run.status is RunStatus.STARTING  # the pipeline's own pools

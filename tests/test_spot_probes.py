@@ -270,3 +270,21 @@ def test_probes_survive_the_run_document_round_trip() -> None:
     run = on_standard(deps)
     again = domain.Run.from_dict(run.to_dict())
     assert again == run and again.probes[0].state is AttemptState.QUEUED
+
+
+def test_a_probe_job_vertex_no_longer_knows_ends_without_an_answer_and_the_run_goes_on() -> None:
+    deps = fake_deps(pipeline())
+    launcher, _, clock = fakes(deps)
+    on_standard(deps)
+    (name,) = probe_jobs(launcher)
+    del launcher.jobs[name]  # vanished: Vertex answers NOT_FOUND
+    clock.advance(60.0)
+    tick(deps)
+    run = load(deps)
+    first = run.probes[0]
+    assert not first.live and first.found is None and "no longer knows" in (first.end_reason or "")
+    assert run.status is RunStatus.RUNNING and run.current is not None
+    assert run.current.capacity is Capacity.STANDARD and run.current.cancel_reason is None
+    clock.advance(60.0)
+    tick(deps)
+    assert load(deps).counters.probes == 2  # the next tick may probe again

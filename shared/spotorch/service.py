@@ -49,7 +49,7 @@ from spotorch.domain import (
 from spotorch.errors import InvalidEvent, SpotorchError
 from spotorch.hardware import PROBE_CANDIDATE_LABEL
 from spotorch.logs import shorten
-from spotorch.pipeline import Capacity, JobTemplate, OnActiveRun, Pipeline
+from spotorch.pipeline import Capacity, HardwareCandidate, JobTemplate, OnActiveRun, Pipeline
 from spotorch.ports import (
     LABEL_ATTEMPT,
     LABEL_BUCKET,
@@ -388,11 +388,15 @@ def _probe_session(run: Run, pipeline: Pipeline, region: str) -> probes.ProbeSes
                                region)
 
 
+def _candidate(pipeline: Pipeline, name: str | None) -> HardwareCandidate | None:
+    search = pipeline.hardware
+    return next((c for c in (search.candidates if search else ()) if c.name == name), None)
+
+
 def hardware_probe_spec(deps: Deps, run: Run, probe: domain.Probe) -> LaunchSpec:
     """A hardware candidate's probe: the training code on its shape for probe_steps steps."""
     pipeline = deps.pipeline(run.pipeline)
-    candidate = next((c for c in (pipeline.hardware.candidates if pipeline.hardware else ())
-                      if c.name == probe.candidate), None)
+    candidate = _candidate(pipeline, probe.candidate)
     if candidate is None:
         raise ValueError(f"the pipeline no longer lists candidate {probe.candidate!r}")
     spec = probes.probe_spec(pipeline, _probe_session(run, pipeline, probe.region), candidate)
@@ -409,8 +413,7 @@ def _hardware_result(deps: Deps, run: Run, probe: domain.Probe,
     """An ended hardware probe's measurement, from its trainer's report (read now)."""
     pipeline = deps.pipeline(run.pipeline)
     search = pipeline.hardware
-    candidate = next((c for c in (search.candidates if search else ())
-                      if c.name == probe.candidate), None)
+    candidate = _candidate(pipeline, probe.candidate)
     if probe.kind != domain.PROBE_HARDWARE or search is None or candidate is None or \
             not status.phase.terminal:
         return None

@@ -8,8 +8,9 @@ its pipeline's list by policy.rank_regions over those records, instead of the fi
 (stockouts still move down the ranked list). A document nobody wrote for a TTL is deleted by
 Firestore's TTL policy on `expires_at` (deploy/firestore.tf).
 
-Costs: one read and one conditional write per ended Spot attempt or answered probe; ranking reads
-one document per region of a multi-region pipeline, cached per instance for `CACHE_S`.
+Costs: one read and one conditional write per ended Spot attempt or answered probe; ranking (and
+the hardware choice's outlook) reads one document per region and shape, cached per instance for
+`CACHE_S`.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ class SpotRecord:
 
     ttl_s: float = TTL_S
     cache_s: float = CACHE_S
-    _cache: dict[tuple[str, tuple[str, ...]], tuple[float, tuple[str, ...]]] = field(
+    _cache: dict[tuple[str, tuple[str, ...]], tuple[float, tuple[RegionRecord, ...]]] = field(
         default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -150,7 +151,13 @@ class SpotRecord:
 
     def records(self, docs: DocumentStore, shape: str, regions: Sequence[str],
                 now: float) -> list[RegionRecord]:
-        """Each region's record within the TTL (empty where nothing was observed)."""
+        """Each region's record within the TTL (empty where nothing was observed); read at
+        most once per `cache_s` per instance."""
+        key = (shape, tuple(regions))
+        with self._lock:
+            cached = self._cache.get(key)
+        if cached is not None and now - cached[0] < self.cache_s:
+            return list(cached[1])
         out = []
         for region in regions:
             doc, _ = docs.get(COLLECTION_SPOT_REGIONS, _doc_key(region, shape))
@@ -159,20 +166,14 @@ class SpotRecord:
                 totals = [a + b for a, b in zip(totals, values, strict=True)]
             out.append(RegionRecord(observed_s=totals[0], available_s=min(totals[1], totals[0]),
                                     preemptions=int(totals[2])))
+        with self._lock:
+            self._cache[key] = (now, tuple(out))
         return out
 
     def order(self, docs: DocumentStore, shape: str, regions: Sequence[str],
               now: float) -> tuple[str, ...]:
-        """The regions best first for the next Spot attempt of this shape (cached)."""
-        key = (shape, tuple(regions))
-        with self._lock:
-            cached = self._cache.get(key)
-        if cached is not None and now - cached[0] < self.cache_s:
-            return cached[1]
-        ranked = tuple(regions[i] for i in rank_regions(self.records(docs, shape, regions, now)))
-        with self._lock:
-            self._cache[key] = (now, ranked)
-        return ranked
+        """The regions best first for the next Spot attempt of this shape."""
+        return tuple(regions[i] for i in rank_regions(self.records(docs, shape, regions, now)))
 
     def forget(self) -> None:
         """Drop the cache (tests; a new instance starts empty anyway)."""

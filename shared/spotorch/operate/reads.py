@@ -13,6 +13,8 @@ from spotorch.ports import DocumentStore
 from spotorch.settings import COLLECTION_RUNS, COLLECTION_SWEEPS
 from spotorch.sweep import Sweep, SweepStatus
 
+E = TypeVar("E", RunStatus, SweepStatus)
+
 MAX_PAGE = 500
 READ_TIMEOUT_S = 20.0
 
@@ -28,20 +30,26 @@ class BadQuery(ValueError):
     """A run query that cannot be answered as asked (unknown status, bad page token...)."""
 
 
-def parse_statuses(names: Iterable[str]) -> frozenset[RunStatus]:
+def _parse(names: Iterable[str], enum: Callable[[str], E], values: Iterable[str],
+           groups: Mapping[str, frozenset[E]], what: str) -> frozenset[E]:
     """Status names or groups (case-insensitive) as a set; BadQuery names the unknown one."""
-    wanted: set[RunStatus] = set()
+    wanted: set[E] = set()
     for raw in names:
         for name in filter(None, (n.strip() for n in raw.split(","))):
-            if name.lower() in STATUS_GROUPS:
-                wanted |= STATUS_GROUPS[name.lower()]
+            if name.lower() in groups:
+                wanted |= groups[name.lower()]
                 continue
             try:
-                wanted.add(RunStatus(name.upper()))
+                wanted.add(enum(name.upper()))
             except ValueError:
-                choices = ", ".join([*STATUS_GROUPS, *(s.value for s in RunStatus)])
-                raise BadQuery(f"unknown status {name!r}; one of: {choices}") from None
+                choices = ", ".join([*groups, *values])
+                raise BadQuery(f"unknown {what} {name!r}; one of: {choices}") from None
     return frozenset(wanted)
+
+
+def parse_statuses(names: Iterable[str]) -> frozenset[RunStatus]:
+    """Run status names or groups (case-insensitive); BadQuery names the unknown one."""
+    return _parse(names, RunStatus, (s.value for s in RunStatus), STATUS_GROUPS, "status")
 
 
 @dataclass(frozen=True)
@@ -216,18 +224,8 @@ SWEEP_STATUS_GROUPS: Mapping[str, frozenset[SweepStatus]] = {
 
 def parse_sweep_statuses(names: Iterable[str]) -> frozenset[SweepStatus]:
     """Sweep status names or groups (case-insensitive); BadQuery names the unknown one."""
-    wanted: set[SweepStatus] = set()
-    for raw in names:
-        for name in filter(None, (n.strip() for n in raw.split(","))):
-            if name.lower() in SWEEP_STATUS_GROUPS:
-                wanted |= SWEEP_STATUS_GROUPS[name.lower()]
-                continue
-            try:
-                wanted.add(SweepStatus(name.upper()))
-            except ValueError:
-                choices = ", ".join([*SWEEP_STATUS_GROUPS, *(s.value for s in SweepStatus)])
-                raise BadQuery(f"unknown sweep status {name!r}; one of: {choices}") from None
-    return frozenset(wanted)
+    return _parse(names, SweepStatus, (s.value for s in SweepStatus), SWEEP_STATUS_GROUPS,
+                  "sweep status")
 
 
 @dataclass(frozen=True)

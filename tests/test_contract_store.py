@@ -78,6 +78,21 @@ class DocumentStoreContract:
             t.join()
         assert len(wins) == 1 and store.get(coll, "k")[0] == {"n": wins[0]}
 
+    def test_blind_additions_from_racing_writers_all_count(self, store: DocumentStore,
+                                                           coll: str) -> None:
+        def add(i: int) -> None:
+            store.add_to(coll, "c", {"seen": {"h1": 1.5, f"w{i % 2}": 1.0}}, {"who": "x"})
+
+        threads = [threading.Thread(target=add, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        doc, _ = store.get(coll, "c")
+        assert doc == {"seen": {"h1": 12.0, "w0": 4.0, "w1": 4.0}, "who": "x"}
+        store.add_to(coll, "c", {"seen": {"h2": 2.0}}, {})
+        assert store.get(coll, "c")[0]["seen"] == {"h1": 12.0, "w0": 4.0, "w1": 4.0, "h2": 2.0}
+
     def test_a_document_over_one_mebibyte_is_refused_whole(self, store: DocumentStore,
                                                            coll: str) -> None:
         with pytest.raises(InvalidDocument):

@@ -19,7 +19,7 @@ from spotorch.pipeline import (
 )
 from spotorch.service import Deps, start_run, tick
 from spotorch.settings import COLLECTION_SPOT_REGIONS
-from spotorch.spot_record import TTL_S, SpotRecord
+from spotorch.spot_record import TTL_S, Seen, SpotRecord, doc_key
 
 REGIONS = ("us-central1", "europe-west4", "us-east1")
 
@@ -53,10 +53,12 @@ def test_a_stockout_seen_by_one_run_sends_the_next_run_elsewhere_first() -> None
     clock.advance(1000.0)  # queued past the stockout wait: cancelled
     tick(deps)
     tick(deps)
-    doc, _ = deps.docs.get(COLLECTION_SPOT_REGIONS, "us-central1__n1-standard-8")
+    doc, _ = deps.docs.get(COLLECTION_SPOT_REGIONS, doc_key(
+        "us-central1", "n1-standard-8", first.bucket, int(clock.t // 86400)))
     assert doc is not None and doc["shape"] == "n1-standard-8"
-    ((observed, available, preemptions),) = doc["buckets"].values()
-    assert observed >= 900.0 and available == 0.0 and preemptions == 0
+    ((observed,),) = [list(doc["observed"].values())]
+    assert observed >= 900.0 and sum(doc["available"].values()) == 0.0
+    assert sum(doc["preemptions"].values()) == 0
     deps.spot.forget()
     second = start(deps, "b", "b1")  # another pipeline, the same shape
     assert second.attempts[0].region != "us-central1"
@@ -102,13 +104,14 @@ def test_the_ranking_is_cached_per_instance_and_a_broken_record_is_ignored() -> 
     deps = fake_deps(pipeline("a"))
     record = SpotRecord(cache_s=60.0)
     now = 1_800_000_000.0
-    deps.docs.put(COLLECTION_SPOT_REGIONS, "us-central1__n1-standard-8",
-                  {"buckets": {"nonsense": "x", str(int(now // 3600)): [3600.0, 0.0, 0.0]}},
-                  None)
+    hour, day = str(int(now // 3600)), int(now // 86400)
+    deps.docs.put(COLLECTION_SPOT_REGIONS, doc_key("us-central1", "n1-standard-8", 3, day),
+                  {"observed": {"nonsense": "x", hour: 3600.0}, "available": {hour: 0.0},
+                   "preemptions": "not a map"}, None)
     order = record.order(deps.docs, "n1-standard-8", REGIONS, now)
     assert order[-1] == "us-central1"
-    deps.docs.put(COLLECTION_SPOT_REGIONS, "europe-west4__n1-standard-8",
-                  {"buckets": {str(int(now // 3600)): [7200.0, 0.0, 0.0]}}, None)
+    deps.docs.put(COLLECTION_SPOT_REGIONS, doc_key("europe-west4", "n1-standard-8", 5, day),
+                  {"observed": {hour: 7200.0}, "available": {hour: 0.0}}, None)
     assert record.order(deps.docs, "n1-standard-8", REGIONS, now + 30) == order  # cached
     assert record.order(deps.docs, "n1-standard-8", REGIONS, now + 61)[-1] == "europe-west4"
 
@@ -129,3 +132,17 @@ def test_a_single_region_pipeline_reads_no_record() -> None:
     start(deps, "a", "a1")
     assert COLLECTION_SPOT_REGIONS not in reads
     assert Capacity.SPOT  # (the launch itself is the ordinary one)
+
+
+def test_the_record_of_one_region_is_spread_over_shards_and_read_as_one() -> None:
+    deps = fake_deps(pipeline("a"))
+    record = SpotRecord()
+    now = 1_800_000_000.0
+    for shard in range(16):  # runs of many buckets end Spot attempts at once
+        record.add(deps.docs, "n1-standard-8",
+                   [Seen("us-central1", observed_s=100.0, available_s=40.0, preemptions=1)], now,
+                   shard=shard)
+    keys = {doc_key("us-central1", "n1-standard-8", s, int(now // 86400)) for s in range(16)}
+    assert len(keys) == 8  # at most SHARDS documents take the writes
+    (total,) = record.records(deps.docs, "n1-standard-8", ("us-central1",), now)
+    assert (total.observed_s, total.available_s, total.preemptions) == (1600.0, 640.0, 16)

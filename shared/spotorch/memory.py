@@ -68,6 +68,21 @@ class InMemoryDocumentStore:
             self._docs[(collection, key)] = (copy.deepcopy(dict(data)), new_version)
             return new_version
 
+    def add_to(self, collection: str, key: str, counters: Mapping[str, Mapping[str, float]],
+               fields: Mapping[str, Any]) -> None:
+        with self._lock:
+            self.round_trips += 1
+            found = self._docs.get((collection, key))
+            doc = copy.deepcopy(found[0]) if found else {}
+            for m, values in counters.items():
+                target = doc.setdefault(m, {})
+                for n, v in values.items():
+                    target[n] = target.get(n, 0) + v
+            doc.update(copy.deepcopy(dict(fields)))
+            if _document_bytes(doc) > MAX_DOCUMENT_BYTES:
+                raise InvalidDocument(f"{collection}/{key}: over Firestore's {MAX_DOCUMENT_BYTES}")
+            self._docs[(collection, key)] = (doc, next(self._versions))
+
     def query(self, collection: str, field_name: str, value: Any) -> Sequence[dict[str, Any]]:
         with self._lock:
             self.round_trips += 1

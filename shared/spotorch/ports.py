@@ -156,6 +156,12 @@ class DocumentStore(Protocol):
         """Documents whose field equals value."""
         ...
 
+    def add_to(self, collection: str, key: str, counters: Mapping[str, Mapping[str, float]],
+               fields: Mapping[str, Any]) -> None:
+        """One blind write, no read, no precondition (so writers never conflict): add each
+        counters[m][n] to the number at map m, key n (created at 0), and set `fields`."""
+        ...
+
 
 @dataclass(frozen=True)
 class StoredCheckpoint:

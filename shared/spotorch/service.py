@@ -239,7 +239,8 @@ def _remember_spot(deps: Deps, old: Run, new: Run, now: float) -> None:
     and new hardware measurements to the pipeline's probe cache (nightly runs reuse them)."""
     seen = seen_between(old, new, now)
     if seen:
-        deps.spot.add(deps.docs, shape_key(deps.pipeline(new.pipeline), new), seen, now)
+        deps.spot.add(deps.docs, shape_key(deps.pipeline(new.pipeline), new), seen, now,
+                      shard=new.bucket)
     measured = {name: hardware.ProbeResult.from_doc(doc)
                 for name, doc in new.hardware_results.items()
                 if name not in old.hardware_results and

@@ -2,15 +2,16 @@
 
 Every run sees Spot only through its own attempts and probes; together they see much more. When
 an attempt on Spot ends or a probe answers, what it observed (time watched, time Spot had
-capacity, a preemption) is added to one document per (region, shape) in `spot_regions`, in
+capacity, a preemption) is added to documents per (region, shape) in `spot_regions`, in
 hourly buckets, keeping the last `TTL_S`. A run's next Spot attempt goes to the best region of
 its pipeline's list by policy.rank_regions over those records, instead of the fixed order
 (stockouts still move down the ranked list). A document nobody wrote for a TTL is deleted by
 Firestore's TTL policy on `expires_at` (deploy/firestore.tf).
 
-Costs: one read and one conditional write per ended Spot attempt or answered probe; ranking (and
-the hardware choice's outlook) reads one document per region and shape, cached per instance for
-`CACHE_S`.
+Costs: one blind write (server-side increments) per ended Spot attempt or answered probe, on one
+of SHARDS documents of the day (so a mass preemption does not load one document); ranking (and
+the hardware choice's outlook) reads 2 x SHARDS documents per region and shape, cached per
+instance for `CACHE_S`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 from spotorch.domain import FailureClass, Run
 from spotorch.pipeline import Capacity, Pipeline
 from spotorch.policy import RegionRecord, rank_regions
-from spotorch.ports import ConflictError, DocumentStore
+from spotorch.ports import DocumentStore
 from spotorch.settings import COLLECTION_SPOT_REGIONS
 from spotorch.shapes import run_pipeline
 
@@ -35,7 +36,6 @@ BUCKET_S = 3600.0  # observations are summed per hour
 TTL_S = 24 * 3600.0  # and kept this long (the simulator's region_ttl_s)
 CACHE_S = 60.0  # an instance re-reads the record of a shape at most this often
 PROBE_YES_S = 300.0  # a probe's yes counts as this long of capacity seen (about one tick)
-WRITE_TRIES = 3
 
 
 @dataclass(frozen=True)
@@ -90,21 +90,41 @@ def seen_between(old: Run | None, new: Run, now: float) -> list[Seen]:
     return out
 
 
-def _doc_key(region: str, shape: str) -> str:
-    return f"{region}__{shape}".replace("/", "_")
+# An observation is one blind write (DocumentStore.add_to: server-side increments, no read, no
+# precondition), so writers never conflict. Firestore still sustains only about one write per
+# second per document, and a mass preemption ends many Spot attempts of one region and shape at
+# once: the record is spread over SHARDS documents (by the run's reconcile bucket), and over one
+# document per day, so that no document grows without end; a reader sums them.
+SHARDS = 8
+DAY_S = 86400.0
+_COUNTERS = ("observed", "available", "preemptions")  # maps: hour -> sum
 
 
-def _buckets(doc: Mapping[str, Any] | None, now: float) -> dict[str, list[float]]:
-    """The document's buckets within the TTL: hour -> [observed_s, available_s, preemptions]."""
-    kept: dict[str, list[float]] = {}
-    for hour, values in ((doc or {}).get("buckets") or {}).items():
+def doc_key(region: str, shape: str, shard: int, day: int) -> str:
+    return f"{region}__{shape}__{day}__{shard % SHARDS}".replace("/", "_")
+
+
+def _days(now: float, ttl_s: float) -> range:
+    """The days a record within the TTL may be kept in."""
+    return range(int((now - ttl_s) // DAY_S), int(now // DAY_S) + 1)
+
+
+def _buckets(doc: Mapping[str, Any] | None, now: float, ttl_s: float) -> list[list[float]]:
+    """The document's hourly buckets within the TTL: [observed_s, available_s, preemptions]."""
+    found = doc or {}
+    maps: list[Mapping[str, Any]] = []
+    for name in _COUNTERS:
+        value = found.get(name)
+        maps.append(value if isinstance(value, Mapping) else {})
+    kept = []
+    for hour in maps[0]:
         try:
             start = float(hour) * BUCKET_S
-            triple = [float(v) for v in values][:3]
+            triple = [float(m.get(hour, 0.0)) for m in maps]
         except (TypeError, ValueError):
             continue  # a damaged bucket is dropped, not trusted
-        if len(triple) == 3 and start + BUCKET_S > now - TTL_S:
-            kept[str(hour)] = triple
+        if start + BUCKET_S > now - ttl_s:
+            kept.append(triple)
     return kept
 
 
@@ -118,36 +138,25 @@ class SpotRecord:
         default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add(self, docs: DocumentStore, shape: str, seen: Sequence[Seen], now: float) -> None:
-        """Add observations (best effort: the record is advice, a failed write is logged)."""
+    def add(self, docs: DocumentStore, shape: str, seen: Sequence[Seen], now: float, *,
+            shard: int) -> None:
+        """Add observations to the given shard (best effort: the record is advice, a failed
+        write is logged)."""
+        hour, day = str(int(now // BUCKET_S)), int(now // DAY_S)
         for one in seen:
             if one.observed_s <= 0:
                 continue
             try:
-                self._add_one(docs, shape, one, now)
+                docs.add_to(COLLECTION_SPOT_REGIONS, doc_key(one.region, shape, shard, day),
+                            {"observed": {hour: one.observed_s},
+                             "available": {hour: one.available_s},
+                             "preemptions": {hour: float(one.preemptions)}},
+                            {"region": one.region, "shape": shape, "updated_at": now,
+                             # a timestamp: Firestore's TTL policy ignores a number
+                             "expires_at": datetime.fromtimestamp(now + self.ttl_s + DAY_S,
+                                                                  UTC)})
             except Exception as exc:
                 log.warning("spot record of %s in %s not updated: %s", shape, one.region, exc)
-
-    def _add_one(self, docs: DocumentStore, shape: str, seen: Seen, now: float) -> None:
-        key = _doc_key(seen.region, shape)
-        hour = str(int(now // BUCKET_S))
-        for _ in range(WRITE_TRIES):
-            doc, version = docs.get(COLLECTION_SPOT_REGIONS, key)
-            buckets = _buckets(doc, now)
-            observed, available, preemptions = buckets.get(hour, [0.0, 0.0, 0.0])
-            buckets[hour] = [observed + seen.observed_s, available + seen.available_s,
-                             preemptions + seen.preemptions]
-            try:
-                docs.put(COLLECTION_SPOT_REGIONS, key, {
-                    "region": seen.region, "shape": shape, "buckets": buckets,
-                    "updated_at": now,
-                    # a timestamp: Firestore's TTL policy ignores a number
-                    "expires_at": datetime.fromtimestamp(now + self.ttl_s, UTC)}, version)
-                return
-            except ConflictError:
-                continue
-        log.warning("spot record of %s in %s kept changing; observation dropped", shape,
-                    seen.region)
 
     def records(self, docs: DocumentStore, shape: str, regions: Sequence[str],
                 now: float) -> list[RegionRecord]:
@@ -160,10 +169,12 @@ class SpotRecord:
             return list(cached[1])
         out = []
         for region in regions:
-            doc, _ = docs.get(COLLECTION_SPOT_REGIONS, _doc_key(region, shape))
             totals = [0.0, 0.0, 0.0]
-            for values in _buckets(doc, now).values():
-                totals = [a + b for a, b in zip(totals, values, strict=True)]
+            for day in _days(now, self.ttl_s):
+                for shard in range(SHARDS):
+                    doc, _ = docs.get(COLLECTION_SPOT_REGIONS, doc_key(region, shape, shard, day))
+                    for values in _buckets(doc, now, self.ttl_s):
+                        totals = [a + b for a, b in zip(totals, values, strict=True)]
             out.append(RegionRecord(observed_s=totals[0], available_s=min(totals[1], totals[0]),
                                     preemptions=int(totals[2])))
         with self._lock:

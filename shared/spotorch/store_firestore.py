@@ -68,6 +68,16 @@ class FirestoreDocumentStore:
         query = self.client.collection(collection).where(filter=FieldFilter(field_name, "==", value))
         return [snap.to_dict() for snap in query.stream()]
 
+    def add_to(self, collection: str, key: str, counters: Mapping[str, Mapping[str, float]],
+               fields: Mapping[str, Any]) -> None:
+        from google.cloud.firestore_v1 import Increment
+
+        self.round_trips += 1
+        data: dict[str, Any] = {m: {n: Increment(v) for n, v in values.items()}
+                                for m, values in counters.items()}
+        # merge: the nested maps' other keys stay; the transforms add server-side
+        self.client.collection(collection).document(key).set({**data, **fields}, merge=True)
+
     def delete(self, collection: str, key: str) -> None:
         self.client.collection(collection).document(key).delete()
 

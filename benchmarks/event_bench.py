@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import json
 import os
 import sys
@@ -39,7 +40,7 @@ from spotorch.pipeline import (  # noqa: E402
 )
 from spotorch.ports import ConflictError  # noqa: E402
 from spotorch.publisher import PubSubPublisher  # noqa: E402
-from spotorch.service import Deps, job_changed, start_run  # noqa: E402
+from spotorch.service import Deps, JobOwners, job_changed, start_run  # noqa: E402
 from spotorch.store import DocumentRunStore  # noqa: E402
 from spotorch.store_firestore import FirestoreDocumentStore  # noqa: E402
 from spotorch.wiring import SystemClock  # noqa: E402
@@ -125,13 +126,18 @@ def job_event(run_id: str, job: str, line: str, n: int) -> CloudEvent:
 
 
 def bench_job_events(deps: Deps, docs: FirestoreDocumentStore, launcher: InMemoryLauncher,
-                     runs: int, threads: int) -> dict[str, Any]:
+                     runs: int, threads: int, prefix: str = "bench-job") -> dict[str, Any]:
     """Job state events that change runs and publish: RUNNING, then SUCCEEDED, for many runs."""
-    ids = [f"bench-job-{i}" for i in range(runs)]
+    ids = [f"{prefix}-{i}" for i in range(runs)]
     for run_id in ids:
         start_run(deps, "bench", run_id=run_id, data_uri="gs://b/j/", snapshot_id=run_id,
                   reason="benchmark")
     jobs = {run_id: launcher.job_of(run_id, 1) for run_id in ids}
+    # The job-event function is another deployment than the one that launched: its instances
+    # have not seen the launches, so a job's first line reads the job record (its later lines
+    # find the owner in the instance's cache, as here where one process handles them all).
+    line_deps = dataclasses.replace(deps, owners=JobOwners())
+    entry.deps = lambda: line_deps  # type: ignore[assignment]
     for job in jobs.values():  # what GetCustomJob answers when a terminal line is confirmed
         launcher.set_status(job, JobPhase.SUCCEEDED)
     work = [job_event(r, jobs[r], "Job is running.", 1) for r in ids] + \
@@ -142,6 +148,7 @@ def bench_job_events(deps: Deps, docs: FirestoreDocumentStore, launcher: InMemor
         list(pool.map(entry.job_event, work[:runs]))  # every job runs before it ends
         list(pool.map(entry.job_event, work[runs:]))
     elapsed = time.perf_counter() - t0
+    entry.deps = lambda: deps  # type: ignore[assignment]
     done = sum(1 for r in ids if getattr(deps.runs.load(r)[0], "status", None) == "SUCCEEDED")
     return {"events": len(work), "seconds": round(elapsed, 2),
             "events_per_s": round(len(work) / elapsed, 1), "runs_succeeded": done,
@@ -207,6 +214,11 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=600)
     parser.add_argument("--storm", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=8)
+    # Job-state events: two per run (RUNNING, then SUCCEEDED), after a warm-up of --warm-runs
+    # runs that is reported apart (the emulator's JIT and the clients' channels are cold at
+    # first: 100 runs alone read 20-40% below the steady rate on this machine).
+    parser.add_argument("--job-runs", type=int, default=300)
+    parser.add_argument("--warm-runs", type=int, default=50)
     args = parser.parse_args()
     project = "spotorch-bench"
     with running(project, Path(tempfile.mkdtemp()), gcs=False) as stack:
@@ -215,15 +227,20 @@ def main() -> int:
         entry.deps = lambda: deps  # type: ignore[assignment]
         results = {
             "throughput": bench_throughput(deps, docs, args.runs, args.events, args.threads),
-            "job_state_events": bench_job_events(deps, docs, launcher, args.runs * 5, args.threads),
+            "job_state_events_warm_up": bench_job_events(deps, docs, launcher, args.warm_runs,
+                                                         args.threads, prefix="bench-warm"),
+            "job_state_events": bench_job_events(deps, docs, launcher, args.job_runs,
+                                                 args.threads),
             "round_trips_by_event": bench_state_changes(deps, docs, launcher),
             "duplicate_storm": bench_storm(deps, launcher, args.storm, args.threads),
             "cpus": os.cpu_count(),
         }
     print(json.dumps(results, indent=2))
     ok = (results["throughput"]["events_per_s"] >= 50
+          and results["job_state_events"]["events_per_s"] >= 50
           and results["duplicate_storm"]["extra_launches"] == 0)
-    print(f"targets: >=50 events/s: {results['throughput']['events_per_s']}; "
+    print(f"targets: >=50 events/s: trainer reports {results['throughput']['events_per_s']}, "
+          f"job-state lines {results['job_state_events']['events_per_s']}; "
           f"extra launches in storm: {results['duplicate_storm']['extra_launches']}; "
           f"round trips/event: {results['throughput']['firestore_round_trips_per_event']}",
           file=sys.stderr)

@@ -38,7 +38,10 @@ def test_default_scenario_resumes_from_checkpoints_escalates_and_succeeds() -> N
     assert r["preemptions"] == 2 and r["escalated"]["to"] == "standard"
     assert r["metrics"]["test_accuracy"] > 0.6 and r["model_uri"].endswith("model.npz")
     assert r["timings_ms"]["upload_to_launch"] < 10_000
-    assert r["timings_ms"]["preemption_to_relaunch"] < 5_000
+    # Attempt 1's preemption came with its job-state line; attempt 2's lines were all lost
+    # (the schedule's drop_events), so only the tick's polling saw it: within one period.
+    heard, polled = r["timings_ms"]["preemption_to_relaunch_each"]
+    assert heard < 5_000 and polled <= r["tick_s"] * 1000 + 1500
     assert kinds(r)[0] == "run.created" and kinds(r)[-1] == "run.succeeded"
     assert kinds(r).count("attempt.preempted") == 2 and "run.escalated" in kinds(r)
 
@@ -90,6 +93,7 @@ def test_user_error_scenario_fails_with_its_budget_and_says_why() -> None:
     assert kinds(r)[-2:] == ["run.budget_exceeded", "run.failed"]
 
 
+@pytest.mark.extended  # the default scenario loses attempt 2's job events: the same path
 def test_lost_job_events_are_repaired_by_the_tick_within_one_period() -> None:
     r = run_demo(SCENARIOS["default"], timeout_s=180.0, quiet=True, lose_job_events=True)
     assert r["status"] == "SUCCEEDED", r.get("history")

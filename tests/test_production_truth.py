@@ -6,6 +6,7 @@ unknown runs and attempts rejected with a reason; data whose events were lost fo
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -13,10 +14,11 @@ import pytest
 from fakes import fake_deps
 from spotorch import domain, service
 from spotorch.domain import FailureClass, JobPhase, JobStatus, RunStatus, TrainerReported
-from spotorch.memory import InMemoryLauncher, InMemoryObjectStore, ManualClock
+from spotorch.memory import InMemoryDocumentStore, InMemoryLauncher, InMemoryObjectStore, ManualClock
 from spotorch.pipeline import BatchMode, EscalationKind, Pipeline, RecoveryPolicy, Trigger
 from spotorch.ports import LaunchError
 from spotorch.service import Deps
+from spotorch.settings import COLLECTION_JOBS
 
 
 def make_deps(batch: BatchMode = BatchMode.EACH_OBJECT) -> Deps:
@@ -104,6 +106,45 @@ def test_a_job_record_attributes_sink_lines() -> None:
     assert owner == service.JobOwner(job, run.run_id, 1)
     with pytest.raises(service.NotOurJob):
         service.job_line_reported(deps, "424242", JobPhase.RUNNING, "")
+
+
+class CountingDocs(InMemoryDocumentStore):
+    """The in-memory store, counting reads of the job records."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.job_reads = 0
+
+    def get(self, collection: str, key: str) -> tuple[dict[str, Any] | None, Any]:
+        self.job_reads += collection == COLLECTION_JOBS
+        return super().get(collection, key)
+
+
+def test_job_owners_are_read_once_per_instance_and_a_missing_record_is_asked_again() -> None:
+    docs, owners = CountingDocs(), service.JobOwners(limit=2)
+    owner = service.JobOwner("projects/p/locations/r/customJobs/7", "run-7", 1)
+    assert owners.find(docs, "7") is None and owners.find(docs, "7") is None
+    assert docs.job_reads == 2  # not found: not kept (the record may be written later)
+    docs.put(COLLECTION_JOBS, "7", {"job_name": owner.job_name, "run_id": "run-7",
+                                    "attempt": 1}, None)
+    assert owners.find(docs, "7") == owner and owners.find(docs, "7") == owner
+    assert docs.job_reads == 3  # found once, then kept: a job record never changes
+    owners.remember("8", service.JobOwner("j8", "run-8", 1))
+    owners.remember("9", service.JobOwner("j9", "run-9", 2))  # over the limit: "7" goes
+    assert owners.find(docs, "9") == service.JobOwner("j9", "run-9", 2)
+    assert owners.find(docs, "7") == owner and docs.job_reads == 4
+
+
+def test_the_launching_instance_knows_its_jobs_without_reading_their_records() -> None:
+    docs = CountingDocs()
+    deps = make_deps()
+    deps = dataclasses.replace(deps, docs=docs)
+    launcher, _, _ = parts(deps)
+    run = started(deps)
+    job = launcher.job_of(run.run_id, 1)
+    reads = docs.job_reads
+    assert service.job_owner(deps, job.rsplit("/", 1)[1]) == service.JobOwner(job, run.run_id, 1)
+    assert docs.job_reads == reads
 
 
 # --- vanished jobs -------------------------------------------------------------------------------

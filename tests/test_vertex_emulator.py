@@ -364,6 +364,14 @@ def test_schedules_parse_from_json() -> None:
     assert SpotSchedule().preempt_after({LABEL_ATTEMPT: "1"}) is None
 
 
+def test_a_schedule_loses_the_messages_of_the_jobs_it_names() -> None:
+    schedule = parse_schedule({"drop_events": [{"attempt": 2}, {"run": "r-deaf"}]})
+    assert schedule.drops_events_of({LABEL_ATTEMPT: "2", LABEL_RUN: "r-a"})
+    assert schedule.drops_events_of({LABEL_ATTEMPT: "1", LABEL_RUN: "r-deaf"})
+    assert not schedule.drops_events_of({LABEL_ATTEMPT: "1", LABEL_RUN: "r-a"})
+    assert not SpotSchedule().drops_events_of({LABEL_ATTEMPT: "2"})
+
+
 @pytest.mark.parametrize("bad", [
     {"preempt": [{"attempt": 1}]},
     {"preempt": [{"after_s": -1}]},
@@ -372,6 +380,8 @@ def test_schedules_parse_from_json() -> None:
     {"stockouts": [{"from_s": "soon"}]},
     {"every_spot_job_after_s": True},
     {"surprise": 1},
+    {"drop_events": [{"attempt": 2, "after_s": 1}]},
+    {"drop_events": {"attempt": 2}},
     "nonsense",
 ])
 def test_bad_schedules_are_refused(bad: Any) -> None:
@@ -552,6 +562,21 @@ def test_dropped_state_messages_leave_polling_to_tell(emulators: EmulatorSet,
     wait_for(lambda: h.emulator.events_dropped >= 4, what="dropped events")
     assert h.emulator.events_published == 0
     assert _pull(subscriber, subscription, 1.5) == []
+
+
+def test_a_scheduled_drop_loses_one_attempts_messages_and_no_other(
+        emulators: EmulatorSet, harness: Callable[..., Harness]) -> None:
+    subscriber, subscription, topic = _subscription(emulators.project)
+    h = harness(job_events_topic=topic, schedule={"drop_events": [{"attempt": 2}]})
+    deaf = h.launcher.launch(spec("r-sel", 2, "true"))
+    heard = h.launcher.launch(spec("r-sel", 1, "true"))
+    for name in (deaf, heard):
+        assert h.until(name, JobPhase.SUCCEEDED).failure is None  # polling knows both
+    wait_for(lambda: h.emulator.events_dropped >= 4 and h.emulator.events_published >= 4,
+             what="dropped and published events")
+    jobs = {json.loads(m.data)["resource"]["labels"]["job_id"]
+            for m in _pull(subscriber, subscription, 3.0)}
+    assert jobs == {heard.rsplit("/", 1)[1]}
 
 
 def test_the_command_line_serves_until_sigterm_and_kills_its_workers(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -136,6 +137,7 @@ class Deps:
     experiments: ExperimentTracker | None = None  # Vertex AI Experiments (sweep trials)
     # Spot seen by every run, per region and shape: ranks regions for the next Spot attempt.
     spot: SpotRecord = field(default_factory=SpotRecord)
+    owners: JobOwners = field(default_factory=lambda: JobOwners())  # the job records, cached
 
     def pipeline(self, name: str) -> Pipeline:
         try:
@@ -541,6 +543,8 @@ def record_job(deps: Deps, job_name: str, run_id: str, attempt: int, pipeline: s
     except Exception as exc:  # the tick's polling still follows the job; its lines go unattributed
         log.warning("could not record job %s of %s: %s", job_name, run_id, exc,
                     extra={"run_id": run_id})
+    else:
+        deps.owners.remember(job_id_of(job_name), JobOwner(job_name, run_id, attempt, probe))
 
 
 # ---------------------------------------------------------------- hardware (issue 19)
@@ -660,12 +664,40 @@ class JobOwner:
     probe: int = 0  # a Spot probe's job (attempt 0)
 
 
+@dataclass
+class JobOwners:
+    """The job records' answers, kept per instance: which run each job id belongs to."""
+
+    # A job record never changes once written (a job id names one run's attempt or probe for
+    # good), so a found owner can be kept; a missing record is asked again every time (it may
+    # be a forged id now and a real one never, or one whose record write failed). An attempt
+    # sends several lines (provisioning, running, its end) and the launching instance records
+    # the job itself: each hit saves a Firestore read on the job-event path.
+    limit: int = 10_000
+    _known: dict[str, JobOwner] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def find(self, docs: DocumentStore, job_id: str) -> JobOwner | None:
+        known = self._known.get(job_id)
+        if known is not None:
+            return known
+        doc, _ = docs.get(COLLECTION_JOBS, job_id)
+        if doc is None:
+            return None
+        owner = JobOwner(str(doc["job_name"]), str(doc["run_id"]), int(doc["attempt"]),
+                         int(doc.get("probe") or 0))
+        self.remember(job_id, owner)
+        return owner
+
+    def remember(self, job_id: str, owner: JobOwner) -> None:
+        with self._lock:
+            if len(self._known) >= self.limit:  # the oldest first: dicts keep insertion order
+                del self._known[next(iter(self._known))]
+            self._known[job_id] = owner
+
+
 def job_owner(deps: Deps, job_id: str) -> JobOwner | None:
-    doc, _ = deps.docs.get(COLLECTION_JOBS, job_id)
-    if doc is None:
-        return None
-    return JobOwner(str(doc["job_name"]), str(doc["run_id"]), int(doc["attempt"]),
-                    int(doc.get("probe") or 0))
+    return deps.owners.find(deps.docs, job_id)
 
 
 def probe_changed(deps: Deps, run_id: str, probe: int, status: JobStatus,

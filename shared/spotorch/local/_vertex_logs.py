@@ -71,6 +71,9 @@ class Transition:
     state: JobState
     at: float
     error_message: str = ""
+    # The job's labels: what the emulator's schedule matches on (never written into an entry:
+    # a real Vertex log entry has no labels).
+    labels: Mapping[str, str] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)

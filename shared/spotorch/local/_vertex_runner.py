@@ -234,7 +234,8 @@ class JobRunner:
         self.on_change(job)
 
     def record(self, job: JobRecord, state: JobState, wall: float, error_message: str = "") -> None:
-        self.outbox.append(Transition(job.project, job.job_id, state, wall, error_message))
+        self.outbox.append(Transition(job.project, job.job_id, state, wall, error_message,
+                                      labels=job.labels))
 
     def drain(self) -> list[Transition]:
         out, self.outbox = self.outbox, []

@@ -31,6 +31,18 @@ class PreemptRule:
 
 
 @dataclass(frozen=True)
+class EventDrop:
+    """Lose every job-state message of matching jobs, as a log sink may lose messages."""
+
+    attempt: int | None = None  # matched on the LABEL_ATTEMPT label; None: any
+    run: str | None = None
+    pipeline: str | None = None
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        return PreemptRule(0.0, self.attempt, self.run, self.pipeline).matches(labels)
+
+
+@dataclass(frozen=True)
 class Window:
     """Spot capacity gone from `from_s` (seconds after the emulator started) for `for_s` seconds."""
 
@@ -77,6 +89,7 @@ class SpotSchedule:
     every_spot_job_after_s: float | None = None
     stockouts: tuple[Window, ...] = ()
     trace: SpotTrace | None = None
+    drop_events: tuple[EventDrop, ...] = ()  # jobs whose job-state messages are all lost
 
     def spot_available(self, t: float) -> bool:
         """Whether Spot capacity exists t seconds after the emulator started."""
@@ -91,6 +104,10 @@ class SpotSchedule:
             delays.append(self.every_spot_job_after_s)
         return min(delays) if delays else None
 
+    def drops_events_of(self, labels: Mapping[str, str]) -> bool:
+        """Whether every job-state message of a job with these labels is lost."""
+        return any(d.matches(labels) for d in self.drop_events)
+
     def with_stockout(self, window: Window) -> SpotSchedule:
         return replace(self, stockouts=(*self.stockouts, window))
 
@@ -99,7 +116,8 @@ class SpotSchedule:
 
 
 _RULE_KEYS = {"after_s", "attempt", "run", "pipeline"}
-_SCHEDULE_KEYS = {"preempt", "every_spot_job_after_s", "stockouts"}
+_DROP_KEYS = {"attempt", "run", "pipeline"}
+_SCHEDULE_KEYS = {"preempt", "every_spot_job_after_s", "stockouts", "drop_events"}
 _WINDOW_KEYS = {"from_s", "for_s"}
 
 
@@ -123,13 +141,20 @@ def _keys(obj: Any, allowed: set[str], where: str) -> Mapping[str, Any]:
 def _rule(obj: Any, where: str) -> PreemptRule:
     raw = _keys(obj, _RULE_KEYS, where)
     after = _number(raw.get("after_s"), f"{where}.after_s")
+    return PreemptRule(after or 0.0, *_match(raw, where))
+
+
+def _drop(obj: Any, where: str) -> EventDrop:
+    return EventDrop(*_match(_keys(obj, _DROP_KEYS, where), where))
+
+
+def _match(raw: Mapping[str, Any], where: str) -> tuple[int | None, str | None, str | None]:
+    """A rule's job selector: attempt, run, pipeline (each None: any)."""
     attempt = raw.get("attempt")
     if attempt is not None and (isinstance(attempt, bool) or not isinstance(attempt, int)):
         raise ScheduleError(f"{where}.attempt: expected an integer, got {attempt!r}")
     run, pipeline = raw.get("run"), raw.get("pipeline")
-    return PreemptRule(after_s=after or 0.0, attempt=attempt,
-                       run=None if run is None else str(run),
-                       pipeline=None if pipeline is None else str(pipeline))
+    return attempt, None if run is None else str(run), None if pipeline is None else str(pipeline)
 
 
 def _window(obj: Any, where: str) -> Window:
@@ -140,20 +165,23 @@ def _window(obj: Any, where: str) -> Window:
 
 def parse_schedule(obj: Any) -> SpotSchedule:
     """A schedule from JSON: a list of rules, or {"preempt": [...], "every_spot_job_after_s": X,
-    "stockouts": [{"from_s": T, "for_s": N}]}; a rule is {"after_s", "attempt"?, "run"?,
-    "pipeline"?}; an omitted for_s means forever."""
+    "stockouts": [{"from_s": T, "for_s": N}], "drop_events": [{"attempt"?, "run"?,
+    "pipeline"?}]}; a rule is {"after_s", "attempt"?, "run"?, "pipeline"?}; an omitted for_s
+    means forever."""
     if isinstance(obj, Sequence) and not isinstance(obj, str):
         obj = {"preempt": list(obj)}
     raw = _keys(obj, _SCHEDULE_KEYS, "schedule")
     rules = raw.get("preempt", [])
     windows = raw.get("stockouts", [])
-    if not isinstance(rules, list) or not isinstance(windows, list):
-        raise ScheduleError("schedule: preempt and stockouts must be lists")
+    drops = raw.get("drop_events", [])
+    if not all(isinstance(x, list) for x in (rules, windows, drops)):
+        raise ScheduleError("schedule: preempt, stockouts and drop_events must be lists")
     return SpotSchedule(
         rules=tuple(_rule(r, f"preempt[{i}]") for i, r in enumerate(rules)),
         every_spot_job_after_s=_number(raw.get("every_spot_job_after_s"),
                                        "every_spot_job_after_s", optional=True),
         stockouts=tuple(_window(w, f"stockouts[{i}]") for i, w in enumerate(windows)),
+        drop_events=tuple(_drop(d, f"drop_events[{i}]") for i, d in enumerate(drops)),
     )
 
 

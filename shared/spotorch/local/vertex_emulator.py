@@ -268,12 +268,16 @@ class VertexEmulator:
                 self._runner.advance(job, now, spot_ok, schedule)
             changes = self._runner.drain()
         for change in changes:
+            lost = schedule.drops_events_of(change.labels)
             for entry in self.log_format.entries(change, time.time()):
-                self._publish(entry)
+                self._publish(entry, lost=lost)
 
-    def _publish(self, entry: Mapping[str, Any]) -> None:
+    def _publish(self, entry: Mapping[str, Any], *, lost: bool = False) -> None:
         try:
-            self._publisher.publish(entry)
+            if lost:
+                self._publisher.dropped += 1  # the schedule loses this job's messages
+            else:
+                self._publisher.publish(entry)
             if self.listener is not None:
                 self.listener(entry)
         except Exception:

@@ -887,7 +887,13 @@ switch reserve 0.5 and 1.5, up-time prior 3 h, outage prior 0.5 h) found no sett
 in every cell (the best single-cell gain 0.05%). Tried and dropped (worse on the tuning half
 at 0.2 h): waiting out young outages below the wait reserve (no gain at 1 overhead, +0.2% to
 +2.7% at 2-5 overheads); a wait reserve in expected preemptions left instead of in work left
-(+0.7% to +1.9%). The UP columns are the published rule. Visible view.
+(+0.7% to +1.9%). Also tried, on all windows (2026-12-01, a replay of the grid's windows outside
+this script): holding a Spot launch back while idle until Spot's return is 1-3 restart overheads
+old, to skip the short returns the optimum skips (+0.1% to +2.6% at 1 overhead, +0.1% to +4.3%
+at 2, +0.1% to +6.3% at 3: worse in every cell, and production could not do it anyway, as a
+queued Spot attempt starts when capacity comes); a probe wait of 300 s or 1,200 s instead of
+600 s (production's figures move by under 0.02%). The UP columns are the published rule.
+Visible view.
 
 {parts["held_out"]}
 

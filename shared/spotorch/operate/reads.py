@@ -132,21 +132,35 @@ class RunReader(Protocol):
         ...
 
 
-class DocumentRunReader:
-    """Reads runs from any DocumentStore (every run document says whether it is active)."""
+class _DocumentCollection:
+    """Every document of one collection of any DocumentStore, active or not (each run and
+    sweep document says whether it is active: two queries read them all)."""
 
-    def __init__(self, docs: DocumentStore, collection: str = COLLECTION_RUNS) -> None:
+    def __init__(self, docs: DocumentStore, collection: str) -> None:
         self.docs = docs
         self.collection = collection
 
+    def _get(self, key: str) -> dict[str, Any] | None:
+        data, _ = self.docs.get(self.collection, key)
+        return data
+
+    def _all(self) -> list[dict[str, Any]]:
+        return [*self.docs.query(self.collection, "active", True),
+                *self.docs.query(self.collection, "active", False)]
+
+
+class DocumentRunReader(_DocumentCollection):
+    """Reads runs from any DocumentStore."""
+
+    def __init__(self, docs: DocumentStore, collection: str = COLLECTION_RUNS) -> None:
+        super().__init__(docs, collection)
+
     def get(self, run_id: str) -> Run | None:
-        data, _ = self.docs.get(self.collection, run_id)
+        data = self._get(run_id)
         return None if data is None else Run.from_dict(data)
 
     def list(self, query: RunQuery) -> RunPage:
-        docs = [*self.docs.query(self.collection, "active", True),
-                *self.docs.query(self.collection, "active", False)]
-        runs = sorted((Run.from_dict(d) for d in docs), key=_key, reverse=True)
+        runs = sorted((Run.from_dict(d) for d in self._all()), key=_key, reverse=True)
         return page_of(iter(runs), query)
 
 
@@ -268,21 +282,18 @@ class SweepReader(Protocol):
         ...
 
 
-class DocumentSweepReader:
-    """Reads sweeps from any DocumentStore (every sweep document says whether it is active)."""
+class DocumentSweepReader(_DocumentCollection):
+    """Reads sweeps from any DocumentStore (the documents sweep_service writes)."""
 
     def __init__(self, docs: DocumentStore, collection: str = COLLECTION_SWEEPS) -> None:
-        self.docs = docs
-        self.collection = collection
+        super().__init__(docs, collection)
 
     def get(self, sweep_id: str) -> Sweep | None:
-        data, _ = self.docs.get(self.collection, sweep_id)
+        data = self._get(sweep_id)
         return None if data is None else Sweep.from_dict(data)
 
     def list(self, query: SweepQuery) -> SweepPage:
-        docs = [*self.docs.query(self.collection, "active", True),
-                *self.docs.query(self.collection, "active", False)]
-        sweeps = sorted((Sweep.from_dict(d) for d in docs), key=_key, reverse=True)
+        sweeps = sorted((Sweep.from_dict(d) for d in self._all()), key=_key, reverse=True)
         return sweep_page_of(iter(sweeps), query)
 
 

@@ -267,3 +267,21 @@ def test_the_age_of_spots_return_is_seen_in_both_views_and_probes_chain_it() -> 
     # finds it at once and answers at 5: 600 s since the first found it.
     assert ages()[:2] == [(4, 300.0, STANDARD), (5, 600.0, SPOT)]
     assert out.probes == 2 and out.probe_cost == pytest.approx(2 * 300 / 3600)
+
+
+def test_the_age_of_an_outage_is_seen_in_the_visible_view_only() -> None:
+    """spot_down_s: how long the trace has shown Spot gone; production never learns it."""
+    seen: list[PolicyView] = []
+
+    def record(view: PolicyView) -> Capacity:
+        seen.append(view)
+        return SPOT
+
+    avail = [1, 1, 0, 0, 0] + [1] * 30  # Spot gone at steps 2-4
+    base = dict(task_s=10 * 300, deadline_s=35 * 300, overhead_s=300, step_s=300)
+    run_online(window(avail), Scenario(**base), record)  # type: ignore[arg-type]
+    by_step = {round(v.now_s / 300): v.spot_down_s for v in seen}
+    assert [by_step[s] for s in range(6)] == [None, None, 0.0, 300.0, 600.0, None]
+    seen.clear()
+    run_online(window(avail), Scenario(**base, view=View.PRODUCTION), record)  # type: ignore[arg-type]
+    assert seen and all(v.spot_down_s is None for v in seen)

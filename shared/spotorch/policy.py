@@ -59,6 +59,10 @@ class PolicyView:
     # probe found it (on standard), since the live Spot attempt got it, or, in the simulator's
     # visible view, since the trace shows it. None: not known (no age-based hysteresis).
     spot_up_s: float | None = None
+    # How long Spot capacity has been seen unavailable without a break, up to now: in the
+    # simulator's visible view, since the trace shows it gone. None: not known (production
+    # does not pass it: an outage's start is seen only by a Spot attempt that was running).
+    spot_down_s: float | None = None
 
 
 class Slack(NamedTuple):

@@ -171,8 +171,9 @@ def run_online(window: Window, scenario: Scenario, policy: OnlinePolicy) -> Outc
     probe_found = 0.0  # since when the probe in flight (and those before it) saw capacity
     last_yes: int | None = None  # step of the last probe answer that found capacity
     ran_from = 0.0  # when the live Spot attempt got capacity
-    # Visible view: where each zone's current run of availability began (its age is seen).
+    # Visible view: where each zone's current run of availability (or outage) began: its age is seen.
     since = None if production else [_up_since(z) for z in zone_up]
+    down_since = None if production else [_up_since([not u for u in z]) for z in zone_up]
     flex_start = flex_end = 0  # live flex attempt: step it gets capacity, step it gives up
     for i in range(n):
         up = zone_up[zone][i]
@@ -203,8 +204,10 @@ def run_online(window: Window, scenario: Scenario, policy: OnlinePolicy) -> Outc
             last_down = now  # a Spot attempt still queued: Spot seen unavailable now
         answer: bool | None = None
         up_s: float | None = None  # how long Spot has been seen available (PolicyView's)
-        if since is not None:
+        down_s: float | None = None  # how long it has been seen unavailable (visible view)
+        if since is not None and down_since is not None:
             up_s = (i - since[zone][i]) * dt if up else None
+            down_s = None if up else (i - down_since[zone][i]) * dt
         elif current is SPOT and running:
             up_s = now - ran_from
         if probe_due == i:
@@ -241,7 +244,7 @@ def run_online(window: Window, scenario: Scenario, policy: OnlinePolicy) -> Outc
                 spot_run_s=spot_run_s, spot_wait_s=spot_wait_s, spot_waits=spot_waits,
                 spot_down_at_s=last_down, spot_assumed=assumed,
                 spot_queued=current is SPOT and not running, flex_wait_s=flex_wait,
-                spot_up_s=up_s))
+                spot_up_s=up_s, spot_down_s=down_s))
             want = policy(view)
             if want is FLEX and flex is None:
                 want = STANDARD  # not offered: a policy asking for it gets standard

@@ -1,15 +1,30 @@
-"""End to end on the local stack: the demo's scenarios, with real checkpoints, events and alerts."""
+"""End to end on the local stack: the demo's scenarios, with real checkpoints, events and alerts.
+
+The default story's one run (preempted twice, escalated, succeeded) serves both its report's tests
+and every operator command against it (the CLI by the stack's state file, the run's page in
+headless Chromium): TestDefaultStory shares one stack, stopped as soon as its tests end, before
+the other scenarios start theirs."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from spotorch.domain import Run
 from spotorch.events import kind_of, validate_event
-from spotorch.local.demo import SCENARIOS, run_demo
+from spotorch.local.demo import SCENARIOS, DemoStack, demo_stack, run_demo
 
 pytestmark = [pytest.mark.emulator, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parent.parent
 
 _REPORTS: dict[str, dict[str, Any]] = {}
 
@@ -24,40 +39,164 @@ def kinds(r: dict[str, Any]) -> list[str]:
     return [kind_of(t) for t in r["events"]]
 
 
-def test_default_scenario_resumes_from_checkpoints_escalates_and_succeeds() -> None:
-    r = report("default")
-    assert r["status"] == "SUCCEEDED", r.get("history")
-    capacities = [a["capacity"] for a in r["attempts"]]
-    assert capacities == ["spot", "spot", "standard"]
-    first, second, third = r["attempts"]
-    assert first["resumed_from_step"] is None and first["end_reason"].startswith("preempted")
-    assert second["resumed_from_step"] is not None and second["resumed_from_step"] > 0
-    assert third["resumed_from_step"] >= second["resumed_from_step"]
-    assert all(a["job_name"].startswith("projects/") and "/customJobs/" in a["job_name"]
-               for a in r["attempts"])
-    assert r["preemptions"] == 2 and r["escalated"]["to"] == "standard"
-    assert r["metrics"]["test_accuracy"] > 0.6 and r["model_uri"].endswith("model.npz")
-    assert r["timings_ms"]["upload_to_launch"] < 10_000
-    # Attempt 1's preemption came with its job-state line; attempt 2's lines were all lost
-    # (the schedule's drop_events), so only the tick's polling saw it: within one period.
-    heard, polled = r["timings_ms"]["preemption_to_relaunch_each"]
-    assert heard < 5_000 and polled <= r["tick_s"] * 1000 + 1500
-    assert kinds(r)[0] == "run.created" and kinds(r)[-1] == "run.succeeded"
-    assert kinds(r).count("attempt.preempted") == 2 and "run.escalated" in kinds(r)
+@dataclass(frozen=True)
+class DefaultStory:
+    """The default story's stack, still up, and its report as `spotorch demo` makes it, taken
+    before any command below acted on the stack (a submitted run's events and alerts are not in it)."""
+
+    demo: DemoStack
+    report: dict[str, Any]
 
 
-def test_every_published_event_validates_against_its_schema() -> None:
-    r = report("default")
-    assert r["published"]
-    for event in r["published"]:
-        assert validate_event(event) == [], event
+@pytest.fixture(scope="class")
+def default_story() -> Iterator[DefaultStory]:
+    with demo_stack(SCENARIOS["default"], timeout_s=180.0, quiet=True) as demo:
+        yield DefaultStory(demo, demo.report())
 
 
-def test_alerts_reach_chat_and_email() -> None:
-    r = report("default")
-    channels = {a["channel"] for a in r["alerts"]}
-    assert {"chat", "email"} <= channels
-    assert {"channel": "email", "event_type": "dev.spotorch.run.succeeded.v1"} in r["alerts"]
+@pytest.fixture(scope="class")
+def stack_run(default_story: DefaultStory, tmp_path_factory: pytest.TempPathFactory
+              ) -> tuple[dict[str, str], Path, Run]:
+    """The default story's finished run on its stack; a state file like `dev up`'s."""
+    stack, run = default_story.demo.stack, default_story.demo.run
+    assert run is not None and run.status == "SUCCEEDED", run
+    work = tmp_path_factory.mktemp("spotorch-cli-stack")
+    state = work / "stack.json"
+    state.write_text(json.dumps({**stack.describe(), "status": "ready",
+                                 "supervisor": {"pid": os.getpid()}}))
+    # os.environ points at the stack while demo_stack is open; the CLI must find it by the state
+    # file alone.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("SPOTORCH_API_URL", "FIRESTORE_EMULATOR_HOST", "SPOTORCH_PROJECT",
+                        "SPOTORCH_PIPELINES")}
+    return {**env, "COLUMNS": "200", "XDG_CONFIG_HOME": str(work)}, state, run
+
+
+def spotorch(env: dict[str, str], state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI finding the local stack by its state file alone (no env exports)."""
+    return subprocess.run([sys.executable, "-m", "spotorch.cli", "--stack-state", str(state), *args],
+                          env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+class TestDefaultStory:
+    """The default story's report, then every operator command against its run on its stack."""
+
+    def test_default_scenario_resumes_from_checkpoints_escalates_and_succeeds(
+            self, default_story: DefaultStory) -> None:
+        r = default_story.report
+        assert r["status"] == "SUCCEEDED", r.get("history")
+        capacities = [a["capacity"] for a in r["attempts"]]
+        assert capacities == ["spot", "spot", "standard"]
+        first, second, third = r["attempts"]
+        assert first["resumed_from_step"] is None and first["end_reason"].startswith("preempted")
+        assert second["resumed_from_step"] is not None and second["resumed_from_step"] > 0
+        assert third["resumed_from_step"] >= second["resumed_from_step"]
+        assert all(a["job_name"].startswith("projects/") and "/customJobs/" in a["job_name"]
+                   for a in r["attempts"])
+        assert r["preemptions"] == 2 and r["escalated"]["to"] == "standard"
+        assert r["metrics"]["test_accuracy"] > 0.6 and r["model_uri"].endswith("model.npz")
+        assert r["timings_ms"]["upload_to_launch"] < 10_000
+        # Attempt 1's preemption came with its job-state line; attempt 2's lines were all lost
+        # (the schedule's drop_events), so only the tick's polling saw it: within one period.
+        heard, polled = r["timings_ms"]["preemption_to_relaunch_each"]
+        assert heard < 5_000 and polled <= r["tick_s"] * 1000 + 1500
+        assert kinds(r)[0] == "run.created" and kinds(r)[-1] == "run.succeeded"
+        assert kinds(r).count("attempt.preempted") == 2 and "run.escalated" in kinds(r)
+
+    def test_every_published_event_validates_against_its_schema(
+            self, default_story: DefaultStory) -> None:
+        r = default_story.report
+        assert r["published"]
+        for event in r["published"]:
+            assert validate_event(event) == [], event
+
+    def test_alerts_reach_chat_and_email(self, default_story: DefaultStory) -> None:
+        r = default_story.report
+        channels = {a["channel"] for a in r["alerts"]}
+        assert {"chat", "email"} <= channels
+        assert {"channel": "email", "event_type": "dev.spotorch.run.succeeded.v1"} in r["alerts"]
+
+    def test_reads_on_the_local_stack(self, stack_run: tuple[dict[str, str], Path, Run]) -> None:
+        env, state, run = stack_run
+        listed = json.loads(spotorch(env, state, "runs", "--json").stdout)
+        row = next(r for r in listed["runs"] if r["run_id"] == run.run_id)
+        assert row["status"] == "SUCCEEDED" and row["attempts"] == 3 and row["cost"] > 0
+        view = json.loads(spotorch(env, state, "show", run.run_id, "--json").stdout)
+        assert [a["capacity"] for a in view["attempts"]] == ["spot", "spot", "standard"]
+        assert view["model_uri"].startswith("gs://spotorch-models/") and view["model_ready"]
+        # Priced from the stack's own pipeline file (its restart overhead is 5 s).
+        # The demo's attempts last seconds and most of its work is lost to the two preemptions, so
+        # its saving rounds to about zero; it must never come out as a loss, and never unpriced.
+        assert view["cost"]["preemptions"] == 2 and view["cost"]["total"] > 0, view["cost"]
+        assert view["cost"]["standard_equivalent"] >= view["cost"]["total"], view["cost"]
+        assert "pipeline unknown" not in " ".join(view["cost"]["basis"])
+        text = spotorch(env, state, "show", run.run_id)
+        assert text.returncode == 0 and "standard VMs" in text.stdout
+        watched = spotorch(env, state, "watch", run.run_id)
+        assert watched.returncode == 0 and "saved" in watched.stdout
+
+    def test_logs_are_the_workers_own_output(self, stack_run: tuple[dict[str, str], Path, Run]) -> None:
+        env, state, run = stack_run
+        first = spotorch(env, state, "logs", run.run_id, "--attempt", "1")
+        assert first.returncode == 0, first.stderr
+        assert f"run {run.run_id} attempt 1:" in first.stdout
+        last = spotorch(env, state, "logs", run.run_id)
+        assert "done: test accuracy" in last.stdout and "resuming from" in last.stdout
+
+    def test_the_run_page_of_a_local_stack_run_in_chromium(
+            self, stack_run: tuple[dict[str, str], Path, Run]) -> None:
+        from playwright.sync_api import sync_playwright
+
+        from spotorch.operate.backend import backend_for
+        from spotorch.operate.target import resolve
+        from spotorch.ui.server import UIServer
+        from test_ui import CHROMIUM_FLAGS, _ensure_chromium, _shot
+
+        env, state, run = stack_run
+        target = resolve(stack_state=state, environ=env)
+        assert target.local
+        server = UIServer(backend_for(target), port=0, refresh_s=600).start()
+        try:
+            with sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=_ensure_chromium(), headless=True,
+                                            args=CHROMIUM_FLAGS)
+                page = browser.new_page(viewport={"width": 1280, "height": 900})
+                page.goto(f"{server.url}runs/{run.run_id}")
+                lanes = page.locator("svg.timeline g.lane")
+                assert [lanes.nth(i).get_attribute("data-capacity") for i in range(lanes.count())] \
+                    == ["spot", "spot", "standard"]
+                assert page.locator("svg.timeline g.preemption").count() == 2
+                assert page.locator("svg.timeline g.checkpoint").count() >= 2
+                assert "saved against standard VMs" in page.locator(".ledger").inner_text()
+                _shot(page, "stack-run")
+                page.goto(server.url)
+                assert page.locator(f'tr.run[data-run-id="{run.run_id}"]').count() == 1
+                _shot(page, "stack-runs")
+                browser.close()
+        finally:
+            server.close()
+
+    def test_actions_through_the_stacks_api_function(
+            self, stack_run: tuple[dict[str, str], Path, Run]) -> None:
+        env, state, story_run = stack_run
+        # Last of the class: a run submitted by hand on the story's data (gs://spotorch-landing/
+        # datasets/demo/snapshot-.../), cancelled at once.
+        submitted = spotorch(env, state, "submit", "demo", story_run.data_uri,
+                             "--request-id", "by-hand", "--json")
+        assert submitted.returncode == 0, submitted.stderr
+        run_id = json.loads(submitted.stdout)["run_id"]
+        cancelled = spotorch(env, state, "cancel", run_id, "--json")
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert json.loads(cancelled.stdout)["status"] in ("CANCELLING", "CANCELLED")
+        deadline = time.monotonic() + 60
+        while True:
+            view = json.loads(spotorch(env, state, "show", run_id, "--json").stdout)
+            if view["status"] == "CANCELLED":
+                break
+            assert time.monotonic() < deadline, view["status"]
+            time.sleep(1)
+        history = [h["what"] for h in view["history"]]
+        assert history[0] == "created" and "status CANCELLED" in history
 
 
 def test_stockout_scenario_moves_to_standard_then_probes_its_way_back_to_spot() -> None:

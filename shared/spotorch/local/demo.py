@@ -14,12 +14,17 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:
+    from spotorch.domain import Run
+    from spotorch.local.stack import DevStack
 
 REPO = Path(__file__).resolve().parents[3]  # shared/spotorch/local/demo.py -> the repository
 LANDING, CHECKPOINTS, MODELS = "spotorch-landing", "spotorch-checkpoints", "spotorch-models"
@@ -295,9 +300,46 @@ def _read_json(uri: str) -> Any:
         return None
 
 
-def run_demo(scenario: Scenario, *, timeout_s: float, quiet: bool,
-             lose_job_events: bool = False) -> dict[str, Any]:
-    """Start the stack, upload a data snapshot, follow the run, collect the report, stop the stack.
+@dataclass
+class DemoStack:
+    """A demo story on its local stack, still up, its run followed to the end (see demo_stack)."""
+
+    scenario: Scenario
+    stack: DevStack
+    run: Run | None  # the run the upload started, as it ended (None: no run started, or a sweep)
+    collected: dict[str, Any]  # the run's report fields and published events (no alerts yet)
+    work_dir: Path
+    pipeline_file: Path
+    lose_job_events: bool
+    alerts_so_far: Callable[[], list[dict[str, Any]]]  # what the alert receivers got until now
+    final: dict[str, Any] | None = None  # the report, once demo_stack has exited
+
+    def report(self) -> dict[str, Any]:
+        """The report run_demo returns: once demo_stack has exited, the final one; while the
+        stack is up, one with the alerts delivered so far (the stack's own, until something
+        else acts on the stack)."""
+        if self.final is not None:
+            return self.final
+        return self._finish(self.alerts_so_far())
+
+    def _finish(self, alerts: list[dict[str, Any]]) -> dict[str, Any]:
+        report = {**self.collected, "alerts": alerts}
+        report.update(_costs(self.run, self.pipeline_file))
+        report["events"] = [e["type"] for e in report["published"]]
+        report["scenario"] = self.scenario.name
+        report["job_events_lost"] = self.lose_job_events
+        report["tick_s"] = TICK_S
+        report["expected_status"] = self.scenario.expected_status
+        report["work_dir"] = str(self.work_dir)
+        return report
+
+
+@contextmanager
+def demo_stack(scenario: Scenario, *, timeout_s: float, quiet: bool,
+               lose_job_events: bool = False) -> Iterator[DemoStack]:
+    """Start the receivers and the stack, upload a data snapshot and follow the run to its end;
+    yield while the stack is still up (our os.environ pointing at it); on exit stop the stack
+    and finish the report (its alerts, costs and events: DemoStack.final).
 
     lose_job_events: the Vertex emulator drops every job-state message, so only the reconcile
     tick's polling learns what the jobs do (what happens when a log sink loses messages).
@@ -331,23 +373,33 @@ def run_demo(scenario: Scenario, *, timeout_s: float, quiet: bool,
             try:
                 stack.create_buckets([LANDING, CHECKPOINTS, MODELS])
                 docs = FirestoreDocumentStore(project=stack.project)
-                report = _upload_and_follow(stack, docs, timeout_s, say, pipelines / "demo.yaml",
-                                            sweep=scenario.sweep is not None)
+                collected = _upload_and_follow(stack, docs, timeout_s, say, pipelines / "demo.yaml",
+                                               sweep=scenario.sweep is not None)
                 time.sleep(2.0)  # let the notifier deliver the last alerts
-                report["published"] = _published(stack)
+                collected["published"] = _published(stack)
+                run = collected.pop("run", None)  # not JSON: the report carries its fields
+                demo = DemoStack(scenario=scenario, stack=stack, run=run, collected=collected,
+                                 work_dir=work, pipeline_file=pipelines / "demo.yaml",
+                                 lose_job_events=lose_job_events,
+                                 alerts_so_far=lambda: _alerts(webhook, smtp))
+                yield demo
             finally:
                 os.environ.clear()
                 os.environ.update(saved)
-        report["alerts"] = _alerts(webhook, smtp)
-    report.update(_costs(report.get("run"), pipelines / "demo.yaml"))
-    report.pop("run", None)
-    report["events"] = [e["type"] for e in report["published"]]
-    report["scenario"] = scenario.name
-    report["job_events_lost"] = lose_job_events
-    report["tick_s"] = TICK_S
-    report["expected_status"] = scenario.expected_status
-    report["work_dir"] = str(work)
-    return report
+        demo.final = demo._finish(_alerts(webhook, smtp))
+
+
+def run_demo(scenario: Scenario, *, timeout_s: float, quiet: bool,
+             lose_job_events: bool = False) -> dict[str, Any]:
+    """Start the stack, upload a data snapshot, follow the run, collect the report, stop the stack.
+
+    lose_job_events: the Vertex emulator drops every job-state message, so only the reconcile
+    tick's polling learns what the jobs do (what happens when a log sink loses messages).
+    """
+    with demo_stack(scenario, timeout_s=timeout_s, quiet=quiet,
+                    lose_job_events=lose_job_events) as demo:
+        pass
+    return demo.report()
 
 
 def _upload_and_follow(stack: Any, docs: Any, timeout_s: float, say: Callable[[str], None],

@@ -226,7 +226,7 @@ class Unreachable:
         self.calls += 1
         raise ConnectionError("firestore unavailable (simulated)")
 
-    def put(self, collection: str, key: str, data: Any, version: Any) -> Any:
+    def put(self, collection: str, key: str, data: Any, version: Any, adds: Any = ()) -> Any:
         self.calls += 1
         raise ConnectionError("firestore unavailable (simulated)")
 

@@ -11,7 +11,7 @@ import pytest
 from spotorch.domain import new_run
 from spotorch.memory import InMemoryDocumentStore
 from spotorch.pipeline import Pipeline, Trigger
-from spotorch.ports import ConflictError, DocumentStore, InvalidDocument
+from spotorch.ports import AddTo, ConflictError, DocumentStore, InvalidDocument
 from spotorch.store import DocumentRunStore
 
 
@@ -92,6 +92,25 @@ class DocumentStoreContract:
         assert doc == {"seen": {"h1": 12.0, "w0": 4.0, "w1": 4.0}, "who": "x"}
         store.add_to(coll, "c", {"seen": {"h2": 2.0}}, {})
         assert store.get(coll, "c")[0]["seen"] == {"h1": 12.0, "w0": 4.0, "w1": 4.0, "h2": 2.0}
+
+    def test_additions_commit_with_a_conditional_write_or_not_at_all(
+            self, store: DocumentStore, coll: str) -> None:
+        adds = [AddTo(coll, "c1", {"seen": {"h1": 1.5}}, {"who": "x"}),
+                AddTo(coll, "c2", {"seen": {"h1": 2.0}}, {})]
+        v1 = store.put(coll, "k", {"n": 1}, None, adds)  # a create, with two additions
+        v2 = store.put(coll, "k", {"n": 2}, v1, adds[:1])  # an update, with one
+        assert store.get(coll, "k") == ({"n": 2}, v2)
+        assert store.get(coll, "c1")[0] == {"seen": {"h1": 3.0}, "who": "x"}
+        assert store.get(coll, "c2")[0] == {"seen": {"h1": 2.0}}
+        with pytest.raises(ConflictError):  # a stale version: the additions are not made
+            store.put(coll, "k", {"n": 3}, v1, adds)
+        with pytest.raises(ConflictError):  # nor with a create that finds the document
+            store.put(coll, "k", {"n": 3}, None, adds)
+        with pytest.raises(InvalidDocument):  # nor with a document Firestore refuses
+            store.put(coll, "k", {"reason": "x" * (1 << 20)}, v2, adds)
+        assert store.get(coll, "k")[0] == {"n": 2}
+        assert store.get(coll, "c1")[0] == {"seen": {"h1": 3.0}, "who": "x"}
+        assert store.get(coll, "c2")[0] == {"seen": {"h1": 2.0}}
 
     def test_a_document_over_one_mebibyte_is_refused_whole(self, store: DocumentStore,
                                                            coll: str) -> None:

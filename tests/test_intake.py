@@ -34,7 +34,7 @@ from spotorch.intake import (
 )
 from spotorch.memory import InMemoryDocumentStore, InMemoryObjectStore
 from spotorch.pipeline import BatchMode, JobTemplate, Pipeline, Trigger
-from spotorch.ports import ConflictError, DocumentStore
+from spotorch.ports import AddTo, ConflictError, DocumentStore
 from spotorch.settings import COLLECTION_DEDUPE, COLLECTION_RUNS, COLLECTION_SNAPSHOTS
 from spotorch.triggers import ObjectEvent, ObjectEventKind, parse_object_event
 from test_triggers import BUCKET, eventarc, notification
@@ -273,11 +273,12 @@ class FlakyStore(InMemoryDocumentStore):
         super().__init__()
         self.conflicts = conflicts
 
-    def put(self, collection: str, key: str, data: Mapping[str, Any], version: Any) -> Any:
+    def put(self, collection: str, key: str, data: Mapping[str, Any], version: Any,
+            adds: Sequence[AddTo] = ()) -> Any:
         if collection == COLLECTION_SNAPSHOTS and self.conflicts > 0:
             self.conflicts -= 1
             raise ConflictError("simulated")
-        return super().put(collection, key, data, version)
+        return super().put(collection, key, data, version, adds)
 
 
 def test_conflicts_are_retried(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -466,9 +467,10 @@ class CountingStore:
     def get(self, collection: str, key: str) -> tuple[dict[str, Any] | None, Any]:
         return self.docs.get(collection, key)
 
-    def put(self, collection: str, key: str, data: Mapping[str, Any], version: Any) -> Any:
+    def put(self, collection: str, key: str, data: Mapping[str, Any], version: Any,
+            adds: Sequence[AddTo] = ()) -> Any:
         try:
-            return self.docs.put(collection, key, data, version)
+            return self.docs.put(collection, key, data, version, adds)
         except ConflictError:
             with self._lock:
                 self.conflicts += 1

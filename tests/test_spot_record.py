@@ -146,3 +146,48 @@ def test_the_record_of_one_region_is_spread_over_shards_and_read_as_one() -> Non
     assert len(keys) == 8  # at most SHARDS documents take the writes
     (total,) = record.records(deps.docs, "n1-standard-8", ("us-central1",), now)
     assert (total.observed_s, total.available_s, total.preemptions) == (1600.0, 640.0, 16)
+
+
+def test_an_ended_spot_attempt_is_counted_once_in_the_runs_own_commit() -> None:
+    """The observation commits with the run's change (no write of its own): a lost race and a
+    redelivered event do not count it twice."""
+    from spotorch.domain import FailureClass
+    from spotorch.memory import InMemoryDocumentStore
+    from spotorch.ports import ConflictError
+    from spotorch.service import job_changed
+    from spotorch.settings import COLLECTION_RUNS
+
+    deps = fake_deps(pipeline("a"))
+    launcher, clock = parts(deps)
+    start(deps, "a", "a1")
+    job = launcher.job_of("a1", 1)
+    launcher.set_status(job, JobPhase.RUNNING)
+    tick(deps)
+    clock.advance(600.0)
+    preempted = launcher.set_status(job, JobPhase.FAILED, failure=FailureClass.PREEMPTED)
+    docs = deps.docs
+    assert isinstance(docs, InMemoryDocumentStore)
+    put, add_to = docs.put, docs.add_to
+    races = [1]
+
+    def losing_once(collection, key, data, version, adds=()):  # type: ignore[no-untyped-def]
+        if collection == COLLECTION_RUNS and adds and races[0]:
+            races[0] -= 1
+            current, _ = docs.get(collection, key)
+            put(collection, key, current, version)  # another writer changes the run first
+            raise ConflictError("simulated race")
+        return put(collection, key, data, version, adds)
+
+    def no_blind_writes(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("the observation must go with the run's commit")
+
+    docs.put = losing_once  # type: ignore[method-assign]
+    docs.add_to = no_blind_writes  # type: ignore[method-assign]
+    job_changed(deps, "a1", 1, preempted, event_id="e-preempted")
+    job_changed(deps, "a1", 1, preempted, event_id="e-preempted")  # redelivered
+    job_changed(deps, "a1", 1, preempted, event_id="e-other-id")  # the same news, another id
+    docs.add_to = add_to  # type: ignore[method-assign]
+    assert races == [0]
+    deps.spot.forget()  # the instance's cached ranking, read at launch
+    (total,) = deps.spot.records(deps.docs, "n1-standard-8", ("us-central1",), clock.t)
+    assert total.preemptions == 1 and total.available_s == total.observed_s > 0

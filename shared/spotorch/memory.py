@@ -12,6 +12,7 @@ from typing import Any
 from spotorch.domain import Checkpoint, JobPhase, JobStatus
 from spotorch.ports import (
     MAX_DOCUMENT_BYTES,
+    AddTo,
     ConflictError,
     InvalidDocument,
     LaunchError,
@@ -53,7 +54,8 @@ class InMemoryDocumentStore:
             found = self._docs.get((collection, key))
             return (None, None) if found is None else (copy.deepcopy(found[0]), found[1])
 
-    def put(self, collection: str, key: str, data: Mapping[str, Any], version: Any) -> Any:
+    def put(self, collection: str, key: str, data: Mapping[str, Any], version: Any,
+            adds: Sequence[AddTo] = ()) -> Any:
         size = _document_bytes(data)
         if size > MAX_DOCUMENT_BYTES:  # as Firestore: refused whole, nothing written
             raise InvalidDocument(f"{collection}/{key}: document of about {size} bytes is over "
@@ -64,24 +66,33 @@ class InMemoryDocumentStore:
             current = None if found is None else found[1]
             if current != version:
                 raise ConflictError(f"{collection}/{key}: version {version!r} is stale")
+            added = [(a, self._added(a)) for a in adds]  # all checked before anything is kept
             new_version = next(self._versions)
             self._docs[(collection, key)] = (copy.deepcopy(dict(data)), new_version)
+            for a, doc in added:
+                self._docs[(a.collection, a.key)] = (doc, next(self._versions))
             return new_version
 
     def add_to(self, collection: str, key: str, counters: Mapping[str, Mapping[str, float]],
                fields: Mapping[str, Any]) -> None:
+        add = AddTo(collection, key, counters, fields)
         with self._lock:
             self.round_trips += 1
-            found = self._docs.get((collection, key))
-            doc = copy.deepcopy(found[0]) if found else {}
-            for m, values in counters.items():
-                target = doc.setdefault(m, {})
-                for n, v in values.items():
-                    target[n] = target.get(n, 0) + v
-            doc.update(copy.deepcopy(dict(fields)))
-            if _document_bytes(doc) > MAX_DOCUMENT_BYTES:
-                raise InvalidDocument(f"{collection}/{key}: over Firestore's {MAX_DOCUMENT_BYTES}")
-            self._docs[(collection, key)] = (doc, next(self._versions))
+            self._docs[(collection, key)] = (self._added(add), next(self._versions))
+
+    def _added(self, add: AddTo) -> dict[str, Any]:
+        """The document `add` would leave (lock held); InvalidDocument if Firestore refused it."""
+        found = self._docs.get((add.collection, add.key))
+        doc = copy.deepcopy(found[0]) if found else {}
+        for m, values in add.counters.items():
+            target = doc.setdefault(m, {})
+            for n, v in values.items():
+                target[n] = target.get(n, 0) + v
+        doc.update(copy.deepcopy(dict(add.fields)))
+        if _document_bytes(doc) > MAX_DOCUMENT_BYTES:
+            raise InvalidDocument(f"{add.collection}/{add.key}: over Firestore's "
+                                  f"{MAX_DOCUMENT_BYTES}")
+        return doc
 
     def query(self, collection: str, field_name: str, value: Any) -> Sequence[dict[str, Any]]:
         with self._lock:

@@ -106,10 +106,11 @@ class RunStore(Protocol):
         """The run and an opaque version token (None when absent)."""
         ...
 
-    def save(self, run: Run, version: Any) -> Any:
+    def save(self, run: Run, version: Any, adds: Sequence[AddTo] = ()) -> Any:
         """Write the run if its version is still `version` (None: must not exist); return the new one.
 
-        Raises ConflictError when the document changed or (for None) already exists.
+        Raises ConflictError when the document changed or (for None) already exists. `adds`
+        (blind counter writes, e.g. the shared Spot record's) commit with the run or not at all.
         """
         ...
 
@@ -141,15 +142,27 @@ class InvalidDocument(SpotorchError):
 MAX_DOCUMENT_BYTES = 1_048_576
 
 
+@dataclass(frozen=True)
+class AddTo:
+    """One blind write of DocumentStore.add_to, to commit with a conditional put (see put)."""
+
+    collection: str
+    key: str
+    counters: Mapping[str, Mapping[str, float]]
+    fields: Mapping[str, Any]
+
+
 class DocumentStore(Protocol):
     """Small auxiliary documents (snapshots, dedupe records, rejected events) with versions."""
 
     def get(self, collection: str, key: str) -> tuple[dict[str, Any] | None, Any]:
         ...
 
-    def put(self, collection: str, key: str, data: Mapping[str, Any], version: Any) -> Any:
+    def put(self, collection: str, key: str, data: Mapping[str, Any], version: Any,
+            adds: Sequence[AddTo] = ()) -> Any:
         """Conditional write as RunStore.save; raises ConflictError, or InvalidDocument when
-        Firestore would refuse the document (nothing is written then)."""
+        Firestore would refuse the document (nothing is written then). `adds` commit with it in
+        one round trip (a Firestore batch): all of them or, on any error, none."""
         ...
 
     def query(self, collection: str, field_name: str, value: Any) -> Sequence[dict[str, Any]]:

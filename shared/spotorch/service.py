@@ -57,6 +57,7 @@ from spotorch.ports import (
     LABEL_PIPELINE,
     LABEL_PROBE,
     LABEL_RUN,
+    AddTo,
     CheckpointStore,
     Clock,
     ConflictError,
@@ -174,11 +175,13 @@ def apply(deps: Deps, run_id: str, observations: ObservationSource, *,
         if new == run:
             return run
         try:
-            version = deps.runs.save(new, version)
+            # What the change taught about Spot goes to the shared record in the same commit:
+            # counted once however often the event comes, and no round trip of its own.
+            version = deps.runs.save(new, version, _spot_additions(deps, run, new, now))
         except ConflictError:
             time.sleep(random.uniform(0.0, 0.02 * (attempt + 1)))  # spread racing writers out
             continue
-        _remember_spot(deps, run, new, now)
+        _remember_measurements(deps, run, new, now)
         return _carry_out(deps, new, version, mine, was_active=run.active)
     raise ConflictError(f"run {run_id}: too much contention, giving up for redelivery")
 
@@ -236,13 +239,18 @@ def region_order(deps: Deps, pipeline: Pipeline, shape: str, now: float) -> tupl
         return None
 
 
-def _remember_spot(deps: Deps, old: Run, new: Run, now: float) -> None:
-    """Add what this change taught about Spot (ended Spot attempts, probe answers) to the record,
-    and new hardware measurements to the pipeline's probe cache (nightly runs reuse them)."""
+def _spot_additions(deps: Deps, old: Run, new: Run, now: float) -> list[AddTo]:
+    """The shared record's writes for what this change taught about Spot (ended Spot
+    attempts, probe answers)."""
     seen = seen_between(old, new, now)
-    if seen:
-        deps.spot.add(deps.docs, shape_key(deps.pipeline(new.pipeline), new), seen, now,
-                      shard=new.bucket)
+    if not seen:
+        return []
+    return deps.spot.additions(shape_key(deps.pipeline(new.pipeline), new), seen, now,
+                               shard=new.bucket)
+
+
+def _remember_measurements(deps: Deps, old: Run, new: Run, now: float) -> None:
+    """New hardware measurements to the pipeline's probe cache (nightly runs reuse them)."""
     measured = {name: hardware.ProbeResult.from_doc(doc)
                 for name, doc in new.hardware_results.items()
                 if name not in old.hardware_results and

@@ -26,7 +26,7 @@ from typing import Any
 from spotorch.domain import FailureClass, Run
 from spotorch.pipeline import Capacity, Pipeline
 from spotorch.policy import RegionRecord, rank_regions
-from spotorch.ports import DocumentStore
+from spotorch.ports import AddTo, DocumentStore
 from spotorch.settings import COLLECTION_SPOT_REGIONS
 from spotorch.shapes import run_pipeline
 
@@ -138,25 +138,29 @@ class SpotRecord:
         default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def additions(self, shape: str, seen: Sequence[Seen], now: float, *,
+                  shard: int) -> list[AddTo]:
+        """The blind writes that add these observations to the given shard: for
+        DocumentStore.add_to, or to commit with the run change that made them (RunStore.save)."""
+        hour, day = str(int(now // BUCKET_S)), int(now // DAY_S)
+        # A timestamp: Firestore's TTL policy ignores a number.
+        expires = datetime.fromtimestamp(now + self.ttl_s + DAY_S, UTC)
+        return [AddTo(COLLECTION_SPOT_REGIONS, doc_key(one.region, shape, shard, day),
+                      {"observed": {hour: one.observed_s}, "available": {hour: one.available_s},
+                       "preemptions": {hour: float(one.preemptions)}},
+                      {"region": one.region, "shape": shape, "updated_at": now,
+                       "expires_at": expires})
+                for one in seen if one.observed_s > 0]
+
     def add(self, docs: DocumentStore, shape: str, seen: Sequence[Seen], now: float, *,
             shard: int) -> None:
-        """Add observations to the given shard (best effort: the record is advice, a failed
-        write is logged)."""
-        hour, day = str(int(now // BUCKET_S)), int(now // DAY_S)
-        for one in seen:
-            if one.observed_s <= 0:
-                continue
+        """Add observations to the given shard on their own (best effort: the record is
+        advice, a failed write is logged)."""
+        for add in self.additions(shape, seen, now, shard=shard):
             try:
-                docs.add_to(COLLECTION_SPOT_REGIONS, doc_key(one.region, shape, shard, day),
-                            {"observed": {hour: one.observed_s},
-                             "available": {hour: one.available_s},
-                             "preemptions": {hour: float(one.preemptions)}},
-                            {"region": one.region, "shape": shape, "updated_at": now,
-                             # a timestamp: Firestore's TTL policy ignores a number
-                             "expires_at": datetime.fromtimestamp(now + self.ttl_s + DAY_S,
-                                                                  UTC)})
+                docs.add_to(add.collection, add.key, add.counters, add.fields)
             except Exception as exc:
-                log.warning("spot record of %s in %s not updated: %s", shape, one.region, exc)
+                log.warning("spot record %s not updated: %s", add.key, exc)
 
     def records(self, docs: DocumentStore, shape: str, regions: Sequence[str],
                 now: float) -> list[RegionRecord]:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from spotorch.domain import Run
-from spotorch.ports import DocumentStore
+from spotorch.ports import AddTo, DocumentStore
 from spotorch.settings import COLLECTION_RUNS
 
 
@@ -21,8 +21,8 @@ class DocumentRunStore:
         data, version = self.docs.get(self.collection, run_id)
         return (None, None) if data is None else (Run.from_dict(data), version)
 
-    def save(self, run: Run, version: Any) -> Any:
-        return self.docs.put(self.collection, run.run_id, run.to_dict(), version)
+    def save(self, run: Run, version: Any, adds: Sequence[AddTo] = ()) -> Any:
+        return self.docs.put(self.collection, run.run_id, run.to_dict(), version, adds)
 
     def active(self) -> Sequence[Run]:
         # Only active runs are read: the tick scales with them, not with every run ever.

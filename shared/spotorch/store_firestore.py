@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from spotorch.ports import ConflictError, InvalidDocument
+from spotorch.ports import AddTo, ConflictError, InvalidDocument
 
 # Composite indexes the store's queries need (deploy/ provisions them; tests/test_deploy.py checks).
 # Every query here filters on a single field, which Firestore indexes automatically.
@@ -41,19 +41,26 @@ class FirestoreDocumentStore:
             return None, None
         return snap.to_dict(), snap.update_time
 
-    def put(self, collection: str, key: str, data: Mapping[str, Any], version: Any) -> Any:
+    def put(self, collection: str, key: str, data: Mapping[str, Any], version: Any,
+            adds: Sequence[AddTo] = ()) -> Any:
         from google.api_core import exceptions
 
         ref = self.client.collection(collection).document(key)
         self.round_trips += 1
+        # One batch: the conditional write and the adds commit atomically, in one round trip.
+        batch = self.client.batch()
+        if version is None:
+            batch.create(ref, dict(data))
+        else:
+            # update() is the write that takes a precondition; given every top-level field, it
+            # replaces the document as set() would.
+            option = self.client.write_option(last_update_time=version)
+            batch.update(ref, _replace_all(data), option=option)
+        for add in adds:
+            batch.set(self.client.collection(add.collection).document(add.key),
+                      _increments(add), merge=True)
         try:
-            if version is None:
-                result = ref.create(dict(data))
-            else:
-                # update() is the write that takes a precondition; given every top-level field,
-                # it replaces the document as set() would.
-                option = self.client.write_option(last_update_time=version)
-                result = ref.update(_replace_all(data), option=option)
+            result = batch.commit()[0]
         except (exceptions.AlreadyExists, exceptions.FailedPrecondition, exceptions.Conflict,
                 exceptions.Aborted) as exc:
             raise ConflictError(f"{collection}/{key}: {exc.message}") from exc
@@ -70,16 +77,21 @@ class FirestoreDocumentStore:
 
     def add_to(self, collection: str, key: str, counters: Mapping[str, Mapping[str, float]],
                fields: Mapping[str, Any]) -> None:
-        from google.cloud.firestore_v1 import Increment
-
         self.round_trips += 1
-        data: dict[str, Any] = {m: {n: Increment(v) for n, v in values.items()}
-                                for m, values in counters.items()}
-        # merge: the nested maps' other keys stay; the transforms add server-side
-        self.client.collection(collection).document(key).set({**data, **fields}, merge=True)
+        self.client.collection(collection).document(key).set(
+            _increments(AddTo(collection, key, counters, fields)), merge=True)
 
     def delete(self, collection: str, key: str) -> None:
         self.client.collection(collection).document(key).delete()
+
+
+def _increments(add: AddTo) -> dict[str, Any]:
+    """add_to's write, for set(merge=True): the nested maps' other keys stay, and the
+    transforms add server-side."""
+    from google.cloud.firestore_v1 import Increment
+
+    counters = {m: {n: Increment(v) for n, v in values.items()} for m, values in add.counters.items()}
+    return {**counters, **add.fields}
 
 
 def _replace_all(data: Mapping[str, Any]) -> dict[str, Any]:

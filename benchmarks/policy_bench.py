@@ -568,7 +568,7 @@ def why(cells: dict[tuple[float, float], list[RunRecord]], rows: Sequence[BoundR
               "(`benchmarks/semi_markov_policy.py`) measures an online policy that knows each "
               "family's run-length laws: a DP over a semi-Markov model, fitted on the first "
               "half of every trace and replayed on the second, visible view. At 0.2 h it is "
-              "1-3% cheaper than the deadline policy, and still above 1.05 at a 60 h deadline. "
+              "0.6-3% cheaper than the deadline policy, and still above 1.05 at a 60 h deadline. "
               "It is not spotorch's policy: production does not observe the ages it needs, "
               "and its table is large (that page says why)."]
     return "\n".join(lines)

@@ -354,12 +354,13 @@ Mean cost over the offline optimum's mean cost:
 {table}
 
 **What it shows.**
-- Knowing the run-length laws is worth 1-3% over the deadline policy at this overhead, and the
-  held-out fit keeps most of it.
-- Even so, the DP stays above 1.05 at the 60 h deadline, held out and in sample. So the
-  visible-view target at {overhead} h / 60 h is out of reach for an online policy that uses
-  Spot's age, not only for a Markov one. What is left needs knowledge of the future beyond a
-  run-length law, for example regime changes within a window.
+- Knowing the run-length laws is worth 0.6-3% over the deadline policy at this overhead (the
+  most at the tightest deadline), and the held-out fit keeps most of it.
+- Even so, the DP stays above 1.05 at the 60 h deadline, held out and in sample. Knowing Spot's
+  age and its family's run-length laws is not enough for the visible-view target at
+  {overhead} h / 60 h. With one model per trace, fitted in sample (an experiment outside this
+  script), the DP reached 1.053 there. What is left needs more than a run-length law, for
+  example knowing when availability changes regime within a window.
 
 **Why it is not spotorch's policy.**
 - *Production cannot see what it needs.* Production sees the age of an outage only while a

@@ -191,3 +191,24 @@ def test_an_ended_spot_attempt_is_counted_once_in_the_runs_own_commit() -> None:
     deps.spot.forget()  # the instance's cached ranking, read at launch
     (total,) = deps.spot.records(deps.docs, "n1-standard-8", ("us-central1",), clock.t)
     assert total.preemptions == 1 and total.available_s == total.observed_s > 0
+
+
+def test_a_spot_record_that_cannot_be_written_never_holds_up_the_run() -> None:
+    from spotorch.domain import FailureClass
+    from spotorch.service import job_changed
+
+    deps = fake_deps(pipeline("a"))
+    launcher, clock = parts(deps)
+    start(deps, "a", "a1")
+    job = launcher.job_of("a1", 1)
+    launcher.set_status(job, JobPhase.RUNNING)
+    tick(deps)
+    clock.advance(600.0)
+    preempted = launcher.set_status(job, JobPhase.FAILED, failure=FailureClass.PREEMPTED)
+
+    def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("a bug in the record (simulated)")
+
+    deps.spot.additions = broken  # type: ignore[method-assign]
+    run = job_changed(deps, "a1", 1, preempted, event_id="e-preempted")
+    assert run.counters.preemptions == 1 and len(run.attempts) == 2  # relaunched all the same

@@ -241,12 +241,18 @@ def region_order(deps: Deps, pipeline: Pipeline, shape: str, now: float) -> tupl
 
 def _spot_additions(deps: Deps, old: Run, new: Run, now: float) -> list[AddTo]:
     """The shared record's writes for what this change taught about Spot (ended Spot
-    attempts, probe answers)."""
-    seen = seen_between(old, new, now)
-    if not seen:
+    attempts, probe answers); none if they cannot be made (the record is advice: it never
+    holds up the run's own write)."""
+    try:
+        seen = seen_between(old, new, now)
+        if not seen:
+            return []
+        return deps.spot.additions(shape_key(deps.pipeline(new.pipeline), new), seen, now,
+                                   shard=new.bucket)
+    except Exception as exc:
+        log.warning("spot record of run %s not updated: %s", new.run_id, exc,
+                    extra={"run_id": new.run_id})
         return []
-    return deps.spot.additions(shape_key(deps.pipeline(new.pipeline), new), seen, now,
-                               shard=new.bucket)
 
 
 def _remember_measurements(deps: Deps, old: Run, new: Run, now: float) -> None:

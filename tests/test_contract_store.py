@@ -11,7 +11,7 @@ import pytest
 from spotorch.domain import new_run
 from spotorch.memory import InMemoryDocumentStore
 from spotorch.pipeline import Pipeline, Trigger
-from spotorch.ports import AddTo, ConflictError, DocumentStore, InvalidDocument
+from spotorch.ports import MAX_BATCH_WRITES, AddTo, ConflictError, DocumentStore, InvalidDocument
 from spotorch.store import DocumentRunStore
 
 
@@ -80,8 +80,11 @@ class DocumentStoreContract:
 
     def test_blind_additions_from_racing_writers_all_count(self, store: DocumentStore,
                                                            coll: str) -> None:
+        # Eight writers, each committing its own document with an addition to the same one
+        # (runs ending Spot attempts of one region at once): none conflicts, every one counts.
         def add(i: int) -> None:
-            store.add_to(coll, "c", {"seen": {"h1": 1.5, f"w{i % 2}": 1.0}}, {"who": "x"})
+            store.put(coll, f"k{i}", {"n": i}, None,
+                      [AddTo(coll, "c", {"seen": {"h1": 1.5, f"w{i % 2}": 1.0}}, {"who": "x"})])
 
         threads = [threading.Thread(target=add, args=(i,)) for i in range(8)]
         for t in threads:
@@ -90,7 +93,7 @@ class DocumentStoreContract:
             t.join()
         doc, _ = store.get(coll, "c")
         assert doc == {"seen": {"h1": 12.0, "w0": 4.0, "w1": 4.0}, "who": "x"}
-        store.add_to(coll, "c", {"seen": {"h2": 2.0}}, {})
+        store.put(coll, "k8", {"n": 8}, None, [AddTo(coll, "c", {"seen": {"h2": 2.0}}, {})])
         assert store.get(coll, "c")[0]["seen"] == {"h1": 12.0, "w0": 4.0, "w1": 4.0, "h2": 2.0}
 
     def test_additions_commit_with_a_conditional_write_or_not_at_all(
@@ -111,6 +114,15 @@ class DocumentStoreContract:
         assert store.get(coll, "k")[0] == {"n": 2}
         assert store.get(coll, "c1")[0] == {"seen": {"h1": 3.0}, "who": "x"}
         assert store.get(coll, "c2")[0] == {"seen": {"h1": 2.0}}
+
+    def test_a_commit_over_the_batch_limit_is_refused_whole(self, store: DocumentStore,
+                                                            coll: str) -> None:
+        adds = [AddTo(coll, f"c{i}", {"seen": {"h": 1.0}}, {}) for i in range(MAX_BATCH_WRITES)]
+        with pytest.raises(InvalidDocument, match="writes in one commit"):
+            store.put(coll, "k", {"n": 1}, None, adds)  # the put and 500 adds: 501 writes
+        assert store.get(coll, "k") == (None, None) and store.get(coll, "c0") == (None, None)
+        store.put(coll, "k", {"n": 1}, None, adds[:-1])  # 500 writes: one batch
+        assert store.get(coll, f"c{MAX_BATCH_WRITES - 2}")[0] == {"seen": {"h": 1.0}}
 
     def test_a_document_over_one_mebibyte_is_refused_whole(self, store: DocumentStore,
                                                            coll: str) -> None:

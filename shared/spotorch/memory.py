@@ -21,6 +21,7 @@ from spotorch.ports import (
     ObjectNotFound,
     ObjectPage,
     StoredCheckpoint,
+    batch_problem,
 )
 from spotorch_trainer import contract
 
@@ -56,6 +57,9 @@ class InMemoryDocumentStore:
 
     def put(self, collection: str, key: str, data: Mapping[str, Any], version: Any,
             adds: Sequence[AddTo] = ()) -> Any:
+        too_many = batch_problem(collection, key, adds)
+        if too_many:
+            raise InvalidDocument(too_many)
         size = _document_bytes(data)
         if size > MAX_DOCUMENT_BYTES:  # as Firestore: refused whole, nothing written
             raise InvalidDocument(f"{collection}/{key}: document of about {size} bytes is over "
@@ -72,13 +76,6 @@ class InMemoryDocumentStore:
             for a, doc in added:
                 self._docs[(a.collection, a.key)] = (doc, next(self._versions))
             return new_version
-
-    def add_to(self, collection: str, key: str, counters: Mapping[str, Mapping[str, float]],
-               fields: Mapping[str, Any]) -> None:
-        add = AddTo(collection, key, counters, fields)
-        with self._lock:
-            self.round_trips += 1
-            self._docs[(collection, key)] = (self._added(add), next(self._versions))
 
     def _added(self, add: AddTo) -> dict[str, Any]:
         """The document `add` would leave (lock held); InvalidDocument if Firestore refused it."""

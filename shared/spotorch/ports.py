@@ -140,16 +140,30 @@ class InvalidDocument(SpotorchError):
 
 # Firestore's limit on one document; the in-memory store enforces it too.
 MAX_DOCUMENT_BYTES = 1_048_576
+# Writes in one commit (a put and its adds). The client libraries document 500 per batch; the
+# emulator takes more, and whether the service still refuses more is not in FACTS.md: both
+# stores refuse more than this before sending, so no environment is kinder than another.
+MAX_BATCH_WRITES = 500
 
 
 @dataclass(frozen=True)
 class AddTo:
-    """One blind write of DocumentStore.add_to, to commit with a conditional put (see put)."""
+    """A blind write that commits with a conditional put (see put): no read, no precondition
+    (so writers never conflict); adds each counters[m][n] to the number at map m, key n
+    (created at 0), and sets `fields`."""
 
     collection: str
     key: str
     counters: Mapping[str, Mapping[str, float]]
     fields: Mapping[str, Any]
+
+
+def batch_problem(collection: str, key: str, adds: Sequence[AddTo]) -> str | None:
+    """Why a put with these adds cannot commit as one batch; None when it can."""
+    if 1 + len(adds) > MAX_BATCH_WRITES:
+        return (f"{collection}/{key}: {1 + len(adds)} writes in one commit, over the "
+                f"{MAX_BATCH_WRITES} a Firestore batch takes")
+    return None
 
 
 class DocumentStore(Protocol):
@@ -167,12 +181,6 @@ class DocumentStore(Protocol):
 
     def query(self, collection: str, field_name: str, value: Any) -> Sequence[dict[str, Any]]:
         """Documents whose field equals value."""
-        ...
-
-    def add_to(self, collection: str, key: str, counters: Mapping[str, Mapping[str, float]],
-               fields: Mapping[str, Any]) -> None:
-        """One blind write, no read, no precondition (so writers never conflict): add each
-        counters[m][n] to the number at map m, key n (created at 0), and set `fields`."""
         ...
 
 

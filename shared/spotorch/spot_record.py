@@ -16,7 +16,6 @@ instance for `CACHE_S`.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,8 +28,6 @@ from spotorch.policy import RegionRecord, rank_regions
 from spotorch.ports import AddTo, DocumentStore
 from spotorch.settings import COLLECTION_SPOT_REGIONS
 from spotorch.shapes import run_pipeline
-
-log = logging.getLogger("spotorch.spot_record")
 
 BUCKET_S = 3600.0  # observations are summed per hour
 TTL_S = 24 * 3600.0  # and kept this long (the simulator's region_ttl_s)
@@ -90,11 +87,12 @@ def seen_between(old: Run | None, new: Run, now: float) -> list[Seen]:
     return out
 
 
-# An observation is one blind write (DocumentStore.add_to: server-side increments, no read, no
-# precondition), so writers never conflict. Firestore still sustains only about one write per
-# second per document, and a mass preemption ends many Spot attempts of one region and shape at
-# once: the record is spread over SHARDS documents (by the run's reconcile bucket), and over one
-# document per day, so that no document grows without end; a reader sums them.
+# An observation is one blind write (ports.AddTo: server-side increments, no read, no
+# precondition) in the commit of the run change that made it, so writers never conflict.
+# Firestore still sustains only about one write per second per document, and a mass preemption
+# ends many Spot attempts of one region and shape at once: the record is spread over SHARDS
+# documents (by the run's reconcile bucket), and over one document per day, so that no document
+# grows without end; a reader sums them.
 SHARDS = 8
 DAY_S = 86400.0
 _COUNTERS = ("observed", "available", "preemptions")  # maps: hour -> sum
@@ -140,8 +138,8 @@ class SpotRecord:
 
     def additions(self, shape: str, seen: Sequence[Seen], now: float, *,
                   shard: int) -> list[AddTo]:
-        """The blind writes that add these observations to the given shard: for
-        DocumentStore.add_to, or to commit with the run change that made them (RunStore.save)."""
+        """The blind writes that add these observations to the given shard, to commit with the
+        run change that made them (RunStore.save)."""
         hour, day = str(int(now // BUCKET_S)), int(now // DAY_S)
         # A timestamp: Firestore's TTL policy ignores a number.
         expires = datetime.fromtimestamp(now + self.ttl_s + DAY_S, UTC)
@@ -151,16 +149,6 @@ class SpotRecord:
                       {"region": one.region, "shape": shape, "updated_at": now,
                        "expires_at": expires})
                 for one in seen if one.observed_s > 0]
-
-    def add(self, docs: DocumentStore, shape: str, seen: Sequence[Seen], now: float, *,
-            shard: int) -> None:
-        """Add observations to the given shard on their own (best effort: the record is
-        advice, a failed write is logged)."""
-        for add in self.additions(shape, seen, now, shard=shard):
-            try:
-                docs.add_to(add.collection, add.key, add.counters, add.fields)
-            except Exception as exc:
-                log.warning("spot record %s not updated: %s", add.key, exc)
 
     def records(self, docs: DocumentStore, shape: str, regions: Sequence[str],
                 now: float) -> list[RegionRecord]:

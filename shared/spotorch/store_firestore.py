@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from spotorch.ports import AddTo, ConflictError, InvalidDocument
+from spotorch.ports import AddTo, ConflictError, InvalidDocument, batch_problem
 
 # Composite indexes the store's queries need (deploy/ provisions them; tests/test_deploy.py checks).
 # Every query here filters on a single field, which Firestore indexes automatically.
@@ -45,6 +45,9 @@ class FirestoreDocumentStore:
             adds: Sequence[AddTo] = ()) -> Any:
         from google.api_core import exceptions
 
+        too_many = batch_problem(collection, key, adds)
+        if too_many:
+            raise InvalidDocument(too_many)
         ref = self.client.collection(collection).document(key)
         self.round_trips += 1
         # One batch: the conditional write and the adds commit atomically, in one round trip.
@@ -75,19 +78,13 @@ class FirestoreDocumentStore:
         query = self.client.collection(collection).where(filter=FieldFilter(field_name, "==", value))
         return [snap.to_dict() for snap in query.stream()]
 
-    def add_to(self, collection: str, key: str, counters: Mapping[str, Mapping[str, float]],
-               fields: Mapping[str, Any]) -> None:
-        self.round_trips += 1
-        self.client.collection(collection).document(key).set(
-            _increments(AddTo(collection, key, counters, fields)), merge=True)
-
     def delete(self, collection: str, key: str) -> None:
         self.client.collection(collection).document(key).delete()
 
 
 def _increments(add: AddTo) -> dict[str, Any]:
-    """add_to's write, for set(merge=True): the nested maps' other keys stay, and the
-    transforms add server-side."""
+    """An AddTo as a set(merge=True): the nested maps' other keys stay, and the transforms add
+    server-side."""
     from google.cloud.firestore_v1 import Increment
 
     counters = {m: {n: Increment(v) for n, v in values.items()} for m, values in add.counters.items()}

@@ -124,6 +124,25 @@ Cell = tuple[float, float]  # (overhead h, deadline h)
 ONLINE = tuple(p for p in POLICIES if p != "optimal")
 
 
+WindowKey = tuple[str, float]  # (trace, start_s)
+
+
+def optima(by_deadline: dict[float, dict[WindowKey, Window]], starts: Sequence[WindowKey],
+           overhead_h: float) -> dict[tuple[float, WindowKey], Outcome]:
+    """The offline optimum of each window start at each deadline its window fits in."""
+    # One DP per window start, at the longest deadline whose window fits in the trace, read off
+    # at every shorter deadline (optimal_at: exact, and 40% of the DP time).
+    best: dict[tuple[float, WindowKey], Outcome] = {}
+    for longest in sorted(by_deadline, reverse=True):
+        group = [k for k in starts if k in by_deadline[longest] and (longest, k) not in best]
+        found = optimal_at([by_deadline[longest][k] for k in group],
+                           scenario(longest, overhead_h),
+                           [d * 3600 for d in by_deadline if d <= longest])
+        for deadline_s, outcomes in found.items():
+            best.update(((deadline_s / 3600, k), o) for k, o in zip(group, outcomes, strict=True))
+    return best
+
+
 def run_job(job: Job) -> list[tuple[Cell, RunRecord]]:
     traces = _traces(job.paths)
     scenarios = {d: scenario(d, job.overhead_h) for d in DEADLINES_H}
@@ -131,16 +150,7 @@ def run_job(job: Job) -> list[tuple[Cell, RunRecord]]:
                        for w in windows_of(t, sc, STRIDE_H * 3600)}
                    for d, sc in scenarios.items()}
     starts = sorted(set().union(*by_deadline.values()))[job.part::job.parts]
-    # The optimum: one DP per window start, at the longest deadline whose window fits in the
-    # trace, read off at every shorter deadline (optimal_at: exact, and 40% of the DP time).
-    best: dict[tuple[float, tuple[str, float]], Outcome] = {}
-    for longest in sorted(DEADLINES_H, reverse=True):
-        group = [k for k in starts if k in by_deadline[longest]
-                 and (longest, k) not in best]
-        found = optimal_at([by_deadline[longest][k] for k in group], scenarios[longest],
-                           [d * 3600 for d in DEADLINES_H if d <= longest])
-        for deadline_s, outcomes in found.items():
-            best.update(((deadline_s / 3600, k), o) for k, o in zip(group, outcomes, strict=True))
+    best = optima(by_deadline, starts, job.overhead_h)
     out = []
     for d, sc in scenarios.items():
         keys = [k for k in starts if k in by_deadline[d]]

@@ -35,35 +35,28 @@ import numpy as np
 import numpy.typing as npt
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "shared"))
+sys.path[:0] = [str(ROOT / "shared"), str(ROOT / "benchmarks")]
+
+# The policy benchmark's grid, windows, traces and optimum: the same experiment, one definition.
+from policy_bench import (  # noqa: E402
+    DEADLINES_H,
+    STRIDE_H,
+    TASK_H,
+    TICK_S,
+    WindowKey,
+    optima,
+    scenario,
+)
+from policy_bench import _traces as traces_of  # noqa: E402
 
 from spotorch.pipeline import Capacity  # noqa: E402
 from spotorch.policy import PolicyView, deadline_policy, slack_of, uniform_progress  # noqa: E402
 from spotorch.sim.model import resample  # noqa: E402
-from spotorch.sim.simulate import (  # noqa: E402
-    Scenario,
-    Trace,
-    Window,
-    default_trace_paths,
-    find_trace_files,
-    load_trace,
-    optimal_at,
-    run_online,
-    windows_of,
-)
+from spotorch.sim.simulate import Trace, Window, default_trace_paths, run_online, windows_of  # noqa: E402
 
-TASK_H = 48.0
-DEADLINES_H = (52.0, 60.0, 72.0, 96.0)
-TICK_S = 300
-STRIDE_H = 24.0
 COMMAND = ".venv/bin/python benchmarks/semi_markov_policy.py"
 Floats = npt.NDArray[np.float64]
 Bools = npt.NDArray[np.bool_]
-
-
-def scenario(deadline_h: float, overhead_h: float) -> Scenario:
-    return Scenario(task_s=round(TASK_H * 3600), deadline_s=round(deadline_h * 3600),
-                    overhead_s=round(overhead_h * 3600), step_s=TICK_S)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,10 +200,6 @@ class Job:
     paths: tuple[str, ...]
 
 
-def _traces(paths: tuple[str, ...]) -> list[Trace]:
-    return [load_trace(p, r) for p, r in find_trace_files([Path(p) for p in paths])]
-
-
 def _half_of(trace: Trace) -> float:
     return len(trace.counts) * trace.gap_s / 2.0
 
@@ -226,7 +215,7 @@ def _windows(traces: Sequence[Trace], overhead_h: float,
 def run_job(job: Job) -> tuple[Job, Costs, float]:
     """One family, one fit: the semi-Markov policy's costs, and (held out only) the baselines'."""
     began = time.process_time()
-    traces = [t for t in _traces(job.paths) if t.family == job.family]
+    traces = [t for t in traces_of(job.paths) if t.family == job.family]
     held_out = job.fit == "held out"
     avails = [resample(t, TICK_S, 1)[0] for t in traces]
     if held_out:
@@ -248,18 +237,12 @@ def run_job(job: Job) -> tuple[Job, Costs, float]:
         for w in windows[d]:
             for name, online in policies.items():
                 costs[(d, w.trace, w.start_s)][name] = run_online(w, sc, online).cost
-    # The optimum once per window start, at the longest deadline that fits (as policy_bench).
-    by_start = {d: {(w.trace, w.start_s): w for w in windows[d]} for d in DEADLINES_H}
-    done: set[tuple[str, float]] = set()
-    for top in sorted(DEADLINES_H, reverse=True):
-        group = [k for k in by_start[top] if k not in done]
-        found = optimal_at([by_start[top][k] for k in group], scenario(top, job.overhead_h),
-                           [d * 3600 for d in DEADLINES_H if d <= top])
-        for deadline_s, outcomes in found.items():
-            for k, o in zip(group, outcomes, strict=True):
-                if k in by_start[deadline_s / 3600]:
-                    costs[(deadline_s / 3600, *k)]["optimal"] = o.cost
-        done.update(group)
+    by_start: dict[float, dict[WindowKey, Window]] = {
+        d: {(w.trace, w.start_s): w for w in windows[d]} for d in DEADLINES_H}
+    starts = sorted(set().union(*by_start.values()))
+    for (d, (trace, start)), best in optima(by_start, starts, job.overhead_h).items():
+        if (trace, start) in by_start[d]:
+            costs[(d, trace, start)]["optimal"] = best.cost
     return job, dict(costs), time.process_time() - began
 
 
@@ -274,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("traces", nargs="*", default=[str(p) for p in default_trace_paths()])
     args = parser.parse_args(argv)
     paths = tuple(args.traces)
-    families = sorted({t.family for t in _traces(paths)})
+    families = sorted({t.family for t in traces_of(paths)})
     jobs = [Job(f, fit, args.overhead_hours, args.max_age, paths)
             for fit in ("held out", "in sample") for f in families]
     began = time.monotonic()

@@ -24,15 +24,15 @@ EVENT_CLIENTS = ("functions_framework", "google.cloud.firestore", "google.cloud.
                  "google.cloud.pubsub_v1", "google.cloud.storage")
 # Function -> (client libraries it needs, spotorch modules its first event imports).
 FUNCTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "on_object_finalized": (EVENT_CLIENTS, ("spotorch.wiring", "spotorch.intake",
-                                            "spotorch.triggers", "spotorch.service")),
-    "on_job_event": (EVENT_CLIENTS, ("spotorch.wiring", "spotorch.job_events",
+    "on_object_finalized": (EVENT_CLIENTS, ("spotorch.entrypoints.wiring", "spotorch.app.snapshots",
+                                            "spotorch.core.triggers", "spotorch.service")),
+    "on_job_event": (EVENT_CLIENTS, ("spotorch.entrypoints.wiring", "spotorch.entrypoints.log_entries",
                                      "spotorch.service")),
-    "on_tick": (EVENT_CLIENTS, ("spotorch.wiring", "spotorch.intake", "spotorch.service")),
-    "on_run_event": (("functions_framework", "google.cloud.firestore"), ("spotorch.notify",)),
+    "on_tick": (EVENT_CLIENTS, ("spotorch.entrypoints.wiring", "spotorch.app.snapshots", "spotorch.service")),
+    "on_run_event": (("functions_framework", "google.cloud.firestore"), ("spotorch.app.notify",)),
 }
-WIRING_DEPS = ("spotorch.config", "spotorch.vertex", "spotorch.publisher",
-               "spotorch.store_firestore", "spotorch.checkpoints", "spotorch_trainer.checkpoints")
+WIRING_DEPS = ("spotorch.spec.loader", "spotorch.adapters.gcp.vertex", "spotorch.adapters.gcp.pubsub",
+               "spotorch.adapters.gcp.firestore", "spotorch.adapters.gcp.checkpoints", "spotorch_trainer.checkpoints")
 
 
 def _time(code: str) -> float:
@@ -52,7 +52,7 @@ def _bare(clients: tuple[str, ...]) -> str:
 
 
 def _ours(clients: tuple[str, ...], modules: tuple[str, ...]) -> str:
-    needs_wiring = "spotorch.wiring" in modules
+    needs_wiring = "spotorch.entrypoints.wiring" in modules
     body = [
         "import sys, importlib.util",
         f"sys.path[:0] = [{str(REPO / 'shared')!r}, {str(REPO / 'trainer')!r}]",

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/event_bench.py [--runs 20] [--events 600] [--storm 1000] [--threads 8]
 
 Starts its own Firestore and Pub/Sub emulators. Events go through the same decode-and-delegate
-code the Cloud Functions run (spotorch.entry), into the Firestore-backed store, publishing to the
+code the Cloud Functions run (spotorch.entrypoints.functions), into the Firestore-backed store, publishing to the
 Pub/Sub emulator; launches go to the in-memory launcher, which counts job creations.
 """
 
@@ -27,23 +27,19 @@ sys.path[:0] = [str(REPO / "shared"), str(REPO / "trainer")]
 
 from cloudevents.http import CloudEvent  # noqa: E402
 
-from spotorch import entry  # noqa: E402
-from spotorch.domain import JobPhase  # noqa: E402
-from spotorch.local.emulators import running  # noqa: E402
-from spotorch.memory import InMemoryCheckpoints, InMemoryLauncher, InMemoryObjectStore  # noqa: E402
-from spotorch.pipeline import (  # noqa: E402
-    EscalationKind,
-    OnActiveRun,
-    Pipeline,
-    RecoveryPolicy,
-    Trigger,
-)
-from spotorch.ports import ConflictError  # noqa: E402
-from spotorch.publisher import PubSubPublisher  # noqa: E402
-from spotorch.service import Deps, JobOwners, job_changed, start_run  # noqa: E402
-from spotorch.store import DocumentRunStore  # noqa: E402
-from spotorch.store_firestore import FirestoreDocumentStore  # noqa: E402
-from spotorch.wiring import SystemClock  # noqa: E402
+from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
+from spotorch.adapters.gcp.pubsub import PubSubPublisher
+from spotorch.adapters.memory.twins import InMemoryCheckpoints, InMemoryLauncher, InMemoryObjectStore
+from spotorch.app.deps import Deps, JobOwners
+from spotorch.app.job_events import job_changed
+from spotorch.app.run_store import DocumentRunStore
+from spotorch.app.runs import start_run
+from spotorch.core.model import JobPhase
+from spotorch.core.pipeline import EscalationKind, OnActiveRun, Pipeline, RecoveryPolicy, Trigger
+from spotorch.entrypoints import functions as entry
+from spotorch.entrypoints.wiring import SystemClock
+from spotorch.local.emulators import running
+from spotorch.ports.store import ConflictError
 
 
 def message(payload: dict[str, Any], attributes: dict[str, str], event_id: str) -> CloudEvent:
@@ -163,7 +159,7 @@ def bench_state_changes(deps: Deps, docs: FirestoreDocumentStore,
     job = launcher.job_of("bench-sc", 1)
     cases = {}
     for name, phase in (("running", JobPhase.RUNNING), ("preempted", JobPhase.FAILED)):
-        from spotorch.domain import FailureClass
+        from spotorch.core.model import FailureClass
 
         failure = FailureClass.PREEMPTED if phase is JobPhase.FAILED else None
         status = launcher.set_status(job, phase, failure=failure)
@@ -181,7 +177,7 @@ def bench_storm(deps: Deps, launcher: InMemoryLauncher, storm: int, threads: int
     start_run(deps, "bench", run_id="bench-storm", data_uri="gs://b/z/", snapshot_id="storm",
               reason="benchmark")
     job = launcher.job_of("bench-storm", 1)
-    from spotorch.domain import FailureClass
+    from spotorch.core.model import FailureClass
 
     status = launcher.set_status(job, JobPhase.FAILED, failure=FailureClass.PREEMPTED)
     before = launcher.created

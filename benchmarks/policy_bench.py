@@ -33,8 +33,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "shared"))
 
-from spotorch.policy import DeadlineTuning, deadline_policy, uniform_progress  # noqa: E402
-from spotorch.sim.simulate import (  # noqa: E402
+from spotorch.core.policy import DeadlineTuning, deadline_policy, uniform_progress
+from spotorch.sim.simulate import (
     POLICIES,
     Flex,
     Outcome,
@@ -891,7 +891,7 @@ half, and production's view with probes (and its ratio to the same policy's visi
 
 ## Tuning and held-out check
 
-The policy's knobs (`DeadlineTuning` in shared/spotorch/policy.py: two reserves, the priors
+The policy's knobs (`DeadlineTuning` in shared/spotorch/core/policy.py: two reserves, the priors
 of the run's Spot up-time and outage estimates, and the switch-back hysteresis) were chosen by
 hand-run sweeps on the tuning half only: windows that end before the middle of their trace.
 The held-out half is windows that start after the middle (windows straddling it are in
@@ -965,7 +965,7 @@ is a `slow` test).
 ## Limits
 
 - The region record is an upper bound (every zone observed at every step); a real record sees
-  a zone only when some run or probe is there. The live one (`spotorch.spot_record`: Firestore
+  a zone only when some run or probe is there. The live one (`spotorch.app.spot_record`: Firestore
   `spot_regions`, hourly buckets kept 24 h) is fed by every run's ended Spot attempts and
   probe answers and ranks a multi-region pipeline's regions with the same `rank_regions`.
 - Probes' billing for so short a job is not documented: billed time is configurable

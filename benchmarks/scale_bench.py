@@ -9,9 +9,9 @@ default quotas (600 resource-management requests and 60 job submissions per minu
 while anything is measured. Setting up N runs needs N job submissions, more than a minute's
 quota: the setup runs with the quotas lifted (and the launcher's budget off), the measurement
 with the quotas on and the launcher taking every call from the request budget shared through
-Firestore (spotorch.budget, as deployed with SPOTORCH_SHARED_BUDGET=1).
+Firestore (spotorch.adapters.budget, as deployed with SPOTORCH_SHARED_BUDGET=1).
 
-Everything measured goes through the functions' entry points (spotorch.entry) with real
+Everything measured goes through the functions' entry points (spotorch.entrypoints.functions) with real
 CloudEvents: the tick as Cloud Scheduler's Pub/Sub message, each shard of a fanned-out tick as
 the tick topic's shard message, and trainer reports through functions/main.py's on_job_event on
 functions-framework, as a function instance receives them. Printed per N:
@@ -56,16 +56,17 @@ for extra in (REPO / "shared", REPO / "trainer"):
 from cloudevents.conversion import to_structured  # noqa: E402
 from cloudevents.http import CloudEvent  # noqa: E402
 
-from spotorch import entry, service  # noqa: E402
-from spotorch.domain import RunStatus  # noqa: E402
-from spotorch.local.emulators import running  # noqa: E402
-from spotorch.memory import (  # noqa: E402
+from spotorch.adapters.memory.twins import (
     InMemoryCheckpoints,
     InMemoryObjectStore,
     InMemoryPublisher,
     InMemoryShardDispatcher,
 )
-from spotorch.pipeline import (  # noqa: E402
+from spotorch.app.deps import Deps
+from spotorch.app.run_store import DocumentRunStore
+from spotorch.app.runs import start_run
+from spotorch.core.model import RunStatus
+from spotorch.core.pipeline import (
     EscalationKind,
     JobTemplate,
     OnActiveRun,
@@ -74,9 +75,9 @@ from spotorch.pipeline import (  # noqa: E402
     Trigger,
     WorkerPool,
 )
-from spotorch.service import Deps  # noqa: E402
-from spotorch.store import DocumentRunStore  # noqa: E402
-from spotorch.wiring import SystemClock  # noqa: E402
+from spotorch.entrypoints import functions as entry
+from spotorch.entrypoints.wiring import SystemClock
+from spotorch.local.emulators import running
 
 PROJECT = "spotorch-scale"
 REGION = "us-central1"
@@ -208,9 +209,9 @@ def build(emulator: Any) -> World:
         JobServiceGrpcTransport,
     )
 
-    from spotorch.budget import CRUD, SUBMIT, RequestBudget
-    from spotorch.store_firestore import FirestoreDocumentStore
-    from spotorch.vertex import RetryPolicy, VertexJobLauncher
+    from spotorch.adapters.budget import CRUD, SUBMIT, RequestBudget
+    from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
+    from spotorch.adapters.gcp.vertex import RetryPolicy, VertexJobLauncher
 
     firestore = FirestoreDocumentStore(project=PROJECT)
     docs, budget_docs = CountingDocs(firestore), CountingDocs(firestore)
@@ -333,14 +334,14 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def measure(n: int, log_dir: Path) -> dict[str, Any]:
-    from spotorch.budget import SharedRequestBudget
+    from spotorch.adapters.budget import SharedRequestBudget
     from spotorch.local._vertex_quota import QuotaLimits
 
     with world(log_dir) as w:
         t0 = time.perf_counter()
 
         def start(i: int) -> None:
-            service.start_run(w.deps, "scale", run_id=f"s{n}-{i:05d}", data_uri=f"gs://b/{i}",
+            start_run(w.deps, "scale", run_id=f"s{n}-{i:05d}", data_uri=f"gs://b/{i}",
                               snapshot_id=None, reason="scale benchmark")
         with ThreadPoolExecutor(SETUP_THREADS) as pool:
             list(pool.map(start, range(n)))

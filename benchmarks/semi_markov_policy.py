@@ -49,10 +49,10 @@ from policy_bench import (  # noqa: E402
 )
 from policy_bench import _traces as traces_of  # noqa: E402
 
-from spotorch.pipeline import Capacity  # noqa: E402
-from spotorch.policy import PolicyView, deadline_policy, slack_of, uniform_progress  # noqa: E402
-from spotorch.sim.model import resample  # noqa: E402
-from spotorch.sim.simulate import Trace, Window, default_trace_paths, run_online, windows_of  # noqa: E402
+from spotorch.core.pipeline import Capacity
+from spotorch.core.policy import PolicyView, deadline_policy, slack_of, uniform_progress
+from spotorch.sim.model import resample
+from spotorch.sim.simulate import Trace, Window, default_trace_paths, run_online, windows_of
 
 COMMAND = ".venv/bin/python benchmarks/semi_markov_policy.py"
 Floats = npt.NDArray[np.float64]

@@ -3,7 +3,7 @@
 # hold a timestamp, a number is ignored).
 
 locals {
-  # shared/spotorch/store_firestore.py REQUIRED_INDEXES, the multi-field ones, and only those: an
+  # shared/spotorch/adapters/gcp/firestore.py REQUIRED_INDEXES, the multi-field ones, and only those: an
   # unused index still costs a write per document change. Today every query filters on one field
   # (QUERIED_FIELDS), which Firestore's automatic single-field indexes serve. An entry looks like
   #   "runs-pipeline-active" = { collection = "runs", fields = ["pipeline", "active"] }
@@ -23,7 +23,7 @@ locals {
     "notification_runs-expires_at" = {
       collection = "notification_runs", field = "expires_at"
     }
-    # the shared record of Spot per region and shape (spotorch/spot_record.py): 24 h after its
+    # the shared record of Spot per region and shape (spotorch/app/spot_record.py): 24 h after its
     # last observation
     "spot_regions-expires_at" = {
       collection = "spot_regions", field = "expires_at"

@@ -258,7 +258,7 @@ def check_with_loader(root: Path, pipelines: Path) -> int | None:
         if str(extra) not in sys.path:
             sys.path.insert(0, str(extra))
     try:
-        config = importlib.import_module("spotorch.config")
+        config = importlib.import_module("spotorch.spec.loader")
     except ModuleNotFoundError:
         return None
     load = getattr(config, "load_pipelines", None)

@@ -2,32 +2,32 @@
 
 import functions_framework
 
-from spotorch import entry
-from spotorch.api import handle_request
+from spotorch.entrypoints import functions
+from spotorch.entrypoints.api import handle_request
 
 
 @functions_framework.cloud_event
 def on_object_finalized(event):  # type: ignore[no-untyped-def]
     """New data: a GCS object finalized (Eventarc) or its Pub/Sub notification."""
-    entry.on_object_finalized(event)
+    functions.on_object_finalized(event)
 
 
 @functions_framework.cloud_event
 def on_job_event(event):  # type: ignore[no-untyped-def]
     """A training job changed state, or its trainer reported progress."""
-    entry.on_job_event(event)
+    functions.on_job_event(event)
 
 
 @functions_framework.cloud_event
 def on_tick(event):  # type: ignore[no-untyped-def]
     """The periodic reconcile tick."""
-    entry.on_tick(event)
+    functions.on_tick(event)
 
 
 @functions_framework.cloud_event
 def on_run_event(event):  # type: ignore[no-untyped-def]
     """spotorch's own events, turned into alerts."""
-    entry.on_run_event(event)
+    functions.on_run_event(event)
 
 
 @functions_framework.http

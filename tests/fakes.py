@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spotorch.memory import (
+from spotorch.adapters.memory.twins import (
     InMemoryCheckpoints,
     InMemoryDocumentStore,
     InMemoryLauncher,
@@ -10,9 +10,9 @@ from spotorch.memory import (
     InMemoryPublisher,
     ManualClock,
 )
-from spotorch.pipeline import Pipeline
-from spotorch.service import Deps
-from spotorch.store import DocumentRunStore
+from spotorch.app.deps import Deps
+from spotorch.app.run_store import DocumentRunStore
+from spotorch.core.pipeline import Pipeline
 
 
 def fake_deps(*pipelines: Pipeline, events_topic: str = "") -> Deps:

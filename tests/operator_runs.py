@@ -7,11 +7,19 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fakes import fake_deps
-from spotorch import sweep_service
-from spotorch.domain import Checkpoint, FailureClass, JobPhase, Run, TrainerReported
-from spotorch.hardware import ProbeResult, cache_key, unfit_reason
-from spotorch.memory import InMemoryCheckpoints, InMemoryLauncher, ManualClock
-from spotorch.pipeline import (
+from spotorch.adapters.memory.registry import MemoryModelRegistry
+from spotorch.adapters.memory.twins import InMemoryCheckpoints, InMemoryLauncher, ManualClock
+from spotorch.app import sweeps as sweep_service
+from spotorch.app.deps import Deps
+from spotorch.app.hardware_probes import save_cache
+from spotorch.app.job_events import job_changed, trainer_reported
+from spotorch.app.run_store import DocumentRunStore
+from spotorch.app.runs import submit
+from spotorch.app.tick import tick
+from spotorch.core.hardware import ProbeResult, cache_key, unfit_reason
+from spotorch.core.model import Checkpoint, FailureClass, JobPhase, Run
+from spotorch.core.observations import TrainerReported
+from spotorch.core.pipeline import (
     EscalationKind,
     HardwareCandidate,
     HardwareSearch,
@@ -22,12 +30,8 @@ from spotorch.pipeline import (
     Trigger,
     WorkerPool,
 )
-from spotorch.probes import save_cache
-from spotorch.registry_memory import MemoryModelRegistry
-from spotorch.service import Deps, job_changed, submit, tick, trainer_reported
-from spotorch.store import DocumentRunStore
-from spotorch.sweep import Sweep
-from spotorch.sweep_spec import Goal, MedianStopping, ModelRegistration, Parameter, SweepSpec
+from spotorch.core.sweep_spec import Goal, MedianStopping, ModelRegistration, Parameter, SweepSpec
+from spotorch.core.sweeps import Sweep
 
 T0 = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 TOTAL_STEPS = 300

@@ -10,11 +10,11 @@ import pytest
 
 from fakes import fake_deps
 from operator_runs import deps_for, every_kind
-from spotorch import entry
-from spotorch.domain import Checkpoint
-from spotorch.memory import InMemoryCheckpoints, InMemoryLauncher
-from spotorch.pipeline import Pipeline, Trigger
-from spotorch.service import Deps
+from spotorch.adapters.memory.twins import InMemoryCheckpoints, InMemoryLauncher
+from spotorch.app.deps import Deps
+from spotorch.core.model import Checkpoint
+from spotorch.core.pipeline import Pipeline, Trigger
+from spotorch.entrypoints import functions as entry
 
 MAIN = str(Path(__file__).resolve().parent.parent / "functions" / "main.py")
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
@@ -56,7 +56,7 @@ def test_submit_status_cancel_retry(api: tuple[Any, Deps]) -> None:
     assert cancelled.get_json()["status"] == "CANCELLING"
     assert isinstance(deps.launcher, InMemoryLauncher)
     job = deps.launcher.job_of(run_id, 1)
-    from spotorch.service import job_changed
+    from spotorch.app.job_events import job_changed
 
     job_changed(deps, run_id, 1, deps.launcher.get(job))
     assert isinstance(deps.checkpoints, InMemoryCheckpoints)

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from spotorch.budget import CRUD, QUOTA_WINDOW_S, SUBMIT, RequestBudget, SharedRequestBudget
-from spotorch.memory import InMemoryDocumentStore
-from spotorch.ports import DocumentStore, LaunchError
+from spotorch.adapters.budget import CRUD, QUOTA_WINDOW_S, SUBMIT, RequestBudget, SharedRequestBudget
+from spotorch.adapters.memory.twins import InMemoryDocumentStore
+from spotorch.ports.jobs import LaunchError
+from spotorch.ports.store import DocumentStore
 from spotorch.settings import Settings
 
 # Small quotas keep the emulator's share of the work small; share 1.0, blocks of a quarter.
@@ -211,7 +212,7 @@ class TestInMemorySharedBudget(SharedBudgetContract):
 class TestFirestoreSharedBudget(SharedBudgetContract):
     @pytest.fixture
     def docs(self, emulators: Any) -> DocumentStore:
-        from spotorch.store_firestore import FirestoreDocumentStore
+        from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
 
         return FirestoreDocumentStore(project=emulators.project)
 
@@ -263,9 +264,9 @@ def test_the_default_fallback_is_a_tenth_of_the_quota() -> None:
 def test_the_setting_chooses_the_shared_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Settings.from_env({"SPOTORCH_SHARED_BUDGET": "1"}).shared_budget
     assert not Settings.from_env({}).shared_budget
-    from spotorch import wiring
+    from spotorch.entrypoints import wiring
 
-    monkeypatch.setattr("spotorch.config.cached_pipelines", lambda path: ())
+    monkeypatch.setattr("spotorch.spec.loader.cached_pipelines", lambda path: ())
     shared = wiring.production_deps(Settings(project="p", shared_budget=True)).launcher
     own = wiring.production_deps(Settings(project="p")).launcher
     assert isinstance(getattr(shared, "budget", None), SharedRequestBudget)
@@ -289,9 +290,9 @@ class CountingJobs:
 
 
 def test_the_launcher_takes_every_call_from_the_shared_budget() -> None:
-    from spotorch.pipeline import Capacity, JobTemplate, WorkerPool
-    from spotorch.ports import LaunchSpec
-    from spotorch.vertex import LIST_PAGE_WAIT_S, VertexJobLauncher
+    from spotorch.adapters.gcp.vertex import LIST_PAGE_WAIT_S, VertexJobLauncher
+    from spotorch.core.pipeline import Capacity, JobTemplate, WorkerPool
+    from spotorch.ports.jobs import LaunchSpec
 
     clock = Clock(T0)
 

@@ -124,9 +124,9 @@ def test_bundle_has_no_local_stack_or_simulator(bundle: Path) -> None:
     assert not [n for n in names if n.startswith(("spotorch/local/", "spotorch/sim/"))]
     # what exists in the repository and is left out on purpose
     assert (SPOTORCH / "local" / "stack.py").is_file() and (SPOTORCH / "sim" / "simulate.py").is_file()
-    assert "spotorch/cli.py" not in names  # the operator CLI: no function imports it
-    for needed in ("main.py", "spotorch/entry.py", "spotorch/api.py", "spotorch/wiring.py",
-                   "spotorch/vertex.py", "spotorch/py.typed", "spotorch_trainer/contract.py",
+    assert "spotorch/operate/cli.py" not in names  # the operator CLI: no function imports it
+    for needed in ("main.py", "spotorch/entrypoints/functions.py", "spotorch/entrypoints/api.py", "spotorch/entrypoints/wiring.py",
+                   "spotorch/adapters/gcp/vertex.py", "spotorch/py.typed", "spotorch_trainer/contract.py",
                    "requirements.txt", "pipelines/probe.yaml"):
         assert needed in names, needed
 
@@ -141,7 +141,7 @@ def test_bundle_imports_without_repository_or_numpy(bundle: Path) -> None:
     assert report["numpy_loaded"] is False
     assert report["entry_points"] == ["api", "on_job_event", "on_object_finalized",
                                       "on_run_event", "on_tick"]
-    assert "spotorch.wiring" in report["imported"] and "spotorch.vertex" in report["imported"]
+    assert "spotorch.entrypoints.wiring" in report["imported"] and "spotorch.adapters.gcp.vertex" in report["imported"]
     assert report["outside"] == []
 
 
@@ -149,10 +149,10 @@ def test_probe_fails_without_a_bundled_module(bundle: Path, tmp_path: Path) -> N
     """The repository's own copy is out of reach: a module missing from the bundle is missing."""
     site = tmp_path / "site"
     shutil.copytree(bundle, site)
-    (site / "spotorch" / "domain.py").unlink()
+    (site / "spotorch" / "core" / "decide.py").unlink()
     result = probe(site)
     assert result.returncode != 0
-    assert "No module named 'spotorch.domain'" in result.stderr
+    assert "No module named 'spotorch.core.decide'" in result.stderr
 
 
 def test_probe_fails_on_a_module_that_needs_numpy(bundle: Path, tmp_path: Path) -> None:
@@ -176,19 +176,20 @@ def _root_with_main(tmp_path: Path, main_text: str) -> Path:
 
 def test_production_modules_are_what_main_imports(tmp_path: Path) -> None:
     modules = package.production_modules(ROOT)
-    assert {"spotorch.entry", "spotorch.api", "spotorch.wiring", "spotorch_trainer.contract"} \
+    assert {"spotorch.entrypoints.functions", "spotorch.entrypoints.api", "spotorch.entrypoints.wiring", "spotorch_trainer.contract"} \
         <= set(modules)
     # imports inside functions count: wiring imports the Firestore store only when called
-    assert "spotorch.store_firestore" in modules
+    assert "spotorch.adapters.gcp.firestore" in modules
     assert not [m for m in modules if m.startswith(("spotorch.local", "spotorch.sim"))]
-    assert "spotorch.cli" not in modules
+    assert "spotorch.operate.cli" not in modules
     # errors.py imports only the standard library: nothing else comes along
-    small = package.production_modules(_root_with_main(tmp_path, "from spotorch import errors\n"))
-    assert set(small) == {"spotorch", "spotorch.errors"}
+    small = package.production_modules(_root_with_main(tmp_path,
+                                                       "from spotorch.core import errors\n"))
+    assert set(small) == {"spotorch", "spotorch.core", "spotorch.core.errors"}
 
 
 def test_production_code_importing_the_simulator_stops_the_build(tmp_path: Path) -> None:
-    main = ("from spotorch import entry\n\n"
+    main = ("from spotorch.entrypoints import functions\n\n"
             "def on_tick(event):\n    from spotorch.sim import simulate\n    simulate.main()\n")
     root = _root_with_main(tmp_path, main)
     pipelines = tmp_path / "pipelines"

@@ -26,15 +26,17 @@ from operator_runs import (
     hardware_run,
     sweeps,
 )
-from spotorch import cli as cli_module
-from spotorch.cli import cli
-from spotorch.domain import JobPhase, Run, TrainerReported
-from spotorch.memory import InMemoryLauncher
+from spotorch.adapters.memory.twins import InMemoryLauncher
+from spotorch.app.deps import Deps
+from spotorch.app.job_events import job_changed, trainer_reported
+from spotorch.app.queries import DocumentRunReader, DocumentSweepReader
+from spotorch.core.model import JobPhase, Run
+from spotorch.core.observations import TrainerReported
+from spotorch.operate import cli as cli_module
 from spotorch.operate.backend import Backend, HttpActions, OperatorError
+from spotorch.operate.cli import cli
 from spotorch.operate.logsource import CloudLoggingSource, LocalWorkerLogs
-from spotorch.operate.reads import DocumentRunReader, DocumentSweepReader
 from spotorch.operate.target import TargetError, check_url, resolve
-from spotorch.service import Deps, job_changed, trainer_reported
 
 ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
 
@@ -45,7 +47,7 @@ class ApiActions:
     def __init__(self, deps: Deps, monkeypatch: pytest.MonkeyPatch) -> None:
         import functions_framework
 
-        from spotorch import entry
+        from spotorch.entrypoints import functions as entry
 
         monkeypatch.setattr(entry, "deps", lambda: deps)
         main = str(Path(__file__).resolve().parent.parent / "functions" / "main.py")

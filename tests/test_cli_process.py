@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 
 from operator_runs import deps_for, every_kind
-from spotorch.domain import Run
+from spotorch.core.model import Run
 from spotorch.local.emulators import free_port
 
 pytestmark = pytest.mark.emulator
 ROOT = Path(__file__).resolve().parent.parent
-SPOTORCH = [sys.executable, "-m", "spotorch.cli"]
+SPOTORCH = [sys.executable, "-m", "spotorch.operate.cli"]
 
 
 @pytest.fixture
@@ -31,8 +31,8 @@ def served(firestore_emulator: Any, monkeypatch: pytest.MonkeyPatch,
     import functions_framework
     from werkzeug.serving import make_server
 
-    from spotorch import entry
-    from spotorch.store_firestore import FirestoreDocumentStore
+    from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
+    from spotorch.entrypoints import functions as entry
 
     deps = deps_for(FirestoreDocumentStore(project=firestore_emulator.project))
     runs = every_kind(deps)
@@ -122,7 +122,7 @@ def test_a_closed_pipe_ends_quietly(served: tuple[dict[str, str], dict[str, Run]
 
 def test_the_cli_starts_without_cloud_clients() -> None:
     """`spotorch --help` imports neither Rich nor any Google client (it must start fast)."""
-    code = ("import sys; from spotorch import cli; cli.main(['--help']); "
+    code = ("import sys; from spotorch.operate import cli; cli.main(['--help']); "
             "heavy = sorted(m for m in sys.modules if m.startswith(('google.', 'rich', 'grpc'))"
             " and m != 'google.cloud');"  # the namespace packages site's .pth files import
             "print(heavy, file=sys.stderr)")

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from spotorch import config
-from spotorch.config import (
+from spotorch.core.errors import ConfigError, Problem
+from spotorch.core.pipeline import BatchMode, EscalationKind, OnActiveRun
+from spotorch.spec import loader as config
+from spotorch.spec.loader import (
     cached_pipelines,
     check_file,
     clear_pipeline_cache,
@@ -19,8 +21,6 @@ from spotorch.config import (
     parse_duration,
     validate_main,
 )
-from spotorch.errors import ConfigError, Problem
-from spotorch.pipeline import BatchMode, EscalationKind, OnActiveRun
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "pipelines"

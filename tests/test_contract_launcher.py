@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from spotorch.domain import JobPhase, JobStatus
-from spotorch.memory import InMemoryLauncher
-from spotorch.pipeline import Capacity, JobTemplate, WorkerPool
-from spotorch.ports import LABEL_ATTEMPT, LABEL_RUN, JobLauncher, LaunchError, LaunchSpec, label_value
-from spotorch.vertex import RetryPolicy, VertexJobLauncher
+from spotorch.adapters.gcp.vertex import RetryPolicy, VertexJobLauncher
+from spotorch.adapters.memory.twins import InMemoryLauncher
+from spotorch.core.model import JobPhase, JobStatus
+from spotorch.core.pipeline import Capacity, JobTemplate, WorkerPool
+from spotorch.ports.jobs import LABEL_ATTEMPT, LABEL_RUN, JobLauncher, LaunchError, LaunchSpec, label_value
 
 REGION = "us-central1"
 LIVE = (JobPhase.QUEUED, JobPhase.PENDING, JobPhase.RUNNING)

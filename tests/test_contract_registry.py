@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from spotorch.registry import (
+from spotorch.adapters.gcp.vertex import RetryPolicy
+from spotorch.adapters.memory.registry import MemoryExperimentTracker, MemoryModelRegistry
+from spotorch.ports.registry import (
     ALIAS_BEST,
     ALIAS_LATEST,
     ExperimentRun,
@@ -18,8 +20,6 @@ from spotorch.registry import (
     ModelUpload,
     RegistryError,
 )
-from spotorch.registry_memory import MemoryExperimentTracker, MemoryModelRegistry
-from spotorch.vertex import RetryPolicy
 
 REGION = "us-central1"
 PROJECT = "spotorch-test"
@@ -119,13 +119,13 @@ def address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 class TestVertexOnTheEmulator(RegistryContract):
     @pytest.fixture
     def registry(self, address: str) -> ModelRegistry:
-        from spotorch.registry_vertex import VertexModelRegistry
+        from spotorch.adapters.gcp.registry import VertexModelRegistry
 
         return VertexModelRegistry(PROJECT, endpoint=address, retry=RetryPolicy(attempts=2))
 
     @pytest.fixture
     def tracker(self, address: str) -> ExperimentTracker:
-        from spotorch.registry_vertex import VertexExperimentTracker
+        from spotorch.adapters.gcp.registry import VertexExperimentTracker
 
         return VertexExperimentTracker(PROJECT, endpoint=address, retry=RetryPolicy(attempts=2))
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from spotorch.domain import new_run
-from spotorch.memory import InMemoryDocumentStore
-from spotorch.pipeline import Pipeline, Trigger
-from spotorch.ports import MAX_BATCH_WRITES, AddTo, ConflictError, DocumentStore, InvalidDocument
-from spotorch.store import DocumentRunStore
+from spotorch.adapters.memory.twins import InMemoryDocumentStore
+from spotorch.app.run_store import DocumentRunStore
+from spotorch.core.decide import new_run
+from spotorch.core.pipeline import Pipeline, Trigger
+from spotorch.ports.store import MAX_BATCH_WRITES, AddTo, ConflictError, DocumentStore, InvalidDocument
 
 
 class DocumentStoreContract:
@@ -135,7 +135,7 @@ class DocumentStoreContract:
                                                                 store: DocumentStore) -> None:
         from dataclasses import replace
 
-        from spotorch.domain import AttemptState, Probe
+        from spotorch.core.model import AttemptState, Probe
 
         runs = DocumentRunStore(store, collection=f"runs{uuid.uuid4().hex[:6]}")
         p = Pipeline(name="p", trigger=Trigger(bucket="b"), checkpoint_uri="gs://c",
@@ -173,6 +173,6 @@ class TestInMemoryDocumentStore(DocumentStoreContract):
 class TestFirestoreDocumentStore(DocumentStoreContract):
     @pytest.fixture
     def store(self, emulators: Any) -> DocumentStore:
-        from spotorch.store_firestore import FirestoreDocumentStore
+        from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
 
         return FirestoreDocumentStore(project=emulators.project)

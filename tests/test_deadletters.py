@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from spotorch import deadletters
-from spotorch.ids import message_key
+from spotorch.core.ids import message_key
+from spotorch.operate import deadletters
 from spotorch.settings import COLLECTION_FAILURES
 
 pytestmark = pytest.mark.emulator
@@ -28,7 +28,7 @@ def test_a_dead_letter_is_listed_with_its_reason_and_replayed(emulators: Any) ->
     from google.cloud import pubsub_v1
     from google.cloud.pubsub_v1.types import DeadLetterPolicy
 
-    from spotorch.store_firestore import FirestoreDocumentStore
+    from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
 
     project, tag = emulators.project, uuid.uuid4().hex[:6]
     pub, sub = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()

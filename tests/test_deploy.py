@@ -289,7 +289,7 @@ def _literal(node: ast.expr, names: Mapping[str, Any]) -> Any:
 
 def spotorch_constant(name: str, root: Path = SPOTORCH) -> Any:
     """A top-level constant from whichever spotorch module defines it (None if none does)."""
-    for path in sorted(root.glob("*.py"), key=lambda p: (p.name != "notify.py", p.name)):
+    for path in sorted(root.rglob("*.py"), key=lambda p: (p.name != "notify.py", str(p))):
         constants = _module_constants(path)
         if name in constants:
             return constants[name]
@@ -303,7 +303,7 @@ def secret_env_names() -> tuple[str, ...] | None:
 
 def required_indexes() -> tuple[tuple[str, tuple[str, ...]], ...]:
     """Composite indexes the store declares, plus the single fields it queries."""
-    from spotorch.store_firestore import QUERIED_FIELDS, REQUIRED_INDEXES
+    from spotorch.adapters.gcp.firestore import QUERIED_FIELDS, REQUIRED_INDEXES
 
     return tuple(REQUIRED_INDEXES) + tuple((c, (f,)) for c, f in QUERIED_FIELDS)
 
@@ -1181,7 +1181,7 @@ def test_bundle_imports_from_itself(pipelines: Path, tmp_path: Path) -> None:
     site = tmp_path / "site"
     zipfile.ZipFile(out).extractall(site)
     probe = ("import main, spotorch, spotorch_trainer, pathlib\n"
-             "from spotorch.events import find_schemas_dir\n"
+             "from spotorch.spec.event_schemas import find_schemas_dir\n"
              "here = pathlib.Path.cwd().resolve()\n"
              "assert pathlib.Path(spotorch.__file__).resolve().is_relative_to(here)\n"
              "assert pathlib.Path(spotorch_trainer.__file__).resolve().is_relative_to(here)\n"

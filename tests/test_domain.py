@@ -6,31 +6,30 @@ from dataclasses import replace
 
 import pytest
 
-from spotorch.domain import (
+from spotorch.core.context import Context
+from spotorch.core.decide import decide, new_run
+from spotorch.core.events import kind_of
+from spotorch.core.intents import CancelIntent, LaunchIntent, PublishIntent
+from spotorch.core.model import (
     TRANSITIONS,
     AttemptState,
-    CancelIntent,
-    CancelRequested,
     Checkpoint,
-    Context,
     FailureClass,
-    IntentDone,
-    JobObserved,
     JobPhase,
     JobStatus,
-    LaunchDone,
-    LaunchFailed,
-    LaunchIntent,
-    PublishIntent,
     Run,
     RunStatus,
+)
+from spotorch.core.observations import (
+    CancelRequested,
+    IntentDone,
+    JobObserved,
+    LaunchDone,
+    LaunchFailed,
     Tick,
     TrainerReported,
-    decide,
-    new_run,
 )
-from spotorch.events import kind_of
-from spotorch.pipeline import Capacity, EscalationKind, Pipeline, RecoveryPolicy, Trigger
+from spotorch.core.pipeline import Capacity, EscalationKind, Pipeline, RecoveryPolicy, Trigger
 
 T0 = 1_800_000_000.0
 
@@ -358,8 +357,8 @@ def test_a_run_past_its_cost_budget_is_stopped_and_fails_with_budget() -> None:
 
 
 def test_cost_estimate_uses_accelerator_list_prices() -> None:
-    from spotorch.domain import cost_estimate
-    from spotorch.pipeline import WorkerPool
+    from spotorch.core.decide import cost_estimate
+    from spotorch.core.pipeline import WorkerPool
 
     p = replace(pipeline(), job=replace(pipeline().job, worker_pools=(
         WorkerPool(accelerator_type="NVIDIA_TESLA_A100", accelerator_count=8, replica_count=2),)))
@@ -368,7 +367,7 @@ def test_cost_estimate_uses_accelerator_list_prices() -> None:
 
 
 def test_spot_history_counts_only_what_spot_attempts_showed() -> None:
-    from spotorch.domain import spot_history
+    from spotorch.core.escalation import spot_history
 
     p = pipeline(escalation=EscalationKind.NEVER)
     run = started(p)  # spot, running from T0

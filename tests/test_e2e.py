@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 
-from spotorch.domain import Run
-from spotorch.events import kind_of, validate_event
+from spotorch.core.events import kind_of
+from spotorch.core.model import Run
 from spotorch.local.demo import SCENARIOS, DemoStack, demo_stack, run_demo
+from spotorch.spec.event_schemas import validate_event
 
 pytestmark = [pytest.mark.emulator, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,7 +75,7 @@ def stack_run(default_story: DefaultStory, tmp_path_factory: pytest.TempPathFact
 
 def spotorch(env: dict[str, str], state: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """The CLI finding the local stack by its state file alone (no env exports)."""
-    return subprocess.run([sys.executable, "-m", "spotorch.cli", "--stack-state", str(state), *args],
+    return subprocess.run([sys.executable, "-m", "spotorch.operate.cli", "--stack-state", str(state), *args],
                           env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
@@ -152,7 +153,7 @@ class TestDefaultStory:
 
         from spotorch.operate.backend import backend_for
         from spotorch.operate.target import resolve
-        from spotorch.ui.server import UIServer
+        from spotorch.operate.ui.server import UIServer
         from test_ui import CHROMIUM_FLAGS, _ensure_chromium, _shot
 
         env, state, run = stack_run

@@ -14,21 +14,16 @@ from typing import Any
 
 import pytest
 
-from spotorch import service
-from spotorch.entry import parse_trainer_message
-from spotorch.memory import InMemoryCheckpoints, InMemoryObjectStore, InMemoryPublisher
-from spotorch.pipeline import (
-    EscalationKind,
-    JobTemplate,
-    Pipeline,
-    RecoveryPolicy,
-    Trigger,
-    WorkerPool,
-)
-from spotorch.sweep import SweepStatus, TrialStatus, trial_run_id
-from spotorch.sweep_service import load_sweep, start_sweep, sweep_summary
-from spotorch.sweep_spec import Goal, MedianStopping, ModelRegistration, Parameter, SweepSpec
-from spotorch.vertex import RetryPolicy
+from spotorch.adapters.gcp.vertex import RetryPolicy
+from spotorch.adapters.memory.twins import InMemoryCheckpoints, InMemoryObjectStore, InMemoryPublisher
+from spotorch.app.deps import Deps
+from spotorch.app.job_events import trainer_reported
+from spotorch.app.sweeps import load_sweep, start_sweep, sweep_summary
+from spotorch.app.tick import tick
+from spotorch.core.pipeline import EscalationKind, JobTemplate, Pipeline, RecoveryPolicy, Trigger, WorkerPool
+from spotorch.core.sweep_spec import Goal, MedianStopping, ModelRegistration, Parameter, SweepSpec
+from spotorch.core.sweeps import SweepStatus, TrialStatus, trial_run_id
+from spotorch.entrypoints.functions import parse_trainer_message
 
 pytestmark = [pytest.mark.emulator, pytest.mark.slow, pytest.mark.extended]
 
@@ -45,11 +40,11 @@ def test_a_sweep_runs_its_trials_stops_one_early_resumes_a_preempted_one_and_reg
         firestore_emulator: Any, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     from google.cloud import pubsub_v1
 
+    from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
+    from spotorch.adapters.gcp.registry import VertexExperimentTracker, VertexModelRegistry
+    from spotorch.adapters.gcp.vertex import VertexJobLauncher
+    from spotorch.app.run_store import DocumentRunStore
     from spotorch.local.vertex_emulator import VertexEmulator
-    from spotorch.registry_vertex import VertexExperimentTracker, VertexModelRegistry
-    from spotorch.store import DocumentRunStore
-    from spotorch.store_firestore import FirestoreDocumentStore
-    from spotorch.vertex import VertexJobLauncher
 
     project = firestore_emulator.project
     data = tmp_path / "data"
@@ -88,7 +83,7 @@ def test_a_sweep_runs_its_trials_stops_one_early_resumes_a_preempted_one_and_reg
                                               "sklearn-cpu.1-3:latest"))
     docs = FirestoreDocumentStore(project=project)
     retry = RetryPolicy(attempts=2, base_s=0.1)
-    deps = service.Deps(
+    deps = Deps(
         runs=DocumentRunStore(docs), docs=docs,
         launcher=VertexJobLauncher(project, endpoint=address, retry=retry),
         checkpoints=InMemoryCheckpoints(), publisher=InMemoryPublisher(),
@@ -106,14 +101,14 @@ def test_a_sweep_runs_its_trials_stops_one_early_resumes_a_preempted_one_and_reg
         for received in response.received_messages:
             try:
                 report, run_id, event_id = parse_trainer_message(received.message.data)
-                service.trainer_reported(deps, run_id, report, event_id=event_id or None)
+                trainer_reported(deps, run_id, report, event_id=event_id or None)
             except Exception as exc:  # what entry.guarded would record as rejected
                 print("rejected trainer event:", exc)
         if response.received_messages:
             subscriber.acknowledge(subscription=subscription,
                                    ack_ids=[m.ack_id for m in response.received_messages])
         if time.monotonic() >= next_tick:
-            service.tick(deps)
+            tick(deps)
             next_tick = time.monotonic() + 1.0
         sw = load_sweep(deps, sweep_id)[0]
         if sw is not None and not sw.active:

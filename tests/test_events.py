@@ -13,19 +13,12 @@ from typing import Any
 
 import pytest
 
-from spotorch import events
-from spotorch.domain import FailureClass
-from spotorch.events import (
-    EVENT_KINDS,
-    build_event,
-    event_type,
-    find_schemas_dir,
-    from_pubsub,
-    kind_of,
-    to_pubsub,
-    validate_event,
-)
-from spotorch.pipeline import Capacity
+from spotorch.core import events
+from spotorch.core.events import EVENT_KINDS, build_event, event_type, from_pubsub, kind_of, to_pubsub
+from spotorch.core.model import FailureClass
+from spotorch.core.pipeline import Capacity
+from spotorch.spec import event_schemas
+from spotorch.spec.event_schemas import find_schemas_dir, validate_event
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = ROOT / "schemas" / "events"
@@ -254,8 +247,8 @@ def test_schemas_found_in_repo_bundle_or_env(tmp_path: Path) -> None:
     (bundle / "spotorch").mkdir()
     assert find_schemas_dir(bundle / "spotorch", environ={}) == bundle / "schemas" / "events"
     # an explicit directory wins
-    assert find_schemas_dir(tmp_path / "x", environ={events.SCHEMAS_ENV: str(SCHEMAS)}) == SCHEMAS
-    with pytest.raises(events.SchemasNotFound, match="SPOTORCH_SCHEMAS_DIR"):
+    assert find_schemas_dir(tmp_path / "x", environ={event_schemas.SCHEMAS_ENV: str(SCHEMAS)}) == SCHEMAS
+    with pytest.raises(event_schemas.SchemasNotFound, match="SPOTORCH_SCHEMAS_DIR"):
         find_schemas_dir(tmp_path / "nowhere" / "spotorch", environ={})
 
 
@@ -266,7 +259,7 @@ def test_validation_works_from_a_bundle_layout(tmp_path: Path) -> None:
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(SCHEMAS, bundle / "schemas" / "events")
     event = copy.deepcopy(sample("run.succeeded"))
-    code = ("import json, sys, spotorch.events as e; ev = json.loads(sys.argv[1]); "
+    code = ("import json, sys, spotorch.spec.event_schemas as e; ev = json.loads(sys.argv[1]); "
             "found = e.find_schemas_dir(); "
             "assert found.parent.parent == e.Path(sys.argv[2]), found; "
             "print(json.dumps(e.validate_event(ev)))")

@@ -13,11 +13,11 @@ from cloudevents.conversion import to_structured
 from cloudevents.http import CloudEvent
 
 from fakes import fake_deps
-from spotorch import entry
-from spotorch.domain import FailureClass, JobPhase, RunStatus
-from spotorch.memory import InMemoryLauncher, InMemoryObjectStore
-from spotorch.pipeline import BatchMode, EscalationKind, Pipeline, RecoveryPolicy, Trigger
-from spotorch.service import Deps
+from spotorch.adapters.memory.twins import InMemoryLauncher, InMemoryObjectStore
+from spotorch.app.deps import Deps
+from spotorch.core.model import FailureClass, JobPhase, RunStatus
+from spotorch.core.pipeline import BatchMode, EscalationKind, Pipeline, RecoveryPolicy, Trigger
+from spotorch.entrypoints import functions as entry
 
 MAIN = str(Path(__file__).resolve().parent.parent / "functions" / "main.py")
 
@@ -193,12 +193,12 @@ def test_a_transient_failure_is_redelivered_and_its_reason_kept_for_dead_letters
         deps: Deps, monkeypatch: pytest.MonkeyPatch) -> None:
     from google.api_core import exceptions as gexc
 
-    from spotorch import service
-    from spotorch.ids import message_key
+    from spotorch.app import job_events
+    from spotorch.core.ids import message_key
 
     def unavailable(*args: Any, **kwargs: Any) -> Any:
         raise gexc.ServiceUnavailable("firestore is down")
-    monkeypatch.setattr(service, "trainer_reported", unavailable)
+    monkeypatch.setattr(job_events, "trainer_reported", unavailable)
     body = json.dumps({"kind": "progress", "run_id": "demo-x", "attempt": 1, "step": 1}).encode()
     attributes = {"spotorch_source": "trainer"}
     resp = post("on_job_event", pubsub_event(body, attributes, "flaky"))

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from google.cloud import aiplatform_v1 as v1
 
-from spotorch.config import inspect_file
-from spotorch.hardware import (
+from spotorch.adapters.gcp.vertex import build_custom_job
+from spotorch.core.hardware import (
     Outlook,
     ProbeResult,
     apply,
@@ -23,9 +23,9 @@ from spotorch.hardware import (
     result_of,
     table_lines,
 )
-from spotorch.pipeline import Capacity, HardwareCandidate, HardwareSearch, Pipeline, Trigger
-from spotorch.ports import LaunchSpec
-from spotorch.vertex import build_custom_job
+from spotorch.core.pipeline import Capacity, HardwareCandidate, HardwareSearch, Pipeline, Trigger
+from spotorch.ports.jobs import LaunchSpec
+from spotorch.spec.loader import inspect_file
 
 HEAD = """\
     version: 1
@@ -323,8 +323,8 @@ def test_advise_prints_the_table_from_earlier_probes_without_launching(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    from spotorch.cli import main
-    from spotorch.config import load_pipeline
+    from spotorch.operate.cli import main
+    from spotorch.spec.loader import load_pipeline
 
     example = Path(__file__).resolve().parents[1] / "examples" / "hardware" / "tabular-ranker.yaml"
     pipeline = load_pipeline(example)

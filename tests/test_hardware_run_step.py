@@ -11,12 +11,21 @@ from __future__ import annotations
 import json
 
 from fakes import fake_deps
-from spotorch import domain
-from spotorch.domain import JobPhase, RunStatus
-from spotorch.events import kind_of, validate_event
-from spotorch.hardware import cache_key
-from spotorch.memory import InMemoryCheckpoints, InMemoryLauncher, InMemoryPublisher, ManualClock
-from spotorch.pipeline import (
+from spotorch.adapters.memory.twins import (
+    InMemoryCheckpoints,
+    InMemoryLauncher,
+    InMemoryPublisher,
+    ManualClock,
+)
+from spotorch.app.deps import Deps
+from spotorch.app.hardware_probes import load_cache
+from spotorch.app.job_events import job_line_reported
+from spotorch.app.runs import cancel_run, start_run
+from spotorch.app.tick import tick
+from spotorch.core.events import kind_of
+from spotorch.core.hardware import cache_key
+from spotorch.core.model import JobPhase, Run, RunStatus
+from spotorch.core.pipeline import (
     EscalationKind,
     HardwareCandidate,
     HardwareSearch,
@@ -27,9 +36,8 @@ from spotorch.pipeline import (
     Trigger,
     WorkerPool,
 )
-from spotorch.ports import LABEL_ATTEMPT, LABEL_PROBE, LABEL_RUN
-from spotorch.probes import load_cache
-from spotorch.service import Deps, cancel_run, job_line_reported, start_run, tick
+from spotorch.ports.jobs import LABEL_ATTEMPT, LABEL_PROBE, LABEL_RUN
+from spotorch.spec.event_schemas import validate_event
 
 CPU = HardwareCandidate("cpu", "n1-standard-8")
 L4 = HardwareCandidate("l4", "g2-standard-8", "NVIDIA_L4", 1)
@@ -53,13 +61,13 @@ def parts(deps: Deps) -> tuple[InMemoryLauncher, InMemoryCheckpoints, ManualCloc
     return deps.launcher, deps.checkpoints, deps.clock
 
 
-def start(deps: Deps) -> domain.Run:
+def start(deps: Deps) -> Run:
     run = start_run(deps, "p", run_id="r1", data_uri="gs://b/d/", snapshot_id="s", reason="t")
     assert run is not None
     return run
 
 
-def load(deps: Deps) -> domain.Run:
+def load(deps: Deps) -> Run:
     run, _ = deps.runs.load("r1")
     assert run is not None
     return run

@@ -1,4 +1,4 @@
-"""Training-health rules (spotorch.health): pure functions, tables of inputs -> findings."""
+"""Training-health rules (spotorch.core.health): pure functions, tables of inputs -> findings."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from spotorch import health as hp
-from spotorch.health import HealthPolicy, KnownCheckpoint, MetricMode, Rule
+from spotorch.core import health as hp
+from spotorch.core.health import HealthPolicy, KnownCheckpoint, MetricMode, Rule
 
 P = HealthPolicy()
 

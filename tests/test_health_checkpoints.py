@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from spotorch.checkpoints import StorageCheckpointStore
-from spotorch.domain import Checkpoint
-from spotorch.memory import InMemoryCheckpoints
-from spotorch.ports import CheckpointStore
+from spotorch.adapters.gcp.checkpoints import StorageCheckpointStore
+from spotorch.adapters.memory.twins import InMemoryCheckpoints
+from spotorch.core.model import Checkpoint
+from spotorch.ports.storage import CheckpointStore
 from spotorch_trainer import contract
 from spotorch_trainer.checkpoints import write_checkpoint
 from spotorch_trainer.storage import GcsStorage, LocalStorage, Storage

@@ -8,33 +8,21 @@ from dataclasses import replace
 import pytest
 
 from fakes import fake_deps
-from spotorch import service
-from spotorch.domain import (
-    TRANSITIONS,
-    CancelIntent,
-    Checkpoint,
-    CheckpointsDeleted,
-    Context,
-    DeleteCheckpointsIntent,
-    FailureClass,
-    JobObserved,
-    JobPhase,
-    JobStatus,
-    LaunchDone,
-    LaunchIntent,
-    PublishIntent,
-    Run,
-    RunStatus,
-    Tick,
-    TrainerReported,
-    checkpoint_advice,
-    decide,
-    new_run,
-)
-from spotorch.events import kind_of, validate_event
-from spotorch.health import DivergenceAction, HealthPolicy
-from spotorch.memory import InMemoryCheckpoints, InMemoryLauncher
-from spotorch.pipeline import JobTemplate, Pipeline, RecoveryPolicy, Trigger, WorkerPool
+from spotorch.adapters.memory.twins import InMemoryCheckpoints, InMemoryLauncher
+from spotorch.app import tick as reconcile_tick
+from spotorch.app.job_events import trainer_reported
+from spotorch.app.launch_specs import launch_spec
+from spotorch.app.runs import run_summary, start_run
+from spotorch.core.context import Context
+from spotorch.core.decide import decide, new_run
+from spotorch.core.events import kind_of
+from spotorch.core.health import DivergenceAction, HealthPolicy
+from spotorch.core.intents import CancelIntent, DeleteCheckpointsIntent, LaunchIntent, PublishIntent
+from spotorch.core.model import TRANSITIONS, Checkpoint, FailureClass, JobPhase, JobStatus, Run, RunStatus
+from spotorch.core.observations import CheckpointsDeleted, JobObserved, LaunchDone, Tick, TrainerReported
+from spotorch.core.pipeline import JobTemplate, Pipeline, RecoveryPolicy, Trigger, WorkerPool
+from spotorch.core.training_health import checkpoint_advice
+from spotorch.spec.event_schemas import validate_event
 from spotorch_trainer import contract
 
 T0 = 1_800_000_000.0
@@ -404,57 +392,57 @@ def test_service_deletes_what_retention_dooms_and_records_the_bytes() -> None:
     deps = fake_deps(p)
     store = deps.checkpoints
     assert isinstance(store, InMemoryCheckpoints)
-    run = service.start_run(deps, "p", run_id="r1", data_uri="gs://b/d/", snapshot_id="s",
+    run = start_run(deps, "p", run_id="r1", data_uri="gs://b/d/", snapshot_id="s",
                             reason="test")
     assert run is not None
     launcher = deps.launcher
     assert isinstance(launcher, InMemoryLauncher)
     job = launcher.job_of("r1", 1)
     launcher.set_status(job, JobPhase.RUNNING)
-    service.tick(deps)
+    reconcile_tick.tick(deps)
     for step, size in ((100, 1000), (200, 2000), (300, 3000)):
         store.put(ROOT, step, size=size)
     store.put(ROOT, 400, complete=False, size=5)  # being written: never deleted
     for step in (100, 200, 300):
-        run = service.trainer_reported(deps, "r1", TrainerReported(
+        run = trainer_reported(deps, "r1", TrainerReported(
             1, "checkpoint", deps.clock.now(), step=step, total_steps=1000,
             checkpoint_uri=contract.checkpoint_uri(ROOT, step)))
     assert [c.step for c in store.list(ROOT)] == [200, 300, 400]
     assert run.health.bytes_reclaimed == 1000 and run.health.deleted_checkpoints == 1
     assert not any(isinstance(i, DeleteCheckpointsIntent) for i in run.outbox)
     launcher.set_status(job, JobPhase.SUCCEEDED)
-    run = service.tick(deps)[0]
+    run = reconcile_tick.tick(deps)[0]
     assert run.status is RunStatus.SUCCEEDED
     assert [c.step for c in store.list(ROOT)] == [300, 400]  # keep_last_on_end 1
     assert run.health.bytes_reclaimed == 3000
-    assert service.run_summary(run)["health"]["bytes_reclaimed"] == 3000
+    assert run_summary(run)["health"]["bytes_reclaimed"] == 3000
 
 
 def test_service_launches_the_fallback_machine_and_exact_resume() -> None:
     p = pipeline(fallback_machines=("n1-highmem-8",))
     deps = fake_deps(p)
-    run = service.start_run(deps, "p", run_id="r1", data_uri="gs://b/d/", snapshot_id="s",
+    run = start_run(deps, "p", run_id="r1", data_uri="gs://b/d/", snapshot_id="s",
                             reason="test")
     assert run is not None
     launcher = deps.launcher
     assert isinstance(launcher, InMemoryLauncher)
     launcher.set_status(launcher.job_of("r1", 1), JobPhase.FAILED,
                         failure=FailureClass.OUT_OF_MEMORY, exit_code=137)
-    run = service.tick(deps)[0]
+    run = reconcile_tick.tick(deps)[0]
     spec = launcher.jobs[launcher.job_of("r1", 2)].spec
     assert spec.template.worker_pools[0].machine_type == "n1-highmem-8"
     assert contract.ENV_RESUME_EXACT not in spec.env
     intent = LaunchIntent("x", 3, run.attempts[-1].capacity, "us-central1", resume_step=5,
                           resume_uri="u", resume_exact=True)
-    assert service.launch_spec(deps, run, intent).env[contract.ENV_RESUME_EXACT] == "1"
+    assert launch_spec(deps, run, intent).env[contract.ENV_RESUME_EXACT] == "1"
 
 
 @pytest.mark.emulator
 def test_health_state_round_trips_through_firestore(emulators: object) -> None:
     import uuid
 
-    from spotorch.store import DocumentRunStore
-    from spotorch.store_firestore import FirestoreDocumentStore
+    from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
+    from spotorch.app.run_store import DocumentRunStore
 
     p = pipeline(keep_last=2, keep_best_metric="loss",
                  divergence_action=DivergenceAction.RELAUNCH)
@@ -486,16 +474,16 @@ def test_a_relaunch_after_divergence_waits_until_the_diverged_checkpoints_are_go
     deps.checkpoints = store
     launcher = deps.launcher
     assert isinstance(launcher, InMemoryLauncher)
-    service.start_run(deps, "p", run_id="r1", data_uri="gs://b/d/", snapshot_id="s",
+    start_run(deps, "p", run_id="r1", data_uri="gs://b/d/", snapshot_id="s",
                       reason="test")
     job = launcher.job_of("r1", 1)
     launcher.set_status(job, JobPhase.RUNNING)
-    service.tick(deps)
+    reconcile_tick.tick(deps)
     now = deps.clock.now
 
     def say(kind: str, step: int, **fields: object) -> Run:
         deps.clock.advance(5)  # progress reports closer than 1 s are coalesced
-        return service.trainer_reported(deps, "r1", TrainerReported(
+        return trainer_reported(deps, "r1", TrainerReported(
             1, kind, now(), step=step, total_steps=1000, **fields))  # type: ignore[arg-type]
 
     say("started", 0, report_interval_s=10.0)
@@ -508,12 +496,12 @@ def test_a_relaunch_after_divergence_waits_until_the_diverged_checkpoints_are_go
     assert run.current is not None and run.current.cancel_reason == "diverged"
     assert job in launcher.cancelled
     store.failing = 1
-    run = service.tick(deps)[0]  # the cancelled job ends: roll back, relaunch
+    run = reconcile_tick.tick(deps)[0]  # the cancelled job ends: roll back, relaunch
     assert run.latest_checkpoint is not None and run.latest_checkpoint.step == 20
     assert launcher.created == 1  # the launch waits: step 30 is still there
     assert any(isinstance(i, DeleteCheckpointsIntent) for i in run.outbox)
     deps.clock.advance(200)  # the claims expire; the tick carries both out, deletion first
-    run = service.tick(deps)[0]
+    run = reconcile_tick.tick(deps)[0]
     assert [c.step for c in store.list(ROOT)] == [10, 20]
     assert launcher.created == 2
     spec = launcher.jobs[launcher.job_of("r1", 2)].spec
@@ -525,14 +513,14 @@ def test_a_nan_loss_is_never_coalesced_away() -> None:
     """Progress reports within COALESCE_S are dropped, except one that names a NaN loss."""
     p = pipeline()
     deps = fake_deps(p)
-    service.start_run(deps, "p", run_id="r1", data_uri="gs://b/d/", snapshot_id="s",
+    start_run(deps, "p", run_id="r1", data_uri="gs://b/d/", snapshot_id="s",
                       reason="test")
     now = deps.clock.now()
-    service.trainer_reported(deps, "r1", TrainerReported(
+    trainer_reported(deps, "r1", TrainerReported(
         1, "progress", now, step=10, total_steps=1000, metrics={"loss": 1.0}))
-    run = service.trainer_reported(deps, "r1", TrainerReported(
+    run = trainer_reported(deps, "r1", TrainerReported(
         1, "progress", now + 0.1, step=11, total_steps=1000, metrics={"loss": 0.9}))
     assert run.progress.step == 10  # coalesced
-    run = service.trainer_reported(deps, "r1", TrainerReported(
+    run = trainer_reported(deps, "r1", TrainerReported(
         1, "progress", now + 0.2, step=12, total_steps=1000, nonfinite=("loss",)))
     assert run.status is RunStatus.CANCELLING and run.stop_status is RunStatus.FAILED_DIVERGED

@@ -21,26 +21,16 @@ from pathlib import Path
 
 import pytest
 
-from spotorch.domain import (
-    Context,
-    FailureClass,
-    JobObserved,
-    JobPhase,
-    JobStatus,
-    LaunchDone,
-    LaunchIntent,
-    PublishIntent,
-    Run,
-    RunStatus,
-    Tick,
-    decide,
-    new_run,
-)
-from spotorch.entry import parse_trainer_message
-from spotorch.events import kind_of
-from spotorch.health import HealthPolicy
-from spotorch.pipeline import JobTemplate, Pipeline, RecoveryPolicy, Trigger, WorkerPool
-from spotorch.vertex import classify
+from spotorch.adapters.gcp.vertex import classify
+from spotorch.core.context import Context
+from spotorch.core.decide import decide, new_run
+from spotorch.core.events import kind_of
+from spotorch.core.health import HealthPolicy
+from spotorch.core.intents import LaunchIntent, PublishIntent
+from spotorch.core.model import FailureClass, JobPhase, JobStatus, Run, RunStatus
+from spotorch.core.observations import JobObserved, LaunchDone, Tick
+from spotorch.core.pipeline import JobTemplate, Pipeline, RecoveryPolicy, Trigger, WorkerPool
+from spotorch.entrypoints.functions import parse_trainer_message
 from spotorch_trainer import contract
 
 pytestmark = pytest.mark.slow  # real processes that sleep and hang: ~15 s in all

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from spotorch.domain import Context, RunStatus, decide, new_run
-from spotorch.entry import parse_trainer_message
-from spotorch.errors import InvalidEvent
-from spotorch.pipeline import Pipeline, Trigger
+from spotorch.core.context import Context
+from spotorch.core.decide import decide, new_run
+from spotorch.core.errors import InvalidEvent
+from spotorch.core.model import RunStatus
+from spotorch.core.pipeline import Pipeline, Trigger
+from spotorch.entrypoints.functions import parse_trainer_message
 from spotorch_trainer import ListReporter, Run, TrainerEnv, contract, event_message
 from spotorch_trainer.checkpoints import write_checkpoint
 from spotorch_trainer.run import resume_point

@@ -1,13 +1,13 @@
-"""Out-of-memory classification of Vertex AI job errors (spotorch.vertex, training health)."""
+"""Out-of-memory classification of Vertex AI job errors (spotorch.adapters.gcp.vertex, training health)."""
 
 from __future__ import annotations
 
 import pytest
 
-from spotorch.domain import FailureClass
-from spotorch.health import HealthPolicy
-from spotorch.pipeline import RecoveryPolicy
-from spotorch.vertex import Classifier, JobState, classify
+from spotorch.adapters.gcp.vertex import Classifier, JobState, classify
+from spotorch.core.health import HealthPolicy
+from spotorch.core.model import FailureClass
+from spotorch.core.pipeline import RecoveryPolicy
 
 EXITED = ("The replica workerpool0-0 exited with a non-zero status of {}. Termination reason: {}. "
           "To find out more about why your job exited please check the logs: "

@@ -16,9 +16,9 @@ from cloudevents.http import CloudEvent
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spotorch.domain import RunStatus
-from spotorch.memory import InMemoryLauncher
-from spotorch.service import Deps
+from spotorch.adapters.memory.twins import InMemoryLauncher
+from spotorch.app.deps import Deps
+from spotorch.core.model import RunStatus
 from test_functions import deps as functions_deps  # noqa: F401  (the "deps" fixture)
 from test_functions import landed, post, pubsub_event, sink_line, storage_event
 
@@ -33,9 +33,9 @@ def deps(request: pytest.FixtureRequest, functions_deps: Deps,  # noqa: F811 (a 
     nested arrays, oversized documents): a rejection must happen before it, not by it."""
     if request.param == "memory":
         return functions_deps
-    from spotorch import entry
-    from spotorch.store import DocumentRunStore
-    from spotorch.store_firestore import FirestoreDocumentStore
+    from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
+    from spotorch.app.run_store import DocumentRunStore
+    from spotorch.entrypoints import functions as entry
 
     emulators = request.getfixturevalue("firestore_emulator")
     docs = FirestoreDocumentStore(project=emulators.project)

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spotorch import intake
-from spotorch.errors import InvalidEvent
-from spotorch.intake import (
+from spotorch.adapters.memory.twins import InMemoryDocumentStore, InMemoryObjectStore
+from spotorch.app import snapshots as intake
+from spotorch.app.snapshots import (
     REDISPATCH_AFTER_S,
     REDISPATCH_LIMIT,
     InvalidSubmit,
@@ -32,11 +32,11 @@ from spotorch.intake import (
     run_id_for,
     snapshot_id_of,
 )
-from spotorch.memory import InMemoryDocumentStore, InMemoryObjectStore
-from spotorch.pipeline import BatchMode, JobTemplate, Pipeline, Trigger
-from spotorch.ports import AddTo, ConflictError, DocumentStore
+from spotorch.core.errors import InvalidEvent
+from spotorch.core.pipeline import BatchMode, JobTemplate, Pipeline, Trigger
+from spotorch.core.triggers import ObjectEvent, ObjectEventKind, parse_object_event
+from spotorch.ports.store import AddTo, ConflictError, DocumentStore
 from spotorch.settings import COLLECTION_DEDUPE, COLLECTION_RUNS, COLLECTION_SNAPSHOTS
-from spotorch.triggers import ObjectEvent, ObjectEventKind, parse_object_event
 from test_triggers import BUCKET, eventarc, notification
 
 
@@ -405,7 +405,7 @@ def memory_docs() -> DocumentStore:
 
 @pytest.fixture
 def firestore_docs(firestore_emulator: Any) -> DocumentStore:
-    from spotorch.store_firestore import FirestoreDocumentStore
+    from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
 
     return FirestoreDocumentStore(project=firestore_emulator.project)
 
@@ -535,10 +535,10 @@ def test_gcs_notifications_through_the_emulators(firestore_emulator: Any) -> Non
     from google.api_core import exceptions
     from google.cloud import pubsub_v1, storage  # type: ignore[attr-defined]
 
-    from spotorch.objects_gcs import GcsObjectStore
-    from spotorch.ports import ObjectNotFound
+    from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
+    from spotorch.adapters.gcp.storage import GcsObjectStore
+    from spotorch.ports.storage import ObjectNotFound
     from spotorch.settings import TOPIC_GCS_NOTIFICATIONS
-    from spotorch.store_firestore import FirestoreDocumentStore
 
     project = firestore_emulator.project
     bucket_name = f"landing-{int(time.time() * 1000)}"

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from spotorch.domain import JobPhase
-from spotorch.errors import InvalidEvent
-from spotorch.job_events import (
+from spotorch.core.errors import InvalidEvent
+from spotorch.core.model import JobPhase
+from spotorch.entrypoints.log_entries import (
     ATTR_LOG_TIMESTAMP,
     NotAJobStateChange,
     StateLines,

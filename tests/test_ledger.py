@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 
 from operator_runs import PIPELINE, deps_for, preempted_twice_then_standard, running_run
-from spotorch.domain import Attempt, AttemptState, Run, RunStatus
-from spotorch.ledger import PRICES, hourly_rate, ledger, ledger_dict
-from spotorch.pipeline import Capacity, JobTemplate, WorkerPool
+from spotorch.core.cost import PRICES, hourly_rate, ledger, ledger_dict
+from spotorch.core.model import Attempt, AttemptState, Run, RunStatus
+from spotorch.core.pipeline import Capacity, JobTemplate, WorkerPool
 
 SPOT, STANDARD = 0.04, 0.19  # n1-standard-4 per hour in PRICES
 

@@ -35,14 +35,7 @@ from spotorch.local._stack_procs import (
     stop_groups,
     wait_ready,
 )
-from spotorch.local.stack import (
-    DevStack,
-    alerts_main,
-    down_main,
-    reload_main,
-    restart_main,
-    up_main,
-)
+from spotorch.local.stack import DevStack, alerts_main, down_main, reload_main, restart_main, up_main
 
 ROOT = Path(__file__).resolve().parent.parent
 ECHO = ROOT / "tests" / "fixtures" / "echo_functions.py"
@@ -122,7 +115,7 @@ def test_each_pipeline_file_is_checked_alone_and_only_valid_ones_are_served(
     activate(found, active)
     served = sorted(str(p.relative_to(active)) for p in active.rglob("*.y*ml"))
     assert served == ["a.yaml", "team/b.yaml"]
-    from spotorch.config import load_pipelines
+    from spotorch.spec.loader import load_pipelines
 
     assert sorted(p.name for p in load_pipelines(active)) == ["alpha", "beta"]  # loads clean
     assert check_pipelines(tmp_path / "nowhere").rejected
@@ -346,9 +339,9 @@ def _vertex_jobs(stack: DevStack) -> list[Any]:
 
 
 def _create_job(stack: DevStack) -> str:
-    from spotorch.pipeline import Capacity, JobTemplate, WorkerPool
-    from spotorch.ports import LaunchSpec
-    from spotorch.vertex import VertexJobLauncher
+    from spotorch.adapters.gcp.vertex import VertexJobLauncher
+    from spotorch.core.pipeline import Capacity, JobTemplate, WorkerPool
+    from spotorch.ports.jobs import LaunchSpec
 
     launcher = VertexJobLauncher(PROJECT, endpoint=stack.env[S.ENV_VERTEX_ENDPOINT])
     template = JobTemplate(worker_pools=(WorkerPool(command=("sleep", "60")),))

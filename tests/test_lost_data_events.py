@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from spotorch.domain import Run
+from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
+from spotorch.core.model import Run
 from spotorch.local import demo
 from spotorch.local.stack import DevStack
 from spotorch.settings import TOPIC_GCS_NOTIFICATIONS
-from spotorch.store_firestore import FirestoreDocumentStore
 
 pytestmark = [pytest.mark.emulator, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parent.parent

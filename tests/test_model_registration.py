@@ -6,15 +6,19 @@ from __future__ import annotations
 import pytest
 
 from fakes import fake_deps
-from spotorch.domain import JobPhase, RunStatus
-from spotorch.events import kind_of, validate_event
-from spotorch.memory import InMemoryLauncher, InMemoryPublisher, ManualClock
-from spotorch.notify import render_alert
-from spotorch.pipeline import Pipeline, Trigger
-from spotorch.registry import RegistryError
-from spotorch.registry_memory import MemoryExperimentTracker, MemoryModelRegistry
-from spotorch.service import Deps, cancel_run, job_changed, start_run, tick
-from spotorch.sweep_spec import ModelRegistration
+from spotorch.adapters.memory.registry import MemoryExperimentTracker, MemoryModelRegistry
+from spotorch.adapters.memory.twins import InMemoryLauncher, InMemoryPublisher, ManualClock
+from spotorch.app.deps import Deps
+from spotorch.app.job_events import job_changed
+from spotorch.app.notify import render_alert
+from spotorch.app.runs import cancel_run, start_run
+from spotorch.app.tick import tick
+from spotorch.core.events import kind_of
+from spotorch.core.model import JobPhase, RunStatus
+from spotorch.core.pipeline import Pipeline, Trigger
+from spotorch.core.sweep_spec import ModelRegistration
+from spotorch.ports.registry import RegistryError
+from spotorch.spec.event_schemas import validate_event
 
 
 def make(model: bool = True) -> tuple[Deps, MemoryModelRegistry]:

@@ -12,12 +12,9 @@ from typing import Any
 import pytest
 from cloudevents.http import CloudEvent
 
-from spotorch import _notify_channels, notify
-from spotorch.errors import InvalidEvent
-from spotorch.events import build_event, to_pubsub
-from spotorch.local.emulators import EmulatorSet
-from spotorch.local.receivers import SmtpReceiver, WebhookReceiver
-from spotorch.notify import (
+from spotorch.adapters.notify import channels as _notify_channels
+from spotorch.app import notify
+from spotorch.app.notify import (
     SECRET_ENV,
     BrokenChannel,
     Delivery,
@@ -35,7 +32,11 @@ from spotorch.notify import (
     route_matches,
     selected_channels,
 )
-from spotorch.pipeline import Route
+from spotorch.core.errors import InvalidEvent
+from spotorch.core.events import build_event, to_pubsub
+from spotorch.core.pipeline import Route
+from spotorch.local.emulators import EmulatorSet
+from spotorch.local.receivers import SmtpReceiver, WebhookReceiver
 
 T0 = 1_764_424_992.0
 RUN = "r-20251129-1"
@@ -123,7 +124,7 @@ def send(ev: dict[str, Any], *, ledger: NotificationLedger, channels: Any,
 def log_lines(out: str) -> list[dict[str, Any]]:
     """The notifier's structured log lines among captured stdout."""
     lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    return [line for line in lines if line.get("logger") == "spotorch.notify"]
+    return [line for line in lines if line.get("logger") == "spotorch.app.notify"]
 
 
 # --- payloads on the wire ----------------------------------------------------------------------
@@ -570,7 +571,7 @@ def test_malformed_messages_raise_invalid_event(payload: str) -> None:
 def test_handle_pubsub_cloudevent_builds_everything_from_env(
         web: WebhookReceiver, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Routes come from the pipeline files at $SPOTORCH_PIPELINES, channels from env."""
-    from spotorch.config import clear_pipeline_cache
+    from spotorch.spec.loader import clear_pipeline_cache
 
     demo = (Path(__file__).resolve().parent.parent / "examples/pipelines/demo.yaml").read_text()
     (tmp_path / "churn.yaml").write_text(
@@ -598,7 +599,7 @@ def test_handle_pubsub_cloudevent_builds_everything_from_env(
 
 
 def test_loading_the_notifier_does_not_import_the_pipeline_format() -> None:
-    """A cold notifier instance loads functions/main.py and spotorch.notify without pydantic (the
+    """A cold notifier instance loads functions/main.py and spotorch.app.notify without pydantic (the
     pipeline format); the pipeline files are parsed at the first event's route lookup."""
     import subprocess
     import sys
@@ -607,8 +608,8 @@ def test_loading_the_notifier_does_not_import_the_pipeline_format() -> None:
     code = ("import sys, importlib.util\n"
             f"spec = importlib.util.spec_from_file_location('main', {str(root / 'functions/main.py')!r})\n"
             "main = importlib.util.module_from_spec(spec); spec.loader.exec_module(main)\n"
-            "import spotorch.notify\n"
-            "print(sorted(m for m in ('pydantic', 'yaml', 'spotorch.pipeline', 'spotorch.config')"
+            "import spotorch.app.notify\n"
+            "print(sorted(m for m in ('pydantic', 'yaml', 'spotorch.core.pipeline', 'spotorch.spec.loader')"
             " if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -1,4 +1,4 @@
-"""The pipeline format has one definition (spotorch.pipeline); the schema file is generated from it."""
+"""The pipeline format has one definition (spotorch.core.pipeline); the schema file is generated from it."""
 
 from __future__ import annotations
 
@@ -9,11 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from spotorch import config
-from spotorch.config import REGENERATE, check_file, load_pipeline, pipeline_schema_text, schema_main
-from spotorch.errors import ConfigError
-from spotorch.fileformat import file_fields
-from spotorch.pipeline import (
+from spotorch.core.errors import ConfigError
+from spotorch.core.pipeline import (
     BatchMode,
     Capacity,
     EscalationKind,
@@ -25,6 +22,9 @@ from spotorch.pipeline import (
     Trigger,
     WorkerPool,
 )
+from spotorch.spec import loader as config
+from spotorch.spec.fileformat import file_fields
+from spotorch.spec.loader import REGENERATE, check_file, load_pipeline, pipeline_schema_text, schema_main
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "schemas" / "pipeline.schema.json"
@@ -61,7 +61,7 @@ def problems_of(path: Path) -> dict[str, str]:
 
 def test_the_committed_schema_is_the_generated_one() -> None:
     assert SCHEMA.read_text() == pipeline_schema_text(), (
-        f"{SCHEMA} is not what spotorch/pipeline.py generates; run: {REGENERATE}")
+        f"{SCHEMA} is not what spotorch/core/pipeline.py generates; run: {REGENERATE}")
 
 
 def test_schema_check_fails_on_drift_and_names_the_command(

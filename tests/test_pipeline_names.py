@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from spotorch import catalog
-from spotorch.catalog import CATALOG_ENV, load_catalog
-from spotorch.config import inspect_file, load_pipeline, load_pipelines, validate_main
-from spotorch.errors import ConfigError
+from spotorch.core.errors import ConfigError
+from spotorch.spec import catalog
+from spotorch.spec.catalog import CATALOG_ENV, load_catalog
+from spotorch.spec.loader import inspect_file, load_pipeline, load_pipelines, validate_main
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "pipelines"
@@ -235,7 +235,7 @@ def test_validate_prints_warnings_and_still_succeeds(tmp_path: Path,
 def test_warnings_do_not_stop_a_load_and_are_logged(tmp_path: Path,
                                                     caplog: pytest.LogCaptureFixture) -> None:
     write(tmp_path, MINIMAL + "recovery: {escalation: never, escalate_after_preemptions: 5}\n")
-    with caplog.at_level("WARNING", logger="spotorch.config"):
+    with caplog.at_level("WARNING", logger="spotorch.spec.loader"):
         assert [p.name for p in load_pipelines(tmp_path)] == ["minimal"]
     assert "escalate_after_preemptions: has no effect" in caplog.text
 

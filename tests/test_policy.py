@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spotorch.pipeline import Capacity, EscalationKind, RecoveryPolicy
-from spotorch.policy import (
+from spotorch.core.pipeline import Capacity, EscalationKind, RecoveryPolicy
+from spotorch.core.policy import (
     DeadlineTuning,
     PolicyView,
     ProbeTerms,

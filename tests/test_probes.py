@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from spotorch.domain import JobPhase, JobStatus
-from spotorch.hardware import PROBE_LABEL, ProbeResult, cache_key, choose
-from spotorch.memory import InMemoryLauncher
-from spotorch.pipeline import (
+from spotorch.adapters.memory.twins import InMemoryLauncher
+from spotorch.app.hardware_probes import ProbeSession, probe_root, probe_spec, run_probes
+from spotorch.core.hardware import PROBE_LABEL, ProbeResult, cache_key, choose
+from spotorch.core.model import JobPhase, JobStatus
+from spotorch.core.pipeline import (
     Capacity,
     HardwareCandidate,
     HardwareSearch,
@@ -21,8 +22,7 @@ from spotorch.pipeline import (
     Trigger,
     WorkerPool,
 )
-from spotorch.ports import LABEL_RUN
-from spotorch.probes import ProbeSession, probe_root, probe_spec, run_probes
+from spotorch.ports.jobs import LABEL_RUN
 from spotorch_trainer import contract
 
 FAST = HardwareCandidate("fast", "n1-standard-4", env=(("EXAMPLE_STEP_SLEEP", "0"),))

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from spotorch.hardware import choose, table_lines
-from spotorch.local._vertex_quota import QuotaLimits
-from spotorch.local.vertex_emulator import VertexEmulator
-from spotorch.pipeline import (
+from spotorch.adapters.gcp.vertex import RetryPolicy, VertexJobLauncher
+from spotorch.app.hardware_probes import ProbeSession, run_probes
+from spotorch.core.hardware import choose, table_lines
+from spotorch.core.pipeline import (
     HardwareCandidate,
     HardwareSearch,
     JobTemplate,
@@ -20,8 +20,8 @@ from spotorch.pipeline import (
     Trigger,
     WorkerPool,
 )
-from spotorch.probes import ProbeSession, run_probes
-from spotorch.vertex import RetryPolicy, VertexJobLauncher
+from spotorch.local._vertex_quota import QuotaLimits
+from spotorch.local.vertex_emulator import VertexEmulator
 from spotorch_trainer.storage import read_bytes
 
 ROOT = Path(__file__).resolve().parents[1]

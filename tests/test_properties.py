@@ -5,22 +5,11 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spotorch.domain import (
-    Checkpoint,
-    Context,
-    FailureClass,
-    JobObserved,
-    JobPhase,
-    JobStatus,
-    LaunchDone,
-    Observation,
-    Run,
-    RunStatus,
-    TrainerReported,
-    decide,
-    new_run,
-)
-from spotorch.pipeline import EscalationKind, Pipeline, RecoveryPolicy, Trigger
+from spotorch.core.context import Context
+from spotorch.core.decide import decide, new_run
+from spotorch.core.model import Checkpoint, FailureClass, JobPhase, JobStatus, Run, RunStatus
+from spotorch.core.observations import JobObserved, LaunchDone, Observation, TrainerReported
+from spotorch.core.pipeline import EscalationKind, Pipeline, RecoveryPolicy, Trigger
 
 T0 = 1_800_000_000.0
 P = Pipeline(name="p", trigger=Trigger(bucket="b"), checkpoint_uri="gs://c", output_uri="gs://m",

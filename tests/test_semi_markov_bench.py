@@ -10,8 +10,8 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from spotorch.pipeline import Capacity
-from spotorch.policy import PolicyView
+from spotorch.core.pipeline import Capacity
+from spotorch.core.policy import PolicyView
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,34 +8,24 @@ from dataclasses import replace
 import pytest
 
 from fakes import fake_deps
-from spotorch import domain
-from spotorch.domain import Checkpoint, FailureClass, JobPhase, RunStatus
-from spotorch.memory import (
+from spotorch.adapters.memory.twins import (
     InMemoryCheckpoints,
     InMemoryDocumentStore,
     InMemoryLauncher,
     InMemoryPublisher,
     ManualClock,
 )
-from spotorch.pipeline import (
-    Capacity,
-    EscalationKind,
-    OnActiveRun,
-    Pipeline,
-    RecoveryPolicy,
-    Trigger,
-)
-from spotorch.ports import LaunchError
-from spotorch.service import (
-    Deps,
-    NotRetryable,
-    apply,
-    cancel_run,
-    job_changed,
-    retry_run,
-    start_run,
-    tick,
-)
+from spotorch.app.deps import Deps, NotRetryable
+from spotorch.app.job_events import job_changed
+from spotorch.app.runs import cancel_run, retry_run, start_run
+from spotorch.app.tick import tick
+from spotorch.app.unit_of_work import apply
+from spotorch.core.decide import new_run
+from spotorch.core.intents import LaunchIntent
+from spotorch.core.model import Checkpoint, FailureClass, JobPhase, Run, RunStatus
+from spotorch.core.moves import LAUNCH_LEASE_S
+from spotorch.core.pipeline import Capacity, EscalationKind, OnActiveRun, Pipeline, RecoveryPolicy, Trigger
+from spotorch.ports.jobs import LaunchError
 
 
 def make_deps(on_active: OnActiveRun = OnActiveRun.QUEUE, **recovery: object) -> Deps:
@@ -53,14 +43,14 @@ def fakes(deps: Deps) -> tuple[InMemoryLauncher, InMemoryPublisher, ManualClock]
     return deps.launcher, deps.publisher, deps.clock
 
 
-def start(deps: Deps, run_id: str = "r1") -> domain.Run:
+def start(deps: Deps, run_id: str = "r1") -> Run:
     run = start_run(deps, "p", run_id=run_id, data_uri="gs://b/d/", snapshot_id="s", reason="t")
     assert run is not None
     return run
 
 
 def short_types(publisher: InMemoryPublisher) -> list[str]:
-    from spotorch.events import kind_of
+    from spotorch.core.events import kind_of
 
     return [kind_of(t) for t in publisher.types()]
 
@@ -123,7 +113,7 @@ def test_a_publish_that_fails_is_retried_by_the_tick_with_the_same_event_id() ->
     assert run is not None and [i.kind for i in run.outbox] == ["publish"]
     tick(deps)  # claim still held by the crashed/failed executor: nothing yet
     assert short_types(publisher) == ["attempt.launched"]
-    clock.advance(domain.LAUNCH_LEASE_S + 1)
+    clock.advance(LAUNCH_LEASE_S + 1)
     tick(deps)
     assert sorted(short_types(publisher)) == ["attempt.launched", "run.created"]
     assert [e["id"] for e in publisher.events if e["type"].endswith("run.created.v1")] == ["r1:1"]
@@ -133,11 +123,11 @@ def test_a_crash_after_deciding_a_launch_is_finished_by_the_tick_once() -> None:
     deps = make_deps()
     launcher, _, clock = fakes(deps)
     p = deps.pipelines["p"]
-    run = domain.new_run(run_id="r1", pipeline=p, now=clock.now(), data_uri="d", snapshot_id=None)
+    run = new_run(run_id="r1", pipeline=p, now=clock.now(), data_uri="d", snapshot_id=None)
     deps.runs.save(run, None)  # decided and committed, then the function died
     tick(deps)
     assert launcher.created == 0  # the dead executor's claim is still valid
-    clock.advance(domain.LAUNCH_LEASE_S + 1)
+    clock.advance(LAUNCH_LEASE_S + 1)
     tick(deps)
     tick(deps)
     assert launcher.created == 1
@@ -149,14 +139,14 @@ def test_a_job_created_but_never_recorded_is_adopted() -> None:
     deps = make_deps()
     launcher, _, clock = fakes(deps)
     p = deps.pipelines["p"]
-    run = domain.new_run(run_id="r1", pipeline=p, now=clock.now(), data_uri="d", snapshot_id=None)
+    run = new_run(run_id="r1", pipeline=p, now=clock.now(), data_uri="d", snapshot_id=None)
     deps.runs.save(run, None)
     intent = run.outbox[-1]
-    assert isinstance(intent, domain.LaunchIntent)
-    from spotorch.service import launch_spec
+    assert isinstance(intent, LaunchIntent)
+    from spotorch.app.launch_specs import launch_spec
 
     launcher.launch(launch_spec(deps, run, intent))  # created, then the function died
-    clock.advance(domain.LAUNCH_LEASE_S + 1)
+    clock.advance(LAUNCH_LEASE_S + 1)
     tick(deps)
     assert launcher.created == 1
     run2, _ = deps.runs.load("r1")

@@ -9,25 +9,27 @@ from typing import Any
 
 import pytest
 
-from spotorch.domain import FailureClass, JobPhase
-from spotorch.memory import (
+from spotorch.adapters.memory.twins import (
     InMemoryCheckpoints,
     InMemoryLauncher,
     InMemoryObjectStore,
     InMemoryPublisher,
     ManualClock,
 )
-from spotorch.pipeline import EscalationKind, Pipeline, RecoveryPolicy, Trigger
-from spotorch.ports import ConflictError
-from spotorch.service import Deps, job_changed, start_run
-from spotorch.store import DocumentRunStore
+from spotorch.app.deps import Deps
+from spotorch.app.job_events import job_changed
+from spotorch.app.run_store import DocumentRunStore
+from spotorch.app.runs import start_run
+from spotorch.core.model import FailureClass, JobPhase
+from spotorch.core.pipeline import EscalationKind, Pipeline, RecoveryPolicy, Trigger
+from spotorch.ports.store import ConflictError
 
 pytestmark = pytest.mark.emulator
 
 
 @pytest.fixture
 def deps(firestore_emulator: Any) -> Deps:
-    from spotorch.store_firestore import FirestoreDocumentStore
+    from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
 
     docs = FirestoreDocumentStore(project=firestore_emulator.project)
     p = Pipeline(name="p", trigger=Trigger(bucket="b"), checkpoint_uri="gs://c/p",

@@ -6,10 +6,14 @@ from __future__ import annotations
 import pytest
 from tests.fakes import fake_deps
 
-from spotorch import domain
-from spotorch.hardware import ProbeResult, cache_key
-from spotorch.memory import InMemoryLauncher, ManualClock
-from spotorch.pipeline import (
+from spotorch.adapters.memory.twins import InMemoryLauncher, ManualClock
+from spotorch.app.hardware_probes import load_cache, save_cache
+from spotorch.app.runs import start_run
+from spotorch.core.context import Context
+from spotorch.core.escalation import policy_view
+from spotorch.core.hardware import ProbeResult, cache_key
+from spotorch.core.model import Run, RunStatus
+from spotorch.core.pipeline import (
     EscalationKind,
     HardwareCandidate,
     HardwareSearch,
@@ -19,8 +23,6 @@ from spotorch.pipeline import (
     Trigger,
     WorkerPool,
 )
-from spotorch.probes import load_cache, save_cache
-from spotorch.service import start_run
 
 CPU = HardwareCandidate("cpu", "n1-standard-8")
 L4 = HardwareCandidate("l4", "g2-standard-8", "NVIDIA_L4", 1)
@@ -35,7 +37,7 @@ def _pipeline() -> Pipeline:
         hardware=HardwareSearch(candidates=(CPU, L4), total_steps=36_000, probe_steps=20))
 
 
-def _start(deps: object) -> domain.Run:
+def _start(deps: object) -> Run:
     run = start_run(deps, "p", run_id="r1", data_uri="gs://b/d/", snapshot_id="s",  # type: ignore[arg-type]
                     reason="t")
     assert run is not None
@@ -58,8 +60,8 @@ def test_a_run_starts_on_the_candidate_chosen_from_cached_probes() -> None:
     assert run.hardware is not None and run.hardware["chosen"] == "l4"
     assert [r["candidate"] for r in run.hardware["rows"]] == ["cpu", "l4"]
     assert any(h.what == "hardware chosen" for h in run.history)
-    from spotorch.events import validate_event
-    from spotorch.memory import InMemoryPublisher
+    from spotorch.adapters.memory.twins import InMemoryPublisher
+    from spotorch.spec.event_schemas import validate_event
 
     assert isinstance(deps.publisher, InMemoryPublisher)
     (event,) = [e for e in deps.publisher.events if e["type"].endswith("run.hardware_chosen.v1")]
@@ -69,7 +71,7 @@ def test_a_run_starts_on_the_candidate_chosen_from_cached_probes() -> None:
     (pool,) = job.spec.template.worker_pools
     assert (pool.machine_type, pool.accelerator_type) == ("g2-standard-8", "NVIDIA_L4")
     # the deadline policy sees the measured 2.5 h, not the pipeline's 600 s guess
-    view = domain.policy_view(run, domain.Context(pipeline, now), current=None,
+    view = policy_view(run, Context(pipeline, now), current=None,
                               spot_available=True)
     assert view.work_total_s == 2.5 * 3600.0
 
@@ -81,13 +83,13 @@ def test_without_fresh_probes_the_run_probes_first_and_launches_no_attempt_yet()
     save_cache(deps.docs, "p", {"cpu": ProbeResult("cpu", True, steps_per_s=2.0,
                                                    key="other-code")}, 0.0)
     run = _start(deps)
-    assert run.hardware is None and run.status is domain.RunStatus.PROBING
+    assert run.hardware is None and run.status is RunStatus.PROBING
     assert run.attempts == () and {p.candidate for p in run.probes} == {"cpu", "l4"}
     assert all(j.spec.env["SPOTORCH_PROBE_STEPS"] == "20" for j in deps.launcher.jobs.values())
 
 
 def test_the_ledger_prices_the_chosen_shape() -> None:
-    from spotorch.ledger import hourly_rate, ledger
+    from spotorch.core.cost import hourly_rate, ledger
 
     pipeline = _pipeline()
     deps = fake_deps(pipeline)
@@ -107,8 +109,8 @@ def test_the_ledger_prices_the_chosen_shape() -> None:
 def test_spotorch_show_has_the_hardware_table() -> None:
     from rich.console import Console
 
+    from spotorch.app.views import run_view
     from spotorch.operate.render import show_run
-    from spotorch.operate.views import run_view
 
     pipeline = _pipeline()
     deps = fake_deps(pipeline)

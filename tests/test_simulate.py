@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spotorch.pipeline import Capacity
-from spotorch.policy import PolicyView, always_spot, always_standard, deadline_policy
+from spotorch.core.pipeline import Capacity
+from spotorch.core.policy import PolicyView, always_spot, always_standard, deadline_policy
 from spotorch.sim.replay import VIEW_FIELDS, fast_view
 from spotorch.sim.simulate import (
     POLICIES,

@@ -10,14 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spotorch.pipeline import Capacity
-from spotorch.policy import (
-    PolicyView,
-    RegionRecord,
-    deadline_policy,
-    rank_regions,
-    uniform_progress,
-)
+from spotorch.core.pipeline import Capacity
+from spotorch.core.policy import PolicyView, RegionRecord, deadline_policy, rank_regions, uniform_progress
 from spotorch.sim.simulate import (
     Flex,
     FlexWait,

@@ -9,11 +9,29 @@ from __future__ import annotations
 import pytest
 
 from fakes import fake_deps
-from spotorch import domain
-from spotorch.domain import AttemptState, JobPhase, RunStatus
-from spotorch.events import kind_of
-from spotorch.memory import InMemoryLauncher, InMemoryPublisher, ManualClock
-from spotorch.pipeline import (
+from spotorch.adapters.memory.twins import InMemoryLauncher, InMemoryPublisher, ManualClock
+from spotorch.app.deps import Deps
+from spotorch.app.job_events import job_line_reported
+from spotorch.app.runs import cancel_run, start_run
+from spotorch.app.tick import tick
+from spotorch.core.context import Context
+from spotorch.core.cost import ledger
+from spotorch.core.decide import decide
+from spotorch.core.events import kind_of
+from spotorch.core.intents import CancelIntent
+from spotorch.core.model import (
+    CANCEL_PROBE_MOVED_ON,
+    CANCEL_PROBE_NO_CAPACITY,
+    CANCEL_SWITCH,
+    AttemptState,
+    JobPhase,
+    Probe,
+    Run,
+    RunStatus,
+)
+from spotorch.core.moves import LAUNCH_LEASE_S
+from spotorch.core.observations import CancelRequested, ProbeLaunched
+from spotorch.core.pipeline import (
     Capacity,
     EscalationKind,
     JobTemplate,
@@ -23,14 +41,7 @@ from spotorch.pipeline import (
     Trigger,
     WorkerPool,
 )
-from spotorch.ports import LABEL_ATTEMPT, LABEL_PROBE, LABEL_RUN
-from spotorch.service import (
-    Deps,
-    cancel_run,
-    job_line_reported,
-    start_run,
-    tick,
-)
+from spotorch.ports.jobs import LABEL_ATTEMPT, LABEL_PROBE, LABEL_RUN
 
 H = 3600.0
 PROBE_COMMAND = ("python", "-c", "import time; time.sleep(3600)")
@@ -56,7 +67,7 @@ def fakes(deps: Deps) -> tuple[InMemoryLauncher, InMemoryPublisher, ManualClock]
     return deps.launcher, deps.publisher, deps.clock
 
 
-def load(deps: Deps) -> domain.Run:
+def load(deps: Deps) -> Run:
     run, _ = deps.runs.load("r1")
     assert run is not None
     return run
@@ -70,7 +81,7 @@ def live_probe_jobs(launcher: InMemoryLauncher) -> list[str]:
     return [n for n in probe_jobs(launcher) if not launcher.jobs[n].status.phase.terminal]
 
 
-def on_standard(deps: Deps) -> domain.Run:
+def on_standard(deps: Deps) -> Run:
     """A run whose Spot attempt found no capacity and now runs on standard (attempt 2)."""
     launcher, _, clock = fakes(deps)
     assert start_run(deps, "p", run_id="r1", data_uri="gs://b/d/", snapshot_id="s",
@@ -119,7 +130,7 @@ def test_a_probe_without_capacity_is_given_up_after_its_wait_and_another_follows
     tick(deps)
     run = load(deps)
     first = run.probes[0]
-    assert first.found is False and first.cancel_reason == domain.CANCEL_PROBE_NO_CAPACITY
+    assert first.found is False and first.cancel_reason == CANCEL_PROBE_NO_CAPACITY
     assert launcher.jobs[first.job_name or ""].status.phase is JobPhase.CANCELLED
     assert "run.spot_probed" in [kind_of(t) for t in publisher.types()]
     tick(deps)  # the cancel seen; the next tick may probe again
@@ -155,7 +166,7 @@ def test_a_probe_that_runs_moves_the_run_back_to_spot_in_its_region() -> None:
     tick(deps)
     run = load(deps)
     assert run.probes[0].found is True and launcher.jobs[name].status.phase is JobPhase.CANCELLED
-    assert run.current is not None and run.current.cancel_reason == domain.CANCEL_SWITCH
+    assert run.current is not None and run.current.cancel_reason == CANCEL_SWITCH
     tick(deps)  # the standard attempt's cancel is seen: relaunch on Spot
     run = load(deps)
     assert run.current is not None and run.current.capacity is Capacity.SPOT
@@ -166,7 +177,7 @@ def test_a_probe_that_runs_moves_the_run_back_to_spot_in_its_region() -> None:
     probed = [e for e in publisher.events if kind_of(e["type"]) == "run.spot_probed"]
     assert probed[-1]["data"]["found"] is True and probed[-1]["data"]["switching"] is True
     # The probe is billed (it ran 30 s) at the Spot price, and only that.
-    book = domain.ledger(run, deps.pipeline("p"), clock.t)
+    book = ledger(run, deps.pipeline("p"), clock.t)
     assert book.probes == 1 and 0 < book.probe_cost < 0.01
     assert book.total == pytest.approx(sum(a.cost for a in book.attempts) + book.probe_cost)
 
@@ -192,15 +203,15 @@ def test_a_probe_created_after_its_run_moved_on_is_cancelled_when_it_appears() -
     run = on_standard(deps)
     # The run ends while the probe's creation is still in flight: the job appears afterwards.
     (name,) = probe_jobs(launcher)
-    ended = domain.decide(run, domain.CancelRequested("operator"), domain.Context(
+    ended = decide(run, CancelRequested("operator"), Context(
         deps.pipeline("p"), clock.t))
     probe = ended.probes[0]
-    assert probe.cancel_reason == domain.CANCEL_PROBE_MOVED_ON
-    late = domain.decide(
-        domain.Run(**{**vars(ended), "probes": (domain.Probe(1, probe.region, created_at=1.0,
+    assert probe.cancel_reason == CANCEL_PROBE_MOVED_ON
+    late = decide(
+        Run(**{**vars(ended), "probes": (Probe(1, probe.region, created_at=1.0,
                                                              cancel_reason=probe.cancel_reason),)}),
-        domain.ProbeLaunched("x", 1, name), domain.Context(deps.pipeline("p"), clock.t))
-    cancels = [i for i in late.outbox if isinstance(i, domain.CancelIntent) and i.probe == 1]
+        ProbeLaunched("x", 1, name), Context(deps.pipeline("p"), clock.t))
+    cancels = [i for i in late.outbox if isinstance(i, CancelIntent) and i.probe == 1]
     assert cancels and cancels[0].job_name == name
 
 
@@ -211,8 +222,8 @@ def test_the_tick_cancels_a_probe_job_its_run_no_longer_knows() -> None:
     (name,) = probe_jobs(launcher)
     run, version = deps.runs.load("r1")
     assert run is not None
-    deps.runs.save(domain.Run(**{**vars(run), "probes": ()}), version)  # forgotten (a crash)
-    clock.advance(2 * domain.LAUNCH_LEASE_S + 1)
+    deps.runs.save(Run(**{**vars(run), "probes": ()}), version)  # forgotten (a crash)
+    clock.advance(2 * LAUNCH_LEASE_S + 1)
     tick(deps)
     assert launcher.jobs[name].status.phase is JobPhase.CANCELLED
 
@@ -232,7 +243,7 @@ def test_a_probe_job_line_is_confirmed_with_vertex_before_it_moves_the_run() -> 
     job_line_reported(deps, job_id, JobPhase.RUNNING, "Job is running.")
     run = load(deps)
     assert run.probes[0].found is True
-    assert run.current is not None and run.current.cancel_reason == domain.CANCEL_SWITCH
+    assert run.current is not None and run.current.cancel_reason == CANCEL_SWITCH
 
 
 @pytest.mark.parametrize("probes,escalation", [(False, EscalationKind.DEADLINE),
@@ -268,7 +279,7 @@ def test_a_probe_is_not_worth_it_when_the_deadline_leaves_no_room_for_spot() -> 
 def test_probes_survive_the_run_document_round_trip() -> None:
     deps = fake_deps(pipeline())
     run = on_standard(deps)
-    again = domain.Run.from_dict(run.to_dict())
+    again = Run.from_dict(run.to_dict())
     assert again == run and again.probes[0].state is AttemptState.QUEUED
 
 

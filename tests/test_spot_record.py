@@ -5,10 +5,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fakes import fake_deps
-from spotorch import domain
-from spotorch.domain import FailureClass, JobPhase, JobStatus
-from spotorch.memory import InMemoryLauncher, ManualClock
-from spotorch.pipeline import (
+from spotorch.adapters.memory.twins import InMemoryLauncher, ManualClock
+from spotorch.app.deps import Deps
+from spotorch.app.job_events import job_changed
+from spotorch.app.runs import start_run
+from spotorch.app.spot_record import TTL_S, Seen, SpotRecord, doc_key
+from spotorch.app.tick import tick
+from spotorch.core.model import FailureClass, JobPhase, JobStatus, Run
+from spotorch.core.pipeline import (
     Capacity,
     EscalationKind,
     JobTemplate,
@@ -17,9 +21,7 @@ from spotorch.pipeline import (
     Trigger,
     WorkerPool,
 )
-from spotorch.service import Deps, job_changed, start_run, tick
 from spotorch.settings import COLLECTION_SPOT_REGIONS
-from spotorch.spot_record import TTL_S, Seen, SpotRecord, doc_key
 
 REGIONS = ("us-central1", "europe-west4", "us-east1")
 
@@ -38,7 +40,7 @@ def parts(deps: Deps) -> tuple[InMemoryLauncher, ManualClock]:
     return deps.launcher, deps.clock
 
 
-def start(deps: Deps, name: str, run_id: str) -> domain.Run:
+def start(deps: Deps, name: str, run_id: str) -> Run:
     run = start_run(deps, name, run_id=run_id, data_uri="gs://b/d/", snapshot_id=run_id,
                     reason="t")
     assert run is not None
@@ -165,8 +167,8 @@ def preempted_after_ten_minutes() -> tuple[Deps, JobStatus]:
 def test_an_ended_spot_attempt_is_counted_once_in_the_runs_own_commit() -> None:
     """The observation commits with the run's change (no write of its own): a lost race and a
     redelivered event do not count it twice."""
-    from spotorch.memory import InMemoryDocumentStore
-    from spotorch.ports import ConflictError
+    from spotorch.adapters.memory.twins import InMemoryDocumentStore
+    from spotorch.ports.store import ConflictError
     from spotorch.settings import COLLECTION_RUNS
 
     deps, preempted = preempted_after_ten_minutes()

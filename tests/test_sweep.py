@@ -6,10 +6,22 @@ from dataclasses import replace
 
 import pytest
 
-from spotorch.domain import Context, RunStatus, TrainerReported, decide, new_run
-from spotorch.events import kind_of, validate_event
-from spotorch.pipeline import Pipeline, Trigger
-from spotorch.sweep import (
+from spotorch.core.context import Context
+from spotorch.core.decide import decide, new_run
+from spotorch.core.events import kind_of
+from spotorch.core.model import RunStatus
+from spotorch.core.observations import TrainerReported
+from spotorch.core.pipeline import Pipeline, Trigger
+from spotorch.core.sweep_spec import (
+    Goal,
+    MedianStopping,
+    ModelRegistration,
+    Parameter,
+    Scale,
+    SearchKind,
+    SweepSpec,
+)
+from spotorch.core.sweeps import (
     SWEEP_TRANSITIONS,
     LogTrial,
     PublishSweepEvent,
@@ -31,15 +43,7 @@ from spotorch.sweep import (
     new_sweep,
     trial_params,
 )
-from spotorch.sweep_spec import (
-    Goal,
-    MedianStopping,
-    ModelRegistration,
-    Parameter,
-    Scale,
-    SearchKind,
-    SweepSpec,
-)
+from spotorch.spec.event_schemas import validate_event
 
 T0 = 1_800_000_000.0
 GRID = SweepSpec(parameters=(Parameter("lr", values=(0.1, 0.01)), Parameter("bs", values=(32, 64))),

@@ -6,17 +6,21 @@ from __future__ import annotations
 import json
 
 from fakes import fake_deps
-from spotorch import sweep_service
-from spotorch.domain import FailureClass, JobPhase, RunStatus, TrainerReported
-from spotorch.events import kind_of, validate_event
-from spotorch.memory import InMemoryLauncher, InMemoryPublisher, ManualClock
-from spotorch.pipeline import EscalationKind, OnActiveRun, Pipeline, RecoveryPolicy, Trigger
-from spotorch.registry import RegistryError
-from spotorch.registry_memory import MemoryExperimentTracker, MemoryModelRegistry
-from spotorch.service import Deps, job_changed, tick, trainer_reported
-from spotorch.sweep import TrialStatus
-from spotorch.sweep_service import cancel_sweep, load_sweep, start_sweep
-from spotorch.sweep_spec import Goal, MedianStopping, ModelRegistration, Parameter, SweepSpec
+from spotorch.adapters.memory.registry import MemoryExperimentTracker, MemoryModelRegistry
+from spotorch.adapters.memory.twins import InMemoryLauncher, InMemoryPublisher, ManualClock
+from spotorch.app import sweeps as sweep_service
+from spotorch.app.deps import Deps
+from spotorch.app.job_events import job_changed, trainer_reported
+from spotorch.app.sweeps import cancel_sweep, load_sweep, start_sweep
+from spotorch.app.tick import tick
+from spotorch.core.events import kind_of
+from spotorch.core.model import FailureClass, JobPhase, RunStatus
+from spotorch.core.observations import TrainerReported
+from spotorch.core.pipeline import EscalationKind, OnActiveRun, Pipeline, RecoveryPolicy, Trigger
+from spotorch.core.sweep_spec import Goal, MedianStopping, ModelRegistration, Parameter, SweepSpec
+from spotorch.core.sweeps import TrialStatus
+from spotorch.ports.registry import RegistryError
+from spotorch.spec.event_schemas import validate_event
 
 SPEC = SweepSpec(parameters=(Parameter("lr", values=(0.1, 0.01, 0.001, 0.0001)),),
                  parallelism=3, metric="loss", goal=Goal.MINIMIZE,

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from spotorch.errors import InvalidEvent
-from spotorch.pipeline import BatchMode, JobTemplate, Pipeline, Trigger
-from spotorch.triggers import (
+from spotorch.core.errors import InvalidEvent
+from spotorch.core.pipeline import BatchMode, JobTemplate, Pipeline, Trigger
+from spotorch.core.triggers import (
     PUBSUB_MESSAGE_TYPE,
     ObjectEvent,
     ObjectEventKind,

@@ -29,13 +29,15 @@ from operator_runs import (
     hardware_run,
     sweeps,
 )
-from spotorch.domain import Run, TrainerReported
-from spotorch.ledger import ledger
+from spotorch.app.deps import Deps
+from spotorch.app.job_events import trainer_reported
+from spotorch.app.queries import DocumentRunReader, DocumentSweepReader
+from spotorch.core.cost import ledger
+from spotorch.core.model import Run
+from spotorch.core.observations import TrainerReported
 from spotorch.operate.backend import Backend
-from spotorch.operate.reads import DocumentRunReader, DocumentSweepReader
-from spotorch.service import Deps, trainer_reported
-from spotorch.ui.server import UIServer
-from spotorch.ui.timeline import timeline_svg
+from spotorch.operate.ui.server import UIServer
+from spotorch.operate.ui.timeline import timeline_svg
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(os.environ.get("SPOTORCH_TEST_ARTIFACTS") or ROOT / "build" / "test-artifacts") / "ui"
@@ -189,8 +191,8 @@ def browser() -> Iterator[Any]:
 def firestore_world(firestore_emulator: Any) -> tuple[Deps, dict[str, Run], Backend]:
     from google.cloud import firestore
 
-    from spotorch.operate.reads import FirestoreRunReader, FirestoreSweepReader
-    from spotorch.store_firestore import FirestoreDocumentStore
+    from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
+    from spotorch.adapters.gcp.firestore_reads import FirestoreRunReader, FirestoreSweepReader
 
     deps = deps_for(FirestoreDocumentStore(project=firestore_emulator.project))
     runs = every_kind(deps)
@@ -355,7 +357,7 @@ def test_the_sweeps_page_and_a_sweeps_trials_in_chromium(
 @pytest.mark.emulator
 def test_firestore_listing_pages_and_filters(
         firestore_world: tuple[Deps, dict[str, Run], Backend]) -> None:
-    from spotorch.operate.reads import RunQuery, parse_statuses
+    from spotorch.ports.reads import RunQuery, parse_statuses
 
     _, runs, backend = firestore_world
     newest_first = [runs[k].run_id for k in ("queued", "live", "failed", "story")]
@@ -385,7 +387,7 @@ def test_the_ui_command_serves_until_stopped(tmp_path: Path) -> None:
     state = tmp_path / "none.json"
     env = {**os.environ, "SPOTORCH_API_URL": "http://127.0.0.1:9/",
            "FIRESTORE_EMULATOR_HOST": "127.0.0.1:9"}
-    proc = subprocess.Popen([sys.executable, "-m", "spotorch.cli", "--stack-state", str(state),
+    proc = subprocess.Popen([sys.executable, "-m", "spotorch.operate.cli", "--stack-state", str(state),
                              "ui", "--port", str(port)], env=env, stderr=subprocess.PIPE,
                             text=True)
     try:

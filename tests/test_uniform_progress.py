@@ -3,7 +3,7 @@
 # The reference below is written from "Can't Be Late" (Wu et al., NSDI'24), section 4, and the
 # way its authors' simulator steps time (a tick loop: observe the last gap, credit its work net
 # of the restart overhead still owed, decide, and ask for NONE when Spot is wanted but absent).
-# It shares no code with spotorch.policy or spotorch.sim.replay; only the inputs (a window of
+# It shares no code with spotorch.core.policy or spotorch.sim.replay; only the inputs (a window of
 # availability already resampled onto 5-minute ticks) and the billing convention (per tick,
 # pro rata in the tick that completes the work, as the simulator bills) are common.
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spotorch.policy import uniform_progress
+from spotorch.core.policy import uniform_progress
 from spotorch.sim.model import Scenario, Window, find_trace_files, load_trace, windows_of
 from spotorch.sim.replay import run_online
 from spotorch.sim.simulate import DEFAULT_TRACES

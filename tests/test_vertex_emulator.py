@@ -23,7 +23,9 @@ from google.cloud.aiplatform_v1.services.job_service.transports.grpc import (
     JobServiceGrpcTransport,
 )
 
-from spotorch.domain import FailureClass, JobPhase, JobStatus
+from spotorch.adapters.gcp.vertex import JobState, RetryPolicy, VertexJobLauncher
+from spotorch.core.model import FailureClass, JobPhase, JobStatus
+from spotorch.core.pipeline import Capacity, JobTemplate, WorkerPool
 from spotorch.local._vertex_logs import LogFormat, LogFormatError
 from spotorch.local._vertex_quota import QuotaLimits
 from spotorch.local._vertex_schedule import (
@@ -36,9 +38,7 @@ from spotorch.local._vertex_schedule import (
 )
 from spotorch.local.emulators import EmulatorSet
 from spotorch.local.vertex_emulator import READY_LINE, EmulatorError, VertexEmulator
-from spotorch.pipeline import Capacity, JobTemplate, WorkerPool
-from spotorch.ports import LABEL_ATTEMPT, LABEL_RUN, LaunchSpec
-from spotorch.vertex import JobState, RetryPolicy, VertexJobLauncher
+from spotorch.ports.jobs import LABEL_ATTEMPT, LABEL_RUN, LaunchSpec
 
 PROJECT = "spotorch-test"
 REGION = "us-central1"

@@ -14,11 +14,7 @@ import pytest
 from google.api_core import exceptions as api
 from google.cloud import aiplatform_v1 as v1
 
-from spotorch.domain import FailureClass, JobPhase
-from spotorch.local._vertex_filter import matches, parse_filter
-from spotorch.pipeline import Capacity, JobTemplate, RecoveryPolicy, WorkerPool
-from spotorch.ports import LaunchError, LaunchSpec
-from spotorch.vertex import (
+from spotorch.adapters.gcp.vertex import (
     LABEL_ATTEMPT,
     LABEL_PIPELINE,
     LABEL_RUN,
@@ -35,6 +31,10 @@ from spotorch.vertex import (
     parse_exit_code,
     parse_job_state,
 )
+from spotorch.core.model import FailureClass, JobPhase
+from spotorch.core.pipeline import Capacity, JobTemplate, RecoveryPolicy, WorkerPool
+from spotorch.local._vertex_filter import matches, parse_filter
+from spotorch.ports.jobs import LaunchError, LaunchSpec
 
 REGION = "europe-west4"
 
@@ -444,6 +444,6 @@ def test_the_real_client_is_built_per_region_and_cached(monkeypatch: pytest.Monk
 
 
 def test_importing_the_modules_does_not_import_the_client() -> None:
-    code = ("import sys, spotorch.vertex, spotorch.job_events; "
+    code = ("import sys, spotorch.adapters.gcp.vertex, spotorch.entrypoints.log_entries; "
             "assert 'google.cloud.aiplatform_v1' not in sys.modules, 'imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

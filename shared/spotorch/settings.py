@@ -15,7 +15,7 @@ ENV_PIPELINES = "SPOTORCH_PIPELINES"
 ENV_TRAINING_SERVICE_ACCOUNT = "SPOTORCH_TRAINING_SERVICE_ACCOUNT"
 ENV_VERTEX_ENDPOINT = "SPOTORCH_VERTEX_ENDPOINT"
 ENV_FIRESTORE_DATABASE = "SPOTORCH_FIRESTORE_DATABASE"
-# "1": Vertex request budgets shared by all instances through Firestore (spotorch.budget);
+# "1": Vertex request budgets shared by all instances through Firestore (spotorch.adapters.budget);
 # unset or "0": each instance keeps its own. deploy/ sets it (var.shared_request_budget).
 ENV_SHARED_BUDGET = "SPOTORCH_SHARED_BUDGET"
 
@@ -40,7 +40,7 @@ COLLECTION_DEDUPE = "dedupe"
 COLLECTION_REJECTED = "rejected_events"
 COLLECTION_LISTINGS = "listings"  # per landing prefix: where the reconcile listing goes on
 COLLECTION_FAILURES = "delivery_failures"  # message id -> last transient failure (dead letters)
-COLLECTION_SWEEPS = "sweeps"  # sweep id -> the sweep (spotorch.sweep), its trials and outbox
+COLLECTION_SWEEPS = "sweeps"  # sweep id -> the sweep (spotorch.core.sweeps), its trials and outbox
 COLLECTION_JOBS = "jobs"  # job id -> run, attempt, job name: attributes log-sink entries
 COLLECTION_SPOT_REGIONS = "spot_regions"  # region x shape -> Spot seen by all runs (spot_record)
 COLLECTION_BUDGETS = "request_budgets"  # region:kind -> Vertex request tokens granted lately

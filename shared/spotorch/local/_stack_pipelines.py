@@ -1,6 +1,6 @@
 """The pipelines a local stack serves: each file checked on its own, the valid ones made active.
 
-The functions read every file of SPOTORCH_PIPELINES and fail on any bad one (spotorch.config),
+The functions read every file of SPOTORCH_PIPELINES and fail on any bad one (spotorch.spec.loader),
 so the stack points them at a directory of its own holding only the files that passed; a bad
 file is reported with every problem and left out, and the others keep working.
 """
@@ -89,7 +89,7 @@ def _describe(pipeline: Any, file: Path) -> LoadedPipeline:
 def check_pipelines(source: Path) -> PipelineSet:
     """Check every pipeline file below source on its own; a second file with a name already
     taken is left out too (the functions would refuse both)."""
-    from spotorch.config import check_file, pipeline_files
+    from spotorch.spec.loader import check_file, pipeline_files
 
     loaded: dict[str, LoadedPipeline] = {}
     rejected: dict[str, tuple[str, ...]] = {}
@@ -120,7 +120,7 @@ def activate(pipelines: PipelineSet, active_dir: Path) -> None:
 
 def fingerprint(source: Path) -> tuple[tuple[str, int, int], ...]:
     """What changes when a pipeline file is added, removed or edited."""
-    from spotorch.config import pipeline_files
+    from spotorch.spec.loader import pipeline_files
 
     if not source.exists():
         return ()

@@ -13,8 +13,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from spotorch.adapters.gcp.vertex import JobState
 from spotorch.local._vertex_workers import Replica
-from spotorch.vertex import JobState
 
 log = logging.getLogger("spotorch.local.vertex_emulator")
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spotorch.vertex import JobState
+from spotorch.adapters.gcp.vertex import JobState
 from spotorch_trainer.contract import rfc3339
 
 RESOURCE_TYPE = "ml_job"

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from spotorch.adapters.gcp.vertex import JobState
 from spotorch.local._vertex_jobs import (
     CODE_CANCELLED,
     CODE_DEADLINE_EXCEEDED,
@@ -27,7 +28,6 @@ from spotorch.local._vertex_jobs import (
 from spotorch.local._vertex_logs import Transition
 from spotorch.local._vertex_schedule import SpotSchedule
 from spotorch.local._vertex_workers import SpawnError, kill, spawn
-from spotorch.vertex import JobState
 
 log = logging.getLogger("spotorch.local.vertex_emulator")
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from spotorch.ports import LABEL_ATTEMPT, LABEL_PIPELINE, LABEL_RUN, label_value
+from spotorch.ports.jobs import LABEL_ATTEMPT, LABEL_PIPELINE, LABEL_RUN, label_value
 
 
 class ScheduleError(ValueError):

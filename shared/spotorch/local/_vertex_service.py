@@ -10,18 +10,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from spotorch.adapters.gcp.vertex import JobState
 from spotorch.local._vertex_filter import FilterError, matches, parse_filter
-from spotorch.local._vertex_jobs import (
-    DEFAULT_TIMEOUT_S,
-    TERMINAL,
-    Invalid,
-    JobRecord,
-    JobStore,
-    utc,
-)
+from spotorch.local._vertex_jobs import DEFAULT_TIMEOUT_S, TERMINAL, Invalid, JobRecord, JobStore, utc
 from spotorch.local._vertex_quota import QuotaExceeded, QuotaMeter
 from spotorch.local._vertex_runner import JobRunner
-from spotorch.vertex import JobState
 
 log = logging.getLogger("spotorch.local.vertex_emulator")
 

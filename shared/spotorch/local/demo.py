@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 if TYPE_CHECKING:
-    from spotorch.domain import Run
+    from spotorch.core.model import Run
     from spotorch.local.stack import DevStack
 
 REPO = Path(__file__).resolve().parents[3]  # shared/spotorch/local/demo.py -> the repository
@@ -225,7 +225,7 @@ def _iso(ts: float | None) -> str | None:
 
 
 def _find_run(docs: Any) -> Any:
-    from spotorch.domain import Run
+    from spotorch.core.model import Run
 
     found = [Run.from_dict(d) for d in docs.query("runs", "pipeline", PIPELINE)]
     return min(found, key=lambda r: r.created_at) if found else None
@@ -252,10 +252,10 @@ def _follow(docs: Any, timeout_s: float, say: Callable[[str], None]) -> Any:
 def _follow_sweep(docs: Any, timeout_s: float, say: Callable[[str], None],
                   uploaded_at: float) -> dict[str, Any]:
     """Watch the sweep the upload starts until it ends; report its trials, best and model."""
-    from spotorch.domain import Run
+    from spotorch.app.sweeps import sweep_summary
+    from spotorch.core.model import Run
+    from spotorch.core.sweeps import Sweep
     from spotorch.settings import COLLECTION_SWEEPS
-    from spotorch.sweep import Sweep
-    from spotorch.sweep_service import sweep_summary
 
     deadline = time.monotonic() + timeout_s
     sw = None
@@ -344,9 +344,9 @@ def demo_stack(scenario: Scenario, *, timeout_s: float, quiet: bool,
     lose_job_events: the Vertex emulator drops every job-state message, so only the reconcile
     tick's polling learns what the jobs do (what happens when a log sink loses messages).
     """
+    from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
     from spotorch.local.receivers import SmtpReceiver, WebhookReceiver
     from spotorch.local.stack import DevStack
-    from spotorch.store_firestore import FirestoreDocumentStore
 
     say: Callable[[str], None] = lambda text: _say(quiet, text)  # noqa: E731
     work = Path(tempfile.mkdtemp(prefix=f"spotorch-demo-{scenario.name}-"))
@@ -426,7 +426,7 @@ def _upload_and_follow(stack: Any, docs: Any, timeout_s: float, say: Callable[[s
 
 
 def _report(run: Any, uploaded_at: float) -> dict[str, Any]:
-    from spotorch.service import run_summary
+    from spotorch.app.runs import run_summary
 
     summary = run_summary(run)
     for a in summary["attempts"]:
@@ -458,8 +458,8 @@ def _report(run: Any, uploaded_at: float) -> dict[str, Any]:
 
 def _costs(run: Any, pipeline_file: Path) -> dict[str, Any]:
     """The run's cost ledger: what it cost, and what it saved against standard VMs."""
-    from spotorch.config import load_pipeline
-    from spotorch.ledger import ledger, ledger_dict
+    from spotorch.core.cost import ledger, ledger_dict
+    from spotorch.spec.loader import load_pipeline
 
     if run is None:
         return {"cost": None, "savings": None}
@@ -469,7 +469,7 @@ def _costs(run: Any, pipeline_file: Path) -> dict[str, Any]:
 
 
 def _published(stack: Any) -> list[dict[str, Any]]:
-    from spotorch.events import from_pubsub
+    from spotorch.core.events import from_pubsub
 
     events = [from_pubsub(m) for m in stack.pull_published(max_messages=500)]
     unique = {e["id"]: e for e in events}  # at-least-once: dedupe by the stable id

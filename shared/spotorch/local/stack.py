@@ -442,7 +442,7 @@ class DevStack:
 
 
 # The command line lives in _stack_cli; these names stay importable from here.
-from spotorch.local._stack_cli import (  # noqa: E402
+from spotorch.local._stack_cli import (
     alerts_main,
     down_main,
     exports,

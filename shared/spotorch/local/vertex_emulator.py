@@ -19,6 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from spotorch.adapters.gcp.vertex import JobState
 from spotorch.local import _vertex_logs as logs
 from spotorch.local._vertex_jobs import JobStore
 from spotorch.local._vertex_logs import LogFormat, LogFormatError
@@ -37,7 +38,6 @@ from spotorch.local._vertex_schedule import (
 from spotorch.local._vertex_service import SERVICE, JobService, copy
 from spotorch.local._vertex_workers import kill
 from spotorch.settings import TOPIC_JOB_EVENTS
-from spotorch.vertex import JobState
 
 log = logging.getLogger("spotorch.local.vertex_emulator")
 

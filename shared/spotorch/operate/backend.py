@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from spotorch.domain import Run
+from spotorch.core.model import Run
+from spotorch.core.pipeline import Pipeline
+from spotorch.core.sweeps import Sweep
 from spotorch.operate.logsource import CloudLoggingSource, LocalWorkerLogs, LogLine, LogSource
-from spotorch.operate.reads import RunReader, SweepReader
 from spotorch.operate.target import Target
-from spotorch.pipeline import Pipeline
-from spotorch.sweep import Sweep
+from spotorch.ports.reads import RunReader, SweepReader
 
 
 class OperatorError(Exception):
@@ -177,8 +177,8 @@ def load_pipelines(path: str | None) -> Mapping[str, Pipeline]:
     """Pipelines by name (for prices); none when there is no path or it does not load."""
     if not path or not Path(path).exists():
         return {}
-    from spotorch.config import load_pipelines as load
-    from spotorch.errors import ConfigError
+    from spotorch.core.errors import ConfigError
+    from spotorch.spec.loader import load_pipelines as load
 
     try:
         return {p.name: p for p in load(path)}
@@ -188,7 +188,7 @@ def load_pipelines(path: str | None) -> Mapping[str, Pipeline]:
 
 def backend_for(target: Target) -> Backend:
     """The backend of a target: Firestore (or its emulator) for reads, HTTP for actions."""
-    from spotorch.operate.reads import FirestoreRunReader, FirestoreSweepReader
+    from spotorch.adapters.gcp.firestore_reads import FirestoreRunReader, FirestoreSweepReader
 
     if target.firestore_emulator:
         # The Firestore client finds an emulator only through the environment.
@@ -240,7 +240,7 @@ class _LazyFirestore:
 
 def _store_call(target: Target, fn: Callable[[], Any], what: str = "runs") -> Any:
     """fn(); the store's own errors become one-line OperatorErrors naming the store."""
-    from spotorch.operate.reads import BadQuery
+    from spotorch.ports.reads import BadQuery
 
     try:
         return fn()

@@ -7,7 +7,7 @@ from typing import Any
 
 from spotorch.operate.times import duration
 
-# Status -> Rich style; the UI uses the same families (spotorch.ui.pages.STATUS_CLASS).
+# Status -> Rich style; the UI uses the same families (spotorch.operate.ui.pages.STATUS_CLASS).
 STATUS_STYLE: Mapping[str, str] = {
     "QUEUED": "blue", "PENDING": "blue", "STARTING": "blue", "RUNNING": "cyan",
     "RECOVERING": "magenta", "CANCELLING": "yellow", "CANCELLED": "yellow",
@@ -21,7 +21,7 @@ def status_style(status: str) -> str:
 
 
 def money(amount: float | None, currency: str = "USD") -> str:
-    from spotorch.ledger import money as dollars
+    from spotorch.core.cost import money as dollars
 
     if currency == "USD" or amount is None:
         return dollars(amount)

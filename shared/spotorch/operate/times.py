@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from spotorch.operate.reads import BadQuery
+from spotorch.ports.reads import BadQuery
 from spotorch_trainer.contract import parse_rfc3339
 
 _UNITS: Mapping[str, float] = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import numpy.typing as npt
 
-from spotorch.pipeline import Capacity
+from spotorch.core.pipeline import Capacity
 from spotorch.sim.model import FloatArray, Outcome, Scenario, ScenarioError, Window
 
 _NONE, _SPOT, _STD = 0, 1, 2

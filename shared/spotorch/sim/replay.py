@@ -40,9 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from spotorch.domain import spot_cooldown_until, spot_cooling
-from spotorch.pipeline import Capacity, EscalationKind, RecoveryPolicy
-from spotorch.policy import (
+from spotorch.core.escalation import spot_cooldown_until, spot_cooling
+from spotorch.core.pipeline import Capacity, EscalationKind, RecoveryPolicy
+from spotorch.core.policy import (
     PolicyView,
     ProbeTerms,
     RegionRecord,

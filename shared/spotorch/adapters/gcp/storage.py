@@ -1,0 +1,47 @@
+"""ObjectStore on google-cloud-storage (honours STORAGE_EMULATOR_HOST); the client on first use."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from spotorch.ports.storage import ObjectInfo, ObjectNotFound, ObjectPage
+
+
+class GcsObjectStore:
+    def __init__(self, client: Any = None, *, project: str | None = None) -> None:
+        self._client = client
+        self._project = project
+        self._lock = threading.Lock()
+
+    def _storage(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                import google.cloud.storage as storage
+
+                self._client = storage.Client(project=self._project)
+            return self._client
+
+    def read(self, bucket: str, name: str, generation: int, max_bytes: int) -> bytes:
+        from google.api_core import exceptions
+
+        blob = self._storage().bucket(bucket).blob(name, generation=generation)
+        try:
+            data: bytes = blob.download_as_bytes(start=0, end=max_bytes - 1)
+        except exceptions.NotFound:
+            raise ObjectNotFound(f"gs://{bucket}/{name}#{generation}") from None
+        return data
+
+    def exists(self, bucket: str, name: str, generation: int) -> bool:
+        blob = self._storage().bucket(bucket).blob(name, generation=generation)
+        return bool(blob.exists())
+
+    def list_page(self, bucket: str, prefix: str, page_token: str | None,
+                  page_size: int) -> ObjectPage:
+        iterator = self._storage().list_blobs(bucket, prefix=prefix or None,
+                                              page_token=page_token, max_results=page_size)
+        page = next(iterator.pages, None)
+        blobs = list(page) if page is not None else []
+        objects = tuple(ObjectInfo(bucket, b.name, int(b.generation or 0), b.size,
+                                   b.updated.timestamp() if b.updated else None) for b in blobs)
+        return ObjectPage(objects, iterator.next_page_token)

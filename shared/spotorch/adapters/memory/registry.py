@@ -1,0 +1,94 @@
+"""In-memory twins of the Model Registry and Experiments ports (tests/fakes)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+from spotorch.ports.registry import ExperimentRun, ModelUpload, ModelVersion, RegistryError
+
+DEFAULT_ALIAS = "default"  # Vertex gives the first version of a model this alias
+
+
+def model_id(pipeline: str) -> str:
+    """The pipeline's model id: lowercase letters, digits, - and _ (at most 63)."""
+    clean = "".join(c if c.isalnum() or c in "-_" else "-" for c in pipeline.lower())
+    return (clean if clean[:1].isalnum() else f"m{clean}")[:63]
+
+
+def context_id(text: str) -> str:
+    """A metadata context id: lowercase letters, digits and -; starts with a letter or digit."""
+    clean = "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
+    return (clean or "x")[:128]
+
+
+class MemoryModelRegistry:
+    def __init__(self, project: str = "local") -> None:
+        self.project = project
+        self.versions: dict[str, list[ModelVersion]] = {}  # model name -> versions in order
+        self.uploads = 0  # UploadModel calls made (a redelivery must not add one)
+        self.fail_next: RegistryError | None = None
+        self._lock = threading.Lock()
+
+    def upload(self, upload: ModelUpload) -> str:
+        with self._lock:
+            if self.fail_next is not None:
+                exc, self.fail_next = self.fail_next, None
+                raise exc
+            model = (f"projects/{self.project}/locations/{upload.region}/models/"
+                     f"{model_id(upload.pipeline)}")
+            versions = self.versions.setdefault(model, [])
+            for existing in versions:
+                if existing.labels.get("spotorch_run") == upload.labels.get("spotorch_run"):
+                    return existing.name
+            self.uploads += 1
+            number = str(len(versions) + 1)
+            aliases = tuple(dict.fromkeys(((DEFAULT_ALIAS,) if not versions else ())
+                                          + upload.aliases))
+            # An alias names one version of a model: applying it moves it from the others.
+            versions[:] = [replace(v, aliases=tuple(a for a in v.aliases if a not in aliases))
+                           for v in versions]
+            version = ModelVersion(name=f"{model}@{number}", version_id=number,
+                                   display_name=upload.display_name,
+                                   artifact_uri=upload.artifact_uri,
+                                   serving_image=upload.serving_image,
+                                   labels=dict(upload.labels), aliases=aliases)
+            versions.append(version)
+            return version.name
+
+    def version(self, name: str) -> ModelVersion:
+        model, _, number = name.partition("@")
+        for version in self.versions.get(model, []):
+            if version.version_id == number:
+                return version
+        raise RegistryError(f"no model version {name}", permanent=True, code="NOT_FOUND")
+
+
+class MemoryExperimentTracker:
+    def __init__(self, project: str = "local") -> None:
+        self.project = project
+        self.runs: dict[str, ExperimentRun] = {}
+        self.children: dict[str, list[str]] = {}
+
+    def _store(self, region: str) -> str:
+        return f"projects/{self.project}/locations/{region}/metadataStores/default"
+
+    def log_run(self, run: ExperimentRun) -> str:
+        experiment = f"{self._store(run.region)}/contexts/{context_id(run.experiment)}"
+        name = f"{self._store(run.region)}/contexts/{context_id(f'{run.experiment}-{run.run_id}')}"
+        self.runs[name] = run
+        children = self.children.setdefault(experiment, [])
+        if name not in children:
+            children.append(name)
+        return name
+
+    def read_run(self, name: str) -> ExperimentRun:
+        try:
+            return self.runs[name]
+        except KeyError:
+            raise RegistryError(f"no experiment run {name}", permanent=True,
+                                code="NOT_FOUND") from None
+
+    def runs_of(self, experiment: str, region: str) -> tuple[str, ...]:
+        return tuple(self.children.get(
+            f"{self._store(region)}/contexts/{context_id(experiment)}", ()))

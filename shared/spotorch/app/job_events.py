@@ -1,0 +1,123 @@
+"""What a job or its trainer says: job-state changes, log lines (hints), trainer reports."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from spotorch.app.deps import Deps, ImplausibleReport, NotOurJob, UnknownAttempt, UnknownRun, job_owner
+from spotorch.app.launch_specs import hardware_result
+from spotorch.app.unit_of_work import apply
+from spotorch.core.model import Checkpoint, JobPhase, JobStatus, Run
+from spotorch.core.observations import JobObserved, Observation, ProbeMissing, ProbeObserved, TrainerReported
+from spotorch.core.trust import implausible
+from spotorch.ports.jobs import LaunchError
+
+log = logging.getLogger("spotorch.app.job_events")
+
+
+
+# ---------------------------------------------------------------- events and the tick
+
+def job_changed(deps: Deps, run_id: str, attempt: int, status: JobStatus,
+                event_id: str | None = None, *, confirmed: bool = True) -> Run:
+    """A job's state changed; when it ended, look up the checkpoint it left first."""
+    def observe(run: Run) -> Sequence[Observation]:
+        if run.attempt(attempt) is None:
+            raise UnknownAttempt(f"run {run_id} has no attempt {attempt}")
+        checkpoint = checkpoint_if_ended(deps, run, status) if confirmed else None
+        return [JobObserved(attempt, status, checkpoint, confirmed=confirmed)]
+    return _apply_known(deps, run_id, observe, event_id)
+
+
+def probe_changed(deps: Deps, run_id: str, probe: int, status: JobStatus,
+                  event_id: str | None = None) -> Run:
+    """Vertex's own status of a probe's job."""
+    def observe(run: Run) -> Sequence[Observation]:
+        known = run.probe(probe)
+        if known is None:
+            raise UnknownAttempt(f"run {run_id} has no probe {probe}")
+        return [ProbeObserved(probe, status, hardware_result(deps, run, known, status))]
+    return _apply_known(deps, run_id, observe, event_id)
+
+
+def job_line_reported(deps: Deps, job_id: str, phase: JobPhase, message: str,
+                      event_id: str | None = None) -> Run:
+    """A job's service log line (log sink): attribute it by the job record, confirm an ending.
+
+    A line is a hint: a terminal one is checked with GetCustomJob (the record holds the job's
+    region) and only Vertex's answer is applied. A transient failure of that check raises, so
+    the message comes back; NOT_FOUND is left to the tick's polling.
+    """
+    owner = job_owner(deps, job_id)
+    if owner is None:
+        raise NotOurJob(f"job {job_id} is not one spotorch created (no job record)")
+    if owner.probe:
+        # A probe's RUNNING moves a run off standard: only Vertex's own answer is applied.
+        try:
+            confirmed = deps.launcher.get(owner.job_name)
+        except LaunchError as exc:
+            if exc.code != "NOT_FOUND":
+                raise
+            gone = ProbeMissing(owner.probe, owner.job_name)
+            return _apply_known(deps, owner.run_id, lambda _run: [gone], event_id)
+        return probe_changed(deps, owner.run_id, owner.probe, confirmed, event_id)
+    if not phase.terminal:
+        hint = JobStatus(owner.job_name, phase, message=message)
+        return job_changed(deps, owner.run_id, owner.attempt, hint, event_id, confirmed=False)
+    try:
+        status = deps.launcher.get(owner.job_name)
+    except LaunchError as exc:
+        if exc.code != "NOT_FOUND":
+            raise
+        run, _ = deps.runs.load(owner.run_id)
+        if run is None:
+            raise UnknownRun(f"no run {owner.run_id!r}") from None
+        return run  # the tick counts it as missing and, in time, as lost
+    return job_changed(deps, owner.run_id, owner.attempt, status, event_id)
+
+
+def checkpoint_if_ended(deps: Deps, run: Run, status: JobStatus) -> Checkpoint | None:
+    if not status.phase.terminal:
+        return None
+    try:
+        return deps.checkpoints.latest(run.checkpoint_uri)
+    except Exception as exc:  # the decision can go on with what the trainer reported
+        log.warning("checkpoint lookup for %s failed: %s", run.run_id, exc)
+        return None
+
+
+def trainer_reported(deps: Deps, run_id: str, report: TrainerReported,
+                     event_id: str | None = None) -> Run:
+    """The trainer of an attempt reported progress, a checkpoint, or its end."""
+    def observe(run: Run) -> Sequence[Observation]:
+        if run.attempt(report.attempt) is None:
+            raise UnknownAttempt(f"run {run_id} has no attempt {report.attempt}")
+        why = implausible(run, report, deps.clock.now())
+        if why is not None:
+            raise ImplausibleReport(f"run {run_id} attempt {report.attempt}: {why}")
+        return [] if _coalesced(run, report) else [report]
+    return _apply_known(deps, run_id, observe, event_id)
+
+
+def _apply_known(deps: Deps, run_id: str, observe: Callable[[Run], Sequence[Observation]],
+                 event_id: str | None) -> Run:
+    """apply() for an event about a run that must exist: an unknown run is an error to record."""
+    run = apply(deps, run_id, observe, event_id=event_id)
+    if run is None:
+        raise UnknownRun(f"no run {run_id!r}")
+    return run
+
+
+# Firestore sustains about one write per second per document: plain progress reports closer
+# than this to the last one written are acknowledged without a write (the next one carries the
+# news, metrics included). Checkpoints, starts and ends are always written.
+COALESCE_S = 1.0
+
+
+def _coalesced(run: Run, report: TrainerReported) -> bool:
+    last = run.progress.at
+    return (report.kind == "progress" and report.checkpoint_uri is None
+            and not report.nonfinite  # a diverging loss is news now (training health)
+            and last is not None and 0.0 <= report.at - last < COALESCE_S
+            and (report.step or 0) >= run.progress.step)

@@ -1,0 +1,156 @@
+"""Runs as people start and stop them: start (once per snapshot), cancel, retry, submit; rejected events."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from spotorch.app.deps import Deps, NotRetryable, UnknownRun, hardware_outlook, probe_cache, region_order
+from spotorch.app.spot_record import shape_of
+from spotorch.app.unit_of_work import apply, carry_out
+from spotorch.core.decide import new_run
+from spotorch.core.model import Checkpoint, Run, RunStatus
+from spotorch.core.observations import CancelRequested
+from spotorch.logs import shorten
+from spotorch.ports.store import ConflictError, DocumentStore
+from spotorch.settings import COLLECTION_REJECTED
+
+log = logging.getLogger("spotorch.app.runs")
+
+
+
+# ---------------------------------------------------------------- starting runs
+
+def start_run(deps: Deps, pipeline_name: str, *, run_id: str, data_uri: str,
+              snapshot_id: str | None, reason: str,
+              resume_from: Checkpoint | None = None, retry_of: str | None = None,
+              sweep_id: str | None = None,
+              params: Mapping[str, Any] | None = None) -> Run | None:
+    """Create the run of a snapshot exactly once; apply the pipeline's rule for an active run.
+
+    A sweep's trial (sweep_id set) runs alongside the others: its sweep decides parallelism."""
+    pipeline = deps.pipeline(pipeline_name)
+    existing, _ = deps.runs.load(run_id)
+    if existing is not None:
+        return existing
+    rule = "parallel" if sweep_id else pipeline.trigger.on_active_run.value
+    active = [] if rule == "parallel" else \
+        [r for r in deps.runs.active_for_pipeline(pipeline.name) if r.run_id != run_id]
+    if active and rule == "skip":
+        log.info("snapshot %s skipped: run %s is active", snapshot_id, active[0].run_id)
+        return None
+    now = deps.clock.now()
+    cache = probe_cache(deps, pipeline) if pipeline.hardware is not None else None
+    run = new_run(run_id=run_id, pipeline=pipeline, now=now,
+                         data_uri=data_uri, snapshot_id=snapshot_id,
+                         queued=bool(active) and rule == "queue", resume_from=resume_from,
+                         retry_of=retry_of, reason=reason, sweep_id=sweep_id, params=params,
+                         region_order=region_order(deps, pipeline, shape_of(pipeline, None),
+                                                   now),
+                         hardware_cache=cache,
+                         outlook=hardware_outlook(deps, pipeline, now) if cache else None)
+    try:
+        version = deps.runs.save(run, None)
+    except ConflictError:
+        return deps.runs.load(run_id)[0]  # created concurrently by a duplicate delivery
+    run = carry_out(deps, run, version, tuple(i.id for i in run.outbox))
+    if active and rule == "supersede":
+        for old in active:
+            cancel_run(deps, old.run_id, f"superseded by run {run_id}")
+    return run
+
+
+# ---------------------------------------------------------------- operator actions
+
+def cancel_run(deps: Deps, run_id: str, reason: str = "cancelled by an operator") -> Run:
+    """Cancel a run and stop its job."""
+    run = apply(deps, run_id, [CancelRequested(reason)])
+    if run is None:
+        raise UnknownRun(f"no run {run_id!r}")
+    return run
+
+
+def retry_run(deps: Deps, run_id: str, request_id: str = "1") -> Run:
+    """Start a new run that resumes a failed or cancelled run from its latest checkpoint."""
+    old, _ = deps.runs.load(run_id)
+    if old is None:
+        raise UnknownRun(f"no run {run_id!r}")
+    if old.active or old.status is RunStatus.SUCCEEDED:
+        raise NotRetryable(f"run {run_id} is {old.status}; only a run that failed or was "
+                           "cancelled can be retried")
+    resume = deps.checkpoints.latest(old.checkpoint_uri) or old.latest_checkpoint
+    new_id = f"{run_id}-retry-{request_id}"[:63]
+    run = start_run(deps, old.pipeline, run_id=new_id, data_uri=old.data_uri,
+                    snapshot_id=old.snapshot_id, reason=f"retry of {run_id}",
+                    resume_from=resume, retry_of=old.retry_of or run_id)
+    if run is None:
+        raise NotRetryable(f"pipeline {old.pipeline} skips new runs while one is active")
+    return run
+
+
+REJECTED_REASON_CHARS = 4000
+
+
+def record_rejected(docs: DocumentStore, *, event_id: str, event_type: str, reason: str,
+                    now: float, payload: Mapping[str, Any] | None = None) -> None:
+    """Keep a malformed event for people to look at; it is acknowledged, never retried."""
+    key = (event_id or f"unknown-{now}").replace("/", "_")[:200]
+    # Firestore refuses a string over 1 MiB and a document over 1 MiB: a reason quoting hostile
+    # input (a 1 MiB object name) is cut, so the record is written all the same.
+    doc = {"event_id": shorten(str(event_id), 1500), "event_type": shorten(str(event_type), 500),
+           "reason": shorten(reason, REJECTED_REASON_CHARS), "at": now,
+           "payload": repr(payload)[:4000] if payload is not None else None,
+           # A timestamp, not a number: Firestore's TTL policy only acts on timestamps.
+           "expires_at": datetime.fromtimestamp(now + 30 * 24 * 3600, UTC)}
+    with contextlib.suppress(ConflictError):  # recorded by an earlier delivery
+        docs.put(COLLECTION_REJECTED, key, doc, None)
+
+
+def run_summary(run: Run) -> dict[str, Any]:
+    """A run as people and the demo read it."""
+    return {
+        "run_id": run.run_id,
+        "pipeline": run.pipeline,
+        "status": str(run.status),
+        "end_reason": run.end_reason,
+        "preemptions": run.counters.preemptions,
+        "model_name": run.model_name,
+        "sweep_id": run.sweep_id,
+        "params": dict(run.params),
+        "escalated": None if not run.escalated else {
+            "to": run.escalated["to"], "reason": run.escalated["reason"]},
+        "attempts": [{
+            "attempt": a.number, "capacity": str(a.capacity), "region": a.region,
+            "state": str(a.state), "job_name": a.job_name, "end_reason": a.end_reason,
+            "failure_class": str(a.failure) if a.failure else None, "exit_code": a.exit_code,
+            "created_at": a.created_at, "started_at": a.started_at, "ended_at": a.ended_at,
+            "resumed_from_step": a.resumed_from_step, "progress_reached": a.progress_step,
+            "machine_type": a.machine_type,
+        } for a in run.attempts],
+        "health": {
+            "hangs": run.counters.hangs, "divergences": run.counters.divergences,
+            "out_of_memory": run.counters.out_of_memory,
+            "checkpoints_deleted": run.health.deleted_checkpoints,
+            "bytes_reclaimed": run.health.bytes_reclaimed,
+        },
+        "probes": [{
+            "probe": p.number, "region": p.region, "state": str(p.state), "job_name": p.job_name,
+            "found": p.found, "created_at": p.created_at, "started_at": p.started_at,
+            "ended_at": p.ended_at, "cancel_reason": p.cancel_reason,
+        } for p in run.probes],
+        "history": [{"at": h.at, "what": h.what, "reason": h.reason} for h in run.history],
+    }
+
+
+def submit(deps: Deps, pipeline_name: str, data_uri: str, *, request_id: str = "") -> Run | None:
+    """Start a run by hand for a data URI (CLI/API); the same request id gives the same run."""
+    from spotorch.app.snapshots import manual_snapshot, run_id_for
+
+    pipeline = deps.pipeline(pipeline_name)
+    snap = manual_snapshot(pipeline, data_uri, request_id=request_id, now=deps.clock.now())
+    return start_run(deps, pipeline.name, run_id=run_id_for(pipeline.name, snap.snapshot_id),
+                     data_uri=snap.data_uri, snapshot_id=snap.snapshot_id,
+                     reason=f"submitted by hand for {data_uri}")

@@ -1,0 +1,320 @@
+"""Sweeps, the use cases: start a sweep, follow its trial runs, cancel it; one conditional write
+of the sweep document per change, then its outbox carried out (start or stop trial runs through
+the run service, register the winner's model, log trials to Experiments, publish events)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, assert_never
+
+from spotorch.app.deps import UnknownRun
+from spotorch.app.runs import cancel_run, start_run
+from spotorch.core import sweeps as sweep
+from spotorch.core.context import Context
+from spotorch.core.decide import cost_estimate
+from spotorch.core.errors import SpotorchError
+from spotorch.core.model import Run
+from spotorch.core.sweeps import (
+    LogTrial,
+    PublishSweepEvent,
+    RegisterModel,
+    StartTrial,
+    StopTrial,
+    Sweep,
+    SweepCancelRequested,
+    SweepContext,
+    SweepEvaluate,
+    SweepIntent,
+    SweepIntentDone,
+    SweepObservation,
+    TrialSeen,
+    TrialStatus,
+)
+from spotorch.ports.registry import (
+    ALIAS_BEST,
+    LABEL_MODEL_PIPELINE,
+    LABEL_MODEL_RUN,
+    LABEL_MODEL_SNAPSHOT,
+    LABEL_MODEL_SWEEP,
+    ExperimentRun,
+    ModelUpload,
+)
+from spotorch.ports.store import ConflictError
+from spotorch.settings import COLLECTION_SWEEPS
+
+if TYPE_CHECKING:
+    from spotorch.app.deps import Deps
+    from spotorch.app.snapshots import SnapshotReady
+
+log = logging.getLogger("spotorch.sweeps")
+
+MAX_CONFLICT_RETRIES = 8
+CARRY_OUT_ROUNDS = 4
+
+
+class UnknownSweep(SpotorchError):
+    """No sweep has this id."""
+
+
+class NotASweepPipeline(SpotorchError):
+    """The pipeline defines no sweep."""
+
+
+def _context(deps: Deps, sw: Sweep) -> SweepContext:
+    pipeline = deps.pipeline(sw.pipeline)
+    if pipeline.sweep is None:
+        raise NotASweepPipeline(f"pipeline {sw.pipeline} defines no sweep")
+    model = pipeline.model
+    return SweepContext(pipeline, pipeline.sweep, deps.clock.now(),
+                        register=model is not None and deps.models is not None,
+                        experiments=bool(model and model.experiments and deps.experiments))
+
+
+def load_sweep(deps: Deps, sweep_id: str) -> tuple[Sweep | None, Any]:
+    doc, version = deps.docs.get(COLLECTION_SWEEPS, sweep_id)
+    return (Sweep.from_dict(doc) if doc else None), version
+
+
+def active_sweeps(deps: Deps) -> list[Sweep]:
+    return [Sweep.from_dict(d) for d in deps.docs.query(COLLECTION_SWEEPS, "active", True)]
+
+
+# ---------------------------------------------------------------- starting
+
+def start_sweep(deps: Deps, pipeline_name: str, *, sweep_id: str, data_uri: str,
+                snapshot_id: str | None, reason: str = "") -> Sweep:
+    """Create a sweep exactly once (the id decides) and start its first trials."""
+    pipeline = deps.pipeline(pipeline_name)
+    if pipeline.sweep is None:
+        raise NotASweepPipeline(f"pipeline {pipeline_name} defines no sweep")
+    existing, _ = load_sweep(deps, sweep_id)
+    if existing is not None:
+        return existing
+    model = pipeline.model
+    sw = sweep.new_sweep(sweep_id=sweep_id, pipeline=pipeline, spec=pipeline.sweep,
+                         now=deps.clock.now(), data_uri=data_uri, snapshot_id=snapshot_id,
+                         register=model is not None and deps.models is not None,
+                         experiments=bool(model and model.experiments and deps.experiments))
+    try:
+        version = deps.docs.put(COLLECTION_SWEEPS, sweep_id, sw.to_dict(), None)
+    except ConflictError:
+        found, _ = load_sweep(deps, sweep_id)  # created concurrently by a duplicate delivery
+        assert found is not None
+        return found
+    log.info("sweep %s created (%s): %d trials", sweep_id, reason, len(sw.trials))
+    return _carry_out(deps, sw, version, tuple(i.id for i in sw.outbox))
+
+
+def start_snapshot_sweep(deps: Deps, snap: SnapshotReady, why: str) -> Sweep:
+    from spotorch.app import snapshots as intake
+
+    return start_sweep(deps, snap.pipeline,
+                       sweep_id=intake.run_id_for(snap.pipeline, snap.snapshot_id),
+                       data_uri=snap.data_uri, snapshot_id=snap.snapshot_id,
+                       reason=f"data snapshot {snap.data_uri} {why}")
+
+
+def submit_sweep(deps: Deps, pipeline_name: str, data_uri: str, *,
+                 request_id: str = "") -> Sweep:
+    """Start a sweep by hand for a data URI (CLI/API); the same request id gives the same sweep."""
+    from spotorch.app.snapshots import manual_snapshot, run_id_for
+
+    pipeline = deps.pipeline(pipeline_name)
+    snap = manual_snapshot(pipeline, data_uri, request_id=request_id, now=deps.clock.now())
+    return start_sweep(deps, pipeline.name, sweep_id=run_id_for(pipeline.name, snap.snapshot_id),
+                       data_uri=snap.data_uri, snapshot_id=snap.snapshot_id,
+                       reason=f"submitted by hand for {data_uri}")
+
+
+# ---------------------------------------------------------------- the unit of work
+
+SweepSource = Sequence[SweepObservation] | Callable[[Sweep], Sequence[SweepObservation]]
+
+
+def apply_sweep(deps: Deps, sweep_id: str, observations: SweepSource, *,
+                take_over: bool = False) -> Sweep | None:
+    """Feed observations to a sweep in one conditional write, then carry out what was decided."""
+    for attempt in range(MAX_CONFLICT_RETRIES):
+        sw, version = load_sweep(deps, sweep_id)
+        if sw is None:
+            return None
+        ctx = _context(deps, sw)
+        new = sw
+        for obs in observations(sw) if callable(observations) else observations:
+            new = sweep.decide_sweep(new, obs, ctx)
+        taken = sweep.claimable(new, ctx.now) if take_over else ()
+        new = sweep.claim(new, taken, ctx.now) if taken else new
+        if new == sw:
+            return sw
+        known = {i.id for i in sw.outbox}
+        mine = tuple(i.id for i in new.outbox if i.id not in known) + tuple(i.id for i in taken)
+        try:
+            version = deps.docs.put(COLLECTION_SWEEPS, sweep_id, new.to_dict(), version)
+        except ConflictError:
+            time.sleep(random.uniform(0.0, 0.02 * (attempt + 1)))
+            continue
+        return _carry_out(deps, new, version, mine)
+    raise ConflictError(f"sweep {sweep_id}: too much contention, giving up for redelivery")
+
+
+def _carry_out(deps: Deps, sw: Sweep, version: Any, mine: Sequence[str]) -> Sweep:
+    pending = set(mine)
+    results: list[SweepObservation] = []
+    ctx = _context(deps, sw)
+    after = sw
+    for _ in range(CARRY_OUT_ROUNDS):
+        todo = [i for i in after.outbox if i.id in pending]
+        if not todo:
+            break
+        before = {i.id for i in after.outbox}
+        for intent in todo:
+            pending.discard(intent.id)
+            result = _perform(deps, after, intent)
+            if result is not None:
+                results.append(result)
+                after = sweep.decide_sweep(after, result, ctx)
+        pending.update(i.id for i in after.outbox if i.id not in before)
+    if after != sw:
+        try:
+            deps.docs.put(COLLECTION_SWEEPS, sw.sweep_id, after.to_dict(), version)
+        except ConflictError:
+            after = apply_sweep(deps, sw.sweep_id, results) or after
+    return after
+
+
+def _perform(deps: Deps, sw: Sweep, intent: SweepIntent) -> SweepObservation | None:
+    try:
+        match intent:
+            case PublishSweepEvent():
+                deps.publisher.publish(intent.event)
+            case StartTrial():
+                trial = sw.trial(intent.trial)
+                start_run(deps, sw.pipeline, run_id=trial.run_id, data_uri=sw.data_uri,
+                                  snapshot_id=sw.snapshot_id, sweep_id=sw.sweep_id,
+                                  params=trial.params,
+                                  reason=f"trial {trial.number} of sweep {sw.sweep_id}")
+            case StopTrial():
+                with contextlib.suppress(UnknownRun):  # never created: nothing to stop
+                    cancel_run(deps, sw.trial(intent.trial).run_id, intent.reason)
+            case RegisterModel():
+                return SweepIntentDone(intent.id, model_name=_register(deps, sw, intent))
+            case LogTrial():
+                return SweepIntentDone(intent.id, experiment_run=_log_trial(deps, sw, intent))
+            case _:
+                assert_never(intent)
+        return SweepIntentDone(intent.id)
+    except Exception as exc:  # stays in the outbox; the tick retries it when its claim expires
+        log.warning("intent %s (%s) of sweep %s failed: %s", intent.id, intent.kind, sw.sweep_id,
+                    exc)
+        return None
+
+
+def _region(deps: Deps, pipeline_name: str) -> str:
+    pipeline = deps.pipeline(pipeline_name)
+    model = pipeline.model
+    return (model.region if model and model.region else pipeline.job.regions[0])
+
+
+def _register(deps: Deps, sw: Sweep, intent: RegisterModel) -> str:
+    pipeline = deps.pipeline(sw.pipeline)
+    model = pipeline.model
+    assert model is not None and deps.models is not None
+    labels = {**dict(model.labels), LABEL_MODEL_PIPELINE: sw.pipeline,
+              LABEL_MODEL_RUN: intent.run_id, LABEL_MODEL_SWEEP: sw.sweep_id,
+              LABEL_MODEL_SNAPSHOT: sw.snapshot_id or ""}
+    return deps.models.upload(ModelUpload(
+        pipeline=sw.pipeline, run_id=intent.run_id, region=_region(deps, sw.pipeline),
+        display_name=model.display_name or sw.pipeline, artifact_uri=intent.artifact_uri,
+        serving_image=model.serving_image, labels=labels,
+        aliases=tuple(dict.fromkeys((*model.aliases, ALIAS_BEST)))))
+
+
+def _log_trial(deps: Deps, sw: Sweep, intent: LogTrial) -> str:
+    assert deps.experiments is not None
+    trial = sw.trial(intent.trial)
+    spec = deps.pipeline(sw.pipeline).sweep
+    metric = spec.metric if spec else "metric"
+    metrics = {"cost": trial.cost, "preemptions": float(trial.preemptions)}
+    if trial.metric is not None:
+        metrics[metric] = trial.metric
+    if trial.step is not None:
+        metrics["step"] = float(trial.step)
+    return deps.experiments.log_run(ExperimentRun(
+        experiment=sw.pipeline, run_id=trial.run_id, region=_region(deps, sw.pipeline),
+        params=dict(trial.params), metrics=metrics,
+        state="COMPLETE" if trial.status is TrialStatus.SUCCEEDED else "FAILED"))
+
+
+# ---------------------------------------------------------------- following trials
+
+def trial_seen(deps: Deps, run: Run, number: int) -> TrialSeen:
+    """What the sweep needs of a trial's run: status, curve, final metric, cost."""
+    pipeline = deps.pipeline(run.pipeline)
+    metric_name = pipeline.sweep.metric if pipeline.sweep else ""
+    curve = tuple((p.step, p.value) for p in run.curve)
+    metric = curve[-1][1] if curve else run.progress.metrics.get(metric_name)
+    cost = cost_estimate(run, Context(pipeline, deps.clock.now()))
+    return TrialSeen(number, run.status, step=run.progress.step if run.progress.at else None,
+                     metric=metric, curve=curve, cost=cost, preemptions=run.counters.preemptions)
+
+
+def _number_of(sw: Sweep, run_id: str) -> int | None:
+    return next((t.number for t in sw.trials if t.run_id == run_id), None)
+
+
+def trial_ended(deps: Deps, run: Run) -> Sweep | None:
+    """A trial's run ended: its sweep frees the slot, keeps the best, maybe ends."""
+    if run.sweep_id is None:
+        return None
+
+    def observe(sw: Sweep) -> list[SweepObservation]:
+        number = _number_of(sw, run.run_id)
+        return [] if number is None else [trial_seen(deps, run, number)]
+    return apply_sweep(deps, run.sweep_id, observe)
+
+
+def _observe_trials(deps: Deps) -> Callable[[Sweep], list[SweepObservation]]:
+    def observe(sw: Sweep) -> list[SweepObservation]:
+        seen: list[SweepObservation] = []
+        for trial in sw.trials:
+            if trial.status in (TrialStatus.RUNNING, TrialStatus.STOPPING):
+                run, _ = deps.runs.load(trial.run_id)
+                if run is not None:
+                    seen.append(trial_seen(deps, run, trial.number))
+        return [*seen, SweepEvaluate()]
+    return observe
+
+
+def reconcile_sweeps(deps: Deps) -> list[Sweep]:
+    """The tick: every active sweep looks at its trials (curves for the median rule, ends an
+    event missed) and takes over intents a crash left behind."""
+    done = []
+    for sw in active_sweeps(deps):
+        try:
+            result = apply_sweep(deps, sw.sweep_id, _observe_trials(deps), take_over=True)
+        except Exception as exc:  # one sweep's trouble must not stop the others
+            log.warning("reconciling sweep %s failed: %s", sw.sweep_id, exc)
+            continue
+        if result is not None:
+            done.append(result)
+    return done
+
+
+def cancel_sweep(deps: Deps, sweep_id: str, reason: str = "cancelled by an operator") -> Sweep:
+    """Cancel a sweep: pending trials never start, running ones are cancelled."""
+    sw = apply_sweep(deps, sweep_id, [SweepCancelRequested(reason)])
+    if sw is None:
+        raise UnknownSweep(f"no sweep {sweep_id!r}")
+    return sw
+
+
+def sweep_summary(sw: Sweep) -> dict[str, Any]:
+    """A sweep as people, the CLI and the demo read it."""
+    return {"sweep_id": sw.sweep_id, "pipeline": sw.pipeline, "status": str(sw.status),
+            "end_reason": sw.end_reason, "best": sw.best, "model_name": sw.model_name,
+            "trials": [sweep.summary(t) for t in sw.trials],
+            "history": [{"at": at, "what": what} for at, what in sw.history]}

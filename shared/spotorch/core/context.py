@@ -1,0 +1,40 @@
+"""What a decision needs besides the run: its pipeline, the time, the regions and outlook."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from spotorch.core import hardware as hw
+from spotorch.core import health as hp
+from spotorch.core.pipeline import Pipeline, RecoveryPolicy
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a decision needs besides the run: its pipeline and the time."""
+
+    pipeline: Pipeline
+    now: float
+    # The pipeline's regions, best first for this run's shape, from the shared record of Spot
+    # behaviour (service.spot_regions); None: the pipeline's own order.
+    region_order: tuple[str, ...] | None = None
+    # What the hardware choice assumes of Spot per candidate (the shared record); None: nothing
+    outlook: hw.Outlook | None = None
+    hardware_cache: Mapping[str, hw.ProbeResult] | None = None  # a queued run's, at its promotion
+
+    @property
+    def regions(self) -> tuple[str, ...]:
+        configured = self.pipeline.job.regions or ("us-central1",)
+        if not self.region_order:
+            return configured
+        ranked = tuple(r for r in self.region_order if r in configured)
+        return ranked + tuple(r for r in configured if r not in ranked)
+
+    @property
+    def recovery(self) -> RecoveryPolicy:
+        return self.pipeline.recovery
+
+    @property
+    def health(self) -> hp.HealthPolicy:
+        return self.pipeline.health

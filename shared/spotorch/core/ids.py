@@ -1,0 +1,53 @@
+"""Identifiers that arrive from outside: checked before they name a Firestore document."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from spotorch.core.errors import InvalidEvent
+
+MAX_ID_LEN = 128
+# Letters, digits, '-', '_' and '.', starting with a letter or digit: no '/', never '.' or '..',
+# never '__x__' (Firestore reserves those names), short enough for a label or a document id.
+_SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_id(value: Any, what: str) -> str:
+    """`value` as an id, or InvalidEvent naming what is wrong with it."""
+    if not isinstance(value, str):
+        raise InvalidEvent(f"{what} is not a string: {str(value)[:40]!r}")
+    if not _SAFE_ID.fullmatch(value) or value.endswith(".") or ".." in value:
+        raise InvalidEvent(f"{what} {value[:60]!r} is not a valid id (1-{MAX_ID_LEN} letters, "
+                           "digits, '-', '_' or '.', starting with a letter or digit)")
+    return value
+
+
+def is_valid_id(value: Any) -> bool:
+    try:
+        check_id(value, "id")
+    except InvalidEvent:
+        return False
+    return True
+
+
+_TOKEN = re.compile(r"[\x21-\x7e]{1,256}")  # printable ASCII, no spaces
+
+
+def check_token(value: Any, what: str) -> str:
+    """An opaque id that is only compared, never used as a document name (e.g. an event id)."""
+    if not isinstance(value, str) or not _TOKEN.fullmatch(value):
+        raise InvalidEvent(f"{what} {str(value)[:60]!r} is not 1-256 printable ASCII characters")
+    return value
+
+
+def message_key(data: bytes, attributes: Mapping[str, str]) -> str:
+    """A Pub/Sub message's identity that survives dead-lettering (which gives it a new id):
+    its data and the attributes it was published with (not those Pub/Sub adds on the way)."""
+    kept = sorted((k, v) for k, v in attributes.items() if not k.startswith("CloudPubSubDeadLetter"))
+    digest = hashlib.sha256(data)
+    digest.update(json.dumps(kept).encode())
+    return digest.hexdigest()[:40]

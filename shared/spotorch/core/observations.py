@@ -1,0 +1,154 @@
+"""Observations: what happened to a run, as decide() receives it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from spotorch.core.model import Checkpoint, JobStatus
+
+# ---------------------------------------------------------------- observations
+
+@dataclass(frozen=True)
+class JobObserved:
+    """The launcher (a poll or a job event) reports an attempt's job status."""
+
+    attempt: int
+    status: JobStatus
+    checkpoint: Checkpoint | None = None  # latest complete checkpoint, looked up when the job ended
+    # Vertex's own answer (GetCustomJob, ListCustomJobs). A log line or a forged message is only
+    # a hint: it may move a job forward, never end it (one live job per run depends on it).
+    confirmed: bool = True
+
+
+@dataclass(frozen=True)
+class JobMissing:
+    """A poll found no job by the attempt's job name (NOT_FOUND from Vertex itself)."""
+
+    attempt: int
+    job_name: str
+
+
+@dataclass(frozen=True)
+class TrainerReported:
+    """The training code reported something about itself (spotorch_trainer events)."""
+
+    attempt: int
+    kind: str
+    at: float
+    step: int | None = None
+    total_steps: int | None = None
+    checkpoint_uri: str | None = None
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    exit_code: int | None = None
+    nonfinite: tuple[str, ...] = ()  # metrics whose value was NaN or infinite (not in metrics)
+    report_interval_s: float | None = None  # the trainer's progress interval (on "started")
+    checkpoint_s: float | None = None  # how long the reported checkpoint took to write
+
+
+@dataclass(frozen=True)
+class LaunchDone:
+    """The launch intent created (or adopted) the attempt's job."""
+
+    intent_id: str
+    attempt: int
+    job_name: str
+
+
+@dataclass(frozen=True)
+class LaunchFailed:
+    """The launch intent failed; permanent failures end the run, transient ones are retried."""
+
+    intent_id: str
+    attempt: int
+    message: str
+    permanent: bool
+    code: str = ""  # Vertex's (or the request budget's) error code, e.g. RESOURCE_EXHAUSTED
+
+
+# A launch refused for quota: it may go again as soon as the budget refills (within a minute).
+QUOTA_REFUSED = "RESOURCE_EXHAUSTED"
+
+
+@dataclass(frozen=True)
+class CheckpointsDeleted:
+    """A delete-checkpoints intent was carried out: which steps went, how many bytes."""
+
+    intent_id: str
+    steps: tuple[int, ...]
+    bytes: int
+
+
+@dataclass(frozen=True)
+class IntentDone:
+    """A publish or cancel intent was carried out."""
+
+    intent_id: str
+
+
+@dataclass(frozen=True)
+class ModelRegistered:
+    """The register-model intent was carried out (model_name) or refused for good (error)."""
+
+    intent_id: str
+    model_name: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ProbeLaunched:
+    """The launch-probe intent created (or adopted) the probe's job."""
+
+    intent_id: str
+    probe: int
+    job_name: str
+
+
+@dataclass(frozen=True)
+class ProbeLaunchFailed:
+    """The launch-probe intent failed (permanent: the probe ends without an answer)."""
+
+    intent_id: str
+    probe: int
+    message: str
+    permanent: bool
+
+
+@dataclass(frozen=True)
+class ProbeObserved:
+    """Vertex's own status of a probe's job (GetCustomJob or ListCustomJobs, never a log line:
+    a probe's RUNNING moves a run off standard)."""
+
+    probe: int
+    status: JobStatus
+    # A hardware probe that ended: its measurement (ProbeResult.to_doc(), from its report)
+    result: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class ProbeMissing:
+    """Vertex answered NOT_FOUND for a probe's job: nothing left to cancel, no answer."""
+
+    probe: int
+    job_name: str
+
+
+@dataclass(frozen=True)
+class Tick:
+    """The reconcile tick: fire due timers and re-evaluate the escalation policy."""
+
+
+@dataclass(frozen=True)
+class Promote:
+    """The active run of the pipeline ended: a queued run may start."""
+
+
+@dataclass(frozen=True)
+class CancelRequested:
+    reason: str
+
+
+Observation = (JobObserved | JobMissing | TrainerReported | LaunchDone | LaunchFailed | IntentDone | Tick
+               | Promote | CancelRequested | CheckpointsDeleted | ModelRegistered
+               | ProbeLaunched | ProbeLaunchFailed | ProbeObserved | ProbeMissing)

@@ -1,0 +1,391 @@
+"""A pipeline: what starts a run, what job it launches, how it recovers, and whom it tells.
+
+These dataclasses are the one definition of the pipeline file format: each field's annotation
+says its name in the file (validation_alias), its description, constraints and wording.
+spotorch.spec.loader reads files into them through pydantic; `python -m spotorch.spec.loader schema`
+writes schemas/pipeline.schema.json from them. Code that builds them directly is not validated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import Field
+
+from spotorch.core.health import HealthPolicy
+from spotorch.core.sweep_spec import ModelRegistration, SweepSpec
+from spotorch.spec.fileformat import (
+    AddedTo,
+    Duration,
+    FileSection,
+    Matches,
+    OneOf,
+    Pairs,
+    StringOrNumber,
+    Unique,
+)
+
+
+class Capacity(StrEnum):
+    """The kind of VM an attempt runs on."""
+
+    SPOT = "spot"  # preemptible, cheap; may be unavailable or taken back at any time
+    STANDARD = "standard"  # on-demand; reliable, full price
+    FLEX_START = "flex"  # Dynamic Workload Scheduler: waits for capacity, then runs to completion
+
+
+# --- field forms shared by several sections -----------------------------------------------------
+
+_BUCKET = r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$"
+GcsUri = Annotated[str, Matches(r"^gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9](/.*)?$",
+                                "must be a gs://bucket/path URI")]
+Region = Annotated[str, Matches(r"^[a-z]+(-[a-z]+)+[0-9]+$",
+                                "must be a Google Cloud region like us-central1 or europe-west4 "
+                                "(not a zone)")]
+NonEmpty = Annotated[str, Field(min_length=1)]
+Patterns = Annotated[tuple[NonEmpty, ...], Field(description="Regular expressions (Python re).")]
+_ENV_NAME = Annotated[str, Matches(r"^[A-Za-z_][A-Za-z0-9_]*$",
+                                   "must be an environment variable name (letters, digits, '_')")]
+_LABEL_KEY = Annotated[str, Matches(r"^[a-z][a-z0-9_-]{0,62}$",
+                                    "must be a label key: lowercase letters, digits, '_' and '-', "
+                                    "starting with a letter, at most 63")]
+_LABEL_VALUE = Annotated[str, Matches(r"^[a-z0-9_-]{0,63}$",
+                                      "must be a label value: lowercase letters, digits, '_' and "
+                                      "'-', at most 63")]
+
+
+@dataclass(frozen=True)
+class WorkerPool(FileSection):
+    """One worker pool of a Vertex AI custom job."""
+
+    FILE_REQUIRES: ClassVar[tuple[str, ...]] = ("machine_type", "image_uri")
+
+    machine_type: Annotated[str, Matches(
+        r"^[a-z][a-z0-9]*(-[a-z0-9]+)+$",
+        "must be a Compute Engine machine type like n1-standard-8 or a2-highgpu-8g")] = \
+        "n1-standard-4"
+    replica_count: Annotated[int, Field(ge=1)] = 1
+    accelerator_type: Annotated[str | None, Matches(
+        r"^(NVIDIA_[A-Z0-9_]+|TPU_[A-Z0-9_]+)$",
+        "must be a Vertex AI accelerator type like NVIDIA_TESLA_A100, NVIDIA_L4 or TPU_V5_LITEPOD"),
+        Field(description="Both or neither of accelerator_type and accelerator_count.")] = None
+    accelerator_count: Annotated[int, Field(ge=0)] = 0
+    boot_disk_type: Annotated[str, OneOf(("pd-ssd", "pd-standard", "pd-balanced",
+                                          "hyperdisk-balanced"))] = "pd-ssd"
+    boot_disk_size_gb: Annotated[int, Field(ge=100, le=64000)] = 100
+    image_uri: NonEmpty = ""
+    command: tuple[str, ...] = ()
+    args: tuple[str, ...] = ()
+    env: Annotated[tuple[tuple[str, str], ...], Pairs(_ENV_NAME, Annotated[str, StringOrNumber()]),
+                   Field(description="Names to strings or numbers; SPOTORCH_* and AIP_* are "
+                                     "reserved.")] = ()
+    tpu_topology: Annotated[str | None, Matches(
+        r"^[0-9]+(x[0-9]+){1,2}$", "must be a TPU topology like 2x2 or 2x2x1"),
+        Field(description="Vertex AI machine_spec.tpu_topology, for TPU machine types.")] = None
+
+
+@dataclass(frozen=True)
+class JobTemplate(FileSection):
+    """How to build the Vertex AI CustomJob of each attempt."""
+
+    FILE_REQUIRES: ClassVar[tuple[str, ...]] = ("worker_pools",)
+
+    worker_pools: Annotated[tuple[WorkerPool, ...], Field(
+        min_length=1, max_length=4,
+        description="The first pool is the chief (replica_count 1).")] = (WorkerPool(),)
+    # first is preferred; stockouts move down the list
+    regions: Annotated[tuple[Region, ...], Field(
+        min_length=1, description="First preferred; stockouts move down the list."), Unique()] = \
+        ("us-central1",)
+    service_account: Annotated[str | None, Matches(
+        r"^[^@\s]+@[^@\s]+\.gserviceaccount\.com$",
+        "must be a service account email (...@PROJECT.iam.gserviceaccount.com)")] = None
+    network: Annotated[str | None, Matches(
+        r"^projects/[^/]+/global/networks/[^/]+$",
+        "must be projects/PROJECT_NUMBER/global/networks/NETWORK")] = None
+    labels: Annotated[tuple[tuple[str, str], ...], Pairs(_LABEL_KEY, _LABEL_VALUE, max_entries=48),
+                      Field(description="Vertex AI labels; spotorch-* keys are reserved.")] = ()
+    timeout_s: Annotated[float, Duration(), Field(
+        validation_alias="timeout",
+        description="Vertex AI scheduling.timeout of each attempt.")] = 7 * 24 * 3600.0
+    flex_max_wait_s: Annotated[float, Duration(), Field(
+        validation_alias="flex_max_wait", description="FLEX_START max_wait_duration.")] = \
+        24 * 3600.0
+    # Vertex's base_output_directory; AIP_MODEL_DIR lives below
+    base_output_uri: Annotated[GcsUri | None, Field(
+        description="Vertex AI base_output_directory.")] = None
+
+
+class EscalationKind(StrEnum):
+    """How a run chooses between Spot and standard VMs."""
+
+    NEVER = "never"  # Spot only, within the retry budgets
+    COUNT = "count"  # standard after N preemptions (Flyte's interruptible last retry)
+    DEADLINE = "deadline"  # stay on Spot while the deadline is safe; the default
+    ALWAYS_STANDARD = "always_standard"  # standard VMs from the start
+
+
+_Budget = Annotated[int, Field(ge=0)]
+
+
+@dataclass(frozen=True)
+class SpotProbes(FileSection):
+    """Spot capacity probes: how a run on standard VMs finds out that Spot is back."""
+
+    # Production cannot see Spot capacity while it runs on standard (docs/policy-benchmark.md):
+    # a probe is a minimal Spot job of the run's shape, cancelled as soon as it runs. The policy
+    # (policy.probe_worth) launches one only when finding Spot back would pay for it.
+    enabled: Annotated[bool, Field(
+        description="Probe for Spot capacity while on standard VMs (escalation: deadline).")] = \
+        True
+    wait_s: Annotated[float, Duration(), Field(
+        validation_alias="wait",
+        description="A probe without capacity this long is cancelled: no Spot for now.")] = 600.0
+    # Vertex bills a Spot job from provisioning to its end; how long a probe cancelled at once
+    # is billed is not documented: a pessimistic estimate, used to judge whether it pays.
+    billed_s: Annotated[float, Duration(), Field(
+        validation_alias="billed_estimate",
+        description="Billed time assumed for a probe that finds capacity (its price is "
+                    "weighed against the saving).")] = 300.0
+    command: Annotated[tuple[NonEmpty, ...], Field(
+        min_length=1,
+        description="The probe container's command, on the first worker pool's image; it only "
+                    "has to start (the probe is cancelled once it runs).")] = (
+        "python", "-c", "import time; time.sleep(3600)")
+
+
+@dataclass(frozen=True)
+class RecoveryPolicy(FileSection):
+    """Retry budgets per failure class, backoff, stockout handling and the escalation policy."""
+
+    max_preemptions: _Budget = 50
+    max_stockouts: _Budget = 10
+    max_user_errors: _Budget = 1
+    max_infra_errors: _Budget = 5
+    max_timeouts: _Budget = 1
+    retryable_exit_codes: Annotated[tuple[Annotated[int, Field(ge=1, le=255)], ...], Unique(),
+                                    Field(description="Exit codes retried as infrastructure "
+                                                      "errors.")] = ()
+    # consecutive attempts that ended without a newer checkpoint
+    max_no_progress_attempts: Annotated[int, Field(ge=1)] = 3
+    backoff_base_s: Annotated[float, Duration(), Field(validation_alias="backoff_base")] = 5.0
+    backoff_cap_s: Annotated[float, Duration(), Field(validation_alias="backoff_cap")] = 300.0
+    # a SPOT attempt queued longer than this counts as a stockout
+    stockout_wait_s: Annotated[float, Duration(), Field(
+        validation_alias="stockout_wait",
+        description="A Spot attempt queued longer is a stockout.")] = 900.0
+    # After a stockout, a preemption or a Spot queue given up, no move back to Spot before this:
+    # production cannot see Spot capacity while on standard. Without Spot probes this blind wait
+    # is the largest cost left (docs/policy-benchmark.md, production view without probes).
+    spot_cooldown_s: Annotated[float, Duration(), Field(
+        validation_alias="spot_cooldown",
+        description="After a stockout or preemption, how long before a run on standard VMs may "
+                    "move back to Spot.")] = 7200.0
+    escalation: EscalationKind = EscalationKind.DEADLINE
+    spot_probes: SpotProbes = field(default_factory=SpotProbes)
+    escalate_after_preemptions: Annotated[int, Field(
+        ge=0, description="For escalation: count.")] = 3
+    # time lost per relaunch: scheduling, image pull, restore
+    restart_overhead_s: Annotated[float, Duration(), Field(
+        validation_alias="restart_overhead", description="Time lost per relaunch.")] = 600.0
+    # longest gap between decisions: the reconcile tick period
+    decision_interval_s: Annotated[float, Duration(), Field(
+        validation_alias="decision_interval",
+        description="Longest time between two decisions: the reconcile tick's period (5m in "
+                    "production).")] = 300.0
+    # estimate of the whole task on standard VMs, if known
+    expected_compute_s: Annotated[float | None, Duration(), Field(
+        validation_alias="expected_compute",
+        description="Estimate of the whole task on standard VMs.")] = None
+    preemption_patterns: Patterns = ("(?i)preempt", "(?i)stockout", r"(?i)\bspot\b",
+                                     "(?i)resources? (are|were|is) (un)?available",
+                                     "(?i)capacity")
+    infra_patterns: Patterns = ("(?i)internal error", "(?i)unavailable", "(?i)quota")
+    timeout_patterns: Patterns = ("(?i)timeout", "(?i)deadline exceeded", "(?i)timed out")
+
+
+class OnActiveRun(StrEnum):
+    """What a new snapshot does while a run of the same pipeline is still active."""
+
+    QUEUE = "queue"  # wait until the active run ends, then start
+    SUPERSEDE = "supersede"  # cancel the active run, start the new one
+    SKIP = "skip"  # record the snapshot, start nothing
+    PARALLEL = "parallel"  # start it alongside the active run
+
+
+class BatchMode(StrEnum):
+    """When a set of arriving objects becomes a complete data snapshot."""
+
+    EACH_OBJECT = "each_object"  # every matching object is its own snapshot
+    MARKER = "marker"  # complete when a marker object (e.g. _SUCCESS, or a manifest) appears
+    QUIET_PERIOD = "quiet_period"  # complete after no new objects for a while (the tick notices)
+    MIN_OBJECTS = "min_objects"  # complete once this many objects have arrived
+
+
+BUILTIN_IGNORE = ("*.tmp", "*/_temporary/*", "*/.*")
+
+
+@dataclass(frozen=True)
+class Trigger(FileSection):
+    """Which objects start runs, and how they are grouped into snapshots."""
+
+    bucket: Annotated[str, Matches(
+        _BUCKET, "must be a bucket name (lowercase letters, digits, '-', '_' and '.'; no gs://)")]
+    prefix: Annotated[str, Matches(
+        r"^([^/].*/)?$",
+        "must be empty or a folder: no leading '/', ending with '/' (e.g. datasets/demo/)")] = ""
+    # fnmatch pattern on the object name below the prefix
+    glob: Annotated[str | None, Field(
+        min_length=1,
+        description="fnmatch pattern on the name below the prefix; '*' also matches '/'.")] = None
+    suffixes: Annotated[tuple[NonEmpty, ...], Field(min_length=1), Unique()] = ()
+    ignore: Annotated[tuple[NonEmpty, ...], Unique(), AddedTo(BUILTIN_IGNORE), Field(
+        description="Extra fnmatch patterns (on the object name, also tried with a leading '/') "
+                    "added to the built-in *.tmp, */_temporary/*, */.*")] = BUILTIN_IGNORE
+    batch: BatchMode = BatchMode.EACH_OBJECT
+    marker: Annotated[str, Matches(
+        r"^[^/]+$", "must be a file name inside the snapshot folder (no '/')")] = "_SUCCESS"
+    # the marker lists the snapshot's objects: wait for all of them
+    manifest: Annotated[bool, Field(description="The marker lists the snapshot's objects (batch "
+                                                "marker).")] = False
+    quiet_period_s: Annotated[float, Duration(), Field(validation_alias="quiet_period")] = 300.0
+    min_objects: Annotated[int, Field(ge=1, le=2000)] = 1
+    # path segments below the prefix that name a snapshot (0: the prefix)
+    snapshot_depth: Annotated[int, Field(
+        ge=0, le=16,
+        description="Path segments below the prefix that name a snapshot folder.")] = 1
+    on_active_run: Annotated[OnActiveRun, OneOf(("queue", "supersede", "skip"))] = \
+        OnActiveRun.QUEUE
+
+
+@dataclass(frozen=True)
+class Route(FileSection):
+    """Which event types go to which alert channel."""
+
+    channel: Annotated[str, OneOf(("chat", "slack", "email"))]  # "chat", "slack" or "email"
+    # event type suffixes, e.g. "run.failed"; "*" for all
+    events: Annotated[tuple[NonEmpty, ...], Field(
+        min_length=1,
+        description="Event kinds like run.failed, patterns like run.* or *.failed, or * for "
+                    "all."), Unique()]
+    # secret reference or env variable name holding the webhook URL / recipients
+    target: Annotated[str, Matches(
+        r"^([A-Z_][A-Z0-9_]*|sm://projects/[^/]+/secrets/[^/]+(/versions/[^/]+)?"
+        r"|[^@\s,:/]+@[^@\s,:/]+(\s*,\s*[^@\s,:/]+@[^@\s,:/]+)*)$",
+        "must name an environment variable (e.g. CHAT_WEBHOOK_URL) or a Secret Manager secret "
+        "(sm://projects/P/secrets/S[/versions/V]) that holds the destination; email routes may "
+        "list addresses")] = ""
+
+
+_Price = Annotated[float, Field(ge=0)]
+
+
+# --- hardware candidates (issue 19): probed, then the cheapest that meets the deadline wins ------
+
+_CANDIDATE_NAME = Annotated[str, Matches(
+    r"^[a-z]([a-z0-9-]{0,18}[a-z0-9])?$",
+    "must be 1-20 lowercase letters, digits and dashes, starting with a letter (it becomes part "
+    "of probe job labels)")]
+
+
+@dataclass(frozen=True)
+class HardwareCandidate(FileSection):
+    """One machine shape the chief pool may run on: CPU, GPU or TPU."""
+
+    FILE_REQUIRES: ClassVar[tuple[str, ...]] = ("name", "machine_type")
+
+    name: _CANDIDATE_NAME
+    machine_type: Annotated[str, Matches(
+        r"^[a-z][a-z0-9]*(-[a-z0-9]+)+$",
+        "must be a Compute Engine machine type like n1-standard-8 or ct5lp-hightpu-4t")]
+    accelerator_type: Annotated[str | None, Matches(
+        r"^(NVIDIA_[A-Z0-9_]+|TPU_[A-Z0-9_]+)$",
+        "must be a Vertex AI accelerator type like NVIDIA_L4 or TPU_V5_LITEPOD"),
+        Field(description="Both or neither of accelerator_type and accelerator_count.")] = None
+    accelerator_count: Annotated[int, Field(ge=0)] = 0
+    replica_count: Annotated[int, Field(ge=1)] = 1
+    tpu_topology: Annotated[str | None, Matches(
+        r"^[0-9]+(x[0-9]+){1,2}$", "must be a TPU topology like 2x2 or 2x2x1"),
+        Field(description="Vertex AI machine_spec.tpu_topology, for TPU machine types.")] = None
+    env: Annotated[tuple[tuple[str, str], ...], Pairs(_ENV_NAME, Annotated[str, StringOrNumber()]),
+                   Field(description="Added to the chief pool's env on this shape (e.g. a "
+                                     "framework flag); SPOTORCH_* and AIP_* are reserved.")] = ()
+
+
+@dataclass(frozen=True)
+class HardwareSearch(FileSection):
+    """Candidates probed before the full run; the cheapest expected to meet the deadline wins."""
+
+    FILE_REQUIRES: ClassVar[tuple[str, ...]] = ("candidates", "total_steps")
+
+    candidates: Annotated[tuple[HardwareCandidate, ...], Field(
+        min_length=1, max_length=8,
+        description="Shapes for the chief pool (worker_pools[0]); names must be unique.")] = ()
+    total_steps: Annotated[int, Field(
+        ge=1, description="Steps of the full run: projected time is total_steps / measured "
+                          "rate.")] = 1
+    probe_steps: Annotated[int, Field(
+        ge=1, description="Steps each probe runs (SPOTORCH_PROBE_STEPS); the first is not "
+                          "timed.")] = 50
+    probe_timeout_s: Annotated[float, Duration(), Field(
+        validation_alias="probe_timeout",
+        description="A probe still running after this is cancelled and unfit.")] = 1800.0
+    probe_budget: Annotated[float | None, Field(
+        ge=0, description="Most the probes may cost together (Spot prices, probe_timeout each); "
+                          "candidates beyond it are not probed.")] = None
+    cache_ttl_s: Annotated[float, Duration(), Field(
+        validation_alias="cache_ttl",
+        description="How long probe results of the same code and candidate are reused.")] = \
+        7 * 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class Pipeline(FileSection):
+    """Everything spotorch needs to know to turn data into a trained model."""
+
+    FILE_REQUIRES: ClassVar[tuple[str, ...]] = ("job", "checkpoint_uri", "output_uri")
+    FILE_OMITS: ClassVar[tuple[str, ...]] = ("source",)
+
+    name: Annotated[str, Matches(
+        r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$",
+        "must be 1-40 lowercase letters, digits and dashes, starting with a letter and not ending "
+        "with a dash (it becomes part of run ids and job labels)"),
+        Field(description="Unique across the deployment; part of every run id.")]
+    trigger: Trigger
+    job: JobTemplate = field(default_factory=JobTemplate)
+    # root; each run checkpoints under {checkpoint_uri}/{run_id}
+    checkpoint_uri: Annotated[GcsUri, Field(
+        description="Root of checkpoints; each run checkpoints under "
+                    "{checkpoint_uri}/{run_id}.")] = ""
+    # root; each run writes its model under {output_uri}/{run_id}
+    output_uri: Annotated[GcsUri, Field(
+        description="Root of models; each run writes its model under "
+                    "{output_uri}/{run_id}.")] = ""
+    recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
+    # from run creation; None: no deadline
+    deadline_s: Annotated[float | None, Duration(), Field(
+        validation_alias="deadline", description="From run creation; absent: no deadline.")] = None
+    # budget in currency units; None: unlimited
+    max_cost: Annotated[float | None, Field(
+        ge=0, description="Budget in currency units; absent: unlimited.")] = None
+    # capacity -> price per replica-hour (overrides)
+    prices: Annotated[tuple[tuple[str, float], ...], Pairs(Capacity, _Price, sort=True), Field(
+        description="Price per replica-hour by capacity, overriding the built-in list "
+                    "prices.")] = ()
+    routes: tuple[Route, ...] = ()
+    health: HealthPolicy = field(default_factory=HealthPolicy)
+    source: str = ""  # the file it was loaded from, for error messages
+    version: Annotated[Literal[1], Field(description="Format version of this file; 1.")] = 1
+    description: str = ""
+    hardware: Annotated[HardwareSearch | None, Field(
+        description="Hardware candidates to probe before the full run (docs/hardware.md).")] = None
+    sweep: SweepSpec | None = None  # a hyperparameter sweep: each data snapshot starts one
+    model: ModelRegistration | None = None  # register successful models in Vertex AI
+
+    def run_checkpoint_uri(self, run_id: str) -> str:
+        return f"{self.checkpoint_uri.rstrip('/')}/{run_id}"
+
+    def run_output_uri(self, run_id: str) -> str:
+        return f"{self.output_uri.rstrip('/')}/{run_id}"

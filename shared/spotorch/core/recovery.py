@@ -1,0 +1,181 @@
+"""What happens when an attempt fails: its failure class, its budget, and the next attempt."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+
+from spotorch.core.context import Context
+from spotorch.core.escalation import escalation_reason, policy_capacity, spot_cooldown_until
+from spotorch.core.launching import launch
+from spotorch.core.model import (
+    CANCEL_DIVERGED,
+    CANCEL_HUNG,
+    CANCEL_SLOW,
+    CANCEL_STOCKOUT,
+    Attempt,
+    AttemptState,
+    FailureClass,
+    JobStatus,
+    Run,
+    RunStatus,
+)
+from spotorch.core.moves import fail, move_to, publish
+from spotorch.core.pipeline import Capacity, EscalationKind, RecoveryPolicy
+from spotorch.core.training_health import recover_out_of_memory, roll_back
+
+
+def _jitter(run_id: str, n: int) -> float:
+    """Deterministic jitter in [0.5, 1.0): replays decide the same, runs spread their retries."""
+    digest = hashlib.sha256(f"{run_id}:{n}".encode()).digest()
+    return 0.5 + digest[0] / 512
+
+
+def backoff_s(recovery: RecoveryPolicy, run_id: str, failures: int) -> float:
+    """Capped, jittered exponential backoff after the n-th failure in a row."""
+    raw = recovery.backoff_base_s * (2 ** max(failures - 1, 0))
+    return float(min(recovery.backoff_cap_s, raw) * _jitter(run_id, failures))
+
+
+# How a stopped run ends -> the failure class its run.failed names (others: none).
+STOP_FAILURES: Mapping[RunStatus, FailureClass] = {RunStatus.FAILED_DIVERGED: FailureClass.DIVERGED}
+
+# Why spotorch cancelled an attempt -> the failure class its end counts as (others: CANCELLED).
+_CANCEL_FAILURES: Mapping[str, FailureClass] = {
+    CANCEL_STOCKOUT: FailureClass.STOCKOUT,
+    CANCEL_HUNG: FailureClass.HUNG,
+    CANCEL_SLOW: FailureClass.HUNG,
+    CANCEL_DIVERGED: FailureClass.DIVERGED,
+}
+
+
+def failure_of(attempt: Attempt, status: JobStatus) -> FailureClass:
+    if attempt.state is AttemptState.CANCELLED or attempt.cancel_reason is not None:
+        return _CANCEL_FAILURES.get(attempt.cancel_reason or "", FailureClass.CANCELLED)
+    return status.failure or FailureClass.INFRA
+
+
+END_REASONS: Mapping[FailureClass, Callable[[Attempt, JobStatus], str]] = {
+    FailureClass.PREEMPTED: lambda a, s: "preempted" + (f": {s.message}" if s.message else ""),
+    FailureClass.STOCKOUT: lambda a, s: "stockout: no capacity" + (
+        f" ({s.message})" if s.message else " within the stockout wait"),
+    FailureClass.USER_ERROR: lambda a, s: f"user error: exit code {s.exit_code}"
+    + (f" ({s.message})" if s.message else ""),
+    FailureClass.INFRA: lambda a, s: f"infrastructure error: {s.message or 'unknown'}",
+    FailureClass.TIMEOUT: lambda a, s: f"timeout: {s.message or 'the job hit its timeout'}",
+    FailureClass.CANCELLED: lambda a, s: f"cancelled ({a.cancel_reason or 'outside spotorch'})",
+    FailureClass.LAUNCH_REJECTED: lambda a, s: f"launch rejected: {s.message}",
+    FailureClass.LOST: lambda a, s: f"lost: {s.message or 'Vertex AI no longer knows the job'}",
+    FailureClass.HUNG: lambda a, s: f"hung: {a.cancel_detail or 'no trainer report'}",
+    FailureClass.OUT_OF_MEMORY: lambda a, s: "out of memory" + (
+        f" (exit code {s.exit_code})" if s.exit_code is not None else "")
+    + (f": {s.message}" if s.message else ""),
+    FailureClass.DIVERGED: lambda a, s: f"diverged: {a.cancel_detail or 'a divergence rule fired'}",
+}
+
+# Failure class -> (counter field, budget field, status when the budget runs out, budget name).
+_BUDGETS: Mapping[FailureClass, tuple[str, str, RunStatus, str]] = {
+    FailureClass.PREEMPTED: ("preemptions", "max_preemptions", RunStatus.FAILED_PREEMPTED,
+                             "preemptions"),
+    FailureClass.STOCKOUT: ("stockouts", "max_stockouts", RunStatus.FAILED_NO_RESOURCE,
+                            "stockouts"),
+    FailureClass.USER_ERROR: ("user_errors", "max_user_errors", RunStatus.FAILED, "user_errors"),
+    FailureClass.INFRA: ("infra_errors", "max_infra_errors", RunStatus.FAILED_INFRA,
+                         "infra_errors"),
+    FailureClass.TIMEOUT: ("timeouts", "max_timeouts", RunStatus.FAILED_TIMEOUT, "timeouts"),
+    FailureClass.LOST: ("lost", "max_lost_jobs", RunStatus.FAILED_INFRA, "lost_jobs"),
+    # The health classes' limits live in the pipeline's health policy (Context.health).
+    FailureClass.HUNG: ("hangs", "max_hangs", RunStatus.FAILED_HUNG, "hangs"),
+    FailureClass.DIVERGED: ("divergences", "max_divergences", RunStatus.FAILED_DIVERGED,
+                            "divergences"),
+}
+
+# Not the job's fault, or nothing to wait for: relaunch without a backoff.
+_RELAUNCH_AT_ONCE = frozenset({FailureClass.PREEMPTED, FailureClass.HUNG, FailureClass.DIVERGED})
+
+# A job Vertex answers NOT_FOUND for this many polls in a row, over at least this long, is lost.
+# (Defaults until the pipeline format carries them; a transient poll error never counts.)
+LOST_AFTER_POLLS = 3
+LOST_AFTER_S = 120.0
+MAX_LOST_JOBS = 3
+
+
+def recover(run: Run, ctx: Context, attempt: Attempt, failure: FailureClass) -> Run:
+    """Count the failure against its budget, then relaunch (now or after a backoff) or give up."""
+    recovery = ctx.recovery
+    if failure is FailureClass.USER_ERROR and attempt.exit_code in recovery.retryable_exit_codes:
+        failure = FailureClass.INFRA  # declared retryable: counts against the infra budget
+    if failure is FailureClass.OUT_OF_MEMORY:
+        return recover_out_of_memory(run, ctx, attempt)
+    counter, limit_field, failed_status, budget = _BUDGETS[failure]
+    used = getattr(run.counters, counter) + 1
+    progressed = (run.latest_checkpoint is not None
+                  and run.latest_checkpoint.step > (attempt.resumed_from_step or -1))
+    ran = attempt.started_at is not None  # one that never ran says nothing about progress
+    no_progress = 0 if progressed else run.counters.no_progress + (1 if ran else 0)
+    run = replace(run, counters=replace(run.counters, **{counter: used, "no_progress": no_progress}))
+    limit = int(getattr(recovery, limit_field, getattr(ctx.health, limit_field, MAX_LOST_JOBS)))
+    if used > limit:
+        run = publish(run, ctx, "run.budget_exceeded", budget=budget, limit=limit, used=used)
+        return fail(run, ctx, failed_status,
+                     f"{budget} budget exhausted: {used} > {limit} (last: {_brief(attempt)})",
+                     failure)
+    if failure is FailureClass.STOCKOUT:
+        run = replace(run, region_index=run.region_index + 1)
+    if failure in (FailureClass.PREEMPTED, FailureClass.STOCKOUT):
+        run = replace(run, spot_unavailable_until=spot_cooldown_until(ctx.now,
+                                                                    recovery.spot_cooldown_s))
+    if no_progress >= recovery.max_no_progress_attempts and (
+            attempt.capacity is not Capacity.SPOT or recovery.escalation is EscalationKind.NEVER):
+        run = publish(run, ctx, "run.budget_exceeded", budget="no_progress",
+                       limit=recovery.max_no_progress_attempts, used=no_progress)
+        return fail(run, ctx, RunStatus.FAILED_NO_PROGRESS,
+                     f"{no_progress} attempts in a row ended without a newer checkpoint", failure)
+    capacity, reason = _next_capacity(run, ctx, attempt, failure)
+    if failure is FailureClass.DIVERGED:
+        run = roll_back(run, ctx)
+    if failure in _RELAUNCH_AT_ONCE:
+        return launch(run, ctx, capacity, reason)
+    failures_in_row = used if failure is not FailureClass.STOCKOUT else run.counters.stockouts
+    wait = backoff_s(recovery, run.run_id, failures_in_row)
+    run = replace(run, next_action_at=ctx.now + wait, next_capacity=capacity, next_reason=reason)
+    return move_to(run, RunStatus.RECOVERING, ctx, f"{reason}; next attempt in {wait:.0f}s")
+
+
+def _next_capacity(run: Run, ctx: Context, attempt: Attempt,
+                   failure: FailureClass) -> tuple[Capacity, str]:
+    """Where the next attempt runs after a failure, and why; the first rule that applies wins."""
+    recovery = ctx.recovery
+    spot_lost = failure in (FailureClass.PREEMPTED, FailureClass.STOCKOUT)
+    capacity = policy_capacity(run, ctx, current=None, spot_available=not spot_lost)
+    escalating = attempt.capacity is Capacity.SPOT and \
+        recovery.escalation is not EscalationKind.NEVER
+    regions = max(len(ctx.pipeline.job.regions), 1)
+    if escalating and run.counters.no_progress >= recovery.max_no_progress_attempts:
+        # Spot keeps failing before a checkpoint: stop paying for work that is lost.
+        return Capacity.STANDARD, (f"{run.counters.no_progress} attempts in a row without a "
+                                   "newer checkpoint")
+    if escalating and failure is FailureClass.STOCKOUT and run.counters.stockouts >= regions:
+        # Waited for Spot in every region: stop waiting.
+        return Capacity.STANDARD, (f"no Spot capacity in any of {regions} region(s) within "
+                                   "the stockout wait")
+    if capacity is Capacity.STANDARD and attempt.capacity is Capacity.SPOT:
+        return capacity, escalation_reason(run, ctx, failure)
+    return capacity, f"after {_brief(attempt)} of attempt {attempt.number}"
+
+
+_BRIEF: Mapping[FailureClass, str] = {
+    FailureClass.PREEMPTED: "preemption", FailureClass.STOCKOUT: "stockout",
+    FailureClass.USER_ERROR: "user error", FailureClass.INFRA: "infrastructure error",
+    FailureClass.TIMEOUT: "timeout", FailureClass.CANCELLED: "cancel",
+    FailureClass.LAUNCH_REJECTED: "launch rejection", FailureClass.LOST: "lost job",
+    FailureClass.HUNG: "hang", FailureClass.OUT_OF_MEMORY: "out of memory",
+    FailureClass.DIVERGED: "divergence",
+}
+
+
+def _brief(attempt: Attempt) -> str:
+    """A few words on how an attempt ended (its end_reason keeps the full message)."""
+    words = _BRIEF.get(attempt.failure, "failure") if attempt.failure else "end"
+    return f"{words} (exit code {attempt.exit_code})" if attempt.exit_code is not None else words

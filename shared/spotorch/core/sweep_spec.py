@@ -1,0 +1,79 @@
+"""What a pipeline says about hyperparameter sweeps and model registration (pure, no I/O)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Annotated
+
+from spotorch.spec.fileformat import FileSection, Matches, Pairs
+
+ParamValue = int | float | str | bool
+
+
+class SearchKind(StrEnum):
+    """How trial parameters are chosen."""
+
+    GRID = "grid"  # the cartesian product of every parameter's values, in order
+    RANDOM = "random"  # independent draws with a seed: the same seed gives the same trials
+
+
+class Goal(StrEnum):
+    MINIMIZE = "minimize"
+    MAXIMIZE = "maximize"
+
+
+class Scale(StrEnum):
+    LINEAR = "linear"
+    LOG = "log"
+
+
+@dataclass(frozen=True)
+class Parameter(FileSection):
+    """One hyperparameter: a list of values (grid or random choice) or a range (random only)."""
+
+    name: str
+    values: tuple[ParamValue, ...] = ()
+    low: float | None = None
+    high: float | None = None
+    scale: Scale = Scale.LINEAR
+    integer: bool = False
+
+
+@dataclass(frozen=True)
+class MedianStopping(FileSection):
+    """The median stopping rule: a running trial whose best value up to step s is worse than the
+    median of the other trials' values at that same step s (each one's last report at or before
+    s, among the trials that got that far) is stopped."""
+
+    min_trials: int = 3  # other trials with a value at that step before the rule may stop anyone
+    min_step: int = 1  # never stop a trial at an earlier step (warm-up)
+
+
+@dataclass(frozen=True)
+class SweepSpec(FileSection):
+    """A pipeline's sweep: every trial is a spotorch run with its own parameters."""
+
+    parameters: tuple[Parameter, ...]
+    search: SearchKind = SearchKind.GRID
+    seed: int = 0
+    trials: int = 0  # 0: every grid point (grid); required for random
+    parallelism: int = 2  # trials running at once
+    metric: str = "loss"  # a metric the trainer reports (spotorch_trainer progress metrics)
+    goal: Goal = Goal.MINIMIZE
+    early_stopping: MedianStopping | None = None
+
+
+@dataclass(frozen=True)
+class ModelRegistration(FileSection):
+    """Register the model of a successful run (or a sweep's best trial) in Vertex AI Model Registry."""
+
+    display_name: str = ""  # "": the pipeline's name
+    serving_image: str = ""  # the serving container image (ModelContainerSpec.image_uri)
+    labels: Annotated[tuple[tuple[str, str], ...], Pairs(
+        Annotated[str, Matches(r"^[a-z][a-z0-9_-]{0,62}$", "must be a Vertex AI label key")],
+        Annotated[str, Matches(r"^[a-z0-9_-]{0,63}$", "must be a Vertex AI label value")],
+        max_entries=48)] = ()
+    aliases: tuple[str, ...] = ("latest",)  # a sweep's winner also gets "best"
+    region: str = ""  # "": the pipeline's first job region
+    experiments: bool = True  # log params, final metrics and cost to Vertex AI Experiments

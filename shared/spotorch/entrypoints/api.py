@@ -1,0 +1,155 @@
+"""The operator HTTP API (function `api`): read, list, submit, cancel and retry runs. JSON in and out.
+
+Times are ISO 8601 (UTC). GET /runs lists every run newest first: ?status=active,FAILED
+&pipeline=NAME&since=6h|ISO&limit=N&page_token=T; the reply carries next_page_token.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+from spotorch.core.errors import SpotorchError
+
+if TYPE_CHECKING:
+    from spotorch.app.deps import Deps
+    from spotorch.core.model import Run
+    from spotorch.ports.reads import RunReader
+
+Response = tuple[str, int, dict[str, str]]
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+class HttpRequest(Protocol):
+    """What the API reads of a (Flask) request."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def args(self) -> Mapping[str, str]: ...
+
+    def get_json(self, silent: bool = ...) -> Any: ...
+
+
+class BadRequest(ValueError):
+    """A request the API cannot act on as sent (HTTP 400)."""
+
+
+def _reply(body: Mapping[str, Any], status: int = 200) -> Response:
+    return json.dumps(body), status, JSON_HEADERS
+
+
+def reader_of(deps: Deps) -> RunReader:
+    """How to list runs in this deployment: Firestore's ordered query, or any document store."""
+    from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
+    from spotorch.adapters.gcp.firestore_reads import FirestoreRunReader
+    from spotorch.app.queries import DocumentRunReader
+
+    if isinstance(deps.docs, FirestoreDocumentStore):
+        return FirestoreRunReader(deps.docs.client)
+    return DocumentRunReader(deps.docs)
+
+
+def _view(deps: Deps, run: Run) -> dict[str, Any]:
+    from spotorch.app.views import run_view
+
+    return run_view(run, deps.pipelines.get(run.pipeline), deps.clock.now())
+
+
+def _field(body: Mapping[str, Any], name: str) -> str:
+    value = body.get(name)
+    if value in (None, ""):
+        raise BadRequest(f"missing field {name!r}")
+    return str(value)
+
+
+def _get(deps: Deps, body: Mapping[str, Any]) -> Response:
+    run_id = _field(body, "run_id")
+    run = reader_of(deps).get(run_id)
+    return _reply(_view(deps, run)) if run else _reply({"error": f"no such run {run_id!r}"}, 404)
+
+
+def _list(deps: Deps, body: Mapping[str, Any]) -> Response:
+    from spotorch.app.views import run_row
+    from spotorch.operate.times import parse_since
+    from spotorch.ports.reads import RunQuery, parse_statuses
+
+    try:
+        limit = int(body.get("limit") or 20)
+    except ValueError:
+        raise BadRequest(f"limit must be a whole number, not {body.get('limit')!r}") from None
+    now = deps.clock.now()
+    query = RunQuery(statuses=parse_statuses([str(body.get("status") or "")]),
+                     pipeline=str(body["pipeline"]) if body.get("pipeline") else None,
+                     since=parse_since(str(body["since"]), now) if body.get("since") else None,
+                     limit=limit, page_token=str(body.get("page_token") or "") or None)
+    page = reader_of(deps).list(query)
+    return _reply({"runs": [run_row(r, deps.pipelines.get(r.pipeline), now) for r in page.runs],
+                   "next_page_token": page.next_page_token})
+
+
+def _cancel(deps: Deps, body: Mapping[str, Any]) -> Response:
+    from spotorch.app.runs import cancel_run
+
+    run = cancel_run(deps, _field(body, "run_id"), str(body.get("reason") or "cancelled via API"))
+    return _reply(_view(deps, run))
+
+
+def _retry(deps: Deps, body: Mapping[str, Any]) -> Response:
+    from spotorch.app.runs import retry_run
+
+    run = retry_run(deps, _field(body, "run_id"), str(body.get("request_id") or "1"))
+    return _reply(_view(deps, run), 201)
+
+
+def _submit(deps: Deps, body: Mapping[str, Any]) -> Response:
+    from spotorch.app.runs import submit
+
+    run = submit(deps, _field(body, "pipeline"), _field(body, "data_uri"),
+                 request_id=str(body.get("request_id") or ""))
+    return _reply(_view(deps, run) if run else {"skipped": True}, 201 if run else 200)
+
+
+Route = Callable[["Deps", Mapping[str, Any]], Response]
+ROUTES: Mapping[tuple[str, str], Route] = {
+    ("GET", "runs"): _list,
+    ("GET", "run"): _get,
+    ("POST", "cancel"): _cancel,
+    ("POST", "retry"): _retry,
+    ("POST", "submit"): _submit,
+}
+
+
+def handle_request(request: HttpRequest, deps: Deps | None = None) -> Response:
+    """Route /<action> to the service layer; errors come back as JSON with a clear message."""
+    # Imported per request, not with functions/main.py: the event functions' cold starts stay light.
+    from spotorch.ports.reads import BadQuery
+
+    action = request.path.strip("/").split("/")[-1]
+    route = ROUTES.get((request.method, action))
+    if route is None:
+        return _reply({"error": f"no route {request.method} /{action}",
+                       "routes": [f"{m} /{a}" for m, a in ROUTES]}, 404)
+    body: Mapping[str, Any]
+    if request.method == "GET":
+        body = dict(request.args)
+    else:
+        parsed = request.get_json(silent=True)
+        if parsed is not None and not isinstance(parsed, dict):
+            return _reply({"error": "the request body must be a JSON object"}, 400)
+        body = parsed or {}
+    if deps is None:
+        from spotorch.entrypoints.functions import deps as production
+
+        deps = production()
+    try:
+        return route(deps, body)
+    except (BadRequest, BadQuery) as exc:
+        return _reply({"error": str(exc)}, 400)
+    except SpotorchError as exc:
+        return _reply({"error": str(exc), "kind": type(exc).__name__}, 409)

@@ -1,0 +1,48 @@
+"""Builds the production dependencies from the environment; every client is created on first use."""
+
+from __future__ import annotations
+
+import time
+
+from spotorch.app.deps import Deps
+from spotorch.settings import TOPIC_TICK, Settings
+
+
+class SystemClock:
+    def now(self) -> float:
+        return time.time()
+
+
+def production_deps(settings: Settings | None = None) -> Deps:
+    """Firestore, Vertex AI, GCS and Pub/Sub adapters configured from SPOTORCH_* variables."""
+    from spotorch.adapters.budget import RequestBudget, SharedRequestBudget
+    from spotorch.adapters.gcp.checkpoints import StorageCheckpointStore
+    from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
+    from spotorch.adapters.gcp.pubsub import PubSubPublisher, PubSubShardDispatcher
+    from spotorch.adapters.gcp.registry import VertexExperimentTracker, VertexModelRegistry
+    from spotorch.adapters.gcp.storage import GcsObjectStore
+    from spotorch.adapters.gcp.vertex import VertexJobLauncher
+    from spotorch.app.run_store import DocumentRunStore
+    from spotorch.spec.loader import cached_pipelines
+
+    settings = settings or Settings.from_env()
+    docs = FirestoreDocumentStore(project=settings.project, database=settings.firestore_database)
+    pipelines = {p.name: p for p in cached_pipelines(settings.pipelines)}
+    regions = tuple(sorted({r for p in pipelines.values() for r in p.job.regions}))
+    budget = SharedRequestBudget(docs) if settings.shared_budget else RequestBudget()
+    return Deps(
+        runs=DocumentRunStore(docs),
+        docs=docs,
+        launcher=VertexJobLauncher(settings.project, endpoint=settings.vertex_endpoint,
+                                   regions=regions or (settings.region,), budget=budget),
+        checkpoints=StorageCheckpointStore(),
+        publisher=PubSubPublisher(settings.topic_path(settings.events_topic)),
+        clock=SystemClock(),
+        pipelines=pipelines,
+        objects=GcsObjectStore(project=settings.project),
+        events_topic=settings.topic_path(settings.trainer_events_topic),
+        shards=PubSubShardDispatcher(settings.topic_path(TOPIC_TICK)),
+        # Clients on first use: only pipelines with a `model` section ever call them.
+        models=VertexModelRegistry(settings.project, endpoint=settings.vertex_endpoint),
+        experiments=VertexExperimentTracker(settings.project, endpoint=settings.vertex_endpoint),
+    )

@@ -1,0 +1,122 @@
+"""`spotorch advise PIPELINE`: the table of hardware candidates from earlier probes (issue 19).
+
+Without --probe nothing is launched: it reads the pipeline's probe cache (Firestore collection
+hardware_probes, or --results FILE) and shows, per candidate, the measured rate, expected hours,
+expected cost on Spot and standard, whether it fits and why, and the choice. With --probe DATA_URI
+it first probes the candidates without a fresh result on Vertex AI (or the local emulator, through
+SPOTORCH_VERTEX_ENDPOINT), waits for them and stores the results in the cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from spotorch.core.hardware import HardwareChoice, ProbeResult, cache_key, choose, fresh, table_lines
+from spotorch.core.pipeline import Pipeline
+from spotorch.ports.store import DocumentStore
+from spotorch.spec.fileformat import parse_duration
+
+
+def fresh_results(pipeline: Pipeline, cache: Mapping[str, ProbeResult],
+                  now: float) -> dict[str, ProbeResult]:
+    """The cached results still valid for this pipeline's code and candidates."""
+    search = pipeline.hardware
+    if search is None:
+        return {}
+    return {c.name: cache[c.name] for c in search.candidates
+            if fresh(cache.get(c.name), cache_key(pipeline, c, search.probe_steps), now,
+                     search.cache_ttl_s)}
+
+
+def advise(pipeline: Pipeline, cache: Mapping[str, ProbeResult], now: float,
+           deadline_s: float | None) -> HardwareChoice:
+    """The choice from the fresh cached results; a candidate without one shows as not probed."""
+    return choose(pipeline, fresh_results(pipeline, cache, now), deadline_s)
+
+
+def _read_results(path: str) -> dict[str, ProbeResult]:
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    found = doc.get("results", doc) if isinstance(doc, Mapping) else {}
+    return {name: ProbeResult.from_doc(r) for name, r in found.items() if isinstance(r, Mapping)}
+
+
+def _docs() -> DocumentStore:
+    from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
+    from spotorch.settings import Settings
+
+    settings = Settings.from_env()
+    return FirestoreDocumentStore(project=settings.project, database=settings.firestore_database)
+
+
+def _probe(pipeline: Pipeline, docs: DocumentStore, data_uri: str, now: float) -> None:
+    from spotorch.adapters.gcp.vertex import VertexJobLauncher
+    from spotorch.app.hardware_probes import ProbeSession, load_cache, run_probes, save_cache
+    from spotorch.settings import Settings
+    from spotorch_trainer.storage import read_bytes
+
+    def read(uri: str) -> bytes | None:
+        try:
+            return read_bytes(uri)
+        except OSError:
+            return None
+
+    settings = Settings.from_env()
+    region = pipeline.job.regions[0]
+    launcher = VertexJobLauncher(settings.project, endpoint=settings.vertex_endpoint,
+                                 regions=(region,))
+    stamp = time.strftime("%Y%m%dt%H%M%S", time.gmtime(now))
+    session = ProbeSession(f"probe-{pipeline.name}-{stamp}", pipeline.checkpoint_uri, data_uri,
+                           region)
+    results = run_probes(pipeline, session, launcher, read, cache=load_cache(docs, pipeline.name))
+    save_cache(docs, pipeline.name, results, time.time())
+
+
+def _jsonable(choice: HardwareChoice) -> dict[str, Any]:
+    return {"hardware": choice.to_doc()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="spotorch advise", description=(__doc__ or "")
+                                     .splitlines()[0])
+    parser.add_argument("pipeline", help="the pipeline file (with hardware.candidates)")
+    parser.add_argument("--results", help="probe results from a JSON file instead of Firestore")
+    parser.add_argument("--probe", metavar="DATA_URI",
+                        help="probe the candidates without a fresh result first, on this data")
+    parser.add_argument("--deadline", help="time left (e.g. 6h); default: the pipeline's deadline")
+    parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    args = parser.parse_args(argv)
+    from spotorch.core.errors import ConfigError
+    from spotorch.spec.loader import load_pipeline
+
+    try:
+        pipeline = load_pipeline(args.pipeline)
+    except ConfigError as exc:
+        print(f"spotorch: {exc}", file=sys.stderr)
+        return 2
+    if pipeline.hardware is None:
+        print(f"spotorch: {args.pipeline} lists no hardware.candidates", file=sys.stderr)
+        return 2
+    deadline = parse_duration(args.deadline) if args.deadline else pipeline.deadline_s
+    now = time.time()
+    if args.results:
+        cache = _read_results(args.results)
+    else:
+        from spotorch.app.hardware_probes import load_cache
+
+        docs = _docs()
+        if args.probe:
+            _probe(pipeline, docs, args.probe, now)
+            now = time.time()
+        cache = load_cache(docs, pipeline.name)
+    choice = advise(pipeline, cache, now, deadline)
+    if args.json:
+        print(json.dumps(_jsonable(choice), indent=2, sort_keys=True))
+    else:
+        print("\n".join(table_lines(choice)))
+    return 0 if choice.chosen is not None else 1

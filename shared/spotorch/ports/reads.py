@@ -1,0 +1,195 @@
+"""The read ports: queries of runs and sweeps for people, newest first, filtered and paged."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from spotorch.core.model import Run, RunStatus
+from spotorch.core.sweeps import Sweep, SweepStatus
+
+E = TypeVar("E", RunStatus, SweepStatus)
+
+MAX_PAGE = 500
+READ_TIMEOUT_S = 20.0
+
+# Names `--status` accepts besides the statuses themselves.
+STATUS_GROUPS: Mapping[str, frozenset[RunStatus]] = {
+    "active": frozenset(s for s in RunStatus if not s.terminal),
+    "ended": frozenset(s for s in RunStatus if s.terminal),
+    "failed": frozenset(s for s in RunStatus if s.failed),
+}
+
+
+class BadQuery(ValueError):
+    """A run query that cannot be answered as asked (unknown status, bad page token...)."""
+
+
+def _parse(names: Iterable[str], enum: Callable[[str], E], values: Iterable[str],
+           groups: Mapping[str, frozenset[E]], what: str) -> frozenset[E]:
+    """Status names or groups (case-insensitive) as a set; BadQuery names the unknown one."""
+    wanted: set[E] = set()
+    for raw in names:
+        for name in filter(None, (n.strip() for n in raw.split(","))):
+            if name.lower() in groups:
+                wanted |= groups[name.lower()]
+                continue
+            try:
+                wanted.add(enum(name.upper()))
+            except ValueError:
+                choices = ", ".join([*groups, *values])
+                raise BadQuery(f"unknown {what} {name!r}; one of: {choices}") from None
+    return frozenset(wanted)
+
+
+def parse_statuses(names: Iterable[str]) -> frozenset[RunStatus]:
+    """Run status names or groups (case-insensitive); BadQuery names the unknown one."""
+    return _parse(names, RunStatus, (s.value for s in RunStatus), STATUS_GROUPS, "status")
+
+
+@dataclass(frozen=True)
+class RunQuery:
+    """Which runs to list: newest first, filtered, one page at a time."""
+
+    statuses: frozenset[RunStatus] = frozenset()  # empty: any
+    pipeline: str | None = None
+    since: float | None = None  # created at or after (epoch seconds)
+    limit: int = 20
+    page_token: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.limit <= MAX_PAGE:
+            raise BadQuery(f"limit must be between 1 and {MAX_PAGE}, not {self.limit}")
+
+    def matches(self, run: Run) -> bool:
+        return ((not self.statuses or run.status in self.statuses)
+                and (self.pipeline is None or run.pipeline == self.pipeline)
+                and (self.since is None or run.created_at >= self.since))
+
+
+@dataclass(frozen=True)
+class RunPage:
+    runs: tuple[Run, ...]
+    next_page_token: str | None = None
+
+
+def order_key(item: Run | Sweep) -> tuple[float, str]:
+    """The listing order of runs and sweeps: creation time, ties by id (both descending)."""
+    return item.created_at, item.run_id if isinstance(item, Run) else item.sweep_id
+
+
+def encode_token(item: Run | Sweep) -> str:
+    """The page token after `item`: its sort key, opaque to callers."""
+    at, ident = order_key(item)
+    return base64.urlsafe_b64encode(f"{at!r}|{ident}".encode()).decode()
+
+
+def decode_token(token: str) -> tuple[float, str]:
+    try:
+        at, _, run_id = base64.urlsafe_b64decode(token.encode()).decode().partition("|")
+        return float(at), run_id
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise BadQuery(f"bad page token {token!r}: pass the next_page_token of a listing") \
+            from None
+
+
+_Item = TypeVar("_Item", Run, Sweep)
+
+
+def _cut(newest_first: Iterator[_Item], matches: Callable[[_Item], bool], limit: int,
+         page_token: str | None) -> tuple[tuple[_Item, ...], str | None]:
+    """One page out of items sorted newest first, and the token of the next one (None: last)."""
+    after = decode_token(page_token) if page_token else None
+    picked: list[_Item] = []
+    for item in newest_first:
+        if after is not None and order_key(item) >= after:
+            continue
+        if not matches(item):
+            continue
+        if len(picked) == limit:
+            return tuple(picked), encode_token(picked[-1])
+        picked.append(item)
+    return tuple(picked), None
+
+
+def page_of(newest_first: Iterator[Run], query: RunQuery) -> RunPage:
+    """Cut one page out of runs sorted newest first (ties by run id, descending)."""
+    return RunPage(*_cut(newest_first, query.matches, query.limit, query.page_token))
+
+
+class RunReader(Protocol):
+    """Runs as operators read them."""
+
+    def get(self, run_id: str) -> Run | None:
+        ...
+
+    def list(self, query: RunQuery) -> RunPage:
+        ...
+
+
+def ties_sorted(items: Iterator[_Item]) -> Iterator[_Item]:
+    """Items ordered by created_at descending, with equal times ordered by id descending."""
+    group: list[_Item] = []
+    for item in items:
+        if group and item.created_at != group[0].created_at:
+            yield from sorted(group, key=order_key, reverse=True)
+            group = []
+        group.append(item)
+    yield from sorted(group, key=order_key, reverse=True)
+
+
+# ---------------------------------------------------------------- sweeps
+
+SWEEP_STATUS_GROUPS: Mapping[str, frozenset[SweepStatus]] = {
+    "active": frozenset(s for s in SweepStatus if not s.terminal),
+    "ended": frozenset(s for s in SweepStatus if s.terminal),
+}
+
+
+def parse_sweep_statuses(names: Iterable[str]) -> frozenset[SweepStatus]:
+    """Sweep status names or groups (case-insensitive); BadQuery names the unknown one."""
+    return _parse(names, SweepStatus, (s.value for s in SweepStatus), SWEEP_STATUS_GROUPS,
+                  "sweep status")
+
+
+@dataclass(frozen=True)
+class SweepQuery:
+    """Which sweeps to list: newest first, filtered, one page at a time."""
+
+    statuses: frozenset[SweepStatus] = frozenset()  # empty: any
+    pipeline: str | None = None
+    since: float | None = None  # created at or after (epoch seconds)
+    limit: int = 20
+    page_token: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.limit <= MAX_PAGE:
+            raise BadQuery(f"limit must be between 1 and {MAX_PAGE}, not {self.limit}")
+
+    def matches(self, sw: Sweep) -> bool:
+        return ((not self.statuses or sw.status in self.statuses)
+                and (self.pipeline is None or sw.pipeline == self.pipeline)
+                and (self.since is None or sw.created_at >= self.since))
+
+
+@dataclass(frozen=True)
+class SweepPage:
+    sweeps: tuple[Sweep, ...]
+    next_page_token: str | None = None
+
+
+def sweep_page_of(newest_first: Iterator[Sweep], query: SweepQuery) -> SweepPage:
+    return SweepPage(*_cut(newest_first, query.matches, query.limit, query.page_token))
+
+
+class SweepReader(Protocol):
+    """Sweeps as operators read them (the documents sweep_service writes)."""
+
+    def get(self, sweep_id: str) -> Sweep | None:
+        ...
+
+    def list(self, query: SweepQuery) -> SweepPage:
+        ...

@@ -30,6 +30,7 @@ from cloudevents.http import CloudEvent  # noqa: E402
 from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
 from spotorch.adapters.gcp.pubsub import PubSubPublisher
 from spotorch.adapters.memory.twins import InMemoryCheckpoints, InMemoryLauncher, InMemoryObjectStore
+from spotorch.app import bootstrap
 from spotorch.app.deps import Deps, JobOwners
 from spotorch.app.job_events import job_changed
 from spotorch.app.run_store import DocumentRunStore
@@ -67,7 +68,7 @@ def build(project: str) -> tuple[Deps, FirestoreDocumentStore, InMemoryLauncher]
     pipeline = Pipeline(name="bench", trigger=Trigger(bucket="b", on_active_run=OnActiveRun.PARALLEL), checkpoint_uri="gs://c/bench",
                         output_uri="gs://m/bench",
                         recovery=RecoveryPolicy(escalation=EscalationKind.NEVER))
-    deps = Deps(runs=DocumentRunStore(docs), docs=docs, launcher=launcher,
+    deps = bootstrap.deps(runs=DocumentRunStore(docs), docs=docs, launcher=launcher,
                 checkpoints=InMemoryCheckpoints(), publisher=PubSubPublisher(topic),
                 clock=SystemClock(), pipelines={"bench": pipeline},
                 objects=InMemoryObjectStore())

@@ -62,6 +62,7 @@ from spotorch.adapters.memory.twins import (
     InMemoryPublisher,
     InMemoryShardDispatcher,
 )
+from spotorch.app import bootstrap
 from spotorch.app.deps import Deps
 from spotorch.app.run_store import DocumentRunStore
 from spotorch.app.runs import start_run
@@ -209,9 +210,11 @@ def build(emulator: Any) -> World:
         JobServiceGrpcTransport,
     )
 
-    from spotorch.adapters.budget import CRUD, SUBMIT, RequestBudget
     from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
-    from spotorch.adapters.gcp.vertex import RetryPolicy, VertexJobLauncher
+    from spotorch.adapters.gcp.vertex import VertexJobLauncher
+    from spotorch.adapters.gcp.vertex_budgets import RequestBudget
+    from spotorch.adapters.gcp.vertex_calls import RetryPolicy
+    from spotorch.ports.budget import CRUD, SUBMIT
 
     firestore = FirestoreDocumentStore(project=PROJECT)
     docs, budget_docs = CountingDocs(firestore), CountingDocs(firestore)
@@ -227,7 +230,7 @@ def build(emulator: Any) -> World:
                         recovery=RecoveryPolicy(escalation=EscalationKind.NEVER,
                                                 max_preemptions=100))
     dispatcher = InMemoryShardDispatcher()
-    deps = Deps(runs=DocumentRunStore(docs), docs=docs, launcher=launcher,
+    deps = bootstrap.deps(runs=DocumentRunStore(docs), docs=docs, launcher=launcher,
                 checkpoints=InMemoryCheckpoints(), publisher=InMemoryPublisher(),
                 clock=SystemClock(), pipelines={"scale": pipeline}, objects=InMemoryObjectStore(),
                 shards=dispatcher)
@@ -334,7 +337,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def measure(n: int, log_dir: Path) -> dict[str, Any]:
-    from spotorch.adapters.budget import SharedRequestBudget
+    from spotorch.adapters.gcp.vertex_budgets import SharedRequestBudget
     from spotorch.local._vertex_quota import QuotaLimits
 
     with world(log_dir) as w:

@@ -10,6 +10,7 @@ from spotorch.adapters.memory.twins import (
     InMemoryPublisher,
     ManualClock,
 )
+from spotorch.app import bootstrap
 from spotorch.app.deps import Deps
 from spotorch.app.run_store import DocumentRunStore
 from spotorch.core.pipeline import Pipeline
@@ -18,7 +19,7 @@ from spotorch.core.pipeline import Pipeline
 def fake_deps(*pipelines: Pipeline, events_topic: str = "") -> Deps:
     """Deps on fresh in-memory adapters, knowing the given pipelines."""
     docs = InMemoryDocumentStore()
-    return Deps(runs=DocumentRunStore(docs), docs=docs, launcher=InMemoryLauncher(),
+    return bootstrap.deps(runs=DocumentRunStore(docs), docs=docs, launcher=InMemoryLauncher(),
                 checkpoints=InMemoryCheckpoints(), publisher=InMemoryPublisher(),
                 clock=ManualClock(), pipelines={p.name: p for p in pipelines},
                 objects=InMemoryObjectStore(),

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from spotorch.adapters.budget import CRUD, QUOTA_WINDOW_S, SUBMIT, RequestBudget, SharedRequestBudget
+from spotorch.adapters.gcp.vertex_budgets import RequestBudget, SharedRequestBudget
 from spotorch.adapters.memory.twins import InMemoryDocumentStore
+from spotorch.ports.budget import CRUD, QUOTA_WINDOW_S, SUBMIT
 from spotorch.ports.jobs import LaunchError
 from spotorch.ports.store import DocumentStore
 from spotorch.settings import Settings

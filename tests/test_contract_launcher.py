@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from spotorch.adapters.gcp.vertex import RetryPolicy, VertexJobLauncher
+from spotorch.adapters.gcp.vertex import VertexJobLauncher
+from spotorch.adapters.gcp.vertex_calls import RetryPolicy
 from spotorch.adapters.memory.twins import InMemoryLauncher
 from spotorch.core.model import JobPhase, JobStatus
 from spotorch.core.pipeline import Capacity, JobTemplate, WorkerPool

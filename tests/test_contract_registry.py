@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from spotorch.adapters.gcp.vertex import RetryPolicy
+from spotorch.adapters.gcp.vertex_calls import RetryPolicy
 from spotorch.adapters.memory.registry import MemoryExperimentTracker, MemoryModelRegistry
 from spotorch.ports.registry import (
     ALIAS_BEST,

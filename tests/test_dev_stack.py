@@ -19,16 +19,8 @@ import pytest
 from spotorch import settings as S
 from spotorch.local import _push_adapter as adapter
 from spotorch.local._stack_procs import group_members, is_same_process
-from spotorch.local.stack import (
-    DEAD_LETTER_SUBSCRIPTION,
-    DevStack,
-    StackConfig,
-    StackError,
-    down_main,
-    exports,
-    up_main,
-    vertex_available,
-)
+from spotorch.local.dev import down_main, exports, up_main
+from spotorch.local.stack import DEAD_LETTER_SUBSCRIPTION, DevStack, StackConfig, StackError, vertex_available
 
 ECHO = Path(__file__).parent / "fixtures" / "echo_functions.py"
 PROJECT = "spotorch-stack-test"

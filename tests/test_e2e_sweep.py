@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from spotorch.adapters.gcp.vertex import RetryPolicy
+from spotorch.adapters.gcp.vertex_calls import RetryPolicy
 from spotorch.adapters.memory.twins import InMemoryCheckpoints, InMemoryObjectStore, InMemoryPublisher
-from spotorch.app.deps import Deps
+from spotorch.app import bootstrap
 from spotorch.app.job_events import trainer_reported
 from spotorch.app.sweeps import load_sweep, start_sweep, sweep_summary
 from spotorch.app.tick import tick
@@ -83,7 +83,7 @@ def test_a_sweep_runs_its_trials_stops_one_early_resumes_a_preempted_one_and_reg
                                               "sklearn-cpu.1-3:latest"))
     docs = FirestoreDocumentStore(project=project)
     retry = RetryPolicy(attempts=2, base_s=0.1)
-    deps = Deps(
+    deps = bootstrap.deps(
         runs=DocumentRunStore(docs), docs=docs,
         launcher=VertexJobLauncher(project, endpoint=address, retry=retry),
         checkpoints=InMemoryCheckpoints(), publisher=InMemoryPublisher(),

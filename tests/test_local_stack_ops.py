@@ -35,7 +35,8 @@ from spotorch.local._stack_procs import (
     stop_groups,
     wait_ready,
 )
-from spotorch.local.stack import DevStack, alerts_main, down_main, reload_main, restart_main, up_main
+from spotorch.local.dev import alerts_main, down_main, reload_main, restart_main, up_main
+from spotorch.local.stack import DevStack
 
 ROOT = Path(__file__).resolve().parent.parent
 ECHO = ROOT / "tests" / "fixtures" / "echo_functions.py"

@@ -10,9 +10,9 @@ from spotorch.adapters.memory.registry import MemoryExperimentTracker, MemoryMod
 from spotorch.adapters.memory.twins import InMemoryLauncher, InMemoryPublisher, ManualClock
 from spotorch.app.deps import Deps
 from spotorch.app.job_events import job_changed
-from spotorch.app.notify import render_alert
 from spotorch.app.runs import cancel_run, start_run
 from spotorch.app.tick import tick
+from spotorch.core.alerts import render_alert
 from spotorch.core.events import kind_of
 from spotorch.core.model import JobPhase, RunStatus
 from spotorch.core.pipeline import Pipeline, Trigger

@@ -12,31 +12,29 @@ from typing import Any
 import pytest
 from cloudevents.http import CloudEvent
 
+from spotorch.adapters.gcp.notification_ledger import FirestoreNotificationLedger
+from spotorch.adapters.memory.notification_ledger import InMemoryNotificationLedger
 from spotorch.adapters.notify import channels as _notify_channels
-from spotorch.app import notify
+from spotorch.adapters.notify.channels import SECRET_ENV, BrokenChannel, EnvChannels, channels_from_env
 from spotorch.app.notify import (
-    SECRET_ENV,
-    BrokenChannel,
     Delivery,
     DeliveryStatus,
-    EnvChannels,
-    FirestoreNotificationLedger,
-    InMemoryNotificationLedger,
-    NotificationLedger,
     NotifyPolicy,
-    Outcome,
-    channels_from_env,
-    handle_pubsub_cloudevent,
     handle_run_event,
-    redact,
     route_matches,
     selected_channels,
 )
+from spotorch.core.alert_ledger import Admission, Outcome
+from spotorch.core.alerts import Alert, render_alert
 from spotorch.core.errors import InvalidEvent
 from spotorch.core.events import build_event, to_pubsub
 from spotorch.core.pipeline import Route
+from spotorch.entrypoints.alerts import handle_pubsub_cloudevent, reset_runtime
 from spotorch.local.emulators import EmulatorSet
 from spotorch.local.receivers import SmtpReceiver, WebhookReceiver
+from spotorch.logs import mark_sensitive
+from spotorch.logs import redact_secrets as redact
+from spotorch.ports.alerts import Channel, NotificationLedger
 
 T0 = 1_764_424_992.0
 RUN = "r-20251129-1"
@@ -101,7 +99,7 @@ def env(web: WebhookReceiver, smtp: SmtpReceiver) -> dict[str, str]:
 
 
 @pytest.fixture
-def channels(env: dict[str, str]) -> dict[str, notify.Channel]:
+def channels(env: dict[str, str]) -> dict[str, Channel]:
     return channels_from_env(env)
 
 
@@ -131,7 +129,7 @@ def log_lines(out: str) -> list[dict[str, Any]]:
 
 
 def test_chat_gets_text_card_and_run_thread(web: WebhookReceiver,
-                                            channels: dict[str, notify.Channel]) -> None:
+                                            channels: dict[str, Channel]) -> None:
     out = send(event("run.failed", 3), ledger=InMemoryNotificationLedger(), channels=channels,
                routes_for=routes(Route("chat", ("run.failed",))))
     assert out["chat"].status is DeliveryStatus.SENT
@@ -153,7 +151,7 @@ def test_chat_gets_text_card_and_run_thread(web: WebhookReceiver,
 
 
 def test_slack_gets_blocks_grouped_by_run(web: WebhookReceiver,
-                                          channels: dict[str, notify.Channel]) -> None:
+                                          channels: dict[str, Channel]) -> None:
     send(event("attempt.preempted", 2), ledger=InMemoryNotificationLedger(), channels=channels,
          routes_for=routes(Route("slack", ("attempt.*",))))
     [post] = web.ok(f"/slack/{SLACK_SECRET}")
@@ -167,7 +165,7 @@ def test_slack_gets_blocks_grouped_by_run(web: WebhookReceiver,
 
 
 def test_email_is_multipart_threaded_per_run_over_starttls(
-        smtp: SmtpReceiver, channels: dict[str, notify.Channel]) -> None:
+        smtp: SmtpReceiver, channels: dict[str, Channel]) -> None:
     ledger = InMemoryNotificationLedger()
     email_only = routes(Route("email", ("*",)))
     send(event("run.created", 1), ledger=ledger, channels=channels, routes_for=email_only)
@@ -215,7 +213,7 @@ def test_email_without_starttls_offered(web: WebhookReceiver) -> None:
 
 
 def test_smtp_temporary_refusal_is_retried_permanent_is_not(
-        smtp: SmtpReceiver, channels: dict[str, notify.Channel]) -> None:
+        smtp: SmtpReceiver, channels: dict[str, Channel]) -> None:
     email_only = routes(Route("email", ("*",)))
     smtp.fail_next(1, 451)
     out = send(event("run.failed", 1), ledger=InMemoryNotificationLedger(), channels=channels,
@@ -232,7 +230,7 @@ def test_smtp_temporary_refusal_is_retried_permanent_is_not(
 
 
 def test_failing_webhook_blocks_nothing_is_retried_bounded_and_logged_without_secrets(
-        web: WebhookReceiver, smtp: SmtpReceiver, channels: dict[str, notify.Channel],
+        web: WebhookReceiver, smtp: SmtpReceiver, channels: dict[str, Channel],
         capsys: pytest.CaptureFixture[str]) -> None:
     ledger = InMemoryNotificationLedger()
     chat_and_email = routes(Route("chat", ("*",)), Route("email", ("*",)))
@@ -263,7 +261,7 @@ def test_failing_webhook_blocks_nothing_is_retried_bounded_and_logged_without_se
 
 
 def test_client_errors_are_not_retried(web: WebhookReceiver,
-                                       channels: dict[str, notify.Channel]) -> None:
+                                       channels: dict[str, Channel]) -> None:
     web.fail_next(1, 404)
     out = send(event("run.failed"), ledger=InMemoryNotificationLedger(), channels=channels,
                routes_for=routes(Route("chat", ("*",))))
@@ -275,11 +273,11 @@ def test_client_errors_are_not_retried(web: WebhookReceiver,
 
 
 def test_unreachable_webhook_and_a_buggy_channel_fail_alone(
-        smtp: SmtpReceiver, channels: dict[str, notify.Channel]) -> None:
+        smtp: SmtpReceiver, channels: dict[str, Channel]) -> None:
     from spotorch.local.emulators import free_port
 
     class Buggy:
-        def send(self, alert: notify.Alert) -> None:
+        def send(self, alert: Alert) -> None:
             raise KeyError("oops")
 
     broken = {**channels, "chat": channels_from_env(
@@ -292,7 +290,7 @@ def test_unreachable_webhook_and_a_buggy_channel_fail_alone(
 
 
 def test_redact_hides_webhook_paths_and_known_secrets() -> None:
-    _notify_channels.mark_sensitive("pw-redact-test")
+    mark_sensitive("pw-redact-test")
     text = redact("POST https://chat.googleapis.com/v1/spaces/AAA/messages?key=K&token=T failed;"
                   " password pw-redact-test")
     assert text == "POST https://chat.googleapis.com/*** failed; password ***"
@@ -303,7 +301,7 @@ def test_redact_hides_webhook_paths_and_known_secrets() -> None:
 
 def test_redelivered_event_sends_each_alert_once(ledger: NotificationLedger, web: WebhookReceiver,
                                                  smtp: SmtpReceiver,
-                                                 channels: dict[str, notify.Channel]) -> None:
+                                                 channels: dict[str, Channel]) -> None:
     first = send(event("run.succeeded", 9), ledger=ledger, channels=channels)
     assert {d.status for d in first.values()} == {DeliveryStatus.SENT}
     second = send(event("run.succeeded", 9), ledger=ledger, channels=channels, now=T0 + 30)
@@ -375,7 +373,7 @@ def test_ledger_contract(ledger: NotificationLedger) -> None:
     assert ledger.claim("runs/a b:1", "slack:sm://projects/p/secrets/s", "runs/a b", T0)
     assert not ledger.claim("runs/a b:1", "slack:sm://projects/p/secrets/s", "runs/a b", T0)
 
-    def admit(kind: str, now: float, always: bool = False) -> notify.Admission:
+    def admit(kind: str, now: float, always: bool = False) -> Admission:
         return ledger.admit("r", "chat", kind, now, limit=2, window_s=100, always=always)
 
     a1, a2 = admit("run.created", T0), admit("attempt.launched", T0 + 1)
@@ -460,12 +458,12 @@ def test_every_kind_renders_a_readable_headline() -> None:
     from test_events import SAMPLES, sample
 
     for kind in SAMPLES:
-        alert = notify.render_alert(sample(kind))
+        alert = render_alert(sample(kind))
         assert alert.kind == kind and alert.headline and "?" not in alert.headline, alert
         assert alert.type == f"dev.spotorch.{kind}.v1"
-    assert notify.render_alert({"type": "dev.spotorch.run.failed.v1", "data": {}}).headline \
+    assert render_alert({"type": "dev.spotorch.run.failed.v1", "data": {}}).headline \
         == "Run failed"
-    assert notify.render_alert({"type": 3, "data": "junk"}).headline == "Event 3"
+    assert render_alert({"type": 3, "data": "junk"}).headline == "Event 3"
 
 
 def test_email_route_target_picks_recipients(smtp: SmtpReceiver, env: dict[str, str]) -> None:
@@ -581,7 +579,7 @@ def test_handle_pubsub_cloudevent_builds_everything_from_env(
     monkeypatch.setenv("SPOTORCH_PIPELINES", str(tmp_path))
     monkeypatch.setenv("SPOTORCH_CHAT_WEBHOOK_URL", f"{web.url}/chat")
     monkeypatch.setenv("SPOTORCH_NOTIFY_LEDGER", "memory")
-    notify.reset_runtime()
+    reset_runtime()
     try:
         data, _, _ = to_pubsub(event("run.failed", 3))
         first = handle_pubsub_cloudevent(pubsub_cloudevent(data))
@@ -592,7 +590,7 @@ def test_handle_pubsub_cloudevent_builds_everything_from_env(
                                             time=T0))
         assert handle_pubsub_cloudevent(pubsub_cloudevent(other)) == []
     finally:
-        notify.reset_runtime()
+        reset_runtime()
     assert [d.status for d in first] == [DeliveryStatus.SENT]
     assert [d.status for d in second] == [DeliveryStatus.DUPLICATE]
     assert len(web.ok("/chat")) == 1

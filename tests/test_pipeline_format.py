@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from spotorch.core.errors import ConfigError
+from spotorch.core.fields import file_fields
 from spotorch.core.pipeline import (
     BatchMode,
     Capacity,
@@ -23,7 +24,6 @@ from spotorch.core.pipeline import (
     WorkerPool,
 )
 from spotorch.spec import loader as config
-from spotorch.spec.fileformat import file_fields
 from spotorch.spec.loader import REGENERATE, check_file, load_pipeline, pipeline_schema_text, schema_main
 
 ROOT = Path(__file__).resolve().parent.parent

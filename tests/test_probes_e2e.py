@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from spotorch.adapters.gcp.vertex import RetryPolicy, VertexJobLauncher
+from spotorch.adapters.gcp.vertex import VertexJobLauncher
+from spotorch.adapters.gcp.vertex_calls import RetryPolicy
 from spotorch.app.hardware_probes import ProbeSession, run_probes
 from spotorch.core.hardware import choose, table_lines
 from spotorch.core.pipeline import (

@@ -18,6 +18,7 @@ from spotorch.adapters.memory.twins import (
     InMemoryObjectStore,
     ManualClock,
 )
+from spotorch.app import bootstrap
 from spotorch.app.arrivals import (
     LISTING_MARGIN_S,
     LISTING_PAGE_SIZE,
@@ -315,7 +316,8 @@ def test_forged_failed_lines_never_give_a_run_two_live_jobs_on_the_emulators(
     import time
 
     from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
-    from spotorch.adapters.gcp.vertex import RetryPolicy, VertexJobLauncher
+    from spotorch.adapters.gcp.vertex import VertexJobLauncher
+    from spotorch.adapters.gcp.vertex_calls import RetryPolicy
     from spotorch.adapters.memory.twins import InMemoryCheckpoints, InMemoryPublisher
     from spotorch.app.run_store import DocumentRunStore
     from spotorch.core.pipeline import JobTemplate, WorkerPool
@@ -335,7 +337,7 @@ def test_forged_failed_lines_never_give_a_run_two_live_jobs_on_the_emulators(
                      checkpoint_uri="gs://c/p", output_uri="gs://m/p",
                      job=JobTemplate(worker_pools=(pool,), regions=("us-central1",)),
                      recovery=RecoveryPolicy(escalation=EscalationKind.NEVER))
-        deps = Deps(runs=DocumentRunStore(docs), docs=docs,
+        deps = bootstrap.deps(runs=DocumentRunStore(docs), docs=docs,
                     launcher=VertexJobLauncher(project, endpoint=address,
                                                retry=RetryPolicy(attempts=2, base_s=0.01)),
                     checkpoints=InMemoryCheckpoints(), publisher=InMemoryPublisher(),

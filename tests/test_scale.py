@@ -112,7 +112,8 @@ def test_progress_reports_closer_than_a_second_are_acknowledged_without_a_write(
 
 
 def test_the_request_budget_waits_then_refuses_as_resource_exhausted() -> None:
-    from spotorch.adapters.budget import CRUD, SUBMIT, RequestBudget
+    from spotorch.adapters.gcp.vertex_budgets import RequestBudget
+    from spotorch.ports.budget import CRUD, SUBMIT
 
     now = [0.0]
     slept: list[float] = []

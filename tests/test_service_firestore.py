@@ -16,6 +16,7 @@ from spotorch.adapters.memory.twins import (
     InMemoryPublisher,
     ManualClock,
 )
+from spotorch.app import bootstrap
 from spotorch.app.deps import Deps
 from spotorch.app.job_events import job_changed
 from spotorch.app.run_store import DocumentRunStore
@@ -34,7 +35,7 @@ def deps(firestore_emulator: Any) -> Deps:
     docs = FirestoreDocumentStore(project=firestore_emulator.project)
     p = Pipeline(name="p", trigger=Trigger(bucket="b"), checkpoint_uri="gs://c/p",
                  output_uri="gs://m/p", recovery=RecoveryPolicy(escalation=EscalationKind.NEVER))
-    return Deps(runs=DocumentRunStore(docs), docs=docs, launcher=InMemoryLauncher(),
+    return bootstrap.deps(runs=DocumentRunStore(docs), docs=docs, launcher=InMemoryLauncher(),
                 checkpoints=InMemoryCheckpoints(), publisher=InMemoryPublisher(),
                 clock=ManualClock(), pipelines={"p": p}, objects=InMemoryObjectStore())
 

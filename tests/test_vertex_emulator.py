@@ -23,7 +23,8 @@ from google.cloud.aiplatform_v1.services.job_service.transports.grpc import (
     JobServiceGrpcTransport,
 )
 
-from spotorch.adapters.gcp.vertex import JobState, RetryPolicy, VertexJobLauncher
+from spotorch.adapters.gcp.vertex import JobState, VertexJobLauncher
+from spotorch.adapters.gcp.vertex_calls import RetryPolicy
 from spotorch.core.model import FailureClass, JobPhase, JobStatus
 from spotorch.core.pipeline import Capacity, JobTemplate, WorkerPool
 from spotorch.local._vertex_logs import LogFormat, LogFormatError

@@ -21,16 +21,15 @@ from spotorch.adapters.gcp.vertex import (
     STATE_PHASES,
     Classifier,
     JobState,
-    RetryPolicy,
     VertexJobLauncher,
     build_custom_job,
     classify,
     find_filter,
-    label_key,
     label_value,
     parse_exit_code,
     parse_job_state,
 )
+from spotorch.adapters.gcp.vertex_calls import RetryPolicy, label_key
 from spotorch.core.model import FailureClass, JobPhase
 from spotorch.core.pipeline import Capacity, JobTemplate, RecoveryPolicy, WorkerPool
 from spotorch.local._vertex_filter import matches, parse_filter

@@ -102,3 +102,27 @@ def setup_logging(stream: TextIO | None = None, level: str | None = None) -> log
 def extra(**fields: Any) -> dict[str, Any]:
     """Fields for `extra=`, renamed where a name is one a LogRecord already has (e.g. `name`)."""
     return {f"{key}_" if key in _STANDARD else key: value for key, value in fields.items()}
+
+
+# --- secret values: never in a log line, a record or an alert's error text ---------------------
+
+_sensitive: set[str] = set()
+_sensitive_lock = threading.Lock()
+_URL = re.compile(r"(?i)\b(https?://[^/\s?#'\"<>]+)[^\s'\"<>]*")
+_MIN_SECRET_LEN = 4  # shorter values would blank out ordinary words in logs
+
+
+def mark_sensitive(value: str) -> None:
+    """Remember a secret value so redact_secrets() removes it from anything logged or recorded."""
+    if len(value) >= _MIN_SECRET_LEN:
+        with _sensitive_lock:
+            _sensitive.add(value)
+
+
+def redact_secrets(text: str) -> str:
+    """Text without known secret values and without the path or query of any http(s) URL."""
+    with _sensitive_lock:
+        secrets = sorted(_sensitive, key=len, reverse=True)
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return _URL.sub(r"\1/***", text)

@@ -44,6 +44,8 @@ COLLECTION_SWEEPS = "sweeps"  # sweep id -> the sweep (spotorch.core.sweeps), it
 COLLECTION_JOBS = "jobs"  # job id -> run, attempt, job name: attributes log-sink entries
 COLLECTION_SPOT_REGIONS = "spot_regions"  # region x shape -> Spot seen by all runs (spot_record)
 COLLECTION_BUDGETS = "request_budgets"  # region:kind -> Vertex request tokens granted lately
+COLLECTION_NOTIFICATIONS = "notifications"  # one doc per (event, channel); TTL on expires_at
+COLLECTION_NOTIFICATION_RUNS = "notification_runs"  # one doc per (run, channel); TTL on expires_at
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,9 @@ class Deps:
     # Spot seen by every run, per region and shape: ranks regions for the next Spot attempt.
     spot: SpotRecord = field(default_factory=SpotRecord)
     owners: JobOwners = field(default_factory=lambda: JobOwners())  # the job records, cached
+    # Told at once when a run ends, after its write (a sweep hears of its trial's end; the sweep's
+    # tick is the backstop). Wired in one place: spotorch.app.bootstrap.
+    on_run_ended: tuple[Callable[[Deps, Run], object], ...] = ()
 
     def pipeline(self, name: str) -> Pipeline:
         try:

@@ -157,20 +157,19 @@ def carry_out(deps: Deps, run: Run, version: Any, mine: Sequence[str], *,
     if was_active and not after.active and \
             deps.pipeline(after.pipeline).trigger.on_active_run is OnActiveRun.QUEUE:
         promote_next(deps, after.pipeline)  # the oldest queued run of the pipeline may start
-    if was_active and not after.active and after.sweep_id:
-        _trial_ended(deps, after)
+    if was_active and not after.active:
+        _run_ended(deps, after)
     return after
 
 
-def _trial_ended(deps: Deps, run: Run) -> None:
-    """Tell a trial's sweep at once; if this fails, the sweep's tick finds it."""
-    from spotorch.app import sweeps as sweep_service
-
-    try:
-        sweep_service.trial_ended(deps, run)
-    except Exception as exc:
-        log.warning("sweep %s not told of trial %s yet: %s", run.sweep_id, run.run_id, exc,
-                    extra={"run_id": run.run_id})
+def _run_ended(deps: Deps, run: Run) -> None:
+    """Tell those who follow ended runs (Deps.on_run_ended); a failure is theirs to repair."""
+    for follower in deps.on_run_ended:
+        try:
+            follower(deps, run)
+        except Exception as exc:
+            log.warning("%s not told that run %s ended yet: %s", getattr(follower, "__name__", "?"),
+                        run.run_id, exc, extra={"run_id": run.run_id})
 
 
 def _perform(deps: Deps, run: Run, intent: Intent) -> Observation | None:

@@ -16,9 +16,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import Field
-
-from spotorch.spec.fileformat import Duration, FileSection
+from spotorch.core.fields import Duration, Field, FileSection
 
 
 class DivergenceAction(StrEnum):

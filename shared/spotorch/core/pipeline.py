@@ -12,13 +12,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field
-
-from spotorch.core.health import HealthPolicy
-from spotorch.core.sweep_spec import ModelRegistration, SweepSpec
-from spotorch.spec.fileformat import (
+from spotorch.core.fields import (
     AddedTo,
     Duration,
+    Field,
     FileSection,
     Matches,
     OneOf,
@@ -26,6 +23,8 @@ from spotorch.spec.fileformat import (
     StringOrNumber,
     Unique,
 )
+from spotorch.core.health import HealthPolicy
+from spotorch.core.sweep_spec import ModelRegistration, SweepSpec
 
 
 class Capacity(StrEnum):

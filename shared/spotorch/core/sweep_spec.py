@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated
 
-from spotorch.spec.fileformat import FileSection, Matches, Pairs
+from spotorch.core.fields import FileSection, Matches, Pairs
 
 ParamValue = int | float | str | bool
 

@@ -76,8 +76,7 @@ def _get(deps: Deps, body: Mapping[str, Any]) -> Response:
 
 def _list(deps: Deps, body: Mapping[str, Any]) -> Response:
     from spotorch.app.views import run_row
-    from spotorch.operate.times import parse_since
-    from spotorch.ports.reads import RunQuery, parse_statuses
+    from spotorch.ports.reads import RunQuery, parse_since, parse_statuses
 
     try:
         limit = int(body.get("limit") or 20)

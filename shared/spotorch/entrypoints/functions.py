@@ -364,7 +364,7 @@ def _shard(body: bytes) -> Mapping[str, Any]:
 
 def run_event(event: CloudEventLike) -> None:
     """The notifier: one subscriber of spotorch's own events, sending Chat, Slack and email alerts."""
-    from spotorch.app.notify import handle_pubsub_cloudevent
+    from spotorch.entrypoints.alerts import handle_pubsub_cloudevent
 
     setup_logging()
     deliveries = handle_pubsub_cloudevent(event)

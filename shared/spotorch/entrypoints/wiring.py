@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from spotorch.app import bootstrap
 from spotorch.app.deps import Deps
 from spotorch.settings import TOPIC_TICK, Settings
 
@@ -15,13 +16,13 @@ class SystemClock:
 
 def production_deps(settings: Settings | None = None) -> Deps:
     """Firestore, Vertex AI, GCS and Pub/Sub adapters configured from SPOTORCH_* variables."""
-    from spotorch.adapters.budget import RequestBudget, SharedRequestBudget
     from spotorch.adapters.gcp.checkpoints import StorageCheckpointStore
     from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
     from spotorch.adapters.gcp.pubsub import PubSubPublisher, PubSubShardDispatcher
     from spotorch.adapters.gcp.registry import VertexExperimentTracker, VertexModelRegistry
     from spotorch.adapters.gcp.storage import GcsObjectStore
     from spotorch.adapters.gcp.vertex import VertexJobLauncher
+    from spotorch.adapters.gcp.vertex_budgets import RequestBudget, SharedRequestBudget
     from spotorch.app.run_store import DocumentRunStore
     from spotorch.spec.loader import cached_pipelines
 
@@ -30,7 +31,7 @@ def production_deps(settings: Settings | None = None) -> Deps:
     pipelines = {p.name: p for p in cached_pipelines(settings.pipelines)}
     regions = tuple(sorted({r for p in pipelines.values() for r in p.job.regions}))
     budget = SharedRequestBudget(docs) if settings.shared_budget else RequestBudget()
-    return Deps(
+    return bootstrap.deps(
         runs=DocumentRunStore(docs),
         docs=docs,
         launcher=VertexJobLauncher(settings.project, endpoint=settings.vertex_endpoint,

@@ -6,7 +6,7 @@ In-process (demo, end-to-end tests):
         stack.upload("landing", "data/part-0.csv", b"...")
         stack.pull_published(10)
 
-In the background (`spotorch dev up` / `spotorch dev down`, spotorch.local._stack_cli): a
+In the background (`spotorch dev up` / `spotorch dev down`, spotorch.local.dev): a
 detached supervisor process owns a DevStack and records it in .spotorch/stack.json.
 docs/local-stack.md describes the wiring.
 
@@ -60,9 +60,7 @@ __all__ = [
     "CLOUDEVENT", "DEAD_LETTER_SUBSCRIPTION", "DEFAULT_FUNCTIONS", "DEFAULT_ROUTES",
     "DEFAULT_RUN_DIR", "DEFAULT_STATE", "GCS_EVENT_FORMS", "HOST", "HTTP",
     "OBSERVER_SUBSCRIPTION", "PUSH_MODES", "TOPICS", "VERTEX_MODULE", "VERTEX_READY_LINE",
-    "DevStack", "PulledMessage", "StackConfig", "StackError", "Ticker", "alerts_main",
-    "down_main", "exports", "main", "reload_main", "restart_main", "up_main",
-    "vertex_available",
+    "DevStack", "PulledMessage", "StackConfig", "StackError", "Ticker", "vertex_available",
 ]
 
 ACTIVE_PIPELINES = "pipelines-active"  # under run_dir: the valid files the functions read
@@ -439,20 +437,3 @@ class DevStack:
                content_type: str = "application/octet-stream") -> str:
         """Upload an object (creating the bucket if needed); returns its gs:// URI."""
         return self._gcs.upload(bucket, name, data, content_type)
-
-
-# The command line lives in _stack_cli; these names stay importable from here.
-from spotorch.local._stack_cli import (
-    alerts_main,
-    down_main,
-    exports,
-    main,
-    reload_main,
-    restart_main,
-    up_main,
-)
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(main())

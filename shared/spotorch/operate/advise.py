@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from spotorch.core.fields import parse_duration
 from spotorch.core.hardware import HardwareChoice, ProbeResult, cache_key, choose, fresh, table_lines
 from spotorch.core.pipeline import Pipeline
 from spotorch.ports.store import DocumentStore
-from spotorch.spec.fileformat import parse_duration
 
 
 def fresh_results(pipeline: Pipeline, cache: Mapping[str, ProbeResult],

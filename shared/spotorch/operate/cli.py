@@ -32,12 +32,12 @@ DELEGATES: Mapping[str, tuple[str, str, str]] = {
                "The table of hardware candidates from earlier probes; --probe runs them."),
 }
 DEV_DELEGATES: Mapping[str, tuple[str, str, str]] = {
-    "up": ("spotorch.local.stack", "up_main", "Start the local stack in the background."),
-    "down": ("spotorch.local.stack", "down_main", "Stop the local stack."),
+    "up": ("spotorch.local.dev", "up_main", "Start the local stack in the background."),
+    "down": ("spotorch.local.dev", "down_main", "Stop the local stack."),
     "vertex": ("spotorch.local.vertex_emulator", "main", "Run the local Vertex AI emulator."),
-    "restart": ("spotorch.local.stack", "restart_main", "Restart one piece of the local stack."),
-    "reload": ("spotorch.local.stack", "reload_main", "Reload the stack's pipelines now."),
-    "alerts": ("spotorch.local.stack", "alerts_main", "Show the alerts the local receivers got."),
+    "restart": ("spotorch.local.dev", "restart_main", "Restart one piece of the local stack."),
+    "reload": ("spotorch.local.dev", "reload_main", "Reload the stack's pipelines now."),
+    "alerts": ("spotorch.local.dev", "alerts_main", "Show the alerts the local receivers got."),
 }
 CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True, "max_content_width": 100}
 CHIEF_REPLICA = "workerpool0-0"
@@ -219,8 +219,7 @@ def runs(ctx: click.Context, statuses: tuple[str, ...], pipeline: str | None, si
          limit: int, page_token: str | None, as_json: bool) -> None:
     """List every run, newest first."""
     from spotorch.app.views import run_row
-    from spotorch.operate.times import parse_since
-    from spotorch.ports.reads import RunQuery, parse_statuses
+    from spotorch.ports.reads import RunQuery, parse_since, parse_statuses
 
     backend = _backend(ctx)
     now = backend.clock()
@@ -294,8 +293,7 @@ def sweeps(ctx: click.Context, statuses: tuple[str, ...], pipeline: str | None,
            since: str | None, limit: int, page_token: str | None, as_json: bool) -> None:
     """List hyperparameter sweeps, newest first: trials ended, the best trial and its metric."""
     from spotorch.app.views import sweep_row
-    from spotorch.operate.times import parse_since
-    from spotorch.ports.reads import SweepQuery, parse_sweep_statuses
+    from spotorch.ports.reads import SweepQuery, parse_since, parse_sweep_statuses
 
     backend = _backend(ctx)
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from spotorch.core.model import Run, RunStatus
 from spotorch.core.sweeps import Sweep, SweepStatus
+from spotorch_trainer.contract import parse_rfc3339
 
 E = TypeVar("E", RunStatus, SweepStatus)
 
@@ -193,3 +195,21 @@ class SweepReader(Protocol):
 
     def list(self, query: SweepQuery) -> SweepPage:
         ...
+
+
+# --- times operators type: an ISO 8601 instant or a span back from now (30m, 6h, 2d, 1w) ---
+
+_UNITS: Mapping[str, float] = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_SPAN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
+
+
+def parse_since(text: str, now: float) -> float:
+    """Epoch seconds of `text`: '6h' is six hours before now, '2026-11-30' or an ISO time is that."""
+    span = _SPAN.match(text)
+    if span:
+        return now - float(span.group(1)) * _UNITS[span.group(2).lower()]
+    try:
+        return parse_rfc3339(text)
+    except ValueError:
+        raise BadQuery(f"--since {text!r}: give an ISO 8601 time (2026-11-30T08:00:00Z) or a "
+                       "span back from now (30m, 6h, 2d, 1w)") from None

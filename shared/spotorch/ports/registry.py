@@ -17,6 +17,18 @@ ALIAS_LATEST = "latest"
 ALIAS_BEST = "best"
 
 
+def model_id(pipeline: str) -> str:
+    """The pipeline's model id: lowercase letters, digits, - and _ (at most 63)."""
+    clean = "".join(c if c.isalnum() or c in "-_" else "-" for c in pipeline.lower())
+    return (clean if clean[:1].isalnum() else f"m{clean}")[:63]
+
+
+def context_id(text: str) -> str:
+    """A metadata context id: lowercase letters, digits and -; starts with a letter or digit."""
+    clean = "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
+    return (clean or "x")[:128]
+
+
 @dataclass(frozen=True)
 class ModelUpload:
     """One model version to register: the pipeline's model gets a new version per upload."""

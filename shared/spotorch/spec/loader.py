@@ -28,6 +28,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from spotorch.core.errors import ConfigError, Problem
 from spotorch.core.events import EVENT_KINDS, TYPE_PREFIX
+from spotorch.core.fields import format_duration, parse_duration
 from spotorch.core.pipeline import (
     BUILTIN_IGNORE,
     BatchMode,
@@ -39,7 +40,7 @@ from spotorch.core.pipeline import (
 from spotorch.core.triggers import ignore_rule, split_gs_uri
 from spotorch.settings import Settings
 from spotorch.spec.catalog import Catalog, accelerator_region_warnings, check_names, load_catalog
-from spotorch.spec.fileformat import PipelineJsonSchema, format_duration, parse_duration
+from spotorch.spec.fileformat import PipelineJsonSchema
 
 SCHEMA_FILE = "pipeline.schema.json"
 SCHEMA_ENV = "SPOTORCH_PIPELINE_SCHEMA"  # the schema file, when it is not shipped next to spotorch

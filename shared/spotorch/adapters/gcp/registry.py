@@ -11,12 +11,19 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from spotorch.adapters.budget import CRUD, SUBMIT, Budget, RequestBudget
-from spotorch.adapters.gcp.vertex import RetryPolicy, label_key
-from spotorch.adapters.gcp.vertex import _failure as classify_failure
-from spotorch.adapters.memory.registry import context_id, model_id
+from spotorch.adapters.gcp.vertex_budgets import RequestBudget
+from spotorch.adapters.gcp.vertex_calls import RetryPolicy, classify_failure, label_key
+from spotorch.ports.budget import CRUD, SUBMIT, Budget
 from spotorch.ports.jobs import label_value
-from spotorch.ports.registry import LABEL_MODEL_RUN, ExperimentRun, ModelUpload, ModelVersion, RegistryError
+from spotorch.ports.registry import (
+    LABEL_MODEL_RUN,
+    ExperimentRun,
+    ModelUpload,
+    ModelVersion,
+    RegistryError,
+    context_id,
+    model_id,
+)
 
 T = TypeVar("T")
 

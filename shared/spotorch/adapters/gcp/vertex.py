@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import functools
-import random
 import re
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from spotorch.adapters.budget import CRUD, SUBMIT, Budget, RequestBudget
+from spotorch.adapters.gcp.vertex_budgets import RequestBudget
+from spotorch.adapters.gcp.vertex_calls import RetryPolicy, classify_failure, label_key
 from spotorch.core.health import HealthPolicy
 from spotorch.core.model import FailureClass, JobPhase, JobStatus
 from spotorch.core.pipeline import Capacity, RecoveryPolicy, WorkerPool
+from spotorch.ports.budget import CRUD, SUBMIT, Budget
 from spotorch.ports.jobs import (
     LABEL_ATTEMPT,
     LABEL_PIPELINE,
@@ -208,14 +208,6 @@ def classify(job_state: int | str, error_code: int, error_message: str,
 
 # --- labels -----------------------------------------------------------------------------------
 
-def label_key(key: str) -> str:
-    """A Vertex-valid label key: as label_value, and starting with a lowercase letter."""
-    clean = label_value(key)
-    if not clean[:1].isalpha() or not clean[:1].islower():
-        clean = label_value(f"k{key}")
-    return clean
-
-
 def job_labels(spec: LaunchSpec) -> dict[str, str]:
     """The job's labels: the template's, then the spec's, then run/attempt/pipeline (always set)."""
     merged = {**dict(spec.template.labels), **dict(spec.labels),
@@ -326,44 +318,6 @@ def status_of(job: Any, classifier: Classifier | None = None) -> JobStatus:
 
 # --- calling the API ----------------------------------------------------------------------------
 
-TRANSIENT_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED"})
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Capped exponential backoff with full jitter for transient API errors."""
-
-    attempts: int = 5  # calls in all, the first included
-    base_s: float = 0.5
-    cap_s: float = 20.0
-    sleep: Callable[[float], None] = field(default=time.sleep, compare=False)
-    jitter: Callable[[], float] = field(default=random.random, compare=False)  # in [0, 1)
-
-    def delay(self, retry: int) -> float:
-        """Seconds to wait before retry number `retry` (0 for the first retry)."""
-        return self.jitter() * min(self.cap_s, self.base_s * 2.0 ** retry)
-
-
-def _code_of(exc: BaseException) -> str:
-    status = getattr(exc, "grpc_status_code", None)
-    return str(getattr(status, "name", "")) or type(exc).__name__
-
-
-def _failure(exc: BaseException) -> tuple[str, bool]:
-    """(code, transient) of an exception raised by a client call."""
-    from google.api_core import exceptions as api
-    from google.auth import exceptions as auth
-
-    if isinstance(exc, api.GoogleAPICallError):
-        code = _code_of(exc)
-        return code, code in TRANSIENT_CODES
-    if isinstance(exc, auth.TransportError):
-        return "UNAVAILABLE", True
-    if isinstance(exc, auth.GoogleAuthError):
-        return "UNAUTHENTICATED", False
-    raise exc  # not an API failure: a bug to see, not to retry
-
-
 def parse_job_name(job_name: str) -> tuple[str, str, str]:
     """(project, region, id) of projects/P/locations/R/customJobs/ID; ValueError otherwise."""
     parts = job_name.split("/")
@@ -442,7 +396,7 @@ class VertexJobLauncher:
             try:
                 return fn()
             except Exception as exc:
-                code, transient = _failure(exc)
+                code, transient = classify_failure(exc)
                 if not transient:
                     raise LaunchError(f"{what}: {code}: {exc}", permanent=True, code=code) from exc
                 last = exc
@@ -506,7 +460,7 @@ class VertexJobLauncher:
                 if page is not None and bool(getattr(page, "next_page_token", None)):
                     self.budget.take(region, (CRUD,), max_wait_s=LIST_PAGE_WAIT_S)
             except Exception as exc:
-                code, transient = _failure(exc)
+                code, transient = classify_failure(exc)
                 raise LaunchError(f"list live jobs in {region}: {code}: {exc}",
                                   permanent=not transient, code=code) from exc
             if page is None:

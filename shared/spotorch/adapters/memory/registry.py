@@ -5,21 +5,16 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 
-from spotorch.ports.registry import ExperimentRun, ModelUpload, ModelVersion, RegistryError
+from spotorch.ports.registry import (
+    ExperimentRun,
+    ModelUpload,
+    ModelVersion,
+    RegistryError,
+    context_id,
+    model_id,
+)
 
 DEFAULT_ALIAS = "default"  # Vertex gives the first version of a model this alias
-
-
-def model_id(pipeline: str) -> str:
-    """The pipeline's model id: lowercase letters, digits, - and _ (at most 63)."""
-    clean = "".join(c if c.isalnum() or c in "-_" else "-" for c in pipeline.lower())
-    return (clean if clean[:1].isalnum() else f"m{clean}")[:63]
-
-
-def context_id(text: str) -> str:
-    """A metadata context id: lowercase letters, digits and -; starts with a letter or digit."""
-    clean = "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
-    return (clean or "x")[:128]
 
 
 class MemoryModelRegistry:

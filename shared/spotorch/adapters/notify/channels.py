@@ -12,11 +12,12 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from spotorch.core.alerts import Alert, chat_payload, chat_thread_params, email_message, slack_payload
-from spotorch.core.errors import SpotorchError
+from spotorch.logs import mark_sensitive
+from spotorch.ports.alerts import CHANNEL_KINDS, Channel, ChannelConfigError, ChannelError
 
 # Environment variables the notifier reads for its channels (deploy/ provides them).
 ENV_CHAT_WEBHOOK_URL = "SPOTORCH_CHAT_WEBHOOK_URL"
@@ -35,7 +36,6 @@ SECRET_ENV = (
 ENV_SMTP_STARTTLS = "SPOTORCH_SMTP_STARTTLS"  # auto (default) | require | off
 ENV_SMTP_CA_FILE = "SPOTORCH_SMTP_CA_FILE"  # extra CA bundle, e.g. a local test server's cert
 
-CHANNEL_KINDS = ("chat", "slack", "email")
 SECRET_SCHEME = "sm://"
 DEFAULT_SMTP_PORT = 587
 _SECRET_NAME = re.compile(r"^projects/[^/]+/secrets/[^/]+(/versions/[^/]+)?$")
@@ -43,48 +43,10 @@ _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 _RETRYABLE_HTTP = frozenset({408, 425, 429})
 
 
-class NotifyError(SpotorchError):
-    """Base of the notifier's errors."""
+# --- secrets ------------------------------------------------------------------------------------
 
-
-class ChannelError(NotifyError):
-    """A channel could not deliver; `permanent` says whether trying again can help."""
-
-    def __init__(self, message: str, *, permanent: bool) -> None:
-        super().__init__(message)
-        self.permanent = permanent
-
-
-class ChannelConfigError(ChannelError):
-    """A channel is misconfigured (missing setting, unresolvable secret): retrying cannot help."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, permanent=True)
-
-
-# --- secrets and redaction ---------------------------------------------------------------------
-
-_sensitive: set[str] = set()
 _resolved: dict[str, str] = {}
 _secret_lock = threading.Lock()
-_URL = re.compile(r"(?i)\b(https?://[^/\s?#'\"<>]+)[^\s'\"<>]*")
-_MIN_SECRET_LEN = 4  # shorter values would blank out ordinary words in logs
-
-
-def mark_sensitive(value: str) -> None:
-    """Remember a secret value so redact() removes it from anything logged or recorded."""
-    if len(value) >= _MIN_SECRET_LEN:
-        with _secret_lock:
-            _sensitive.add(value)
-
-
-def redact(text: str) -> str:
-    """Text without known secret values and without the path or query of any http(s) URL."""
-    with _secret_lock:
-        secrets = sorted(_sensitive, key=len, reverse=True)
-    for secret in secrets:
-        text = text.replace(secret, "***")
-    return _URL.sub(r"\1/***", text)
 
 
 def _secret_manager_value(name: str) -> str:
@@ -153,13 +115,6 @@ class SecretRef:
 
 
 # --- channels ----------------------------------------------------------------------------------
-
-
-class Channel(Protocol):
-    """Delivers one alert; raises ChannelError (or anything else) when it cannot."""
-
-    def send(self, alert: Alert) -> None:
-        ...
 
 
 def _host(url: str) -> str:
@@ -345,11 +300,6 @@ def channels_from_env(env: Mapping[str, str]) -> dict[str, Channel]:
     if any(env.get(name) for name in (ENV_SMTP_HOST, ENV_EMAIL_TO)):
         channels["email"] = _email_from_env(env)
     return channels
-
-
-def channel_key(kind: str, target: str = "") -> str:
-    """Name of a route's channel: the kind, or kind:target when the route picks a destination."""
-    return f"{kind}:{target}" if target else kind
 
 
 def _target_ref(kind: str, target: str, env: Mapping[str, str]) -> SecretRef | str:

@@ -73,7 +73,7 @@ class UIServer:
 
     def _filters(self, args: Mapping[str, str]) -> dict[str, Any]:
         """What runs and sweeps listings share: pipeline, since, limit, page token."""
-        from spotorch.operate.times import parse_since
+        from spotorch.ports.reads import parse_since
 
         try:
             limit = int(args.get("limit") or 50)

@@ -1,7 +1,7 @@
 """`spotorch dev up|down|restart|reload|alerts`: the background stack, as plain functions.
 
 Each `*_main(argv) -> int` takes the command's arguments (the CLI wires them). `up_main` starts
-a detached supervisor (`python -m spotorch.local.stack supervise`) that owns a DevStack, writes
+a detached supervisor (`python -m spotorch.local.dev supervise`) that owns a DevStack, writes
 the state file once it is ready, carries out restart/reload requests, and stops the stack on
 SIGTERM. Human-readable output goes to stderr, so `eval "$(spotorch dev up)"` sees only exports.
 """
@@ -221,7 +221,7 @@ def up_main(argv: Sequence[str]) -> int:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_spotorch_root(), env.get("PYTHONPATH")) if p)
     env["PYTHONUNBUFFERED"] = "1"
-    child = spawn("supervisor", [sys.executable, "-m", "spotorch.local.stack", "supervise",
+    child = spawn("supervisor", [sys.executable, "-m", "spotorch.local.dev", "supervise",
                                  "--config", str(config_path), "--state", str(state_path)],
                   log_path, env)
     deadline = time.monotonic() + args.timeout
@@ -450,7 +450,7 @@ def _watch(stack: DevStack, state_path: Path, base: Mapping[str, Any],
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m spotorch.local.stack up|down|restart|reload|alerts|supervise ...`."""
+    """`python -m spotorch.local.dev up|down|restart|reload|alerts|supervise ...`."""
     args = list(sys.argv[1:] if argv is None else argv)
     command, rest = (args[0], args[1:]) if args else ("", [])
     commands: Mapping[str, Callable[[Sequence[str]], int]] = {
@@ -464,6 +464,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.add_argument("--state", type=Path, required=True)
         ns = parser.parse_args(rest)
         return _supervise(ns.config, ns.state)
-    sys.stderr.write("usage: python -m spotorch.local.stack up|down|restart|reload|alerts "
+    sys.stderr.write("usage: python -m spotorch.local.dev up|down|restart|reload|alerts "
                      "[options]\n")
     return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""What every Vertex AI adapter does around a call: retries, error classes, label keys."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from spotorch.ports.jobs import label_value
+
+TRANSIENT_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED"})
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Capped exponential backoff with full jitter for transient API errors."""
+
+    attempts: int = 5  # calls in all, the first included
+    base_s: float = 0.5
+    cap_s: float = 20.0
+    sleep: Callable[[float], None] = field(default=time.sleep, compare=False)
+    jitter: Callable[[], float] = field(default=random.random, compare=False)  # in [0, 1)
+
+    def delay(self, retry: int) -> float:
+        """Seconds to wait before retry number `retry` (0 for the first retry)."""
+        return self.jitter() * min(self.cap_s, self.base_s * 2.0 ** retry)
+
+
+def code_of(exc: BaseException) -> str:
+    status = getattr(exc, "grpc_status_code", None)
+    return str(getattr(status, "name", "")) or type(exc).__name__
+
+
+def classify_failure(exc: BaseException) -> tuple[str, bool]:
+    """(code, transient) of an exception raised by a client call."""
+    from google.api_core import exceptions as api
+    from google.auth import exceptions as auth
+
+    if isinstance(exc, api.GoogleAPICallError):
+        code = code_of(exc)
+        return code, code in TRANSIENT_CODES
+    if isinstance(exc, auth.TransportError):
+        return "UNAVAILABLE", True
+    if isinstance(exc, auth.GoogleAuthError):
+        return "UNAUTHENTICATED", False
+    raise exc  # not an API failure: a bug to see, not to retry
+
+
+def label_key(key: str) -> str:
+    """A Vertex-valid label key: as label_value, and starting with a lowercase letter."""
+    clean = label_value(key)
+    if not clean[:1].isalpha() or not clean[:1].islower():
+        clean = label_value(f"k{key}")
+    return clean

@@ -31,8 +31,9 @@ FUNCTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "on_tick": (EVENT_CLIENTS, ("spotorch.entrypoints.wiring", "spotorch.app.snapshots", "spotorch.service")),
     "on_run_event": (("functions_framework", "google.cloud.firestore"), ("spotorch.app.notify",)),
 }
-WIRING_DEPS = ("spotorch.spec.loader", "spotorch.adapters.gcp.vertex", "spotorch.adapters.gcp.pubsub",
-               "spotorch.adapters.gcp.firestore", "spotorch.adapters.gcp.checkpoints", "spotorch_trainer.checkpoints")
+WIRING_DEPS = ("spotorch.spec.loader", "spotorch.adapters.gcp.vertex",
+               "spotorch.adapters.gcp.pubsub", "spotorch.adapters.gcp.firestore",
+               "spotorch.adapters.gcp.checkpoints", "spotorch_trainer.checkpoints")
 
 
 def _time(code: str) -> float:

@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/event_bench.py [--runs 20] [--events 600] [--storm 1000] [--threads 8]
 
 Starts its own Firestore and Pub/Sub emulators. Events go through the same decode-and-delegate
-code the Cloud Functions run (spotorch.entrypoints.functions), into the Firestore-backed store, publishing to the
-Pub/Sub emulator; launches go to the in-memory launcher, which counts job creations.
+code the Cloud Functions run (spotorch.entrypoints.functions), into the Firestore-backed store,
+publishing to the Pub/Sub emulator; launches go to the in-memory launcher, which counts job creations.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "shared"), str(REPO / "trainer")]
 
-from cloudevents.http import CloudEvent  # noqa: E402
+from cloudevents.http import CloudEvent
 
 from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
 from spotorch.adapters.gcp.pubsub import PubSubPublisher

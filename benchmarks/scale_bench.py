@@ -53,8 +53,8 @@ REPO = Path(__file__).resolve().parent.parent
 for extra in (REPO / "shared", REPO / "trainer"):
     sys.path.insert(0, str(extra))
 
-from cloudevents.conversion import to_structured  # noqa: E402
-from cloudevents.http import CloudEvent  # noqa: E402
+from cloudevents.conversion import to_structured
+from cloudevents.http import CloudEvent
 
 from spotorch.adapters.memory.twins import (
     InMemoryCheckpoints,

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "shared"), str(ROOT / "benchmarks")]
 
 # The policy benchmark's grid, windows, traces and optimum: the same experiment, one definition.
-from policy_bench import (  # noqa: E402
+from policy_bench import (
     DEADLINES_H,
     STRIDE_H,
     TASK_H,
@@ -47,7 +47,7 @@ from policy_bench import (  # noqa: E402
     optima,
     scenario,
 )
-from policy_bench import _traces as traces_of  # noqa: E402
+from policy_bench import _traces as traces_of
 
 from spotorch.core.pipeline import Capacity
 from spotorch.core.policy import PolicyView, deadline_policy, slack_of, uniform_progress

@@ -14,9 +14,9 @@ for extra in (ROOT / "shared", ROOT / "trainer", ROOT / "functions", ROOT):
     if str(extra) not in sys.path:
         sys.path.insert(0, str(extra))
 
-from spotorch.local.emulators import EmulatorSet, reset_firestore, running
-from spotorch.logs import setup_logging
-from spotorch.settings import TOPIC_GCS_NOTIFICATIONS
+from spotorch.local.emulators import EmulatorSet, reset_firestore, running  # noqa: E402
+from spotorch.logs import setup_logging  # noqa: E402
+from spotorch.settings import TOPIC_GCS_NOTIFICATIONS  # noqa: E402
 
 setup_logging()  # as every function process does: spotorch's records as JSON lines on stdout
 

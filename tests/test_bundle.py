@@ -125,7 +125,8 @@ def test_bundle_has_no_local_stack_or_simulator(bundle: Path) -> None:
     # what exists in the repository and is left out on purpose
     assert (SPOTORCH / "local" / "stack.py").is_file() and (SPOTORCH / "sim" / "simulate.py").is_file()
     assert "spotorch/operate/cli.py" not in names  # the operator CLI: no function imports it
-    for needed in ("main.py", "spotorch/entrypoints/functions.py", "spotorch/entrypoints/api.py", "spotorch/entrypoints/wiring.py",
+    for needed in ("main.py", "spotorch/entrypoints/functions.py", "spotorch/entrypoints/api.py",
+                   "spotorch/entrypoints/wiring.py",
                    "spotorch/adapters/gcp/vertex.py", "spotorch/py.typed", "spotorch_trainer/contract.py",
                    "requirements.txt", "pipelines/probe.yaml"):
         assert needed in names, needed
@@ -141,7 +142,8 @@ def test_bundle_imports_without_repository_or_numpy(bundle: Path) -> None:
     assert report["numpy_loaded"] is False
     assert report["entry_points"] == ["api", "on_job_event", "on_object_finalized",
                                       "on_run_event", "on_tick"]
-    assert "spotorch.entrypoints.wiring" in report["imported"] and "spotorch.adapters.gcp.vertex" in report["imported"]
+    assert "spotorch.entrypoints.wiring" in report["imported"]
+    assert "spotorch.adapters.gcp.vertex" in report["imported"]
     assert report["outside"] == []
 
 
@@ -176,7 +178,8 @@ def _root_with_main(tmp_path: Path, main_text: str) -> Path:
 
 def test_production_modules_are_what_main_imports(tmp_path: Path) -> None:
     modules = package.production_modules(ROOT)
-    assert {"spotorch.entrypoints.functions", "spotorch.entrypoints.api", "spotorch.entrypoints.wiring", "spotorch_trainer.contract"} \
+    assert {"spotorch.entrypoints.functions", "spotorch.entrypoints.api",
+            "spotorch.entrypoints.wiring", "spotorch_trainer.contract"} \
         <= set(modules)
     # imports inside functions count: wiring imports the Firestore store only when called
     assert "spotorch.adapters.gcp.firestore" in modules

@@ -1,4 +1,5 @@
-"""Spot or standard: the run's view for the escalation policy, its Spot history, and the rules shared with the simulator."""
+"""Spot or standard: the run's view for the escalation policy, its Spot history, and the rules
+shared with the simulator."""
 
 from __future__ import annotations
 

@@ -340,10 +340,7 @@ def tick_event(event: CloudEventLike) -> None:
     from spotorch.app.tick import reconcile, reconcile_shard
 
     body, attributes = _pubsub_message(event)
-    if ATTR_SHARD in attributes:
-        runs = reconcile_shard(deps(), _shard(body))
-    else:
-        runs = reconcile(deps())
+    runs = reconcile_shard(deps(), _shard(body)) if ATTR_SHARD in attributes else reconcile(deps())
     log.info("tick: %d active runs reconciled", len(runs),
              extra={"event_id": _attr(event, "id"), "shard": attributes.get(ATTR_SHARD)})
 

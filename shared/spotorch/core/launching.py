@@ -31,6 +31,7 @@ from spotorch.core.moves import (
 )
 from spotorch.core.observations import QUOTA_REFUSED, LaunchDone, LaunchFailed, Observation
 from spotorch.core.pipeline import Capacity
+from spotorch.core.regions import choose_region
 
 
 def first_launch(run: Run, ctx: Context, reason: str) -> Run:
@@ -50,9 +51,8 @@ def announce_hardware(run: Run, ctx: Context, hardware: Mapping[str, Any]) -> Ru
 def launch(run: Run, ctx: Context, capacity: Capacity, reason: str) -> Run:
     previous = run.current
     number = len(run.attempts) + 1
-    regions = ctx.regions
-    region = run.next_region if run.next_region in regions and capacity is Capacity.SPOT \
-        else regions[run.region_index % len(regions)]
+    region = choose_region(ctx.regions, run.avoid_regions, capacity, ctx.now,
+                           prefer=run.next_region if capacity is Capacity.SPOT else None)
     exact = run.health.trust_until_step is not None  # diverged checkpoints may still be there
     ckpt = run.health.rollback if exact else run.latest_checkpoint
     machine = run.health.machine_type

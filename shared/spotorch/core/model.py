@@ -11,6 +11,7 @@ from typing import Any
 from spotorch.core import health as hp
 from spotorch.core.intents import Intent, intent_from_dict, intent_to_dict
 from spotorch.core.pipeline import Capacity
+from spotorch.core.regions import RegionMark
 
 # ---------------------------------------------------------------- vocabulary
 
@@ -337,7 +338,8 @@ class Run:
     next_action_at: float | None = None
     next_capacity: Capacity | None = None
     next_reason: str | None = None  # why the next attempt runs on next_capacity
-    region_index: int = 0
+    # Regions this run avoids for a while (a stockout, a preemption): spotorch.core.regions
+    avoid_regions: tuple[RegionMark, ...] = ()
     spot_unavailable_until: float | None = None  # after a stockout or preemption: don't count on Spot
     escalated: Mapping[str, Any] | None = None
     deadline_warned: bool = False
@@ -402,6 +404,10 @@ class Run:
     def from_dict(cls, doc: Mapping[str, Any]) -> Run:
         data = {k: v for k, v in doc.items() if k not in ("active", "active_bucket")}
         data["status"] = RunStatus(data["status"])
+        data.pop("region_index", None)  # before the region rule: an index into a re-ranked list
+        data["avoid_regions"] = tuple(
+            RegionMark(str(m["region"]), Capacity(m["capacity"]), float(m["until"]), str(m["why"]))
+            for m in data.get("avoid_regions", ()))
         data["attempts"] = tuple(_attempt_from(a) for a in data.get("attempts", ()))
         data["counters"] = Counters(**data.get("counters", {}))
         progress = dict(data.get("progress") or {})

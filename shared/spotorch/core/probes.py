@@ -46,6 +46,7 @@ from spotorch.core.observations import (
 )
 from spotorch.core.pipeline import Capacity, EscalationKind
 from spotorch.core.policy import ProbeTerms, choose_capacity, probe_worth, slack_of
+from spotorch.core.regions import choose_region
 from spotorch.core.shapes import run_pipeline
 
 # ---------------------------------------------------------------- Spot probes
@@ -97,7 +98,7 @@ def tick_probe(run: Run, ctx: Context, current: Attempt) -> Run:
         return run
     if current.state is not AttemptState.RUNNING or current.cancel_reason is not None:
         return run
-    region = ctx.regions[0]
+    region = choose_region(ctx.regions, run.avoid_regions, Capacity.SPOT, ctx.now)
     view = policy_view(run, ctx, current=Capacity.STANDARD, spot_available=False, assumed=False)
     if not probe_worth(view, probe_terms(run, ctx, region),
                        lambda seen: choose_capacity(seen, ctx.recovery)):
@@ -260,7 +261,7 @@ def probe_hardware(run: Run, ctx: Context, cache: Mapping[str, hw.ProbeResult]) 
     names = ", ".join(c.name for c in plan.probe)
     run = move_to(run, RunStatus.PROBING, ctx, f"probing {len(plan.probe)} hardware candidate(s): "
                                           f"{names}")
-    region = ctx.regions[0]
+    region = choose_region(ctx.regions, run.avoid_regions, Capacity.SPOT, ctx.now)
     for candidate in plan.probe:
         number = run.counters.probes + 1
         run = replace(run, counters=replace(run.counters, probes=number))

@@ -23,6 +23,7 @@ from spotorch.core.model import (
 )
 from spotorch.core.moves import fail, move_to, publish
 from spotorch.core.pipeline import Capacity, EscalationKind, RecoveryPolicy
+from spotorch.core.regions import AVOID_PREEMPTED, AVOID_STOCKOUT, mark
 from spotorch.core.training_health import recover_out_of_memory, roll_back
 
 
@@ -94,6 +95,10 @@ _BUDGETS: Mapping[FailureClass, tuple[str, str, RunStatus, str]] = {
 # Not the job's fault, or nothing to wait for: relaunch without a backoff.
 _RELAUNCH_AT_ONCE = frozenset({FailureClass.PREEMPTED, FailureClass.HUNG, FailureClass.DIVERGED})
 
+# Failures after which the run avoids the attempt's region (for its capacity) for the Spot cooldown.
+_AVOID_REGION: Mapping[FailureClass, str] = {FailureClass.STOCKOUT: AVOID_STOCKOUT,
+                                             FailureClass.PREEMPTED: AVOID_PREEMPTED}
+
 # A job Vertex answers NOT_FOUND for this many polls in a row, over at least this long, is lost.
 # (Defaults until the pipeline format carries them; a transient poll error never counts.)
 LOST_AFTER_POLLS = 3
@@ -121,8 +126,10 @@ def recover(run: Run, ctx: Context, attempt: Attempt, failure: FailureClass) -> 
         return fail(run, ctx, failed_status,
                      f"{budget} budget exhausted: {used} > {limit} (last: {_brief(attempt)})",
                      failure)
-    if failure is FailureClass.STOCKOUT:
-        run = replace(run, region_index=run.region_index + 1)
+    if failure in _AVOID_REGION:  # the one region rule: not straight back to where it failed
+        run = replace(run, avoid_regions=mark(
+            run.avoid_regions, attempt.region, attempt.capacity,
+            ctx.now + recovery.spot_cooldown_s, _AVOID_REGION[failure], ctx.now))
     if failure in (FailureClass.PREEMPTED, FailureClass.STOCKOUT):
         run = replace(run, spot_unavailable_until=spot_cooldown_until(ctx.now,
                                                                     recovery.spot_cooldown_s))

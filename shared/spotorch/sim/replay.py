@@ -54,6 +54,7 @@ from spotorch.core.policy import (
     rank_regions,
     uniform_progress,
 )
+from spotorch.core.regions import AVOID_PREEMPTED, AVOID_STOCKOUT, RegionMark, choose_region, mark
 from spotorch.sim.model import Flex, FlexWait, Outcome, RegionChoice, Scenario, View, Window
 
 OnlinePolicy = Callable[[PolicyView], Capacity]
@@ -90,7 +91,7 @@ class ZoneRecord:
         drops = np.concatenate([zero, (full[:, :-1] & ~full[:, 1:]).astype(np.int64)], axis=1)
         self.drops = np.concatenate([zero, np.cumsum(drops, axis=1)], axis=1)
 
-    def ranked(self, step: int, avoid: int | None = None) -> list[int]:
+    def ranked(self, step: int) -> list[int]:
         """Zones best first at this step, from what the record saw before it."""
         b = self.past + step
         a = max(b - self.ttl, 0)
@@ -98,8 +99,7 @@ class ZoneRecord:
                                 available_s=float(self.up[z, b] - self.up[z, a]) * self.dt,
                                 preemptions=int(self.drops[z, b] - self.drops[z, a]))
                    for z in range(self.up.shape[0])]
-        order = rank_regions(records)
-        return [z for z in order if z != avoid] or order
+        return rank_regions(records)
 
 
 VIEW_FIELDS = frozenset(f.name for f in dataclasses.fields(PolicyView))
@@ -124,6 +124,11 @@ def _up_since(avail: list[bool]) -> list[int]:
     return since
 
 
+def _ranked(record: ZoneRecord | None, step: int, zones: int) -> list[str]:
+    """The zones best first as production ranks regions: by the record, else in their order."""
+    return [str(z) for z in (record.ranked(step) if record is not None else range(zones))]
+
+
 def run_online(window: Window, scenario: Scenario, policy: OnlinePolicy) -> Outcome:
     """Replay a window through a production policy function, deciding at every step."""
     dt, overhead = float(scenario.step_s), float(scenario.overhead_s)
@@ -137,7 +142,8 @@ def run_online(window: Window, scenario: Scenario, policy: OnlinePolicy) -> Outc
         if window.zones is not None and scenario.regions is RegionChoice.HISTORY else None
     multizone = window.zones is not None
     zone = 0
-    avoid: int | None = None  # the zone that just stocked out (history: not straight back)
+    # The zones this run avoids for a while (a stockout, a preemption): production's region rule.
+    marks: tuple[RegionMark, ...] = ()
     prefer: int | None = None  # the zone a probe just found capacity in
     probe_zone = 0
     queued_steps = 0
@@ -185,16 +191,15 @@ def run_online(window: Window, scenario: Scenario, policy: OnlinePolicy) -> Outc
             # moves to the next region and decides again with Spot unavailable.
             current, just_preempted, queued_steps, queued = None, True, 0, False
             cool_until = spot_cooldown_until(now, cooldown)
-            avoid = zone
-            if record is None:
-                zone = (zone + 1) % len(zone_up)
-            up = zone_up[zone][i]
+            marks = mark(marks, str(zone), SPOT, now + cooldown, AVOID_STOCKOUT, now)
         if current is SPOT and running and not up:
             preemptions += 1
             current, running, just_preempted = None, False, True
             done = safe
             cool_until = spot_cooldown_until(now, cooldown)
             last_down = now
+            if multizone:
+                marks = mark(marks, str(zone), SPOT, now + cooldown, AVOID_PREEMPTED, now)
         if current is FLEX and not running and i >= flex_end and i < flex_start:
             current = None  # waited its max wait without capacity: the attempt ends, unbilled
         if queued and current is SPOT and up:
@@ -260,7 +265,8 @@ def run_online(window: Window, scenario: Scenario, policy: OnlinePolicy) -> Outc
             if probe_worth(view, terms, policy):
                 probes_sent += 1
                 wait_steps = max(1, math.ceil(probes.wait_s / dt))
-                probe_zone = zone if record is None else record.ranked(i)[0]
+                probe_zone = int(choose_region(_ranked(record, i, len(zone_up)), marks, SPOT,
+                                               now))
                 probed = zone_up[probe_zone]
                 hit_at = next((j for j in range(i, min(i + wait_steps, n)) if probed[j]), None)
                 probe_hit = hit_at is not None
@@ -279,11 +285,9 @@ def run_online(window: Window, scenario: Scenario, policy: OnlinePolicy) -> Outc
             current, last, running = want, want, False
             safe = done  # a requested switch is a graceful cancel: checkpoint first
             if want is SPOT and multizone:
-                if prefer is not None:
-                    zone = prefer
-                elif record is not None:
-                    zone = record.ranked(i, avoid)[0]
-                up, avoid, prefer, queued_steps = zone_up[zone][i], None, None, 0
+                zone = int(choose_region(_ranked(record, i, len(zone_up)), marks, SPOT, now,
+                                         prefer=None if prefer is None else str(prefer)))
+                up, prefer, queued_steps = zone_up[zone][i], None, 0
             if want is FLEX:
                 assert flex is not None and view is not None and rng is not None
                 cap = flex_max_wait_s(view, flex.max_wait_s)

@@ -109,7 +109,7 @@ def test_runs_lists_everything_newest_first(world: tuple[Backend, Deps, dict[str
     order = [next(i for i, line in enumerate(lines) if r.run_id in line)
              for r in (runs["queued"], runs["live"], runs["failed"], runs["story"])]
     assert order == sorted(order)
-    assert "SUCCEEDED" in result.output and "FAILED" in result.output and "(28%)" in result.output
+    assert "SUCCEEDED" in result.output and "FAILED" in result.output and "(10%)" in result.output
     assert "\x1b[" not in result.output  # not a terminal: no colours
     data = json.loads(invoke(backend, "runs", "--json", "--status", "failed").output)
     assert [r["run_id"] for r in data["runs"]] == [runs["failed"].run_id]
@@ -142,7 +142,7 @@ def test_show_tells_everything_about_a_run(world: tuple[Backend, Deps, dict[str,
     result = invoke(backend, "show", story.run_id)
     assert result.exit_code == 0, result.output
     for words in ("SUCCEEDED", "gs://landing/ops/batch-1/", f"gs://models/ops/{story.run_id}",
-                  "step 290", "standard VMs", "(28%)", "30 steps redone", "2027-01-15T08:00:00Z",
+                  "step 290", "standard VMs", "(10%)", "30 steps redone", "2027-01-15T08:00:00Z",
                   "preempted", "escalated to standard", "attempt 3 ended"):
         assert words in result.output, words
     view = json.loads(invoke(backend, "show", story.run_id, "--json").output)

@@ -356,14 +356,17 @@ def test_a_run_past_its_cost_budget_is_stopped_and_fails_with_budget() -> None:
     assert published(done)[-1] == "run.failed"
 
 
-def test_cost_estimate_uses_accelerator_list_prices() -> None:
-    from spotorch.core.decide import cost_estimate
+def test_what_a_run_spent_is_the_ledger_s_total_with_its_accelerators() -> None:
+    from spotorch.core.cost import ledger
+    from spotorch.core.moves import spent
     from spotorch.core.pipeline import WorkerPool
 
     p = replace(pipeline(), job=replace(pipeline().job, worker_pools=(
         WorkerPool(accelerator_type="NVIDIA_TESLA_A100", accelerator_count=8, replica_count=2),)))
     run = started(p)
-    assert cost_estimate(run, Context(p, T0 + 3600)) == pytest.approx(1.147 * 16)
+    host = 4 * 0.011149 + 15 * 0.001494  # n1-standard-4 on Spot
+    assert spent(run, Context(p, T0 + 3600)) == pytest.approx(2 * (host + 8 * 1.147))
+    assert spent(run, Context(p, T0 + 3600)) == ledger(run, p, T0 + 3600).total
 
 
 def test_spot_history_counts_only_what_spot_attempts_showed() -> None:

@@ -266,6 +266,11 @@ def test_hardware_scenario_trains_on_the_cheapest_candidate_that_meets_the_deadl
     assert any(h["what"] == "status PROBING" for h in r["history"])
     # the run was billed on the chosen shape (an L4 and its host), not the pipeline's CPU pool
     assert r["cost"]["attempts"][0]["per_hour"] > 0.2
+    # one cost: every figure the run's events and the demo state is the ledger's
+    (done,) = [e for e in r["published"] if kind_of(e["type"]) == "run.succeeded"]
+    assert done["data"]["cost_estimate"] == done["data"]["cost"]["total"] == r["cost"]["total"]
+    assert done["data"]["cost"]["attempts"] == r["cost"]["attempts"]
+    assert not done["data"]["cost"]["unpriced"] and done["data"]["cost"]["savings"] is not None
 
 
 @pytest.mark.extended  # tests/test_health_examples.py and the service tests cover it

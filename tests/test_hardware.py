@@ -187,10 +187,11 @@ def test_the_cheapest_candidate_that_meets_the_deadline_wins() -> None:
     cpu, l4 = choice.rows
     assert cpu.expected_hours == pytest.approx(5 + 1 / 6)
     assert cpu.spot_cost == pytest.approx(5 * candidate_price(pipeline, CPU, Capacity.SPOT))
-    assert cpu.spot_cost == pytest.approx(5 * 8 * 0.01)  # 8 vCPUs at 0.01 an hour on Spot
-    # the ledger's table: the L4 plus its host (g2-standard-8 unpriced: as n1-standard-4)
-    assert l4.spot_cost == pytest.approx(2.5 * (0.223 + 0.04))
-    assert cpu.standard_cost == pytest.approx(5 * 0.38)  # n1-standard-8: twice n1-standard-4
+    # the ledger's table: n1-standard-8 at N1's unit rates (8 vCPUs, 30 GiB) on Spot
+    assert cpu.spot_cost == pytest.approx(5 * (8 * 0.011149 + 30 * 0.001494))
+    # the L4 plus its g2-standard-8 host, priced as G2 (never as another machine)
+    assert l4.spot_cost == pytest.approx(2.5 * (8 * 0.021856 + 32 * 0.002560 + 0.2231))
+    assert cpu.standard_cost == pytest.approx(5 * 0.379998)  # [C]'s n1-standard-8
     assert (cpu.spot_cost or 0) < (l4.spot_cost or 0)
     assert choice.chosen == "cpu" and cpu.chosen and not l4.chosen
     assert choice.expected_compute_s == pytest.approx(5 * 3600)
@@ -247,13 +248,13 @@ def test_a_noisy_rate_is_taken_at_its_slow_side() -> None:
 
 
 def test_a_tpu_that_wins_on_price_per_step_is_chosen() -> None:
-    # v5e 4 chips at 0.48 (+0.04 host) = 1.96/h at 200 steps/s: 0.05 h -> 0.098;
-    # L4 0.263/h at 10/s: 1 h -> 0.263
+    # v5e 4 chips at 0.24493 on Spot (host included) = 0.97972/h at 200 steps/s: 0.05 h;
+    # L4 with its G2 host 0.479868/h at 10/s: 1 h
     choice = choose(_pipeline(L4, V5E), {"l4": _fit("l4", 10.0), "v5e": _fit("v5e", 200.0)},
                     deadline_s=4 * 3600)
     assert choice.chosen == "v5e"
-    assert choice.row("v5e").spot_cost == pytest.approx(0.05 * 1.96)  # type: ignore[union-attr]
-    assert choice.row("l4").spot_cost == pytest.approx(0.263)  # type: ignore[union-attr]
+    assert choice.row("v5e").spot_cost == pytest.approx(0.05 * 4 * 0.24493)  # type: ignore[union-attr]
+    assert choice.row("l4").spot_cost == pytest.approx(0.479868)  # type: ignore[union-attr]
 
 
 def test_ties_go_to_the_faster() -> None:
@@ -307,13 +308,13 @@ def test_fresh_cached_results_are_reused_and_stale_or_changed_ones_are_not() -> 
 
 
 def test_the_probe_budget_leaves_out_the_dearest_candidates() -> None:
-    # worst cases for 1 h probes on Spot: cpu 0.08, l4 0.263, v5e 1.96
-    pipeline = _pipeline(V5E, CPU, L4, probe_timeout_s=3600.0, probe_budget=0.5)
+    # worst cases for 1 h probes on Spot: cpu 0.134012, l4 0.479868, v5e 0.97972
+    pipeline = _pipeline(V5E, CPU, L4, probe_timeout_s=3600.0, probe_budget=0.7)
     plan = plan_probes(pipeline, {}, now=0.0)
     assert [c.name for c in plan.probe] == ["cpu", "l4"]
     assert [r.candidate for r in plan.skipped] == ["v5e"]
     assert "probe budget" in plan.skipped[0].reason
-    assert plan.budget_used == pytest.approx(0.08 + 0.263)
+    assert plan.budget_used == pytest.approx(0.134012 + 0.479868)
 
 
 # --- spotorch advise ------------------------------------------------------------------------

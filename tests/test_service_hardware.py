@@ -101,9 +101,10 @@ def test_the_ledger_prices_the_chosen_shape() -> None:
         now)
     run = _start(deps)
     book = ledger(run, pipeline, now)
-    assert hourly_rate(pipeline, run.attempts[0].capacity, "us-central1").per_hour == 0.04
-    # the first attempt is billed as g2-standard-8 + L4 (0.04 host + 0.223), not n1-standard-4
-    assert book.attempts[0].per_hour == pytest.approx(0.04 + 0.223)
+    own = hourly_rate(pipeline, run.attempts[0].capacity, "us-central1").per_hour
+    assert own == pytest.approx(4 * 0.011149 + 15 * 0.001494)  # the pipeline's n1-standard-4
+    # the first attempt is billed as g2-standard-8 (G2's rates) + its L4, not n1-standard-4
+    assert book.attempts[0].per_hour == pytest.approx(8 * 0.021856 + 32 * 0.002560 + 0.2231)
 
 
 def test_spotorch_show_has_the_hardware_table() -> None:

@@ -221,7 +221,7 @@ def test_the_runs_page_and_a_run_page_in_chromium(
         assert [rows.nth(i).get_attribute("data-status") for i in range(4)] == [
             "QUEUED", "RUNNING", "FAILED", "SUCCEEDED"]
         story_row = page.locator(f'tr.run[data-run-id="{runs["story"].run_id}"]')
-        assert "(28%)" in story_row.locator("td.savings").inner_text()
+        assert "(10%)" in story_row.locator("td.savings").inner_text()
         failed_badge = page.locator(f'tr.run[data-run-id="{runs["failed"].run_id}"] .status')
         assert "rgb(153, 27, 27)" in failed_badge.evaluate("e => getComputedStyle(e).color")
         _shot(page, "runs")

@@ -15,6 +15,8 @@ from spotorch.core.errors import SpotorchError
 from spotorch.core.model import Run, RunStatus
 from spotorch.core.observations import Observation
 from spotorch.core.pipeline import Pipeline
+from spotorch.core.price_list import LIST_PRICES
+from spotorch.core.prices import PriceTable
 from spotorch.ports.clock import Clock
 from spotorch.ports.jobs import JobLauncher
 from spotorch.ports.messages import EventPublisher, ShardDispatcher
@@ -71,6 +73,7 @@ class Deps:
     # Spot seen by every run, per region and shape: ranks regions for the next Spot attempt.
     spot: SpotRecord = field(default_factory=SpotRecord)
     owners: JobOwners = field(default_factory=lambda: JobOwners())  # the job records, cached
+    prices: PriceTable = LIST_PRICES  # the ledger's price table (SPOTORCH_PRICES, if set)
     # Told at once when a run ends, after its write (a sweep hears of its trial's end; the sweep's
     # tick is the backstop). Wired in one place: spotorch.app.bootstrap.
     on_run_ended: tuple[Callable[[Deps, Run], object], ...] = ()
@@ -90,7 +93,8 @@ def context(deps: Deps, run: Run, now: float) -> Context:
     several regions) the regions ranked by the shared record of Spot for the run's shape."""
     pipeline = deps.pipeline(run.pipeline)
     ctx = Context(pipeline, now, region_order=region_order(deps, pipeline,
-                                                           shape_key(pipeline, run), now))
+                                                           shape_key(pipeline, run), now),
+                  prices=deps.prices)
     if pipeline.hardware is None or run.hardware is not None or \
             run.status not in (RunStatus.QUEUED, RunStatus.PROBING):
         return ctx

@@ -51,7 +51,8 @@ def start_run(deps: Deps, pipeline_name: str, *, run_id: str, data_uri: str,
                          region_order=region_order(deps, pipeline, shape_of(pipeline, None),
                                                    now),
                          hardware_cache=cache,
-                         outlook=hardware_outlook(deps, pipeline, now) if cache else None)
+                         outlook=hardware_outlook(deps, pipeline, now) if cache else None,
+                         prices=deps.prices)
     try:
         version = deps.runs.save(run, None)
     except ConflictError:

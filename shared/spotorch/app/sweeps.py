@@ -15,9 +15,9 @@ from spotorch.app.deps import UnknownRun
 from spotorch.app.runs import cancel_run, start_run
 from spotorch.core import sweeps as sweep
 from spotorch.core.context import Context
-from spotorch.core.decide import cost_estimate
 from spotorch.core.errors import SpotorchError
 from spotorch.core.model import Run
+from spotorch.core.moves import spent
 from spotorch.core.sweeps import (
     LogTrial,
     PublishSweepEvent,
@@ -257,7 +257,7 @@ def trial_seen(deps: Deps, run: Run, number: int) -> TrialSeen:
     metric_name = pipeline.sweep.metric if pipeline.sweep else ""
     curve = tuple((p.step, p.value) for p in run.curve)
     metric = curve[-1][1] if curve else run.progress.metrics.get(metric_name)
-    cost = cost_estimate(run, Context(pipeline, deps.clock.now()))
+    cost = spent(run, Context(pipeline, deps.clock.now(), prices=deps.prices))
     return TrialSeen(number, run.status, step=run.progress.step if run.progress.at else None,
                      metric=metric, curve=curve, cost=cost, preemptions=run.counters.preemptions)
 

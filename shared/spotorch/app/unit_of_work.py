@@ -16,7 +16,7 @@ from spotorch.app.spot_record import seen_between, shape_key
 from spotorch.core import hardware
 from spotorch.core import health as hp
 from spotorch.core.context import Context
-from spotorch.core.decide import cost_estimate, decide
+from spotorch.core.decide import decide
 from spotorch.core.intents import (
     CancelIntent,
     DeleteCheckpointsIntent,
@@ -27,7 +27,7 @@ from spotorch.core.intents import (
     RegisterModelIntent,
 )
 from spotorch.core.model import PROBE_HARDWARE, Run, RunStatus
-from spotorch.core.moves import claim, claimable, remember
+from spotorch.core.moves import claim, claimable, remember, spent
 from spotorch.core.observations import (
     CheckpointsDeleted,
     IntentDone,
@@ -276,9 +276,9 @@ def _log_experiment(deps: Deps, run: Run, *, region: str) -> None:
     """The run in its pipeline's Vertex AI Experiment: parameters, final metrics and cost
     (best effort: a failure is logged, the model is registered either way)."""
     assert deps.experiments is not None
-    ctx = Context(deps.pipeline(run.pipeline), deps.clock.now())
+    ctx = Context(deps.pipeline(run.pipeline), deps.clock.now(), prices=deps.prices)
     metrics = {**{k: float(v) for k, v in run.progress.metrics.items()},
-               "cost": round(cost_estimate(run, ctx), 6),
+               "cost": round(spent(run, ctx), 6),
                "preemptions": float(run.counters.preemptions), "step": float(run.progress.step)}
     try:
         deps.experiments.log_run(ExperimentRun(experiment=run.pipeline, run_id=run.run_id,

@@ -10,6 +10,8 @@ from spotorch.core.cost import Ledger, ledger, ledger_dict
 from spotorch.core.health import CheckpointAdvice
 from spotorch.core.model import Attempt, Run, RunStatus
 from spotorch.core.pipeline import Pipeline
+from spotorch.core.price_list import LIST_PRICES
+from spotorch.core.prices import PriceTable
 from spotorch.core.sweeps import Sweep, Trial
 from spotorch.core.sweeps import summary as trial_summary
 from spotorch.core.training_health import checkpoint_advice
@@ -72,9 +74,10 @@ def attempt_view(a: Attempt) -> dict[str, Any]:
     }
 
 
-def run_row(run: Run, pipeline: Pipeline | None, now: float) -> dict[str, Any]:
+def run_row(run: Run, pipeline: Pipeline | None, now: float,
+            prices: PriceTable = LIST_PRICES) -> dict[str, Any]:
     """One line of a run listing."""
-    book = ledger(run, pipeline, now)
+    book = ledger(run, pipeline, now, prices)
     current = run.current
     return {
         "run_id": run.run_id, "pipeline": run.pipeline, "status": str(run.status),
@@ -83,15 +86,17 @@ def run_row(run: Run, pipeline: Pipeline | None, now: float) -> dict[str, Any]:
         "capacity": str(current.capacity) if current else None,
         "step": run.progress.step, "total_steps": run.progress.total_steps,
         "preemptions": run.counters.preemptions, "reason": reason(run),
-        "cost": round(book.total, 4), "savings": round(book.savings, 4),
+        "cost": round(book.total, 4),
+        "savings": None if book.savings is None else round(book.savings, 4),
         "savings_pct": None if book.savings_pct is None else round(book.savings_pct, 1),
         "currency": book.currency,
     }
 
 
-def run_view(run: Run, pipeline: Pipeline | None, now: float) -> dict[str, Any]:
+def run_view(run: Run, pipeline: Pipeline | None, now: float,
+             prices: PriceTable = LIST_PRICES) -> dict[str, Any]:
     """Everything about one run (`spotorch show`, GET /run, the UI's run page)."""
-    book: Ledger = ledger(run, pipeline, now)
+    book: Ledger = ledger(run, pipeline, now, prices)
     p = run.progress
     checkpoints = [{"step": a.resumed_from_step, "uri": a.resumed_from_uri,
                     "resumed_by_attempt": a.number}

@@ -160,6 +160,11 @@ _HEADLINES: Mapping[str, tuple[Severity, Callable[[Mapping[str, Any]], str]]] = 
 }
 
 
+_NOT_FACTS = frozenset({"run_id", "pipeline"})  # in the alert's own header
+# The same figure as the cost ledger's line: said once, by the ledger (its own rounding).
+_SAID_BY_COST = frozenset({"cost_estimate"})
+
+
 def _fact(value: Any) -> str:
     if isinstance(value, Mapping) and isinstance(value.get("summary"), str):
         return str(value["summary"])  # the cost ledger: its one line ("saved $412 (64%) ...")
@@ -179,7 +184,8 @@ def render_alert(event: Mapping[str, Any], *, held: Mapping[str, int] | None = N
         kind = str(event.get("type", "event"))
     severity, headline = _HEADLINES.get(kind, (Severity.INFO, lambda d: f"Event {kind}"))
     facts = tuple((key, _fact(value)) for key, value in data.items()
-                  if key not in ("run_id", "pipeline") and value is not None and value != "")
+                  if key not in _NOT_FACTS and value is not None and value != ""
+                  and not (key in _SAID_BY_COST and "cost" in data))
     return Alert(
         event_id=str(event.get("id", "")), type=str(event.get("type", "")), kind=kind,
         run_id=_get(data, "run_id"),

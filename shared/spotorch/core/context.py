@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from spotorch.core import hardware as hw
 from spotorch.core import health as hp
 from spotorch.core.pipeline import Pipeline, RecoveryPolicy
+from spotorch.core.price_list import LIST_PRICES
+from spotorch.core.prices import PriceTable
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,7 @@ class Context:
     # What the hardware choice assumes of Spot per candidate (the shared record); None: nothing
     outlook: hw.Outlook | None = None
     hardware_cache: Mapping[str, hw.ProbeResult] | None = None  # a queued run's, at its promotion
+    prices: PriceTable = LIST_PRICES  # what the ledger prices with (SPOTORCH_PRICES, if set)
 
     @property
     def regions(self) -> tuple[str, ...]:

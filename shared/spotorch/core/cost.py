@@ -2,119 +2,84 @@
 what preemptions cost in redone work. Pure functions over a Run, its Pipeline and a price table.
 
 Billing follows Vertex AI's rule: an attempt is billed from its job's start to its end, never while
-queued or preempted (FACTS.md). Prices come from PRICES (each entry names its source and date)
-unless the pipeline overrides them with `prices` (capacity -> price per replica-hour).
+queued or preempted (FACTS.md). Prices come from a price table (spotorch.core.prices; the list
+prices shipped in spotorch.core.price_list unless SPOTORCH_PRICES names another), each entry
+with its source and date, unless the pipeline overrides them with `prices` (capacity -> price per
+replica-hour). This is the one cost: budgets, events, alerts, sweeps, Experiments and every view
+state what this ledger says.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from enum import StrEnum
 
+from spotorch.core.model import Attempt, Run, RunStatus
 from spotorch.core.pipeline import Capacity, Pipeline, WorkerPool
+from spotorch.core.price_list import LIST_PRICES
+from spotorch.core.prices import ANY_REGION, PriceTable, Rate, UnitRates, region_entry, shape_of
 from spotorch.core.shapes import run_pipeline
-
-if TYPE_CHECKING:  # only annotations: spotorch.domain may import this module (terminal events)
-    from spotorch.core.model import Attempt, Run
-
-ANY_REGION = "*"
-
-
-@dataclass(frozen=True)
-class Price:
-    """Hourly prices of one resource by capacity, and where they come from."""
-
-    per_hour: Mapping[Capacity, float]
-    source: str
-    as_of: str  # ISO 8601 date the figure was read
-
-
-@dataclass(frozen=True)
-class PriceTable:
-    """Machine-type and accelerator prices by region (ANY_REGION: the fallback for any region)."""
-
-    machines: Mapping[str, Mapping[str, Price]]
-    accelerators: Mapping[str, Mapping[str, Price]]
-    default_machine: str = "n1-standard-4"
-    currency: str = "USD"
-
-
-_CE_GPU = "Compute Engine GPU pricing (on-demand and Spot list prices), FACTS.md 'Prices'"
-_CE_VM = ("Compute Engine VM instance pricing, n1-standard-4 in us-central1 (on-demand; Spot "
-          "changes at most once a day)")
-
-# Compute Engine list prices: Vertex AI custom training bills its own rates, a little higher; a
-# pipeline with a negotiated or current Vertex rate sets `prices` and those win (see docs).
-# FLEX_START (Dynamic Workload Scheduler) is billed about half the on-demand rate.
-PRICES = PriceTable(
-    machines={
-        "n1-standard-4": {ANY_REGION: Price(
-            {Capacity.STANDARD: 0.19, Capacity.SPOT: 0.04, Capacity.FLEX_START: 0.095},
-            _CE_VM, "2026-11-30")},
-        # N1 list prices scale with the size (vCPUs and memory in the same ratio): n1-standard-4's
-        # per 4 vCPUs. Derived, not read from the price page (issue 19 compares CPU sizes).
-        **{f"n1-standard-{n}": {ANY_REGION: Price(
-            {Capacity.STANDARD: 0.19 * n / 4, Capacity.SPOT: 0.04 * n / 4,
-             Capacity.FLEX_START: 0.095 * n / 4},
-            _CE_VM + f", scaled to {n} vCPUs", "2026-11-30")} for n in (8, 16, 32, 64, 96)},
-    },
-    accelerators={
-        "NVIDIA_TESLA_A100": {ANY_REGION: Price(
-            {Capacity.STANDARD: 2.934, Capacity.SPOT: 1.147, Capacity.FLEX_START: 1.467},
-            _CE_GPU + ", us-central1", "2026-11-30")},
-        "NVIDIA_L4": {ANY_REGION: Price(
-            {Capacity.STANDARD: 0.56, Capacity.SPOT: 0.223, Capacity.FLEX_START: 0.28},
-            _CE_GPU + ", us-central1", "2026-11-30")},
-        "NVIDIA_TESLA_T4": {ANY_REGION: Price(
-            {Capacity.STANDARD: 0.35, Capacity.SPOT: 0.14, Capacity.FLEX_START: 0.175},
-            _CE_GPU + ", europe-west1", "2026-11-30")},
-        # per TPU v5e chip-hour: from memory of Cloud TPU list prices, NOT verified here; Vertex
-        # AI's TPU training prices differ. Override with the pipeline's `prices`.
-        "TPU_V5_LITEPOD": {ANY_REGION: Price(
-            {Capacity.STANDARD: 1.20, Capacity.SPOT: 0.48, Capacity.FLEX_START: 0.60},
-            "Cloud TPU v5e pricing as remembered (unverified)", "2026-12-01")},
-    },
-)
 
 
 @dataclass(frozen=True)
 class HourlyRate:
-    """What one hour of a job costs on one capacity in one region, and how that was found."""
+    """What one hour of a job costs on one capacity in one region, and how that was found.
 
-    per_hour: float
-    basis: tuple[str, ...]  # sources used, and any fallback taken
+    per_hour is None when the table has no price for a machine or accelerator of the job
+    (`unknown` names them): an unknown price, never another machine's."""
+
+    per_hour: float | None
+    basis: tuple[str, ...]  # sources used, and any region the table stood in with
+    unknown: tuple[str, ...] = ()
 
 
-def _lookup(table: Mapping[str, Mapping[str, Price]], key: str, region: str) -> Price | None:
-    by_region = table.get(key)
-    if not by_region:
+def _where(key: str, found_in: str | None, region: str) -> str:
+    """A note when a price is another region's (the table has none for this one)."""
+    if found_in in (None, region, ANY_REGION):
+        return ""
+    return f" ({found_in}'s price: none listed for {region})"
+
+
+def _host_rate(machine_type: str, capacity: Capacity, region: str, table: PriceTable,
+               notes: list[str]) -> float | None:
+    whole, found_in = region_entry(table.machines, machine_type, region)
+    if isinstance(whole, Rate):
+        notes.append(f"{machine_type}: {whole.source} ({whole.as_of})"
+                     + _where(machine_type, found_in, region))
+        return whole.on(capacity)
+    shape = shape_of(machine_type)
+    if shape is None:
         return None
-    return by_region.get(region) or by_region.get(ANY_REGION)
+    units, found_in = region_entry(table.families, shape.family, region)
+    if not isinstance(units, UnitRates):
+        return None
+    notes.append(f"{machine_type} ({shape.vcpus} vCPUs, {shape.gib:g} GiB at {shape.family} rates): "
+                 f"{units.vcpu.source} ({units.vcpu.as_of})" + _where(shape.family, found_in, region))
+    return shape.vcpus * units.vcpu.on(capacity) + shape.gib * units.gib.on(capacity)
 
 
 def _pool_rate(pool: WorkerPool, capacity: Capacity, region: str, table: PriceTable,
-               notes: list[str]) -> float:
-    machine = _lookup(table.machines, pool.machine_type, region)
-    if machine is None:
-        machine = _lookup(table.machines, table.default_machine, region)
-        notes.append(f"no price for machine {pool.machine_type}: priced as {table.default_machine}")
-    per_replica = machine.per_hour[capacity] if machine else 0.0
-    if machine:
-        notes.append(f"{pool.machine_type}: {machine.source} ({machine.as_of})")
+               notes: list[str], unknown: list[str]) -> float | None:
+    host = _host_rate(pool.machine_type, capacity, region, table, notes)
+    if host is None:
+        unknown.append(f"machine {pool.machine_type}")
+    accelerators = 0.0
     if pool.accelerator_type and pool.accelerator_count:
-        accelerator = _lookup(table.accelerators, pool.accelerator_type, region)
-        if accelerator is None:
-            notes.append(f"no price for accelerator {pool.accelerator_type}: not counted")
+        rate, found_in = region_entry(table.accelerators, pool.accelerator_type, region)
+        if isinstance(rate, Rate):
+            accelerators = rate.on(capacity) * pool.accelerator_count
+            notes.append(f"{pool.accelerator_type}: {rate.source} ({rate.as_of})"
+                         + _where(pool.accelerator_type, found_in, region))
         else:
-            per_replica += accelerator.per_hour[capacity] * pool.accelerator_count
-            notes.append(f"{pool.accelerator_type}: {accelerator.source} ({accelerator.as_of})")
-    return per_replica * pool.replica_count
+            unknown.append(f"accelerator {pool.accelerator_type}")
+            return None
+    return None if host is None else (host + accelerators) * pool.replica_count
 
 
 def hourly_rate(pipeline: Pipeline | None, capacity: Capacity, region: str,
-                table: PriceTable = PRICES) -> HourlyRate:
+                table: PriceTable = LIST_PRICES) -> HourlyRate:
     """One hour of the pipeline's job on this capacity in this region (the pipeline's prices win)."""
     if pipeline is None:
         pools: Sequence[WorkerPool] = (WorkerPool(),)
@@ -125,8 +90,10 @@ def hourly_rate(pipeline: Pipeline | None, capacity: Capacity, region: str,
         if override is not None:
             replicas = sum(p.replica_count for p in pools)
             return HourlyRate(override * replicas, (f"pipeline {pipeline.name} prices",))
-    total = sum(_pool_rate(p, capacity, region, table, notes) for p in pools)
-    return HourlyRate(total, tuple(dict.fromkeys(notes)))
+    unknown: list[str] = []
+    rates = [_pool_rate(p, capacity, region, table, notes, unknown) for p in pools]
+    total = None if any(r is None for r in rates) else sum(r for r in rates if r is not None)
+    return HourlyRate(total, tuple(dict.fromkeys(notes)), tuple(dict.fromkeys(unknown)))
 
 
 @dataclass(frozen=True)
@@ -137,23 +104,39 @@ class AttemptCost:
     capacity: Capacity
     region: str
     billed_s: float  # from its job's start to its end (or now, while it runs)
-    per_hour: float
-    cost: float
+    per_hour: float | None  # None: the table has no price for its machine or accelerator
+    cost: float  # 0 when its price is unknown (the ledger's `unpriced` says so)
     lost_steps: int  # steps it ran that the next attempt had to redo
     lost_s: float  # compute time spent on those steps
     lost_cost: float
 
 
+class RunResult(StrEnum):
+    """What the run has produced so far, as the ledger judges its cost."""
+
+    RESULT = "result"  # succeeded: the work is done, and savings are real
+    RUNNING = "running"  # still going: spent so far against the same work on standard VMs
+    NO_RESULT = "no_result"  # failed or cancelled: money spent, nothing produced
+
+
+def result_of(run: Run) -> RunResult:
+    """Whether a run produced its result, is still going, or ended without one."""
+    if run.status in (RunStatus.SUCCEEDED, RunStatus.REGISTERING):
+        return RunResult.RESULT
+    return RunResult.NO_RESULT if run.status.terminal else RunResult.RUNNING
+
+
 @dataclass(frozen=True)
 class Ledger:
-    """What a run cost, what it saved against standard VMs, and what preemptions cost."""
+    """What a run cost, what the same work would have cost on standard VMs, what it saved (only
+    once it produced its result), and what preemptions cost."""
 
     currency: str
     attempts: tuple[AttemptCost, ...]
-    total: float
+    total: float  # every known price; `unpriced` names what could not be priced
     standard_equivalent: float  # kept compute time x standard price + one start-up
-    savings: float
-    savings_pct: float | None  # of the standard equivalent; None when that is zero
+    savings: float | None  # standard_equivalent - total, for a run that produced its result
+    savings_pct: float | None  # of the standard equivalent; None without savings
     useful_s: float
     lost_steps: int
     lost_cost: float
@@ -161,22 +144,35 @@ class Ledger:
     basis: tuple[str, ...] = field(default_factory=tuple)
     probes: int = 0  # Spot capacity probes launched (never attempts)
     probe_cost: float = 0.0  # their billed time at the Spot price; part of total
+    result: RunResult = RunResult.RUNNING
+    unpriced: tuple[str, ...] = ()  # machines and accelerators the price table does not know
 
     def sentence(self) -> str:
         """The ledger in one line, as alerts and summaries say it."""
-        if self.total == 0 and self.standard_equivalent == 0:
+        if self.total == 0 and self.standard_equivalent == 0 and not self.unpriced:
             return "nothing billed yet"
-        pct = f" ({self.savings_pct:.0f}%)" if self.savings_pct is not None else ""
-        verb = "saved" if self.savings >= 0 else "cost"
-        line = (f"{money(self.total)} spent; {verb} {money(abs(self.savings))}{pct} "
-                "against standard VMs")
+        spent = f"{money(self.total)} spent" + (" so far" if self.result is RunResult.RUNNING
+                                                else "")
+        if self.savings is not None:
+            pct = f" ({abs(self.savings_pct):.0f}%)" if self.savings_pct is not None else ""
+            line = (f"{spent}; saved {money(self.savings)}{pct} against standard VMs"
+                    if self.savings >= 0 else
+                    f"{spent}; {money(-self.savings)}{pct} more than standard VMs")
+        else:
+            line = (f"{spent}; standard VMs would have cost {money(self.standard_equivalent)} "
+                    "for the same work")
+            if self.result is RunResult.NO_RESULT:
+                line += " (no result)"
         if self.preemptions:
             plural = "s" if self.preemptions != 1 else ""
-            line += (f"; {self.preemptions} preemption{plural} cost {money(self.lost_cost)} of "
-                     f"redone work ({self.lost_steps} steps)")
+            redone = (f"cost {money(self.lost_cost)} of redone work ({self.lost_steps} steps)"
+                      if self.lost_steps else "redid no work")
+            line += f"; {self.preemptions} preemption{plural} {redone}"
         if self.probes:
             plural = "s" if self.probes != 1 else ""
             line += f"; {self.probes} Spot probe{plural} cost {money(self.probe_cost)}"
+        if self.unpriced:
+            line += f"; price unknown for {', '.join(self.unpriced)} (not counted)"
         return line
 
 
@@ -213,19 +209,22 @@ def _lost_work(attempt: Attempt, successor: Attempt | None) -> tuple[int, float]
     return lost, lost / ran
 
 
-def ledger(run: Run, pipeline: Pipeline | None, now: float, table: PriceTable = PRICES) -> Ledger:
+def ledger(run: Run, pipeline: Pipeline | None, now: float,
+           table: PriceTable = LIST_PRICES) -> Ledger:
     """The cost ledger of a run at time `now` (a live attempt is billed up to now).
 
     Each attempt's billed time is its start-up (the pipeline's restart overhead, at most the
     whole attempt) and its compute; the compute spent on steps the next attempt redid is lost.
     The standard equivalent is the kept compute plus one start-up, at standard prices: what the
-    same useful work would have cost on standard VMs without interruptions.
+    same useful work would have cost on standard VMs without interruptions. Savings are stated
+    only for a run that produced its result.
     """
     overhead_s = pipeline.recovery.restart_overhead_s if pipeline is not None else 0.0
     if pipeline is not None:  # issue 19: priced on the shape the run's hardware choice names
         pipeline = run_pipeline(pipeline, run.hardware)
     lines: list[AttemptCost] = []
     basis: list[str] = []
+    unpriced: list[str] = []
     useful_s = 0.0
     standard_useful = 0.0
     startup: tuple[float, float] | None = None  # (seconds, standard price) of one start-up
@@ -235,18 +234,20 @@ def ledger(run: Run, pipeline: Pipeline | None, now: float, table: PriceTable = 
         standard = hourly_rate(pipeline, Capacity.STANDARD, attempt.region, table)
         basis += [*rate.basis, *standard.basis]
         billed = billed_seconds(attempt, now)
+        if billed > 0:
+            unpriced += [*rate.unknown, *standard.unknown]
+        per_hour, standard_per_hour = rate.per_hour or 0.0, standard.per_hour or 0.0
         compute = max(billed - overhead_s, 0.0)
         lost_steps, lost_fraction = _lost_work(attempt, successor)
         lost_s = compute * lost_fraction
-        cost = billed / 3600 * rate.per_hour
         lines.append(AttemptCost(attempt.number, attempt.capacity, attempt.region, billed,
-                                 rate.per_hour, cost, lost_steps, lost_s,
-                                 lost_s / 3600 * rate.per_hour))
+                                 rate.per_hour, billed / 3600 * per_hour, lost_steps, lost_s,
+                                 lost_s / 3600 * per_hour))
         useful_s += compute - lost_s
-        standard_useful += (compute - lost_s) / 3600 * standard.per_hour
+        standard_useful += (compute - lost_s) / 3600 * standard_per_hour
         if billed > 0:
             startup = (max(startup[0] if startup else 0.0, min(overhead_s, billed)),
-                       standard.per_hour)
+                       standard_per_hour)
     # Spot probes: billed from their job's start (capacity found) to its end, like any job.
     probe_cost = 0.0
     for probe in run.probes:
@@ -255,18 +256,22 @@ def ledger(run: Run, pipeline: Pipeline | None, now: float, table: PriceTable = 
         end = probe.ended_at if probe.ended_at is not None else now
         billed = end - probe.started_at
         if math.isfinite(billed) and billed > 0:
-            probe_cost += billed / 3600 * hourly_rate(pipeline, Capacity.SPOT, probe.region,
-                                                      table).per_hour
+            rate = hourly_rate(pipeline, Capacity.SPOT, probe.region, table)
+            unpriced += rate.unknown
+            probe_cost += billed / 3600 * (rate.per_hour or 0.0)
     total = sum(line.cost for line in lines) + probe_cost
     standard_equivalent = standard_useful + (startup[0] / 3600 * startup[1] if startup else 0.0)
-    savings = standard_equivalent - total
+    result = result_of(run)
+    savings = standard_equivalent - total if result is RunResult.RESULT and not unpriced else None
     return Ledger(
         currency=table.currency, attempts=tuple(lines), total=total,
         standard_equivalent=standard_equivalent, savings=savings,
-        savings_pct=savings / standard_equivalent * 100 if standard_equivalent > 0 else None,
+        savings_pct=savings / standard_equivalent * 100
+        if savings is not None and standard_equivalent > 0 else None,
         useful_s=useful_s, lost_steps=sum(line.lost_steps for line in lines),
         lost_cost=sum(line.lost_cost for line in lines), preemptions=run.counters.preemptions,
-        basis=tuple(dict.fromkeys(basis)), probes=run.counters.probes, probe_cost=probe_cost)
+        basis=tuple(dict.fromkeys(basis)), probes=run.counters.probes, probe_cost=probe_cost,
+        result=result, unpriced=tuple(dict.fromkeys(unpriced)))
 
 
 def ledger_dict(book: Ledger) -> dict[str, object]:
@@ -274,14 +279,16 @@ def ledger_dict(book: Ledger) -> dict[str, object]:
     return {
         "currency": book.currency, "total": round(book.total, 4),
         "standard_equivalent": round(book.standard_equivalent, 4),
-        "savings": round(book.savings, 4),
+        "savings": None if book.savings is None else round(book.savings, 4),
         "savings_pct": None if book.savings_pct is None else round(book.savings_pct, 1),
+        "result": str(book.result), "unpriced": list(book.unpriced),
         "useful_s": round(book.useful_s, 1), "lost_steps": book.lost_steps,
         "lost_cost": round(book.lost_cost, 4), "preemptions": book.preemptions,
         "probes": book.probes, "probe_cost": round(book.probe_cost, 4),
         "summary": book.sentence(), "basis": list(book.basis),
         "attempts": [{"attempt": a.attempt, "capacity": str(a.capacity), "region": a.region,
-                      "billed_s": round(a.billed_s, 1), "per_hour": round(a.per_hour, 4),
+                      "billed_s": round(a.billed_s, 1),
+                      "per_hour": None if a.per_hour is None else round(a.per_hour, 4),
                       "cost": round(a.cost, 4), "lost_steps": a.lost_steps,
                       "lost_cost": round(a.lost_cost, 4)} for a in book.attempts],
     }

@@ -40,6 +40,7 @@ from spotorch.core.moves import (
     next_intent_id,
     note,
     publish,
+    spent,
     stop,
     with_attempt,
 )
@@ -62,7 +63,8 @@ from spotorch.core.observations import (
     TrainerReported,
 )
 from spotorch.core.pipeline import Capacity, Pipeline
-from spotorch.core.prices import hourly_price
+from spotorch.core.price_list import LIST_PRICES
+from spotorch.core.prices import PriceTable
 from spotorch.core.probes import (
     on_probe,
     on_probe_launch_failed,
@@ -95,7 +97,8 @@ def new_run(*, run_id: str, pipeline: Pipeline, now: float, data_uri: str,
             hardware: Mapping[str, Any] | None = None,
             region_order: tuple[str, ...] | None = None,
             hardware_cache: Mapping[str, hw.ProbeResult] | None = None,
-            outlook: hw.Outlook | None = None) -> Run:
+            outlook: hw.Outlook | None = None,
+            prices: PriceTable = LIST_PRICES) -> Run:
     """A new run: created, announced, and (unless queued) its first attempt launched.
 
     hardware: the choice among the pipeline's hardware candidates (issue 19), if one was made;
@@ -109,7 +112,7 @@ def new_run(*, run_id: str, pipeline: Pipeline, now: float, data_uri: str,
               output_uri=pipeline.run_output_uri(run_id), latest_checkpoint=resume_from,
               retry_of=retry_of, sweep_id=sweep_id, params=dict(params or {}),
               hardware=hardware)
-    ctx = Context(pipeline, now, region_order=region_order, outlook=outlook)
+    ctx = Context(pipeline, now, region_order=region_order, outlook=outlook, prices=prices)
     run = note(run, ctx, "created", reason)
     run = publish(run, ctx, "run.created", status=str(RunStatus.PENDING), data_uri=data_uri,
                    snapshot_id=snapshot_id, deadline=iso(deadline), reason=reason)
@@ -282,9 +285,11 @@ def _attempt_ended(run: Run, ctx: Context, attempt: Attempt, status: JobStatus) 
     if attempt.state is AttemptState.SUCCEEDED:
         attempt = _end_attempt(attempt, ctx, status, "succeeded", None)
         run = _announce_end(with_attempt(run, attempt), ctx, attempt)
+        done = replace(run, status=RunStatus.SUCCEEDED)  # the ledger of the run as it ends
+        cost = cost_of(done, ctx)
+        # cost_estimate (schema v1) is the ledger's total: one figure wherever a cost is stated
         succeeded = {"attempts": len(run.attempts), "preemptions": run.counters.preemptions,
-                     "cost_estimate": round(cost_estimate(run, ctx), 4),
-                     "model_uri": run.output_uri, "cost": cost_of(run, ctx)}
+                     "cost_estimate": cost["total"], "model_uri": run.output_uri, "cost": cost}
         if ctx.pipeline.model is not None and run.sweep_id is None:
             return _register_model(run, ctx, attempt, succeeded)
         run = move_to(run, RunStatus.SUCCEEDED, ctx, f"attempt {attempt.number} succeeded")
@@ -337,12 +342,12 @@ def _over_budget(run: Run, ctx: Context) -> Run | None:
     if budget is None or run.status not in (RunStatus.STARTING, RunStatus.RUNNING,
                                             RunStatus.RECOVERING):
         return None
-    spent = cost_estimate(run, ctx)
-    if spent <= budget:
+    so_far = spent(run, ctx)
+    if so_far <= budget:
         return None
     run = publish(run, ctx, "run.budget_exceeded", budget="cost", limit=budget,
-                   used=round(spent, 4))
-    return stop(run, ctx, f"cost budget exhausted: {spent:.2f} > {budget:.2f}",
+                   used=round(so_far, 4))
+    return stop(run, ctx, f"cost budget exhausted: {so_far:.2f} > {budget:.2f}",
                  RunStatus.FAILED_BUDGET)
 
 
@@ -419,14 +424,3 @@ _HANDLERS: Mapping[type, Callable[[Run, Observation, Context], Run]] = {
     ProbeObserved: on_probe,
     ProbeMissing: on_probe_missing,
 }
-
-
-def cost_estimate(run: Run, ctx: Context) -> float:
-    """Estimated compute cost so far: billed running time of every attempt at list prices."""
-    total = 0.0
-    for a in run.attempts:
-        if a.started_at is None:
-            continue  # queued or preempted time is not billed
-        end = a.ended_at if a.ended_at is not None else ctx.now
-        total += max(end - a.started_at, 0.0) / 3600 * hourly_price(ctx.pipeline, a.capacity)
-    return total if math.isfinite(total) else 0.0

@@ -19,6 +19,8 @@ from typing import Any
 
 from spotorch.core.cost import hourly_rate
 from spotorch.core.pipeline import Capacity, HardwareCandidate, Pipeline
+from spotorch.core.price_list import LIST_PRICES
+from spotorch.core.prices import PriceTable
 from spotorch.core.shapes import apply, describe, on_candidate
 
 __all__ = ["apply", "describe", "on_candidate"]  # re-exported: callers find the shapes here
@@ -39,11 +41,19 @@ OOM_PATTERNS: tuple[re.Pattern[str], ...] = tuple(re.compile(p) for p in (
 OOM_EXIT_CODES = frozenset({137})  # 128 + SIGKILL: what the OOM killer leaves
 
 
-def candidate_price(pipeline: Pipeline, candidate: HardwareCandidate, capacity: Capacity) -> float:
+def candidate_price(pipeline: Pipeline, candidate: HardwareCandidate, capacity: Capacity,
+                    prices: PriceTable = LIST_PRICES) -> float | None:
     """Price per hour of the whole job on this candidate (all replicas) in the pipeline's first
-    region: the ledger's price table, so the table and the run's ledger agree."""
+    region: the ledger's price table, so the table and the run's ledger agree; None: unknown."""
     return hourly_rate(on_candidate(pipeline, candidate), capacity,
-                       pipeline.job.regions[0]).per_hour
+                       pipeline.job.regions[0], prices).per_hour
+
+
+def _price_order(pipeline: Pipeline, candidate: HardwareCandidate,
+                 prices: PriceTable) -> tuple[bool, float]:
+    """Cheapest first on Spot; a candidate without a known price last."""
+    price = candidate_price(pipeline, candidate, Capacity.SPOT, prices)
+    return price is None, price or 0.0
 
 
 def cache_key(pipeline: Pipeline, candidate: HardwareCandidate, probe_steps: int) -> str:
@@ -139,7 +149,8 @@ class ProbePlan:
     budget_used: float  # worst case: every probe runs to probe_timeout on Spot
 
 
-def plan_probes(pipeline: Pipeline, cache: Mapping[str, ProbeResult], now: float) -> ProbePlan:
+def plan_probes(pipeline: Pipeline, cache: Mapping[str, ProbeResult], now: float,
+                prices: PriceTable = LIST_PRICES) -> ProbePlan:
     """Probe each candidate without a fresh cached result, cheapest first, within the budget."""
     search = pipeline.hardware
     if search is None:
@@ -149,15 +160,20 @@ def plan_probes(pipeline: Pipeline, cache: Mapping[str, ProbeResult], now: float
     skipped: list[ProbeResult] = []
     used = 0.0
     hours = search.probe_timeout_s / 3600.0
-    by_price = sorted(search.candidates,
-                      key=lambda c: candidate_price(pipeline, c, Capacity.SPOT))
+    by_price = sorted(search.candidates, key=lambda c: _price_order(pipeline, c, prices))
     for candidate in by_price:
         key = cache_key(pipeline, candidate, search.probe_steps)
         hit = cache.get(candidate.name)
         if hit is not None and fresh(hit, key, now, search.cache_ttl_s):
             cached.append(hit)
             continue
-        cost = candidate_price(pipeline, candidate, Capacity.SPOT) * hours
+        price = candidate_price(pipeline, candidate, Capacity.SPOT, prices)
+        if price is None and search.probe_budget is not None:
+            skipped.append(ProbeResult(candidate.name, False, key=key, measured_at=now,
+                                       reason="not probed: its price is unknown, so the probe "
+                                              "budget cannot cover it"))
+            continue
+        cost = (price or 0.0) * hours
         if search.probe_budget is not None and used + cost > search.probe_budget:
             skipped.append(ProbeResult(candidate.name, False, key=key, measured_at=now,
                                        reason=f"not probed: its worst case ({cost:.2f}) is over "
@@ -230,7 +246,7 @@ NO_HISTORY = Outlook({})
 
 
 def _row(pipeline: Pipeline, candidate: HardwareCandidate, result: ProbeResult | None,
-         deadline_s: float | None, outlook: Outlook) -> ChoiceRow:
+         deadline_s: float | None, outlook: Outlook, prices: PriceTable = LIST_PRICES) -> ChoiceRow:
     search = pipeline.hardware
     assert search is not None
     shape = describe(candidate)
@@ -249,14 +265,20 @@ def _row(pipeline: Pipeline, candidate: HardwareCandidate, result: ProbeResult |
     expected_s = compute_s + overhead + preemptions * (overhead + outlook.rework_s_per_preemption)
     billed_spot_h = (compute_s + preemptions * outlook.rework_s_per_preemption) / 3600.0
     meets = None if deadline_s is None else expected_s <= deadline_s
+    spot_price = candidate_price(pipeline, candidate, Capacity.SPOT, prices)
+    standard_price = candidate_price(pipeline, candidate, Capacity.STANDARD, prices)
+    if spot_price is None or standard_price is None:
+        return ChoiceRow(candidate.name, shape, False, "price unknown: the price table has no "
+                         "price for its machine or accelerator",
+                         steps_per_s=result.steps_per_s, samples_per_s=result.samples_per_s,
+                         expected_hours=expected_s / 3600.0, compute_hours=compute_s / 3600.0,
+                         meets_deadline=meets)
     return ChoiceRow(
         candidate.name, shape, True, "", steps_per_s=result.steps_per_s,
         samples_per_s=result.samples_per_s, peak_host_rss_mb=result.peak_host_rss_mb,
         peak_accelerator_mb=result.peak_accelerator_mb, expected_hours=expected_s / 3600.0,
         compute_hours=compute_s / 3600.0,
-        spot_cost=billed_spot_h * candidate_price(pipeline, candidate, Capacity.SPOT),
-        standard_cost=compute_s / 3600.0 * candidate_price(pipeline, candidate,
-                                                           Capacity.STANDARD),
+        spot_cost=billed_spot_h * spot_price, standard_cost=compute_s / 3600.0 * standard_price,
         meets_deadline=meets)
 
 
@@ -265,7 +287,8 @@ def _hours(h: float | None) -> str:
 
 
 def choose(pipeline: Pipeline, results: Mapping[str, ProbeResult],
-           deadline_s: float | None = None, outlook: Outlook = NO_HISTORY) -> HardwareChoice:
+           deadline_s: float | None = None, outlook: Outlook = NO_HISTORY,
+           prices: PriceTable = LIST_PRICES) -> HardwareChoice:
     """The cheapest fit candidate (expected Spot cost) expected to meet the deadline; ties: the
     faster. None meets it: the fastest fit one, with a warning. None fit: no choice, a warning.
 
@@ -275,7 +298,7 @@ def choose(pipeline: Pipeline, results: Mapping[str, ProbeResult],
     search = pipeline.hardware
     if search is None:
         return HardwareChoice((), None, "the pipeline lists no hardware candidates")
-    rows = [_row(pipeline, c, results.get(c.name), deadline_s, outlook)
+    rows = [_row(pipeline, c, results.get(c.name), deadline_s, outlook, prices)
             for c in search.candidates]
     fit = [r for r in rows if r.fit]
     if not fit:

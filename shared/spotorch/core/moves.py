@@ -130,7 +130,12 @@ def drop_intent(run: Run, intent_id: str) -> Run:
 
 def cost_of(run: Run, ctx: Context) -> dict[str, object]:
     """The run's cost ledger (spotorch.core.cost) as its terminal event carries it."""
-    return ledger_dict(ledger(run, ctx.pipeline, ctx.now))
+    return ledger_dict(ledger(run, ctx.pipeline, ctx.now, ctx.prices))
+
+
+def spent(run: Run, ctx: Context) -> float:
+    """What the run has cost so far: the ledger's total (the one cost, budgets included)."""
+    return ledger(run, ctx.pipeline, ctx.now, ctx.prices).total
 
 
 # ---------------------------------------------------------------- outbox helpers

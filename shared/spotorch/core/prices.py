@@ -1,37 +1,133 @@
-"""List prices for cost estimates and budgets: per accelerator-hour by capacity (FACTS.md).
+"""List prices: what one hour of a machine or an accelerator costs, by region and capacity.
 
-Compute Engine list prices, us-central1 unless noted; Vertex AI training adds its own margin, so a
-pipeline can override them with `prices` (per replica-hour).
+The table a ledger prices with. Machines of a family that Compute Engine prices per vCPU and per
+GiB (N1, N2, E2, G2, ...) are priced from the family's unit rates and the machine's shape;
+machines whose host is priced whole (A2, A3) have their own line; accelerators are priced per
+unit. Every figure names its source and the date it was read. What the table does not know is
+an unknown price, never another machine's. `spotorch prices refresh` writes a table of the same
+shape from Google's Cloud Billing Catalog API; users point SPOTORCH_PRICES at their own.
+
+Compute Engine list prices: Vertex AI custom training bills its own rates, a little higher; a
+pipeline with a negotiated or current Vertex rate sets `prices` and those win (docs/operating.md).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
-from spotorch.core.pipeline import Capacity, Pipeline, WorkerPool
+from spotorch.core.pipeline import Capacity
 
-# Accelerator type -> capacity -> price per accelerator-hour.
-ACCELERATOR_PRICES: Mapping[str, Mapping[Capacity, float]] = {
-    "NVIDIA_TESLA_A100": {Capacity.STANDARD: 2.934, Capacity.SPOT: 1.147, Capacity.FLEX_START: 1.467},
-    "NVIDIA_L4": {Capacity.STANDARD: 0.56, Capacity.SPOT: 0.223, Capacity.FLEX_START: 0.28},
-    "NVIDIA_TESLA_T4": {Capacity.STANDARD: 0.35, Capacity.SPOT: 0.14, Capacity.FLEX_START: 0.175},
+# FLEX_START (Dynamic Workload Scheduler) is billed at a discount of the on-demand rate; the size
+# of that discount varies by resource and was not read here: half, as an estimate.
+FLEX_RATIO = 0.5
+
+
+@dataclass(frozen=True)
+class Rate:
+    """An hourly price on standard and Spot capacity, and where it comes from."""
+
+    standard: float
+    spot: float
+    source: str
+    as_of: str  # ISO 8601 date the figure was read
+
+    def on(self, capacity: Capacity) -> float:
+        """The price per hour on this capacity."""
+        if capacity is Capacity.SPOT:
+            return self.spot
+        if capacity is Capacity.FLEX_START:
+            return self.standard * FLEX_RATIO
+        return self.standard
+
+
+@dataclass(frozen=True)
+class UnitRates:
+    """A machine family's price per vCPU-hour and per GiB-hour of memory."""
+
+    vcpu: Rate
+    gib: Rate
+
+
+@dataclass(frozen=True)
+class PriceTable:
+    """Prices by region: family unit rates, whole hosts, accelerators (per unit)."""
+
+    families: Mapping[str, Mapping[str, UnitRates]] = field(default_factory=dict)
+    machines: Mapping[str, Mapping[str, Rate]] = field(default_factory=dict)
+    accelerators: Mapping[str, Mapping[str, Rate]] = field(default_factory=dict)
+    source: str = ""
+    as_of: str = ""
+    currency: str = "USD"
+
+
+# --- machine shapes --------------------------------------------------------------------------
+# Compute Engine's machine types: vCPUs and GiB of memory, by family and size. Families priced per
+# unit need the shape; whole-host families (A2, A3) do not.
+
+_PER_VCPU_GIB: Mapping[str, float] = {
+    "n1-standard": 3.75, "n1-highmem": 6.5, "n1-highcpu": 0.9,
+    "n2-standard": 4.0, "n2-highmem": 8.0, "n2-highcpu": 1.0,
+    "e2-standard": 4.0, "e2-highmem": 8.0, "e2-highcpu": 1.0,
+    "c2-standard": 4.0, "g2-standard": 4.0,
 }
-# A replica without a known accelerator: an n1-standard-4's price per hour.
-CPU_REPLICA_PRICES: Mapping[Capacity, float] = {
-    Capacity.STANDARD: 0.19, Capacity.SPOT: 0.04, Capacity.FLEX_START: 0.095,
+_SIZED = re.compile(r"^(?P<series>[a-z][a-z0-9]*-[a-z]+)-(?P<n>[0-9]+)$")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A machine type's family (as the price table names it), vCPUs and memory."""
+
+    family: str  # e.g. "n1", "e2", "g2"
+    vcpus: int
+    gib: float
+
+
+# Accelerator-optimized hosts: vCPUs and GiB per GPU (Compute Engine's A2 and A3 pages; the
+# SkyPilot catalog's rows agree), priced per unit when a table has no whole-host line for them.
+_PER_GPU: Mapping[str, tuple[str, int, float]] = {
+    "a2-highgpu": ("a2", 12, 85.0), "a2-ultragpu": ("a2", 12, 170.0),
+    "a3-highgpu": ("a3", 26, 234.0),
 }
+_GPU_SIZED = re.compile(r"^(?P<series>[a-z][a-z0-9]*-[a-z]+)-(?P<n>[0-9]+)g$")
 
 
-def _pool_price(pool: WorkerPool, capacity: Capacity) -> float:
-    table = ACCELERATOR_PRICES.get(pool.accelerator_type or "")
-    per_replica = table[capacity] * pool.accelerator_count if table and pool.accelerator_count \
-        else CPU_REPLICA_PRICES[capacity]
-    return per_replica * pool.replica_count
+def _whole() -> Mapping[str, Shape]:
+    return {"a2-megagpu-16g": Shape("a2", 96, 1360.0), "a3-megagpu-8g": Shape("a3", 208, 1872.0)}
 
 
-def hourly_price(pipeline: Pipeline, capacity: Capacity) -> float:
-    """What one hour of the pipeline's job costs on this capacity."""
-    override = dict(pipeline.prices).get(str(capacity))
-    if override is not None:
-        return override * sum(p.replica_count for p in pipeline.job.worker_pools)
-    return sum(_pool_price(p, capacity) for p in pipeline.job.worker_pools)
+def shape_of(machine_type: str) -> Shape | None:
+    """The shape of a machine type priced per unit; None for whole-host or unknown types."""
+    whole = _whole().get(machine_type)
+    if whole is not None:
+        return whole
+    gpus = _GPU_SIZED.match(machine_type)
+    if gpus is not None and gpus.group("series") in _PER_GPU:
+        family, vcpus, gib = _PER_GPU[gpus.group("series")]
+        n = int(gpus.group("n"))
+        return Shape(family, vcpus * n, gib * n)
+    sized = _SIZED.match(machine_type)
+    if sized is None or sized.group("series") not in _PER_VCPU_GIB:
+        return None
+    vcpus = int(sized.group("n"))
+    series = sized.group("series")
+    return Shape(series.split("-")[0], vcpus, vcpus * _PER_VCPU_GIB[series])
+
+
+ANY_REGION = "*"
+
+
+def region_entry(table: Mapping[str, Mapping[str, object]], key: str,
+                 region: str) -> tuple[object | None, str | None]:
+    """(entry, the region it is for) of key in region: that region's, else the table's fallback
+    for any region (ANY_REGION), else the first region listed (named, so the ledger says so)."""
+    by_region = table.get(key)
+    if not by_region:
+        return None, None
+    if region in by_region:
+        return by_region[region], region
+    if ANY_REGION in by_region:
+        return by_region[ANY_REGION], ANY_REGION
+    first = next(iter(by_region))
+    return by_region[first], first

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -66,9 +67,12 @@ def probing(ctx: Context) -> bool:
 def probe_terms(run: Run, ctx: Context, region: str) -> ProbeTerms:
     """What a probe of this run's shape costs, and what finding Spot back saves per second."""
     shaped = run_pipeline(ctx.pipeline, run.hardware)
-    spot = hourly_rate(shaped, Capacity.SPOT, region).per_hour / 3600.0
-    standard = hourly_rate(shaped, Capacity.STANDARD, region).per_hour / 3600.0
+    spot_rate = hourly_rate(shaped, Capacity.SPOT, region, ctx.prices).per_hour
+    standard_rate = hourly_rate(shaped, Capacity.STANDARD, region, ctx.prices).per_hour
     probes = ctx.recovery.spot_probes
+    if spot_rate is None or standard_rate is None:  # unknown price: no probe can be shown to pay
+        return ProbeTerms(hit_cost=math.inf, saving_per_s=0.0, wait_s=probes.wait_s)
+    spot, standard = spot_rate / 3600.0, standard_rate / 3600.0
     return ProbeTerms(hit_cost=probes.billed_s * spot, saving_per_s=max(standard - spot, 0.0),
                       wait_s=probes.wait_s)
 
@@ -253,7 +257,7 @@ def _spot_found(run: Run, ctx: Context, probe: Probe) -> Run:
 # out, spotorch.core.hardware.choose picks the shape and the first attempt launches on it.
 
 def probe_hardware(run: Run, ctx: Context, cache: Mapping[str, hw.ProbeResult]) -> Run:
-    plan = hw.plan_probes(ctx.pipeline, cache, ctx.now)
+    plan = hw.plan_probes(ctx.pipeline, cache, ctx.now, ctx.prices)
     results = {r.candidate: r.to_doc() for r in (*plan.cached, *plan.skipped)}
     run = replace(run, hardware_results=results)
     if not plan.probe:
@@ -313,7 +317,7 @@ def _hardware_decided(run: Run, ctx: Context) -> Run:
     """Every candidate has a result: choose, and launch the first attempt on the choice."""
     results = {name: hw.ProbeResult.from_doc(doc) for name, doc in run.hardware_results.items()}
     left = None if run.deadline_at is None else max(run.deadline_at - ctx.now, 0.0)
-    choice = hw.choose(ctx.pipeline, results, left, ctx.outlook or hw.NO_HISTORY)
+    choice = hw.choose(ctx.pipeline, results, left, ctx.outlook or hw.NO_HISTORY, ctx.prices)
     if choice.chosen is None:
         run = note(run, ctx, "no hardware chosen", f"{choice.reason}: {choice.warning}; "
                     "running on the pipeline's own worker pools")

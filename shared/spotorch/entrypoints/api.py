@@ -58,7 +58,7 @@ def reader_of(deps: Deps) -> RunReader:
 def _view(deps: Deps, run: Run) -> dict[str, Any]:
     from spotorch.app.views import run_view
 
-    return run_view(run, deps.pipelines.get(run.pipeline), deps.clock.now())
+    return run_view(run, deps.pipelines.get(run.pipeline), deps.clock.now(), deps.prices)
 
 
 def _field(body: Mapping[str, Any], name: str) -> str:
@@ -88,7 +88,8 @@ def _list(deps: Deps, body: Mapping[str, Any]) -> Response:
                      since=parse_since(str(body["since"]), now) if body.get("since") else None,
                      limit=limit, page_token=str(body.get("page_token") or "") or None)
     page = reader_of(deps).list(query)
-    return _reply({"runs": [run_row(r, deps.pipelines.get(r.pipeline), now) for r in page.runs],
+    return _reply({"runs": [run_row(r, deps.pipelines.get(r.pipeline), now, deps.prices)
+                                 for r in page.runs],
                    "next_page_token": page.next_page_token})
 
 

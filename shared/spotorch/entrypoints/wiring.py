@@ -25,6 +25,7 @@ def production_deps(settings: Settings | None = None) -> Deps:
     from spotorch.adapters.gcp.vertex_budgets import RequestBudget, SharedRequestBudget
     from spotorch.app.run_store import DocumentRunStore
     from spotorch.spec.loader import cached_pipelines
+    from spotorch.spec.prices import price_table
 
     settings = settings or Settings.from_env()
     docs = FirestoreDocumentStore(project=settings.project, database=settings.firestore_database)
@@ -32,6 +33,7 @@ def production_deps(settings: Settings | None = None) -> Deps:
     regions = tuple(sorted({r for p in pipelines.values() for r in p.job.regions}))
     budget = SharedRequestBudget(docs) if settings.shared_budget else RequestBudget()
     return bootstrap.deps(
+        prices=price_table(),  # SPOTORCH_PRICES' table, else the shipped list prices
         runs=DocumentRunStore(docs),
         docs=docs,
         launcher=VertexJobLauncher(settings.project, endpoint=settings.vertex_endpoint,

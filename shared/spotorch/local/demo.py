@@ -465,7 +465,8 @@ def _costs(run: Any, pipeline_file: Path) -> dict[str, Any]:
         return {"cost": None, "savings": None}
     book = ledger(run, load_pipeline(pipeline_file), run.updated_at or time.time())
     return {"cost": ledger_dict(book),
-            "savings": {"amount": round(book.savings, 4), "pct": book.savings_pct}}
+            "savings": {"amount": None if book.savings is None else round(book.savings, 4),
+                        "pct": book.savings_pct}}
 
 
 def _published(stack: Any) -> list[dict[str, Any]]:

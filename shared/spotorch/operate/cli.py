@@ -28,6 +28,8 @@ DELEGATES: Mapping[str, tuple[str, str, str]] = {
     "validate": ("spotorch.spec.loader", "validate_main", "Check pipeline files; every problem listed."),
     "dead-letters": ("spotorch.operate.deadletters", "main",
                      "List dead-lettered messages with their reason; replay chosen ones."),
+    "prices": ("spotorch.operate.prices", "main",
+               "The price table costs are stated with; refresh it from the Catalog API."),
     "advise": ("spotorch.operate.advise", "main",
                "The table of hardware candidates from earlier probes; --probe runs them."),
 }

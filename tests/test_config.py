@@ -9,18 +9,17 @@ from pathlib import Path
 import pytest
 
 from spotorch.core.errors import ConfigError, Problem
+from spotorch.core.fields import format_duration, parse_duration
 from spotorch.core.pipeline import BatchMode, EscalationKind, OnActiveRun
-from spotorch.spec import loader as config
 from spotorch.spec.loader import (
     cached_pipelines,
     check_file,
     clear_pipeline_cache,
-    format_duration,
     load_pipeline,
     load_pipelines,
-    parse_duration,
     validate_main,
 )
+from spotorch.spec.schema import SCHEMA_ENV, schema_path
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "pipelines"
@@ -370,10 +369,10 @@ def test_pipelines_are_loaded_once_per_process(tmp_path: Path,
 def test_the_schema_can_live_elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     moved = tmp_path / "schema.json"
     moved.write_text((ROOT / "schemas" / "pipeline.schema.json").read_text())
-    monkeypatch.setenv(config.SCHEMA_ENV, str(moved))
-    assert config.schema_path() == moved
-    monkeypatch.setenv(config.SCHEMA_ENV, str(tmp_path / "nowhere.json"))
-    assert config.schema_path() != tmp_path / "nowhere.json"  # falls back to schemas/
+    monkeypatch.setenv(SCHEMA_ENV, str(moved))
+    assert schema_path() == moved
+    monkeypatch.setenv(SCHEMA_ENV, str(tmp_path / "nowhere.json"))
+    assert schema_path() != tmp_path / "nowhere.json"  # falls back to schemas/
 
 
 # --- spotorch validate ---------------------------------------------------------------------------

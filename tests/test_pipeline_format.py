@@ -23,8 +23,9 @@ from spotorch.core.pipeline import (
     Trigger,
     WorkerPool,
 )
-from spotorch.spec import loader as config
-from spotorch.spec.loader import REGENERATE, check_file, load_pipeline, pipeline_schema_text, schema_main
+from spotorch.spec import schema as pipeline_schema
+from spotorch.spec.loader import check_file, load_pipeline
+from spotorch.spec.schema import REGENERATE, SCHEMA_ENV, pipeline_schema_text, schema_main
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "schemas" / "pipeline.schema.json"
@@ -199,7 +200,7 @@ def test_parallel_is_for_code_not_files(tmp_path: Path) -> None:
 
 def test_the_loader_does_not_read_the_schema_file(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(config.SCHEMA_ENV, str(tmp_path / "nowhere.json"))
-    monkeypatch.setattr(config, "schema_candidates", lambda environ=None: [tmp_path / "no.json"])
+    monkeypatch.setenv(SCHEMA_ENV, str(tmp_path / "nowhere.json"))
+    monkeypatch.setattr(pipeline_schema, "schema_candidates", lambda environ=None: [tmp_path / "no.json"])
     pipeline, problems = check_file(write(tmp_path, MINIMAL))
     assert pipeline is not None and problems == ()

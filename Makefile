@@ -27,7 +27,7 @@ test-fast: $(STAMP)     ## unit tests only (no emulators)
 
 lint: $(STAMP)
 	$(BIN)/ruff check shared functions tests trainer examples benchmarks deploy
-	$(BIN)/mypy shared
+	$(BIN)/mypy shared functions trainer benchmarks tests
 	$(BIN)/lint-imports   # the layers contract in pyproject.toml [tool.importlinter]
 
 bench: $(STAMP)         ## print the benchmark figures (policy, events, cold start)

@@ -222,7 +222,7 @@ def main() -> int:
         os.environ.update(stack.env())
         deps, docs, launcher = build(project)
         entry.deps = lambda: deps  # type: ignore[assignment]
-        results = {
+        results: dict[str, Any] = {
             "throughput": bench_throughput(deps, docs, args.runs, args.events, args.threads),
             "job_state_events_warm_up": bench_job_events(deps, docs, launcher, args.warm_runs,
                                                          args.threads, prefix="bench-warm"),

@@ -79,6 +79,7 @@ from spotorch.core.pipeline import (
 from spotorch.entrypoints import functions as entry
 from spotorch.entrypoints.wiring import SystemClock
 from spotorch.local.emulators import running
+from spotorch.ports.store import AddTo
 
 PROJECT = "spotorch-scale"
 REGION = "us-central1"
@@ -107,9 +108,10 @@ class CountingDocs:
         self._add(reads=1)
         return self.inner.get(collection, key)
 
-    def put(self, collection: str, key: str, data: Mapping[str, Any], version: Any) -> Any:
-        self._add(writes=1)
-        return self.inner.put(collection, key, data, version)
+    def put(self, collection: str, key: str, data: Mapping[str, Any], version: Any,
+            adds: Sequence[AddTo] = ()) -> Any:
+        self._add(writes=1 + len(adds))  # one commit: the document and the record's increments
+        return self.inner.put(collection, key, data, version, adds)
 
     def query(self, collection: str, field_name: str, value: Any) -> Any:
         found = self.inner.query(collection, field_name, value)
@@ -199,7 +201,7 @@ def world(log_dir: Path) -> Iterator[World]:
             entry.deps = lambda: built.deps  # type: ignore[assignment]  # what entry.deps() builds
             yield built
         finally:
-            entry.deps = saved  # type: ignore[method-assign]
+            entry.deps = saved
             emulator.stop()
 
 

@@ -46,7 +46,7 @@ PIPELINE = Pipeline(
 def deps_for(docs: object = None) -> Deps:
     """In-memory deps knowing PIPELINE; with `docs`, runs are stored there (e.g. Firestore)."""
     deps = fake_deps(PIPELINE)
-    deps.clock = ManualClock(T0)  # type: ignore[misc]
+    deps.clock = ManualClock(T0)
     if docs is not None:
         deps = replace(deps, docs=docs, runs=DocumentRunStore(docs))  # type: ignore[arg-type]
     return deps

@@ -263,6 +263,7 @@ def test_watch_follows_a_live_run_until_it_succeeds(
         trainer_reported(deps, live.run_id, TrainerReported(1, "progress", deps.clock.now(),
                                                             step=TOTAL_STEPS))
         time.sleep(0.5)
+        assert isinstance(deps.launcher, InMemoryLauncher)
         job_changed(deps, live.run_id, 1, deps.launcher.set_status(job, JobPhase.SUCCEEDED))
 
     worker = threading.Thread(target=finish)
@@ -328,6 +329,7 @@ def test_logs_follow_until_the_attempt_ends(world: tuple[Backend, Deps, dict[str
         with path.open("a") as f:
             f.write("done")  # no newline: still printed once the attempt ended
         time.sleep(0.2)
+        assert isinstance(deps.launcher, InMemoryLauncher)
         job_changed(deps, live.run_id, 1, deps.launcher.set_status(job, JobPhase.SUCCEEDED))
 
     worker = threading.Thread(target=train_on)

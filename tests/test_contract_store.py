@@ -94,7 +94,9 @@ class DocumentStoreContract:
         doc, _ = store.get(coll, "c")
         assert doc == {"seen": {"h1": 12.0, "w0": 4.0, "w1": 4.0}, "who": "x"}
         store.put(coll, "k8", {"n": 8}, None, [AddTo(coll, "c", {"seen": {"h2": 2.0}}, {})])
-        assert store.get(coll, "c")[0]["seen"] == {"h1": 12.0, "w0": 4.0, "w1": 4.0, "h2": 2.0}
+        added, _ = store.get(coll, "c")
+        assert added is not None
+        assert added["seen"] == {"h1": 12.0, "w0": 4.0, "w1": 4.0, "h2": 2.0}
 
     def test_additions_commit_with_a_conditional_write_or_not_at_all(
             self, store: DocumentStore, coll: str) -> None:

@@ -514,8 +514,8 @@ def check_iam(tf: Tf) -> list[str]:
     vertex = tf.locals.get("vertex_role", "")
     if "roles/aiplatform.admin" in vertex:
         problems.append("the Vertex AI role is admin")
-    for role in tf.resource("google_project_iam_custom_role").values():
-        perms = role.get("permissions")
+    for custom in tf.resource("google_project_iam_custom_role").values():
+        perms = custom.get("permissions")
         perms = tf.locals.get(perms[len("${local."):-1], ()) if isinstance(perms, str) else perms
         problems += [f"custom role grants {p}" for p in perms or ()
                      if not p.startswith("aiplatform.customJobs.")]

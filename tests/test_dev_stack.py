@@ -50,7 +50,7 @@ def message_of(record: Record) -> dict[str, Any]:
 def has_attribute(key: str, value: str) -> Callable[[Record], bool]:
     def match(record: Record) -> bool:
         message = record["data"].get("message") if isinstance(record["data"], dict) else None
-        return bool(message) and (message.get("attributes") or {}).get(key) == value
+        return isinstance(message, dict) and (message.get("attributes") or {}).get(key) == value
     return match
 
 
@@ -354,7 +354,7 @@ def test_vertex_emulator_runs_with_the_stack_env(tmp_path: Path) -> None:
             assert variables["PUBSUB_EMULATOR_HOST"] == stack.env["PUBSUB_EMULATOR_HOST"]
         import grpc
         from google.cloud.aiplatform_v1 import JobServiceClient
-        from google.cloud.aiplatform_v1.services.job_service.transports import (
+        from google.cloud.aiplatform_v1.services.job_service.transports.grpc import (
             JobServiceGrpcTransport,
         )
 

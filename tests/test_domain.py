@@ -34,6 +34,12 @@ from spotorch.core.pipeline import Capacity, EscalationKind, Pipeline, RecoveryP
 T0 = 1_800_000_000.0
 
 
+def as_launch(intent: object) -> LaunchIntent:
+    """The launch intent a test expects (narrowed for the type checker)."""
+    assert isinstance(intent, LaunchIntent)
+    return intent
+
+
 def pipeline(**recovery: object) -> Pipeline:
     return Pipeline(name="p", trigger=Trigger(bucket="b"), checkpoint_uri="gs://c/p",
                     output_uri="gs://m/p", recovery=RecoveryPolicy(**recovery))  # type: ignore[arg-type]
@@ -47,10 +53,10 @@ def started(p: Pipeline, now: float = T0) -> Run:
 def launched(run: Run, p: Pipeline, now: float) -> Run:
     """Carry out the pending launch: the job exists and runs."""
     intent = next(i for i in run.outbox if i.kind == "launch")
-    run = decide(run, LaunchDone(intent.id, intent.attempt or 0, f"job-{intent.attempt}"),
+    run = decide(run, LaunchDone(intent.id, as_launch(intent).attempt, f"job-{as_launch(intent).attempt}"),
                  Context(p, now))
-    return decide(run, JobObserved(intent.attempt or 0,
-                                   JobStatus(f"job-{intent.attempt}", JobPhase.RUNNING)),
+    return decide(run, JobObserved(as_launch(intent).attempt,
+                                   JobStatus(f"job-{as_launch(intent).attempt}", JobPhase.RUNNING)),
                   Context(p, now))
 
 

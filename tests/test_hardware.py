@@ -186,7 +186,8 @@ def test_the_cheapest_candidate_that_meets_the_deadline_wins() -> None:
                     deadline_s=8 * 3600)
     cpu, l4 = choice.rows
     assert cpu.expected_hours == pytest.approx(5 + 1 / 6)
-    assert cpu.spot_cost == pytest.approx(5 * candidate_price(pipeline, CPU, Capacity.SPOT))
+    price = candidate_price(pipeline, CPU, Capacity.SPOT)
+    assert price is not None and cpu.spot_cost == pytest.approx(5 * price)
     # the ledger's table: n1-standard-8 at N1's unit rates (8 vCPUs, 30 GiB) on Spot
     assert cpu.spot_cost == pytest.approx(5 * (8 * 0.011149 + 30 * 0.001494))
     # the L4 plus its g2-standard-8 host, priced as G2 (never as another machine)

@@ -90,7 +90,7 @@ def report(deps: Deps, candidate: str, **fields: object) -> None:
 def finish(deps: Deps, candidate: str, phase: JobPhase = JobPhase.SUCCEEDED, **kw: object) -> None:
     launcher, _, clock = parts(deps)
     launcher.set_status(probe_job(deps, candidate), phase, start_time=clock.t - 60,
-                        end_time=clock.t, **kw)  # type: ignore[arg-type]
+                        end_time=clock.t, **kw)
 
 
 def test_a_run_probes_every_candidate_at_once_with_the_training_code() -> None:

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from fakes import fake_deps
-from spotorch.adapters.memory.twins import InMemoryCheckpoints, InMemoryLauncher
+from spotorch.adapters.memory.twins import InMemoryCheckpoints, InMemoryLauncher, ManualClock
 from spotorch.app import tick as reconcile_tick
 from spotorch.app.job_events import trainer_reported
 from spotorch.app.launch_specs import launch_spec
@@ -479,10 +479,12 @@ def test_a_relaunch_after_divergence_waits_until_the_diverged_checkpoints_are_go
     job = launcher.job_of("r1", 1)
     launcher.set_status(job, JobPhase.RUNNING)
     reconcile_tick.tick(deps)
+    clock = deps.clock
+    assert isinstance(clock, ManualClock)
     now = deps.clock.now
 
     def say(kind: str, step: int, **fields: object) -> Run:
-        deps.clock.advance(5)  # progress reports closer than 1 s are coalesced
+        clock.advance(5)  # progress reports closer than 1 s are coalesced
         return trainer_reported(deps, "r1", TrainerReported(
             1, kind, now(), step=step, total_steps=1000, **fields))  # type: ignore[arg-type]
 
@@ -500,7 +502,7 @@ def test_a_relaunch_after_divergence_waits_until_the_diverged_checkpoints_are_go
     assert run.latest_checkpoint is not None and run.latest_checkpoint.step == 20
     assert launcher.created == 1  # the launch waits: step 30 is still there
     assert any(isinstance(i, DeleteCheckpointsIntent) for i in run.outbox)
-    deps.clock.advance(200)  # the claims expire; the tick carries both out, deletion first
+    clock.advance(200)  # the claims expire; the tick carries both out, deletion first
     run = reconcile_tick.tick(deps)[0]
     assert [c.step for c in store.list(ROOT)] == [10, 20]
     assert launcher.created == 2

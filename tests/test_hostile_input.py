@@ -89,7 +89,7 @@ JOB_ATTACKS: list[bytes] = [
 
 
 def object_attack(**data: Any) -> CloudEvent:
-    base = {"bucket": "landing", "name": "datasets/a.csv", "generation": "1",
+    base: dict[str, Any] = {"bucket": "landing", "name": "datasets/a.csv", "generation": "1",
             "metageneration": "1", "size": "1", "updated": "2026-11-29T10:00:00.000Z"}
     base.update(data)
     return CloudEvent({"type": "google.cloud.storage.object.v1.finalized", "id": "obj-attack",

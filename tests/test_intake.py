@@ -533,7 +533,7 @@ def test_a_burst_gives_one_snapshot_on_firestore(firestore_docs: DocumentStore,
 @pytest.mark.emulator
 def test_gcs_notifications_through_the_emulators(firestore_emulator: Any) -> None:
     from google.api_core import exceptions
-    from google.cloud import pubsub_v1, storage  # type: ignore[attr-defined]
+    from google.cloud import pubsub_v1, storage
 
     from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
     from spotorch.adapters.gcp.storage import GcsObjectStore

@@ -18,9 +18,8 @@ from spotorch.entrypoints.log_entries import (
     NotAJobStateChange,
     StateLines,
     parse_log_entry,
-    parse_rfc3339,
 )
-from spotorch_trainer.contract import ATTR_SOURCE
+from spotorch_trainer.contract import ATTR_SOURCE, parse_rfc3339
 
 
 def sink_entry(text: str | None = "Job is running.", *, task: str = "service",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -173,7 +174,9 @@ def test_ledger_json_rounds_and_carries_the_sentence() -> None:
     deps = deps_for()
     data = ledger_dict(ledger(preempted_twice_then_standard(deps), PIPELINE, deps.clock.now()))
     assert data["savings_pct"] == 10.2 and data["lost_steps"] == 30
-    assert [a["capacity"] for a in data["attempts"]] == ["spot", "spot", "standard"]
+    attempts = data["attempts"]
+    assert isinstance(attempts, list)
+    assert [a["capacity"] for a in attempts] == ["spot", "spot", "standard"]
     assert str(data["summary"]).startswith("$0.09 spent")
 
 
@@ -182,7 +185,7 @@ def test_an_alert_states_the_cost_once_as_the_ledger_says_it() -> None:
 
     deps = deps_for()
     data = ledger_dict(ledger(preempted_twice_then_standard(deps), PIPELINE, deps.clock.now()))
-    event = {"id": "r:9", "type": "dev.spotorch.run.succeeded.v1", "time": "t",
+    event: dict[str, Any] = {"id": "r:9", "type": "dev.spotorch.run.succeeded.v1", "time": "t",
              "data": {"run_id": "r", "pipeline": "ops", "status": "SUCCEEDED",
                       "cost_estimate": data["total"], "cost": data}}
     facts = dict(render_alert(event).facts)

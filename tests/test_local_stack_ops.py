@@ -330,7 +330,7 @@ def _has_doc(stack: DevStack, doc_id: str) -> bool:
 def _vertex_jobs(stack: DevStack) -> list[Any]:
     import grpc
     from google.cloud.aiplatform_v1 import JobServiceClient
-    from google.cloud.aiplatform_v1.services.job_service.transports import (
+    from google.cloud.aiplatform_v1.services.job_service.transports.grpc import (
         JobServiceGrpcTransport,
     )
 

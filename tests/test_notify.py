@@ -243,12 +243,12 @@ def test_failing_webhook_blocks_nothing_is_retried_bounded_and_logged_without_se
     assert "HTTP 500" in chat.detail
     posts = web.received
     assert len(posts) == FAST.max_attempts and {p.status for p in posts} == {500}
-    out = capsys.readouterr().out
-    errors = [line for line in log_lines(out) if line["severity"] == "ERROR"]
+    printed = capsys.readouterr().out
+    errors = [line for line in log_lines(printed) if line["severity"] == "ERROR"]
     assert errors and errors[0]["channel"] == "chat" and errors[0]["attempts"] == 3
     assert errors[0]["run_id"] == RUN and "HTTP 500" in errors[0]["message"]
-    assert "chat-token" not in out and "AIzaSyFAKE" not in out
-    assert SMTP_PASSWORD not in out and SLACK_SECRET not in out
+    assert "chat-token" not in printed and "AIzaSyFAKE" not in printed
+    assert SMTP_PASSWORD not in printed and SLACK_SECRET not in printed
     record = ledger.record(f"{RUN}:5", "chat")
     assert record and record["state"] == Outcome.FAILED and "chat-token" not in record["detail"]
     # A redelivery retries only the failed channel, once it works again.
@@ -507,8 +507,11 @@ def test_secret_manager_references(web: WebhookReceiver, monkeypatch: pytest.Mon
     assert "google-cloud-secret-manager" in out["chat"].detail and out["chat"].attempts == 1
     asked: list[str] = []
     secret_url = f"{web.url}/chat-from-sm?token=sm-token-987654"
-    monkeypatch.setattr(_notify_channels, "secret_reader",
-                        lambda name: asked.append(name) or secret_url)
+    def reader(name: str) -> str:
+        asked.append(name)
+        return secret_url
+
+    monkeypatch.setattr(_notify_channels, "secret_reader", reader)
     out = send(event("run.failed", 2), ledger=InMemoryNotificationLedger(),
                channels=channels_from_env(env), routes_for=chat_only)
     assert out["chat"].status is DeliveryStatus.SENT

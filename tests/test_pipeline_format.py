@@ -6,6 +6,7 @@ import dataclasses
 import json
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,7 +79,7 @@ def test_schema_check_fails_on_drift_and_names_the_command(
 
 def test_every_file_field_is_in_the_schema_under_its_file_name() -> None:
     schema = json.loads(pipeline_schema_text())
-    sections = {Pipeline: schema, **{cls: schema["$defs"][cls.__name__] for cls in (
+    sections: dict[type, Any] = {Pipeline: schema, **{cls: schema["$defs"][cls.__name__] for cls in (
         Trigger, JobTemplate, WorkerPool, RecoveryPolicy, Route)}}
     for cls, node in sections.items():
         names = [f.name.removesuffix("_s") if f.name.endswith("_s") else f.name

@@ -61,7 +61,7 @@ def test_the_table_says_where_it_comes_from_and_when() -> None:
 def test_accelerators_are_exactly_those_vertex_ai_names() -> None:
     from google.cloud.aiplatform_v1.types import AcceleratorType
 
-    vertex = {a.name for a in AcceleratorType} - {"ACCELERATOR_TYPE_UNSPECIFIED"}
+    vertex = {a.name for a in list(AcceleratorType.__members__.values())} - {"ACCELERATOR_TYPE_UNSPECIFIED"}
     assert set(load_catalog({}).accelerator_regions) == vertex
 
 

@@ -103,7 +103,7 @@ def test_cached_results_are_not_probed_again(tmp_path: Path) -> None:
     cache = {c.name: ProbeResult(c.name, True, steps_per_s=5.0, measured_at=clock(),
                                  key=cache_key(pipeline, c, 20)) for c in (FAST, SLOW)}
     results = run_probes(pipeline, SESSION, launcher, lambda uri: None, cache=cache,
-                         clock=clock, sleep=pytest.fail)
+                         clock=clock, sleep=lambda s: pytest.fail(f"slept {s}s"))
     assert launcher.created == 0 and results == cache
     stale = replace(pipeline, hardware=replace(pipeline.hardware, probe_steps=30))  # type: ignore[type-var]
     assert cache_key(stale, FAST, 30) != cache["fast"].key

@@ -76,7 +76,8 @@ def test_probes_run_as_processes_and_the_faster_cheaper_candidate_wins(tmp_path:
     assert results["fast"].steps_per_s > 2 * results["slow"].steps_per_s  # type: ignore[operator]
     assert results["slow"].steps_per_s < 30  # type: ignore[operator]  # 0.04 s a step at least
     assert results["fast"].peak_host_rss_mb > 20  # type: ignore[operator]
-    assert results["fast"].samples_per_s == pytest.approx(64 * results["fast"].steps_per_s)
+    assert results["fast"].samples_per_s == pytest.approx(
+        64 * (results["fast"].steps_per_s or 0.0))
     assert not results["broken"].fit
     assert results["broken"].reason.startswith("failed (DeliberateFailure: failing at step 3")
     assert not results["small"].fit and results["small"].reason.startswith("out of memory"), \

@@ -114,7 +114,7 @@ def test_a_launch_waits_until_vertex_confirms_the_previous_job_ended() -> None:
     # Vertex said FAILED (say, a stale answer); by the time of the launch it runs again.
     original_get = launcher.get
     answers = iter([JobStatus(job, JobPhase.FAILED, failure=FailureClass.PREEMPTED)])
-    launcher.get = lambda name: next(answers, None) or original_get(name)  # type: ignore[method-assign]
+    launcher.get = lambda name: next(answers, None) or original_get(name)  # type: ignore[method-assign,assignment]
     after = job_changed(deps, run.run_id, 1, launcher.get(job))
     assert len(after.attempts) == 2 and launcher.created == 1  # launch deferred
     assert job in launcher.cancelled  # the old job is stopped first
@@ -207,7 +207,7 @@ def test_a_transient_poll_error_never_counts_towards_lost() -> None:
 
     def unavailable(name: str) -> JobStatus:
         raise LaunchError("UNAVAILABLE", permanent=False, code="UNAVAILABLE")
-    launcher.get = unavailable  # type: ignore[method-assign]
+    launcher.get = unavailable  # type: ignore[method-assign,assignment]
     for _ in range(10):
         clock.advance(600)
         tick(deps)

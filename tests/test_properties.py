@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from spotorch.core.context import Context
 from spotorch.core.decide import decide, new_run
+from spotorch.core.intents import LaunchIntent
 from spotorch.core.model import Checkpoint, FailureClass, JobPhase, JobStatus, Run, RunStatus
 from spotorch.core.observations import JobObserved, LaunchDone, Observation, TrainerReported
 from spotorch.core.pipeline import EscalationKind, Pipeline, RecoveryPolicy, Trigger
@@ -16,10 +17,16 @@ P = Pipeline(name="p", trigger=Trigger(bucket="b"), checkpoint_uri="gs://c", out
              recovery=RecoveryPolicy(escalation=EscalationKind.NEVER, max_no_progress_attempts=99))
 
 
+def as_launch(intent: object) -> LaunchIntent:
+    """The launch intent a test expects (narrowed for the type checker)."""
+    assert isinstance(intent, LaunchIntent)
+    return intent
+
+
 def launch_all(run: Run, now: float) -> Run:
     """Carry out pending launches (job names are deterministic: job-<attempt>)."""
-    for intent in [i for i in run.outbox if i.kind == "launch"]:
-        run = decide(run, LaunchDone(intent.id, intent.attempt or 0, f"job-{intent.attempt}"),
+    for intent in [as_launch(i) for i in run.outbox if i.kind == "launch"]:
+        run = decide(run, LaunchDone(intent.id, intent.attempt, f"job-{intent.attempt}"),
                      Context(P, now))
     return run
 

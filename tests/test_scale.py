@@ -4,6 +4,7 @@ by bucket, and trainer reports coalesced to Firestore's write rate (issue 17).""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -161,7 +162,7 @@ def test_launches_the_budget_refuses_are_retried_by_the_same_tick(
         pauses.append(seconds)
         launcher.tokens += 1
 
-    monkeypatch.setattr(reconcile_tick.time, "sleep", refill)
+    monkeypatch.setattr(time, "sleep", refill)  # the tick waits for the budget to refill
     deps = make_deps(0)
     deps.launcher = launcher
     launcher.tokens = 100

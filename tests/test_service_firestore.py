@@ -40,7 +40,7 @@ def deps(firestore_emulator: Any) -> Deps:
                 clock=ManualClock(), pipelines={"p": p}, objects=InMemoryObjectStore())
 
 
-def race(n: int, work: Callable[[int], None]) -> None:
+def race(n: int, work: Callable[[int], object]) -> None:
     """Run work(i) in n threads released at once; a ConflictError is redelivered, as Pub/Sub does."""
     barrier = threading.Barrier(n)
 

@@ -4,8 +4,8 @@ table, and the deadline policy works from the measured compute instead of the pi
 from __future__ import annotations
 
 import pytest
-from tests.fakes import fake_deps
 
+from fakes import fake_deps
 from spotorch.adapters.memory.twins import InMemoryLauncher, ManualClock
 from spotorch.app.hardware_probes import load_cache, save_cache
 from spotorch.app.runs import start_run

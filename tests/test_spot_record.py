@@ -77,8 +77,10 @@ def test_capacity_seen_running_ranks_a_region_first() -> None:
     tick(deps)
     clock.advance(5.0)
     tick(deps)
-    run, _ = deps.runs.load("a1")
-    assert run is not None and run.current is not None
+    loaded, _ = deps.runs.load("a1")
+    assert loaded is not None
+    run = loaded
+    assert run.current is not None
     assert run.current.region == "europe-west4"
     launcher.set_status(run.current.job_name or "", JobPhase.RUNNING, start_time=clock.t)
     tick(deps)
@@ -184,6 +186,7 @@ def test_an_ended_spot_attempt_is_counted_once_in_the_runs_own_commit() -> None:
         if collection == COLLECTION_RUNS and adds and races[0]:
             races[0] -= 1
             current, _ = docs.get(collection, key)
+            assert current is not None
             put(collection, key, current, version)  # another writer changes the run first
             raise ConflictError("simulated race")
         return put(collection, key, data, version, adds)

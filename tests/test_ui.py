@@ -86,8 +86,8 @@ def test_the_timeline_draws_attempts_waits_preemptions_checkpoints_and_cost() ->
     # The 4 h deadline is far beyond a 1 h run: named at the edge, not drawn to scale.
     assert _marks(svg, "offscale")
     # Spot and standard lanes have their own colours.
-    fills = {lane.get("data-capacity"): lane.find(f"{SVG_NS}rect[@class='run']").get("fill")
-             for lane in lanes}
+    runs = {lane.get("data-capacity"): lane.find(f"{SVG_NS}rect[@class='run']") for lane in lanes}
+    fills = {capacity: rect.get("fill") for capacity, rect in runs.items() if rect is not None}
     assert fills["spot"] != fills["standard"]
 
 

@@ -108,7 +108,7 @@ class Harness:
                 if e["resource"]["labels"]["job_id"] == job_id]
 
     def until(self, job_name: str, phase: JobPhase, timeout: float = 20.0) -> JobStatus:
-        return wait_for(lambda: (s := self.launcher.get(job_name)).phase is phase and s,
+        return wait_for(lambda: s if (s := self.launcher.get(job_name)).phase is phase else None,
                         timeout, f"{job_name} {phase}")
 
     def raw_client(self) -> Any:
@@ -487,6 +487,7 @@ def test_failure_and_cancel_lines_are_configurable_and_can_go_to_json_payload(
     assert "Waiting for job to be provisioned." not in messages  # QUEUED writes nothing now
     assert messages[-1].startswith("Job failed: The replica workerpool0-0 exited with a "
                                    "non-zero status of 4.")
+    bad: dict[str, Any]
     for bad in ({"lines": {"EXPLODED": []}}, {"payload": "protoPayload"},
                 {"lines": {"FAILED": ["{exit_code}"]}}, {"lines": {"FAILED": "Job failed."}},
                 {"lines": {"FAILED": [{"text": "x", "severity": "LOUD"}]}}, {"extra": 1}):

@@ -15,9 +15,6 @@ from google.api_core import exceptions as api
 from google.cloud import aiplatform_v1 as v1
 
 from spotorch.adapters.gcp.vertex import (
-    LABEL_ATTEMPT,
-    LABEL_PIPELINE,
-    LABEL_RUN,
     STATE_PHASES,
     Classifier,
     JobState,
@@ -25,7 +22,6 @@ from spotorch.adapters.gcp.vertex import (
     build_custom_job,
     classify,
     find_filter,
-    label_value,
     parse_exit_code,
     parse_job_state,
 )
@@ -33,7 +29,7 @@ from spotorch.adapters.gcp.vertex_calls import RetryPolicy, label_key
 from spotorch.core.model import FailureClass, JobPhase
 from spotorch.core.pipeline import Capacity, JobTemplate, RecoveryPolicy, WorkerPool
 from spotorch.local._vertex_filter import matches, parse_filter
-from spotorch.ports.jobs import LaunchError, LaunchSpec
+from spotorch.ports.jobs import LABEL_ATTEMPT, LABEL_PIPELINE, LABEL_RUN, LaunchError, LaunchSpec, label_value
 
 REGION = "europe-west4"
 
@@ -359,7 +355,7 @@ def test_transient_errors_are_retried_with_capped_backoff(launcher: VertexJobLau
     fake.fail("get", *[error] * 4)
     with pytest.raises(LaunchError) as err:
         launcher.get(name)
-    assert not err.value.permanent and err.value.code == type(error).grpc_status_code.name
+    assert not err.value.permanent and err.value.code == getattr(type(error), "grpc_status_code").name
     assert sleeps[2:] == [0.5, 1.0, 1.5]  # capped at cap_s
 
 
@@ -432,7 +428,11 @@ def test_find_looks_in_every_known_region(fake: FakeJobService) -> None:
 def test_the_real_client_is_built_per_region_and_cached(monkeypatch: pytest.MonkeyPatch) -> None:
     built: list[str] = []
     launcher = VertexJobLauncher("p")
-    monkeypatch.setattr(launcher, "_factory", lambda region: built.append(region) or object())
+    def factory(region: str) -> object:
+        built.append(region)
+        return object()
+
+    monkeypatch.setattr(launcher, "_factory", factory)
     assert launcher._client("us-central1") is launcher._client("us-central1")
     launcher._client("europe-west4")
     assert built == ["us-central1", "europe-west4"]

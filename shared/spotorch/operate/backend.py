@@ -47,12 +47,12 @@ def google_identity_token(audience: str) -> str:
     from google.oauth2 import id_token
 
     try:
-        return str(id_token.fetch_id_token(Request(), audience))  # type: ignore[no-untyped-call]
+        return str(id_token.fetch_id_token(Request(), audience))
     except google.auth.exceptions.GoogleAuthError:
         pass  # user credentials cannot mint one for an audience: use their own ID token
     try:
         credentials, _ = google.auth.default()
-        credentials.refresh(Request())  # type: ignore[no-untyped-call]
+        credentials.refresh(Request())
     except google.auth.exceptions.GoogleAuthError as exc:
         raise OperatorError(f"no Google credentials for {audience}: {exc} "
                             "(run `gcloud auth application-default login`)") from None

@@ -82,7 +82,7 @@ class CloudLoggingSource:
         if self._client is None:
             from google.cloud import logging as cloud_logging
 
-            self._client = cloud_logging.Client(project=self.project)  # type: ignore[no-untyped-call]
+            self._client = cloud_logging.Client(project=self.project)
         return self._client
 
     @staticmethod

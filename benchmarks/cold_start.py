@@ -24,12 +24,14 @@ EVENT_CLIENTS = ("functions_framework", "google.cloud.firestore", "google.cloud.
                  "google.cloud.pubsub_v1", "google.cloud.storage")
 # Function -> (client libraries it needs, spotorch modules its first event imports).
 FUNCTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "on_object_finalized": (EVENT_CLIENTS, ("spotorch.entrypoints.wiring", "spotorch.app.snapshots",
-                                            "spotorch.core.triggers", "spotorch.service")),
-    "on_job_event": (EVENT_CLIENTS, ("spotorch.entrypoints.wiring", "spotorch.entrypoints.log_entries",
-                                     "spotorch.service")),
-    "on_tick": (EVENT_CLIENTS, ("spotorch.entrypoints.wiring", "spotorch.app.snapshots", "spotorch.service")),
-    "on_run_event": (("functions_framework", "google.cloud.firestore"), ("spotorch.app.notify",)),
+    "on_object_finalized": (EVENT_CLIENTS, ("spotorch.entrypoints.wiring",
+                                            "spotorch.app.arrivals", "spotorch.core.triggers")),
+    "on_job_event": (EVENT_CLIENTS, ("spotorch.entrypoints.wiring",
+                                     "spotorch.entrypoints.log_entries", "spotorch.app.job_events")),
+    "on_tick": (EVENT_CLIENTS, ("spotorch.entrypoints.wiring", "spotorch.app.tick")),
+    "on_run_event": (("functions_framework", "google.cloud.firestore"),
+                     ("spotorch.entrypoints.alerts", "spotorch.adapters.notify.channels",
+                      "spotorch.adapters.gcp.notification_ledger")),
 }
 WIRING_DEPS = ("spotorch.spec.loader", "spotorch.adapters.gcp.vertex",
                "spotorch.adapters.gcp.pubsub", "spotorch.adapters.gcp.firestore",

@@ -678,8 +678,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="also pickle the raw results here (grid, regions, Markov, times)")
     parser.add_argument("--load", type=Path, default=None,
                         help="render from results saved with --save instead of replaying")
+    # A smaller grid (the suite's smoke run: tests/test_benchmarks.py); the page is always the whole.
+    parser.add_argument("--traces", nargs="*", default=None, help="trace files (default: all)")
+    parser.add_argument("--deadlines", type=float, nargs="*", default=None, help="hours")
+    parser.add_argument("--overheads", type=float, nargs="*", default=None, help="hours")
     args = parser.parse_args(argv)
-    paths = tuple(str(p) for p in default_trace_paths())
+    global DEADLINES_H, OVERHEADS_H
+    if args.deadlines or args.overheads or args.traces is not None:
+        args.no_write = True  # a part of the grid never rewrites the page
+    DEADLINES_H = tuple(args.deadlines or DEADLINES_H)  # read by the forked workers too
+    OVERHEADS_H = tuple(args.overheads or OVERHEADS_H)
+    paths = tuple(args.traces) if args.traces is not None else tuple(
+        str(p) for p in default_trace_paths())
     if args.load is not None:
         return render_saved(args, paths)
     cells, grid_t = timed(lambda: run_grid(paths, args.workers))

@@ -822,7 +822,7 @@ line, in either view:
   {DEFAULT_PROBE.latency_s:.0f} s after capacity was found, and a probe without capacity for
   {DEFAULT_PROBE.wait_s:.0f} s is cancelled, unbilled (Vertex AI bills nothing while a Spot job
   is queued). Without probes, standard assumes Spot back once the domain's cooldown
-  ({COOLDOWN_S / 60:.0f} min, `RecoveryPolicy.spot_cooldown_s`) has passed, as domain.py does
+  ({COOLDOWN_S / 60:.0f} min, `RecoveryPolicy.spot_cooldown_s`) has passed, as production does (spotorch.core.escalation)
   without probes. Both views run the same policy functions and the domain's cooldown rules
   (`domain.spot_cooling`, `domain.spot_cooldown_until`). The live service probes the same way
   (`recovery.spot_probes`, on by default with the deadline policy; docs/pipelines.md "Spot
@@ -874,12 +874,13 @@ no FLEX_START, so the ratios compare two online replays on the same windows, not
 
 The one public family with many zones of one shape ({ZONE_FAMILY}: 9 zones of V100 x 1, 45
 days). Each window runs the deadline policy in production's view with probes; its Spot
-attempts go to one zone at a time. **Fixed order**: the zones in file-name order, as a
-pipeline lists them; a Spot attempt queued longer than the stockout wait (15 min,
-`RecoveryPolicy.stockout_wait_s`) moves to the next zone, as domain.py does. **By history**:
-each Spot launch (and each move after a stockout) goes to the zone ranked first by
-`policy.rank_regions` on a shared record of every zone's last 24 h (capacity share shrunk to a
-prior, then preemption rate). The record is assumed to have seen every zone at every step, as a
+attempts go to one zone at a time, chosen by production's one region rule
+(`spotorch.core.regions.choose_region`): a zone where the run just stocked out (a Spot attempt
+queued longer than the stockout wait, 15 min, `RecoveryPolicy.stockout_wait_s`) or was
+preempted is avoided for the Spot cooldown; among the others, the first in the ranking wins.
+**Fixed order**: the ranking is the zones in file-name order, as a pipeline lists them. **By
+history**: the ranking is `policy.rank_regions` on a shared record of every zone's last 24 h
+(capacity share shrunk to a prior, then preemption rate). The record is assumed to have seen every zone at every step, as a
 fleet of runs and probes would: an upper bound for what a history can know, not a measurement
 of one. **Best zone in hindsight**: the same run pinned to one zone, the best zone for each
 window or the one zone best over all windows (chosen knowing the whole trace). Mean cost per
@@ -982,7 +983,7 @@ is a `slow` test).
   (`--probe-billed-seconds`), as are latency and wait.
 - The switch-back hysteresis (off by default) needs the age of Spot's return
   (`PolicyView.spot_up_s`, default None: unknown, no wait); the service does not pass it, so
-  turning it on would change nothing in production until domain.py passes the time its probe
+  turning it on would change nothing in production until the core passes the time its probe
   found capacity (and launches the confirming probe back to back, as the simulator does).
 - History is what the run's own Spot attempts (and probes) saw (PolicyView `spot_run_s`,
   `spot_wait_s`, `spot_waits`, `spot_down_at_s`), in both views.

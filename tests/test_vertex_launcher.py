@@ -355,7 +355,7 @@ def test_transient_errors_are_retried_with_capped_backoff(launcher: VertexJobLau
     fake.fail("get", *[error] * 4)
     with pytest.raises(LaunchError) as err:
         launcher.get(name)
-    assert not err.value.permanent and err.value.code == getattr(type(error), "grpc_status_code").name
+    assert not err.value.permanent and err.value.code == type(error).grpc_status_code.name
     assert sleeps[2:] == [0.5, 1.0, 1.5]  # capped at cap_s
 
 

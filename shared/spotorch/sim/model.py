@@ -159,7 +159,7 @@ class Scenario:
     count_after: int = 3  # preemptions before the count policy escalates
     view: View = View.VISIBLE
     # Production view: the domain's Spot cooldown (RecoveryPolicy.spot_cooldown_s), and probes
-    # (None: none; then standard assumes Spot back once the cooldown has passed, as domain.py).
+    # (None: none; then standard assumes Spot back once the cooldown has passed, as the core does).
     spot_cooldown_s: float = 7200.0
     probes: Probes | None = None
     flex: Flex | None = None  # FLEX_START offered to the policies; None: not allowed

@@ -16,9 +16,9 @@
 # - VISIBLE: the policy sees the trace's Spot availability at every tick, also on standard.
 # - PRODUCTION: what production observes. A Spot attempt sees its own capacity (running, or
 #   queued without it); a relaunch after a preemption is decided with Spot unavailable and the
-#   first launch with Spot available, as domain.py does. On standard Spot is unseen: without
+#   first launch with Spot available, as the core does. On standard Spot is unseen: without
 #   probes it is assumed back once the domain's cooldown (domain.spot_cooling) has passed, and
-#   a switch to Spot is refused while cooling, as domain.py does; with probes, standard sees
+#   a switch to Spot is refused while cooling, as the core does; with probes, standard sees
 #   Spot only through a probe's answer (policy.probe_worth decides when to launch one). A probe
 #   that finds capacity is billed Probes.billed_s at the Spot price; its answer arrives
 #   latency_s after capacity was found (or wait_s after launch, without capacity), and a yes
@@ -187,7 +187,8 @@ def run_online(window: Window, scenario: Scenario, policy: OnlinePolicy) -> Outc
         just_preempted = False
         if multizone and current is SPOT and not running and \
                 queued_steps * dt >= scenario.stockout_wait_s:
-            # As domain.py: a Spot attempt queued past the stockout wait is cancelled, the run
+            # As production (spotorch.core.decide, core.regions): a Spot attempt queued past the
+            # stockout wait is cancelled, the run
             # moves to the next region and decides again with Spot unavailable.
             current, just_preempted, queued_steps, queued = None, True, 0, False
             cool_until = spot_cooldown_until(now, cooldown)
@@ -257,7 +258,7 @@ def run_online(window: Window, scenario: Scenario, policy: OnlinePolicy) -> Outc
                 if current is SPOT and not running and not up and want is not SPOT:
                     cool_until = spot_cooldown_until(now, cooldown)  # gave up a Spot queue
                 if current is STANDARD and want is SPOT and spot_cooling(now, cool_until):
-                    want = STANDARD  # as domain.py: back to Spot only once it may have capacity
+                    want = STANDARD  # as the core: back to Spot only once it may have capacity
         if probes is not None and view is not None and current is STANDARD \
                 and want is STANDARD and probe_due is None:
             terms = ProbeTerms(hit_cost=probes.billed_s * prices[i] * per_s,

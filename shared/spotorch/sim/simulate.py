@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "its own attempts and its Spot probes")
     parser.add_argument("--spot-cooldown-minutes", type=float, default=120.0,
                         help="production view: after Spot was seen unavailable, no switch back "
-                             "before this (domain.py's spot_cooldown_s); without probes, "
+                             "before this (RecoveryPolicy.spot_cooldown_s); without probes, "
                              "standard assumes Spot back after it")
     parser.add_argument("--no-probes", action="store_true",
                         help="production view without Spot probes (standard only assumes)")

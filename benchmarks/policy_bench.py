@@ -821,10 +821,10 @@ line, in either view:
   {PROBE_BILLED_S[-1]:.0f} s below), its answer comes
   {DEFAULT_PROBE.latency_s:.0f} s after capacity was found, and a probe without capacity for
   {DEFAULT_PROBE.wait_s:.0f} s is cancelled, unbilled (Vertex AI bills nothing while a Spot job
-  is queued). Without probes, standard assumes Spot back once the domain's cooldown
-  ({COOLDOWN_S / 60:.0f} min, `RecoveryPolicy.spot_cooldown_s`) has passed, as production does (spotorch.core.escalation)
-  without probes. Both views run the same policy functions and the domain's cooldown rules
-  (`domain.spot_cooling`, `domain.spot_cooldown_until`). The live service probes the same way
+  is queued). Without probes, standard assumes Spot back once the core's cooldown
+  ({COOLDOWN_S / 60:.0f} min, `RecoveryPolicy.spot_cooldown_s`) has passed, as production does
+  without probes. Both views run the same policy functions and the core's cooldown rules
+  (`core.escalation.spot_cooling`, `spot_cooldown_until`). The live service probes the same way
   (`recovery.spot_probes`, on by default with the deadline policy; docs/pipelines.md "Spot
   probes"): each tick on standard asks `policy.probe_worth`, a probe's RUNNING is its yes (seen
   by the next listing or its job-state line: the latency above), and the deadline policy is
@@ -880,8 +880,8 @@ queued longer than the stockout wait, 15 min, `RecoveryPolicy.stockout_wait_s`) 
 preempted is avoided for the Spot cooldown; among the others, the first in the ranking wins.
 **Fixed order**: the ranking is the zones in file-name order, as a pipeline lists them. **By
 history**: the ranking is `policy.rank_regions` on a shared record of every zone's last 24 h
-(capacity share shrunk to a prior, then preemption rate). The record is assumed to have seen every zone at every step, as a
-fleet of runs and probes would: an upper bound for what a history can know, not a measurement
+(capacity share shrunk to a prior, then preemption rate). The record is assumed to have seen
+every zone at every step, as a fleet of runs and probes would: an upper bound for what a history can know, not a measurement
 of one. **Best zone in hindsight**: the same run pinned to one zone, the best zone for each
 window or the one zone best over all windows (chosen knowing the whole trace). Mean cost per
 run:

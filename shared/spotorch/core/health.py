@@ -3,7 +3,7 @@
 Nothing here does I/O or imports the rest of spotorch but the file-format annotations
 (spotorch.spec.fileformat: HealthPolicy is part of the pipeline format's one definition; pipeline.py
 imports it, the domain imports the rules): every rule is a pure function of numbers.
-The domain (domain.py, section "training health") wires them into `decide`.
+spotorch.core.training_health wires them into `decide`.
 """
 
 from __future__ import annotations

@@ -882,9 +882,9 @@ preempted is avoided for the Spot cooldown; among the others, the first in the r
 history**: the ranking is `policy.rank_regions` on a shared record of every zone's last 24 h
 (capacity share shrunk to a prior, then preemption rate). The record is assumed to have seen
 every zone at every step, as a fleet of runs and probes would: an upper bound for what a
-history can know, not a measurement of one. **Best zone in hindsight**: the same run pinned
-to one zone, the best zone for each window or the one zone best over all windows (chosen knowing the whole trace). Mean cost per
-run:
+history can know, not a measurement of one. **Best zone in hindsight**: the same run pinned to
+one zone, the best zone for each window or the one zone best over all windows (chosen knowing
+the whole trace). Mean cost per run:
 
 {parts["regions"]}
 

@@ -34,6 +34,12 @@ from spotorch.ports.jobs import LABEL_ATTEMPT, LABEL_PIPELINE, LABEL_RUN, Launch
 REGION = "europe-west4"
 
 
+def status_of(error: Exception) -> str:
+    """The gRPC status name google.api_core attaches to its exception classes."""
+    kind: Any = type(error)
+    return str(kind.grpc_status_code.name)
+
+
 def gpu_spec(capacity: Capacity = Capacity.SPOT, attempt: int = 2, **template: Any) -> LaunchSpec:
     chief = WorkerPool(machine_type="a2-highgpu-4g", replica_count=1,
                        accelerator_type="NVIDIA_TESLA_A100", accelerator_count=4,
@@ -355,7 +361,7 @@ def test_transient_errors_are_retried_with_capped_backoff(launcher: VertexJobLau
     fake.fail("get", *[error] * 4)
     with pytest.raises(LaunchError) as err:
         launcher.get(name)
-    assert not err.value.permanent and err.value.code == type(error).grpc_status_code.name
+    assert not err.value.permanent and err.value.code == status_of(error)
     assert sleeps[2:] == [0.5, 1.0, 1.5]  # capped at cap_s
 
 

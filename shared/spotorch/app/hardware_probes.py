@@ -20,12 +20,9 @@ from spotorch.core.hardware import (
     PROBE_CANDIDATE_LABEL,
     PROBE_LABEL,
     PROBE_REPORT,
-    HardwareChoice,
     ProbeResult,
     apply,
     cache_key,
-    choose,
-    fresh,
     plan_probes,
     result_of,
 )
@@ -190,20 +187,3 @@ def save_cache(docs: DocumentStore, pipeline: str, results: Mapping[str, ProbeRe
         except ConflictError:
             continue
     log.warning("probe cache of %s not saved: kept changing under us", pipeline)
-
-
-def cached_choice(docs: DocumentStore, pipeline: Pipeline, now: float,
-                  deadline_s: float | None) -> HardwareChoice | None:
-    """The choice from fresh cached probe results of the same code, or None when any candidate
-    lacks one (then the run starts on the pipeline's own worker pools)."""
-    search = pipeline.hardware
-    if search is None:
-        return None
-    cache = load_cache(docs, pipeline.name)
-    fresh_results = {c.name: cache[c.name] for c in search.candidates
-                     if fresh(cache.get(c.name), cache_key(pipeline, c, search.probe_steps), now,
-                              search.cache_ttl_s)}
-    if len(fresh_results) < len(search.candidates):
-        return None
-    choice = choose(pipeline, fresh_results, deadline_s)
-    return choice if choice.chosen is not None else None

@@ -21,10 +21,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import hcl2
 import pytest
 
 from spotorch import settings
+from spotorch.operate.terraform import (
+    Instance,
+    Tf,
+    block,
+    dependency_graph,
+    depends_on,
+    dynamic,
+    instances,
+    load_tf,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -109,114 +118,6 @@ RESOURCE_APIS: dict[str, frozenset[str]] = {
 RUNTIME_APIS = frozenset({"aiplatform.googleapis.com"})
 EVENT_TRIGGER_APIS = frozenset({"eventarc.googleapis.com"})
 APIS_RESOURCE = "google_project_service.api"
-
-
-# --- reading Terraform ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Tf:
-    """The parts of a Terraform directory the checks look at."""
-
-    resources: dict[str, dict[str, dict[str, Any]]]  # type -> name -> body
-    data: dict[str, dict[str, dict[str, Any]]]
-    locals: dict[str, Any]
-    variables: dict[str, dict[str, Any]]
-    text: str  # every .tf file, comments removed
-
-    def resource(self, rtype: str) -> dict[str, dict[str, Any]]:
-        return self.resources.get(rtype, {})
-
-
-def _strip_comments(text: str) -> str:
-    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
-
-
-def load_tf(directory: Path) -> Tf:
-    options = hcl2.SerializationOptions(strip_string_quotes=True, explicit_blocks=False,
-                                        with_comments=False)
-    resources: dict[str, dict[str, dict[str, Any]]] = {}
-    data: dict[str, dict[str, dict[str, Any]]] = {}
-    locals_: dict[str, Any] = {}
-    variables: dict[str, dict[str, Any]] = {}
-    texts = []
-    for path in sorted(directory.glob("*.tf")):
-        texts.append(_strip_comments(path.read_text()))
-        with path.open() as f:
-            doc = hcl2.load(f, serialization_options=options)
-        for kind, target in (("resource", resources), ("data", data)):
-            for entry in doc.get(kind, []):
-                for rtype, named in entry.items():
-                    target.setdefault(rtype, {}).update(named)
-        for entry in doc.get("locals", []):
-            locals_.update(entry)
-        for entry in doc.get("variable", []):
-            variables.update(entry)
-    return Tf(resources, data, locals_, variables, "\n".join(texts))
-
-
-def block(body: Mapping[str, Any], name: str) -> dict[str, Any]:
-    """The first nested block of that name, or {}."""
-    found = body.get(name)
-    if isinstance(found, list) and found and isinstance(found[0], dict):
-        return found[0]
-    return {}
-
-
-def dynamic(body: Mapping[str, Any], name: str) -> dict[str, Any] | None:
-    for entry in body.get("dynamic", []):
-        if name in entry:
-            return entry[name]  # type: ignore[no-any-return]
-    return None
-
-
-@dataclass(frozen=True)
-class Instance:
-    """One instance of a resource: a for_each over a literal local map is expanded."""
-
-    name: str
-    key: str | None
-    each: Any
-    body: dict[str, Any]
-
-    def value(self, raw: Any, tf: Tf) -> Any:
-        """A literal value, each.key, each.value(.field), local.x or local.x[each.value.y]."""
-        if not isinstance(raw, str):
-            return raw
-        if raw == "${each.key}":
-            return self.key
-        if raw == "${each.value}":
-            return self.each
-        match = re.fullmatch(r"\$\{each\.value\.(\w+)\}", raw)
-        if match and isinstance(self.each, dict):
-            return self.each.get(match.group(1))
-        match = re.fullmatch(r"\$\{local\.(\w+)\}", raw)
-        if match:
-            return tf.locals.get(match.group(1), raw)
-        match = re.fullmatch(r"\$\{var\.(\w+)\}", raw)
-        if match:
-            return tf.variables.get(match.group(1), {}).get("default", raw)
-        return raw
-
-    def resolved(self, raw: Any, tf: Tf, depth: int = 3) -> Any:
-        """value(), repeated: each.value.x may name a variable, whose default is the value."""
-        for _ in range(depth):
-            new = self.value(raw, tf)
-            if new == raw:
-                break
-            raw = new
-        return raw
-
-
-def instances(tf: Tf, rtype: str) -> Iterator[Instance]:
-    for name, body in tf.resource(rtype).items():
-        for_each = body.get("for_each")
-        match = re.fullmatch(r"\$\{local\.(\w+)\}", for_each) if isinstance(for_each, str) else None
-        items = tf.locals.get(match.group(1)) if match else None
-        if isinstance(items, dict):
-            for key, each in items.items():
-                yield Instance(name, key, each, body)
-        else:
-            yield Instance(name, None, None, body)
 
 
 def functions(tf: Tf) -> list[Instance]:
@@ -606,45 +507,6 @@ def check_references(tf: Tf) -> list[str]:
 
 
 # --- a fresh project: APIs first, service agents ready, a build identity that can build ---------
-
-_REF = re.compile(r"\b(?:data\.)?[a-z][a-z0-9_]*\.[A-Za-z_]\w*")
-
-
-def addresses(tf: Tf) -> set[str]:
-    return ({f"{t}.{n}" for t, named in tf.resources.items() for n in named}
-            | {f"data.{t}.{n}" for t, named in tf.data.items() for n in named})
-
-
-def _refs(tf: Tf, expr: Any, known: set[str], seen: set[str]) -> set[str]:
-    """Resources and data sources an expression uses, directly or through locals."""
-    text = str(expr)
-    found = {m.group(0) for m in _REF.finditer(text) if m.group(0) in known}
-    for name in set(re.findall(r"\blocal\.(\w+)", text)) - seen:
-        seen.add(name)
-        found |= _refs(tf, tf.locals.get(name), known, seen)
-    return found
-
-
-def dependency_graph(tf: Tf) -> dict[str, set[str]]:
-    """address -> what it references or names in depends_on (what Terraform orders it after)."""
-    known = addresses(tf)
-    bodies = {**{f"{t}.{n}": b for t, named in tf.resources.items() for n, b in named.items()},
-              **{f"data.{t}.{n}": b for t, named in tf.data.items() for n, b in named.items()}}
-    return {address: _refs(tf, body, known, set()) - {address}
-            for address, body in bodies.items()}
-
-
-def depends_on(graph: Mapping[str, set[str]], address: str, target: str) -> bool:
-    todo, seen = [address], set()
-    while todo:
-        current = todo.pop()
-        if current == target:
-            return current != address
-        if current not in seen:
-            seen.add(current)
-            todo.extend(graph.get(current, ()))
-    return False
-
 
 def enabled_apis(tf: Tf) -> set[str]:
     """local.apis, a toset([...]) of service names."""

@@ -51,12 +51,26 @@ locals {
   training_member  = "serviceAccount:${google_service_account.training.email}"
   pubsub_agent     = "serviceAccount:${google_project_service_identity.pubsub.email}"
 
-  # Least-privilege alternative to roles/aiplatform.user: launch, find, watch and cancel custom jobs.
+  # Least-privilege alternative to roles/aiplatform.user: exactly the Vertex AI methods spotorch
+  # calls (shared/spotorch/operate/permissions.py; `spotorch deploy check` compares the two).
   vertex_job_permissions = [
+    # custom jobs: launch, find, watch, cancel
     "aiplatform.customJobs.cancel",
     "aiplatform.customJobs.create",
     "aiplatform.customJobs.get",
     "aiplatform.customJobs.list",
+    # Model Registry: UploadModel (polling its operation needs models.get), ListModelVersions
+    "aiplatform.models.get",
+    "aiplatform.models.list",
+    "aiplatform.models.upload",
+    # Experiments: the default metadata store and the experiment and run contexts
+    "aiplatform.contexts.addContextChildren",
+    "aiplatform.contexts.create",
+    "aiplatform.contexts.get",
+    "aiplatform.contexts.list",
+    "aiplatform.contexts.update",
+    "aiplatform.metadataStores.create",
+    "aiplatform.metadataStores.get",
   ]
   vertex_role = var.use_custom_vertex_role ? google_project_iam_custom_role.vertex_jobs[0].name : "roles/aiplatform.user"
 }
@@ -66,7 +80,7 @@ resource "google_project_iam_custom_role" "vertex_jobs" {
   project     = var.project_id
   role_id     = "spotorchVertexJobs"
   title       = "spotorch Vertex AI custom jobs"
-  description = "Create, get, list and cancel Vertex AI custom jobs; nothing else."
+  description = "Vertex AI custom jobs, Model Registry uploads and Experiments contexts; nothing else."
   permissions = local.vertex_job_permissions
   depends_on  = [google_project_service.api]
 }
@@ -106,6 +120,14 @@ resource "google_project_iam_member" "functions_log_writer" {
   member  = local.functions_member
 }
 
+# A failed attempt's own error: the last lines its workers wrote (Cloud Logging entries of the
+# job's replicas). Log entries are read from the project: there is no narrower home.
+resource "google_project_iam_member" "functions_log_reader" {
+  project = var.project_id
+  role    = "roles/logging.viewer"
+  member  = local.functions_member
+}
+
 # --- functions: resource level -------------------------------------------------------------------
 
 # The right to launch jobs that run as the training identity, and no other.
@@ -123,11 +145,13 @@ resource "google_service_account_iam_member" "functions_act_as_pipeline_accounts
   member             = local.functions_member
 }
 
-# Latest-checkpoint lookup: list step-*/ and read _COMPLETE markers.
-resource "google_storage_bucket_iam_member" "functions_read_checkpoints" {
+# Latest-checkpoint lookup (list step-*/, read _COMPLETE markers and probe reports), and deleting
+# checkpoints: retention, and the diverged ones a relaunch must not find. objectUser, not
+# objectViewer: a delete needs storage.objects.delete.
+resource "google_storage_bucket_iam_member" "functions_checkpoints" {
   for_each = local.checkpoint_buckets
   bucket   = each.value
-  role     = "roles/storage.objectViewer"
+  role     = "roles/storage.objectUser"
   member   = local.functions_member
 }
 
@@ -164,7 +188,87 @@ resource "google_storage_bucket_iam_member" "training_write" {
   member   = local.training_member
 }
 
+# --- a pipeline's own job.service_account ---------------------------------------------------------
+# What the training account gets, for the buckets of the pipelines that name the account and no
+# others (deploy/package.py lists the pairs); its trainer events: pubsub.tf.
+
+resource "google_storage_bucket_iam_member" "job_accounts_read_data" {
+  for_each = var.pipeline_account_data_buckets
+  bucket   = each.value.bucket
+  role     = "roles/storage.objectViewer"
+  member   = "serviceAccount:${each.value.account}"
+
+  depends_on = [google_project_service.api]
+}
+
+resource "google_storage_bucket_iam_member" "job_accounts_write" {
+  for_each = var.pipeline_account_output_buckets
+  bucket   = each.value.bucket
+  role     = "roles/storage.objectUser"
+  member   = "serviceAccount:${each.value.account}"
+
+  depends_on = [google_project_service.api]
+}
+
+# --- operators (var.operators): what the CLI calls as them ----------------------------------------
+# Reads go to Firestore and Cloud Logging directly; dead letters are listed and replayed through
+# Pub/Sub (pubsub.tf). Actions go through the api function (functions.tf: run.invoker).
+
+# `spotorch runs`, `show`, `watch`, `dead-letters` (the recorded failure reasons): reads only.
+resource "google_project_iam_member" "operators_firestore_read" {
+  for_each = toset(var.operators)
+  project  = var.project_id
+  role     = "roles/datastore.viewer"
+  member   = each.value
+
+  condition {
+    title       = "spotorch-database-only"
+    description = "Only the Firestore database spotorch uses."
+    expression  = "resource.name == \"projects/${var.project_id}/databases/${local.firestore_database}\""
+  }
+
+  depends_on = [google_project_service.api]
+}
+
+# `spotorch logs`: the training job's log entries.
+resource "google_project_iam_member" "operators_log_reader" {
+  for_each = toset(var.operators)
+  project  = var.project_id
+  role     = "roles/logging.viewer"
+  member   = each.value
+
+  depends_on = [google_project_service.api]
+}
+
+# `spotorch dead-letters --replay`: a dead letter's source subscription names its topic
+# (GetSubscription needs pubsub.subscriptions.get, which pubsub.subscriber lacks).
+resource "google_project_iam_member" "operators_pubsub_viewer" {
+  for_each = toset(var.operators)
+  project  = var.project_id
+  role     = "roles/pubsub.viewer"
+  member   = each.value
+
+  depends_on = [google_project_service.api]
+}
+
 # --- service agents --------------------------------------------------------------------------------
+
+# UploadModel reads the model's artifact_uri as Vertex AI's service agent, not as the caller
+# (UploadModelRequest.service_account is left empty). Its own project-level role may already cover
+# buckets in this project; this grant makes model buckets elsewhere work too.
+resource "google_project_service_identity" "aiplatform" {
+  provider   = google-beta
+  project    = var.project_id
+  service    = "aiplatform.googleapis.com"
+  depends_on = [google_project_service.api]
+}
+
+resource "google_storage_bucket_iam_member" "vertex_agent_read_models" {
+  for_each = local.model_buckets
+  bucket   = each.value
+  role     = "roles/storage.objectViewer"
+  member   = "serviceAccount:${google_project_service_identity.aiplatform.email}"
+}
 
 # Eventarc's Cloud Storage triggers publish through a topic Eventarc creates (its name is not known
 # in advance), so Google documents this grant at project level for the Cloud Storage service agent.

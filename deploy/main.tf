@@ -34,6 +34,15 @@ locals {
   model_buckets      = toset(concat(var.model_buckets, var.pipeline_model_buckets))
   training_buckets   = setunion(local.checkpoint_buckets, local.model_buckets)
 
+  # The topics a dead letter can come from (those our push subscriptions read): operators may
+  # replay to each of them.
+  replay_topics = ["job_events", "trainer_events", "tick", "events"]
+  operator_replay = {
+    for pair in setproduct(var.operators, local.replay_topics) : "${pair[1]} ${pair[0]}" => {
+      topic = pair[1], member = pair[0]
+    }
+  }
+
   # Every resource below depends on all of these (directly or through another resource), so a
   # fresh project enables them before anything uses them. serviceusage (enabling APIs) and
   # cloudresourcemanager (project IAM) are what Terraform itself calls first: docs/deploy.md

@@ -51,14 +51,23 @@ class Needs:
     service_accounts: tuple[str, ...] = ()  # job.service_account: the functions launch as them
     route_env: tuple[str, ...] = ()  # route targets naming env variables: notifier secrets
     route_secrets: tuple[str, ...] = ()  # sm:// route targets: the notifier reads them
+    # (account, bucket) of pipelines with their own job.service_account: the data it reads, the
+    # checkpoints and models it writes (the training account's grants, for that pipeline only)
+    account_data: tuple[tuple[str, str], ...] = ()
+    account_output: tuple[tuple[str, str], ...] = ()
 
-    def tfvars(self) -> dict[str, list[str]]:
+    def tfvars(self) -> dict[str, Any]:
+        def pairs(found: tuple[tuple[str, str], ...]) -> dict[str, dict[str, str]]:
+            return {f"{a} {b}": {"account": a, "bucket": b} for a, b in found}
+
         return {"pipeline_landing_buckets": list(self.landing),
                 "pipeline_checkpoint_buckets": list(self.checkpoint),
                 "pipeline_model_buckets": list(self.model),
                 "pipeline_service_accounts": list(self.service_accounts),
                 "pipeline_route_env": list(self.route_env),
-                "pipeline_route_secrets": list(self.route_secrets)}
+                "pipeline_route_secrets": list(self.route_secrets),
+                "pipeline_account_data_buckets": pairs(self.account_data),
+                "pipeline_account_output_buckets": pairs(self.account_output)}
 
 
 @dataclass(frozen=True)
@@ -235,14 +244,23 @@ def pipeline_needs(files: Iterable[Path]) -> Needs:
     """What pipeline files need; a file that is not valid YAML stops the build."""
     kinds = ("landing", "checkpoint", "model", "service_accounts", "route_env", "route_secrets")
     found: dict[str, set[str]] = {kind: set() for kind in kinds}
+    data: set[tuple[str, str]] = set()
+    output: set[tuple[str, str]] = set()
     for path in files:
         try:
             docs = list(yaml.safe_load_all(path.read_text()))
         except yaml.YAMLError as exc:
             raise PackageError(f"{path} is not valid YAML: {exc}") from exc
-        for kind, value in _walk(docs):
-            found[kind].add(value)
-    return Needs(**{kind: tuple(sorted(found[kind])) for kind in kinds})
+        for doc in docs:  # one pipeline per document: its own account gets its own buckets
+            mine: dict[str, set[str]] = {kind: set() for kind in kinds}
+            for kind, value in _walk(doc):
+                found[kind].add(value)
+                mine[kind].add(value)
+            for account in mine["service_accounts"]:
+                data |= {(account, b) for b in mine["landing"]}
+                output |= {(account, b) for b in mine["checkpoint"] | mine["model"]}
+    return Needs(**{kind: tuple(sorted(found[kind])) for kind in kinds},
+                 account_data=tuple(sorted(data)), account_output=tuple(sorted(output)))
 
 
 def bundle_requirements(runtime: Sequence[str], needs: Needs) -> tuple[str, ...]:

@@ -84,11 +84,44 @@ resource "google_pubsub_topic_iam_member" "functions_publish_events" {
   member = local.functions_member
 }
 
+# The tick fans out past one function's share of live jobs: one message per shard, on the tick
+# topic itself (spotorch.adapters.gcp.pubsub.PubSubShardDispatcher).
+resource "google_pubsub_topic_iam_member" "functions_publish_tick" {
+  topic  = google_pubsub_topic.topic["tick"].id
+  role   = "roles/pubsub.publisher"
+  member = local.functions_member
+}
+
 # What training jobs publish: trainer events (progress, checkpoint, preempting).
 resource "google_pubsub_topic_iam_member" "training_publish_trainer_events" {
   topic  = google_pubsub_topic.topic["trainer_events"].id
   role   = "roles/pubsub.publisher"
   member = local.training_member
+}
+
+# ... and the jobs of pipelines that run as their own job.service_account: without it their
+# progress, checkpoints and "preempting" never arrive (and hang detection cancels them).
+resource "google_pubsub_topic_iam_member" "job_accounts_publish_trainer_events" {
+  for_each = toset(var.pipeline_service_accounts)
+  topic    = google_pubsub_topic.topic["trainer_events"].id
+  role     = "roles/pubsub.publisher"
+  member   = "serviceAccount:${each.value}"
+}
+
+# Operators: `spotorch dead-letters` pulls, acknowledges and releases held messages, and a replay
+# republishes a message to the topic it came from (one of the topics the push subscriptions read).
+resource "google_pubsub_subscription_iam_member" "operators_dead_letter_hold" {
+  for_each     = toset(var.operators)
+  subscription = google_pubsub_subscription.dead_letter_hold.id
+  role         = "roles/pubsub.subscriber"
+  member       = each.value
+}
+
+resource "google_pubsub_topic_iam_member" "operators_replay" {
+  for_each = local.operator_replay
+  topic    = google_pubsub_topic.topic[each.value.topic].id
+  role     = "roles/pubsub.publisher"
+  member   = each.value.member
 }
 
 # Vertex AI job logs to the job-events topic: a hint that a job moved, so on_job_event can look.

@@ -60,6 +60,18 @@ variable "pipeline_service_accounts" {
   default     = []
 }
 
+variable "pipeline_account_data_buckets" {
+  description = "Generated: \"account bucket\" -> {account, bucket} for the trigger bucket of each pipeline with its own job.service_account (read)."
+  type        = map(object({ account = string, bucket = string }))
+  default     = {}
+}
+
+variable "pipeline_account_output_buckets" {
+  description = "Generated: \"account bucket\" -> {account, bucket} for the checkpoint and model buckets of each pipeline with its own job.service_account (write)."
+  type        = map(object({ account = string, bucket = string }))
+  default     = {}
+}
+
 variable "pipeline_route_env" {
   description = "Generated: env variables the bundled pipelines' alert routes name (webhook URLs, recipients)."
   type        = list(string)
@@ -186,7 +198,7 @@ variable "job_log_filter" {
 }
 
 variable "use_custom_vertex_role" {
-  description = "Grant the functions a custom role with only the four customJobs permissions instead of roles/aiplatform.user."
+  description = "Grant the functions a custom role with only the Vertex AI permissions spotorch uses (custom jobs, Model Registry, Experiments) instead of roles/aiplatform.user."
   type        = bool
   default     = true
 }

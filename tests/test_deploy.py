@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from spotorch import settings
+from spotorch.operate.permissions import Identity, permissions_of
 from spotorch.operate.terraform import (
     Instance,
     Tf,
@@ -74,6 +75,9 @@ PROJECT_ROLES = {
     "${local.vertex_role}": "Vertex AI custom jobs are project resources",
     "roles/cloudbuild.builds.builder": "a function build runs in the project, no narrower home",
     "roles/eventarc.serviceAgent": "the Eventarc service agent's own role, granted before triggers",
+    "roles/logging.viewer": "log entries are read from the project (worker logs, `spotorch logs`)",
+    "roles/datastore.viewer": "operators read runs (narrowed by a condition, like datastore.user)",
+    "roles/pubsub.viewer": "a dead letter's source subscription, read on replay (subscriber lacks it)",
 }
 # Roles on service accounts: acting as the training identity (or a pipeline's own job identity),
 # and Pub/Sub minting push tokens for the functions identity.
@@ -397,8 +401,8 @@ def check_iam(tf: Tf) -> list[str]:
         if rtype == "google_project_iam_member":
             if role not in PROJECT_ROLES or BROAD_ROLE.search(role):
                 problems.append(f"{where}: {role} at project level")
-            if role == "roles/datastore.user" and not block(body, "condition").get("expression"):
-                problems.append(f"{where}: datastore.user is not narrowed to spotorch's database")
+            if role.startswith("roles/datastore.") and not block(body, "condition").get("expression"):
+                problems.append(f"{where}: {role} is not narrowed to spotorch's database")
             gcs_agent = "google_storage_project_service_account" in member
             if role == "roles/pubsub.publisher" and not gcs_agent:
                 problems.append(f"{where}: pubsub.publisher at project level for {member}")
@@ -418,8 +422,10 @@ def check_iam(tf: Tf) -> list[str]:
     for custom in tf.resource("google_project_iam_custom_role").values():
         perms = custom.get("permissions")
         perms = tf.locals.get(perms[len("${local."):-1], ()) if isinstance(perms, str) else perms
-        problems += [f"custom role grants {p}" for p in perms or ()
-                     if not p.startswith("aiplatform.customJobs.")]
+        # exactly the Vertex AI permissions the permission map says the functions need
+        wanted = {p for p in permissions_of(Identity.FUNCTIONS) if p.startswith("aiplatform.")}
+        problems += [f"custom role grants {p}" for p in perms or () if p not in wanted]
+        problems += [f"custom role lacks {p}" for p in sorted(wanted - set(perms or ()))]
     return problems
 
 
@@ -734,7 +740,7 @@ def test_dependency_graph_reads_depends_on_and_locals(tf: Tf) -> None:
         graph["google_cloudfunctions2_function.objects"]
     # through local.functions_member -> google_service_account.functions
     assert "google_service_account.functions" in \
-        graph["google_storage_bucket_iam_member.functions_read_checkpoints"]
+        graph["google_storage_bucket_iam_member.functions_checkpoints"]
     assert depends_on(graph, "google_cloudfunctions2_function.objects", APIS_RESOURCE)
     assert not depends_on(graph, APIS_RESOURCE, "google_cloudfunctions2_function.objects")
 
@@ -836,7 +842,9 @@ DOCTORED = [
       "roles/iam.serviceAccountUser at project level"),
     D("iam", "iam.tf", '"google_project_iam_member" "functions_event_receiver"',
       '"google_project_iam_binding" "functions_event_receiver"', "authoritative IAM"),
-    D("iam", "iam.tf", '    expression  = "resource.name', '    # expression  = "resource.name',
+    D("iam", "iam.tf", '    expression  = "resource.name == \\"projects/${var.project_id}/databases/'
+      '${local.firestore_database}\\""\n  }\n}\n\n# Vertex',
+      '  }\n}\n\n# Vertex',
       "not narrowed to spotorch's database"),
     D("iam", "functions.tf", "member   = each.value\n}", 'member   = "allUsers"\n}',
       "granted to the public"),
@@ -851,7 +859,8 @@ DOCTORED = [
       "has no dead-letter policy"),
     D("dead_letters", "pubsub.tf", HOLD_TOPIC.format("dead_letter"), HOLD_TOPIC.format("events"),
       "no subscription keeps the dead letters"),
-    D("dead_letters", "pubsub.tf", '= "roles/pubsub.subscriber"', '= "roles/pubsub.viewer"',
+    D("dead_letters", "pubsub.tf", 'push[each.key].id\n  role         = "roles/pubsub.subscriber"',
+      'push[each.key].id\n  role         = "roles/pubsub.viewer"',
       "cannot forward dead letters"),
     D("dead_letters", "pubsub.tf", 'ttl = "" # a quiet', 'ttl = "2678400s" # a quiet',
       "expires when idle"),
@@ -1014,7 +1023,14 @@ def test_bundle_contents(pipelines: Path, tmp_path: Path) -> None:
         "pipeline_model_buckets": ["models-c", "models-d"],
         "pipeline_service_accounts": ["trainer@p.iam.gserviceaccount.com"],
         "pipeline_route_env": ["TEAM_CHAT_URL"],
-        "pipeline_route_secrets": ["projects/p/secrets/oncall"]}
+        "pipeline_route_secrets": ["projects/p/secrets/oncall"],
+        "pipeline_account_data_buckets": {
+            "trainer@p.iam.gserviceaccount.com landing-a": {
+                "account": "trainer@p.iam.gserviceaccount.com", "bucket": "landing-a"}},
+        "pipeline_account_output_buckets": {
+            f"trainer@p.iam.gserviceaccount.com {b}": {
+                "account": "trainer@p.iam.gserviceaccount.com", "bucket": b}
+            for b in ("ckpt-b", "models-c", "models-d")}}
     assert set(json.loads(tfvars.read_text())) <= set(load_tf(DEPLOY).variables)
 
 

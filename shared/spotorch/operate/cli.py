@@ -32,6 +32,8 @@ DELEGATES: Mapping[str, tuple[str, str, str]] = {
                "The price table costs are stated with; refresh it from the Catalog API."),
     "advise": ("spotorch.operate.advise", "main",
                "The table of hardware candidates from earlier probes; --probe runs them."),
+    "deploy": ("spotorch.operate.deploy_check", "main",
+               "Check deploy/: every Google call spotorch makes is granted."),
 }
 DEV_DELEGATES: Mapping[str, tuple[str, str, str]] = {
     "up": ("spotorch.local.dev", "up_main", "Start the local stack in the background."),

@@ -1,0 +1,123 @@
+"""What Google's predefined roles grant: the roles deploy/ uses, with their permissions.
+
+Copied from https://github.com/iann0036/iam-dataset (gcp/roles/<role>.json, commit 2073fa52, 2026-08-22),
+a machine-collected copy of Google's own role definitions (`gcloud iam roles describe`; the
+human-readable lists are at https://cloud.google.com/iam/docs/roles-permissions). Permissions
+of roles/aiplatform.user are those of the Vertex AI families spotorch calls (its 446 in all
+include every other Vertex AI product). A role missing here grants nothing as far as
+`spotorch deploy check` knows: add it, with its permissions, when deploy/ grants it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+SOURCE = "https://github.com/iann0036/iam-dataset/tree/2073fa52ac008a45477aa0b1b4580cd99135bf60/gcp/roles"
+
+PREDEFINED_ROLES: Mapping[str, frozenset[str]] = {
+    "roles/aiplatform.user": frozenset({
+        "aiplatform.artifacts.create", "aiplatform.artifacts.delete", "aiplatform.artifacts.get",
+        "aiplatform.artifacts.list", "aiplatform.artifacts.update",
+        "aiplatform.contexts.addContextArtifactsAndExecutions",
+        "aiplatform.contexts.addContextChildren", "aiplatform.contexts.create",
+        "aiplatform.contexts.delete", "aiplatform.contexts.get", "aiplatform.contexts.list",
+        "aiplatform.contexts.queryContextLineageSubgraph", "aiplatform.contexts.update",
+        "aiplatform.customJobs.cancel", "aiplatform.customJobs.create",
+        "aiplatform.customJobs.delete", "aiplatform.customJobs.get", "aiplatform.customJobs.list",
+        "aiplatform.executions.addExecutionEvents", "aiplatform.executions.create",
+        "aiplatform.executions.delete", "aiplatform.executions.get", "aiplatform.executions.list",
+        "aiplatform.executions.queryExecutionInputsAndOutputs", "aiplatform.executions.update",
+        "aiplatform.metadataStores.create", "aiplatform.metadataStores.delete",
+        "aiplatform.metadataStores.get", "aiplatform.metadataStores.list",
+        "aiplatform.models.delete", "aiplatform.models.export", "aiplatform.models.get",
+        "aiplatform.models.list", "aiplatform.models.update", "aiplatform.models.upload",
+        "aiplatform.operations.list",
+    }),
+    "roles/datastore.user": frozenset({
+        "appengine.applications.get", "databasesconsole.locations.get",
+        "databasesconsole.locations.list", "databasesconsole.studioQueries.create",
+        "databasesconsole.studioQueries.delete", "databasesconsole.studioQueries.search",
+        "databasesconsole.studioQueries.update", "datastore.databases.get",
+        "datastore.databases.getMetadata", "datastore.databases.list",
+        "datastore.entities.allocateIds", "datastore.entities.create", "datastore.entities.delete",
+        "datastore.entities.get", "datastore.entities.list", "datastore.entities.update",
+        "datastore.namespaces.get", "datastore.namespaces.list", "datastore.schemas.list",
+        "datastore.statistics.get", "datastore.statistics.list", "resourcemanager.projects.get",
+        "resourcemanager.projects.list",
+    }),
+    "roles/datastore.viewer": frozenset({
+        "appengine.applications.get", "databasesconsole.locations.get",
+        "databasesconsole.locations.list", "databasesconsole.studioQueries.search",
+        "datastore.databases.get", "datastore.databases.getMetadata", "datastore.databases.list",
+        "datastore.entities.get", "datastore.entities.list", "datastore.insights.get",
+        "datastore.namespaces.get", "datastore.namespaces.list", "datastore.schemas.get",
+        "datastore.schemas.list", "datastore.statistics.get", "datastore.statistics.list",
+        "resourcemanager.projects.get", "resourcemanager.projects.list",
+    }),
+    "roles/storage.objectViewer": frozenset({
+        "resourcemanager.projects.get", "resourcemanager.projects.list", "storage.folders.get",
+        "storage.folders.list", "storage.managedFolders.get", "storage.managedFolders.list",
+        "storage.objects.get", "storage.objects.list",
+    }),
+    "roles/storage.objectUser": frozenset({
+        "monitoring.timeSeries.create", "orgpolicy.policy.get", "resourcemanager.projects.get",
+        "resourcemanager.projects.list", "storage.folders.create", "storage.folders.delete",
+        "storage.folders.get", "storage.folders.list", "storage.folders.rename",
+        "storage.managedFolders.create", "storage.managedFolders.delete",
+        "storage.managedFolders.get", "storage.managedFolders.list",
+        "storage.multipartUploads.abort", "storage.multipartUploads.create",
+        "storage.multipartUploads.list", "storage.multipartUploads.listParts",
+        "storage.objects.create", "storage.objects.createContext", "storage.objects.delete",
+        "storage.objects.deleteContext", "storage.objects.get", "storage.objects.list",
+        "storage.objects.move", "storage.objects.restore", "storage.objects.update",
+        "storage.objects.updateContext",
+    }),
+    "roles/pubsub.publisher": frozenset({
+        "pubsub.topics.publish",
+    }),
+    "roles/pubsub.subscriber": frozenset({
+        "pubsub.snapshots.seek", "pubsub.subscriptions.consume", "pubsub.topics.attachSubscription",
+    }),
+    "roles/pubsub.viewer": frozenset({
+        "pubsub.messageTransforms.validate", "pubsub.schemas.get", "pubsub.schemas.list",
+        "pubsub.schemas.listRevisions", "pubsub.schemas.validate", "pubsub.snapshots.get",
+        "pubsub.snapshots.list", "pubsub.snapshots.listEffectiveTags",
+        "pubsub.snapshots.listTagBindings", "pubsub.subscriptions.get", "pubsub.subscriptions.list",
+        "pubsub.subscriptions.listEffectiveTags", "pubsub.subscriptions.listTagBindings",
+        "pubsub.topics.get", "pubsub.topics.list", "pubsub.topics.listEffectiveTags",
+        "pubsub.topics.listTagBindings", "resourcemanager.projects.get",
+        "serviceusage.consumerpolicy.analyze", "serviceusage.consumerpolicy.get",
+        "serviceusage.effectivepolicy.get", "serviceusage.groups.list",
+        "serviceusage.groups.listExpandedMembers", "serviceusage.groups.listMembers",
+        "serviceusage.quotas.get", "serviceusage.services.get", "serviceusage.services.list",
+        "serviceusage.values.test",
+    }),
+    "roles/secretmanager.secretAccessor": frozenset({
+        "resourcemanager.projects.get", "resourcemanager.projects.list",
+        "secretmanager.versions.access",
+    }),
+    "roles/logging.logWriter": frozenset({
+        "logging.logEntries.create", "logging.logEntries.route",
+    }),
+    "roles/logging.viewer": frozenset({
+        "logging.buckets.get", "logging.buckets.list", "logging.exclusions.get",
+        "logging.exclusions.list", "logging.links.get", "logging.links.list",
+        "logging.locations.get", "logging.locations.list", "logging.logEntries.list",
+        "logging.logMetrics.get", "logging.logMetrics.list", "logging.logScopes.get",
+        "logging.logScopes.list", "logging.logServiceIndexes.list", "logging.logServices.list",
+        "logging.logs.list", "logging.operations.get", "logging.operations.list",
+        "logging.queries.getShared", "logging.queries.listShared", "logging.queries.usePrivate",
+        "logging.sinks.get", "logging.sinks.list", "logging.usage.get", "logging.views.get",
+        "logging.views.list", "observability.scopes.get", "resourcemanager.projects.get",
+    }),
+    "roles/iam.serviceAccountUser": frozenset({
+        "iam.serviceAccounts.actAs", "iam.serviceAccounts.get", "iam.serviceAccounts.list",
+        "resourcemanager.projects.get", "resourcemanager.projects.list",
+    }),
+    "roles/eventarc.eventReceiver": frozenset({
+        "eventarc.events.receiveAuditLogWritten", "eventarc.events.receiveEvent",
+    }),
+    "roles/run.invoker": frozenset({
+        "run.instances.invoke", "run.jobs.run", "run.routes.invoke",
+    }),
+}

@@ -1,0 +1,325 @@
+"""The permission map: every Google API method spotorch calls, where, as whom, and what it needs.
+
+One row per call site (or per thing a Google service does as one of spotorch's identities): the
+client method, the REST method, the IAM permissions on which resource, and the identities that
+make it. `spotorch deploy check` (operate/deploy_check.py) reads deploy/*.tf and finds, for each
+row, the grant that allows it; tests/test_permissions.py walks the code for Google client calls
+and fails on one that has no row here.
+
+Permissions are Google's own tables: Vertex AI https://cloud.google.com/vertex-ai/docs/general/
+iam-permissions (and each REST method page), Firestore https://cloud.google.com/firestore/docs/
+security/iam, Cloud Storage https://cloud.google.com/storage/docs/access-control/iam-json,
+Pub/Sub https://cloud.google.com/pubsub/docs/access-control, Secret Manager https://cloud.google
+.com/secret-manager/docs/access-control, Logging https://cloud.google.com/logging/docs/access-
+control. Two are inferred, not read on a Google page: models.listVersions as aiplatform.models.list
+(Google's table has no row for it) and polling a long-running operation as the resource's `get`.
+
+Not in the map: `spotorch advise --probe` launches probe jobs as whoever runs it (it needs what
+the functions have for jobs: Vertex AI and actAs on the job's account; deploy/ gives operators no
+right to launch), and `spotorch prices refresh` calls the Billing Catalog API with an API key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Identity(StrEnum):
+    """Who makes a call: deploy/'s service accounts, the operators, a Google service agent."""
+
+    FUNCTIONS = "functions"  # spotorch-functions: every function's runtime identity
+    TRAINING = "training"  # spotorch-training: jobs of pipelines without job.service_account
+    JOB_ACCOUNTS = "job-accounts"  # each job.service_account the bundled pipelines name
+    OPERATORS = "operators"  # each member of var.operators, running the CLI
+    VERTEX_AGENT = "vertex-agent"  # Vertex AI's service agent (reads model artifacts on upload)
+
+
+class Scope(StrEnum):
+    """The resource a permission is needed on, as deploy/ names it."""
+
+    PROJECT = "project"  # project resources: Vertex AI jobs, models, metadata; log entries
+    DATABASE = "database"  # spotorch's Firestore database
+    TOPIC_EVENTS = "topic:events"
+    TOPIC_TICK = "topic:tick"
+    TOPIC_TRAINER_EVENTS = "topic:trainer_events"
+    TOPIC_JOB_EVENTS = "topic:job_events"
+    HOLD_SUBSCRIPTION = "subscription:dead_letter_hold"
+    PUSH_SUBSCRIPTIONS = "subscriptions:push"
+    LANDING = "buckets:landing"  # trigger buckets: snapshots arrive here
+    CHECKPOINT = "buckets:checkpoint"  # checkpoint_uri buckets
+    MODEL = "buckets:model"  # output_uri / base_output_uri buckets
+    ALERT_SECRETS = "secrets:alert"  # spotorch-* secrets mounted on the notifier
+    ROUTE_SECRETS = "secrets:route"  # sm:// secrets pipeline routes name
+    TRAINING_ACCOUNT = "service-account:training"  # actAs: jobs that run as spotorch-training
+    PIPELINE_ACCOUNTS = "service-accounts:pipelines"  # actAs: jobs that run as a pipeline's own
+    API_SERVICE = "service:api"  # the api function's Cloud Run service
+    PUSHED_SERVICES = "services:pushed"  # the Pub/Sub-fed functions' services
+    OBJECT_SERVICES = "services:objects"  # the object-finalized functions' services
+
+
+class Kind(StrEnum):
+    """Who makes the request: spotorch's code, or a Google service acting as the identity."""
+
+    CALL = "call"  # a client call in spotorch's code, at `sites`
+    PLATFORM = "platform"  # Cloud Run, Pub/Sub or Eventarc acting as the identity for spotorch
+    PLANNED = "planned"  # a call the next change adds (`why` says which); granted ahead
+
+
+F, T, J, OP, V = (Identity.FUNCTIONS, Identity.TRAINING, Identity.JOB_ACCOUNTS,
+                  Identity.OPERATORS, Identity.VERTEX_AGENT)
+S = Scope
+TRAINER = (T, J)  # spotorch_trainer runs as the job's account: the training one or a pipeline's
+
+VERTEX_IAM = "https://cloud.google.com/vertex-ai/docs/general/iam-permissions"
+UPLOAD_MODEL = "https://cloud.google.com/vertex-ai/docs/reference/rest/v1/projects.locations.models/upload"
+ACT_AS = "https://cloud.google.com/vertex-ai/docs/general/custom-service-account"
+FIRESTORE_IAM = "https://cloud.google.com/firestore/docs/security/iam"
+STORAGE_IAM = "https://cloud.google.com/storage/docs/access-control/iam-json"
+PUBSUB_IAM = "https://cloud.google.com/pubsub/docs/access-control"
+SECRETS_IAM = "https://cloud.google.com/secret-manager/docs/access-control"
+LOGGING_IAM = "https://cloud.google.com/logging/docs/access-control"
+RUN_IAM = "https://cloud.google.com/run/docs/securing/managing-access"
+EVENTARC_IAM = "https://cloud.google.com/eventarc/docs/access-control"
+
+
+@dataclass(frozen=True)
+class Call:
+    """One Google API method spotorch calls, and what must allow it."""
+
+    client: str  # Class.method of the Google client (what the code calls)
+    method: str  # the REST/RPC method it sends
+    needs: tuple[tuple[Scope, tuple[str, ...]], ...]  # permissions, on which resource
+    identities: tuple[Identity, ...]
+    sites: tuple[str, ...] = ()  # module:Qualname of each function that calls it (Kind.CALL)
+    source: str = ""  # where the permission is documented
+    why: str = ""
+    kind: Kind = Kind.CALL
+
+    @property
+    def method_name(self) -> str:
+        """The client method as the code spells it (`create_custom_job`)."""
+        return self.client.rsplit(".", 1)[-1]
+
+
+def _on(scopes: Scope | tuple[Scope, ...], *permissions: str) -> tuple[tuple[Scope, tuple[str, ...]], ...]:
+    return tuple((s, permissions) for s in (scopes if isinstance(scopes, tuple) else (scopes,)))
+
+
+VERTEX = "spotorch.adapters.gcp.vertex:VertexJobLauncher"
+REGISTRY = "spotorch.adapters.gcp.registry:VertexModelRegistry"
+EXPERIMENTS = "spotorch.adapters.gcp.registry:VertexExperimentTracker"
+STORE = "spotorch.adapters.gcp.firestore:FirestoreDocumentStore"
+LEDGER = "spotorch.adapters.gcp.notification_ledger:FirestoreNotificationLedger"
+READS = "spotorch.adapters.gcp.firestore_reads:_FirestoreNewestFirst"
+OBJECTS = "spotorch.adapters.gcp.storage:GcsObjectStore"
+GCS = "spotorch_trainer.storage:GcsStorage"
+DEAD = "spotorch.operate.deadletters"
+
+CREATE, UPDATE = "datastore.entities.create", "datastore.entities.update"
+GET_OBJECT, LIST_OBJECTS = "storage.objects.get", "storage.objects.list"
+CHECKPOINTS_AND_MODELS = (S.CHECKPOINT, S.MODEL)
+TRAINER_READS = (S.LANDING, S.CHECKPOINT, S.MODEL)
+
+CALLS: tuple[Call, ...] = (
+    # --- Vertex AI custom jobs (the launcher) -------------------------------------------------
+    Call("JobServiceClient.create_custom_job", "projects.locations.customJobs.create",
+         _on(S.PROJECT, "aiplatform.customJobs.create"), (F,), (f"{VERTEX}.launch.find_or_create",),
+         VERTEX_IAM, "launch an attempt's job"),
+    Call("JobServiceClient.create_custom_job", "projects.locations.customJobs.create",
+         _on((S.TRAINING_ACCOUNT, S.PIPELINE_ACCOUNTS), "iam.serviceAccounts.actAs"), (F,),
+         (f"{VERTEX}.launch.find_or_create",), ACT_AS,
+         "the job runs as spotorch-training or the pipeline's job.service_account"),
+    Call("JobServiceClient.list_custom_jobs", "projects.locations.customJobs.list",
+         _on(S.PROJECT, "aiplatform.customJobs.list"), (F,),
+         (f"{VERTEX}._find_in", f"{VERTEX}.list_live"), VERTEX_IAM,
+         "find an attempt's job by its labels; the tick's listing of live jobs"),
+    Call("JobServiceClient.get_custom_job", "projects.locations.customJobs.get",
+         _on(S.PROJECT, "aiplatform.customJobs.get"), (F,), (f"{VERTEX}.get",), VERTEX_IAM,
+         "confirm a job's state (the one source of truth)"),
+    Call("JobServiceClient.cancel_custom_job", "projects.locations.customJobs.cancel",
+         _on(S.PROJECT, "aiplatform.customJobs.cancel"), (F,), (f"{VERTEX}.cancel",), VERTEX_IAM,
+         "cancel a job (operator, stockout, switch, hang, budget)"),
+    # --- Model Registry ----------------------------------------------------------------------
+    Call("ModelServiceClient.list_model_versions", "projects.locations.models.listVersions",
+         _on(S.PROJECT, "aiplatform.models.list"), (F,), (f"{REGISTRY}._existing",), VERTEX_IAM,
+         "find the run's version before uploading (inferred: Google's table has no row)"),
+    Call("ModelServiceClient.upload_model", "projects.locations.models.upload",
+         _on(S.PROJECT, "aiplatform.models.upload", "aiplatform.models.get"), (F,),
+         (f"{REGISTRY}.upload.find_or_upload",), UPLOAD_MODEL,
+         "register the model; polling the upload's operation needs models.get"),
+    Call("ModelServiceClient.upload_model", "projects.locations.models.upload",
+         _on(S.MODEL, GET_OBJECT, LIST_OBJECTS), (V,), (f"{REGISTRY}.upload.find_or_upload",),
+         UPLOAD_MODEL, "Vertex AI's service agent reads artifact_uri (no service_account given)"),
+    Call("ModelServiceClient.get_model", "projects.locations.models.get",
+         _on(S.PROJECT, "aiplatform.models.get"), (F,), (f"{REGISTRY}.version",), VERTEX_IAM,
+         "read a registered version"),
+    # --- Experiments (Vertex ML Metadata) ------------------------------------------------------
+    Call("MetadataServiceClient.get_metadata_store", "projects.locations.metadataStores.get",
+         _on(S.PROJECT, "aiplatform.metadataStores.get"), (F,), (f"{EXPERIMENTS}._store",),
+         VERTEX_IAM, "the default metadata store"),
+    Call("MetadataServiceClient.create_metadata_store", "projects.locations.metadataStores.create",
+         _on(S.PROJECT, "aiplatform.metadataStores.create", "aiplatform.metadataStores.get"), (F,),
+         (f"{EXPERIMENTS}._store",), VERTEX_IAM, "create it when missing (polled: .get)"),
+    Call("MetadataServiceClient.create_context", "projects.locations.metadataStores.contexts.create",
+         _on(S.PROJECT, "aiplatform.contexts.create"), (F,), (f"{EXPERIMENTS}._ensure",),
+         VERTEX_IAM, "the experiment and the experiment run"),
+    Call("MetadataServiceClient.update_context", "projects.locations.metadataStores.contexts.patch",
+         _on(S.PROJECT, "aiplatform.contexts.update", "aiplatform.contexts.get"), (F,),
+         (f"{EXPERIMENTS}._ensure",), VERTEX_IAM, "a redelivered run's metrics"),
+    Call("MetadataServiceClient.add_context_children",
+         "projects.locations.metadataStores.contexts.addContextChildren",
+         _on(S.PROJECT, "aiplatform.contexts.addContextChildren"), (F,),
+         (f"{EXPERIMENTS}.log_run.log",),
+         "https://cloud.google.com/vertex-ai/docs/reference/rest/v1/projects.locations."
+         "metadataStores.contexts/addContextChildren", "the run under its experiment"),
+    Call("MetadataServiceClient.get_context", "projects.locations.metadataStores.contexts.get",
+         _on(S.PROJECT, "aiplatform.contexts.get"), (F,),
+         (f"{EXPERIMENTS}.read_run", "spotorch.adapters.gcp.registry:_display_of"), VERTEX_IAM,
+         "read a logged run back"),
+    Call("MetadataServiceClient.list_contexts", "projects.locations.metadataStores.contexts.list",
+         _on(S.PROJECT, "aiplatform.contexts.list"), (F,), (f"{EXPERIMENTS}.runs_of",), VERTEX_IAM,
+         "an experiment's runs"),
+    # --- Firestore: the run store, the alert ledger, the readers ----------------------------------
+    Call("DocumentReference.get", "projects.databases.documents.get",
+         _on(S.DATABASE, "datastore.entities.get"), (F, OP), (f"{STORE}.get",), FIRESTORE_IAM,
+         "a run, a snapshot, a record; dead-letters reads the recorded failure"),
+    Call("WriteBatch.create", "projects.databases.documents.commit",
+         _on(S.DATABASE, CREATE), (F,), (f"{STORE}.put",), FIRESTORE_IAM, "a new document"),
+    Call("WriteBatch.update", "projects.databases.documents.commit",
+         _on(S.DATABASE, UPDATE), (F,), (f"{STORE}.put",), FIRESTORE_IAM,
+         "the conditional write (update-time precondition)"),
+    Call("WriteBatch.set", "projects.databases.documents.commit",
+         _on(S.DATABASE, CREATE, UPDATE), (F,), (f"{STORE}.put",), FIRESTORE_IAM,
+         "counters added in the same commit (merge, transforms)"),
+    Call("WriteBatch.commit", "projects.databases.documents.commit",
+         _on(S.DATABASE, CREATE, UPDATE), (F,), (f"{STORE}.put",), FIRESTORE_IAM,
+         "the batch's writes, as above"),
+    Call("Query.stream", "projects.databases.documents.runQuery",
+         _on(S.DATABASE, "datastore.entities.get", "datastore.entities.list"), (F, OP),
+         (f"{STORE}.query", f"{READS}._stream"), FIRESTORE_IAM,
+         "active runs, open snapshots; the CLI's and the api's listings"),
+    Call("DocumentReference.delete", "projects.databases.documents.delete",
+         _on(S.DATABASE, "datastore.entities.delete"), (F,), (f"{STORE}.delete",), FIRESTORE_IAM,
+         "a record that is done"),
+    Call("DocumentReference.get", "projects.databases.documents.get",
+         _on(S.DATABASE, "datastore.entities.get"), (F, OP), (f"{READS}._get",), FIRESTORE_IAM,
+         "one run or sweep (`spotorch show`, the api)"),
+    Call("DocumentReference.create", "projects.databases.documents.commit",
+         _on(S.DATABASE, CREATE), (F,), (f"{LEDGER}.claim",), FIRESTORE_IAM,
+         "claim an alert (exists=false precondition)"),
+    Call("DocumentReference.get", "projects.databases.documents.get",
+         _on(S.DATABASE, "datastore.entities.get"), (F,),
+         (f"{LEDGER}.claim", f"{LEDGER}.admit.admit_in", f"{LEDGER}.record"), FIRESTORE_IAM,
+         "an alert's claim, a run's alert window"),
+    Call("DocumentReference.update", "projects.databases.documents.commit",
+         _on(S.DATABASE, UPDATE), (F,), (f"{LEDGER}.claim",), FIRESTORE_IAM,
+         "take over an abandoned claim"),
+    Call("DocumentReference.set", "projects.databases.documents.commit",
+         _on(S.DATABASE, CREATE, UPDATE), (F,), (f"{LEDGER}.finish",), FIRESTORE_IAM,
+         "an alert's outcome"),
+    Call("Client.transaction", "projects.databases.documents.beginTransaction",
+         _on(S.DATABASE, "datastore.databases.get"), (F,), (f"{LEDGER}.admit",), FIRESTORE_IAM,
+         "the alert window is read and written in one transaction"),
+    Call("Transaction.set", "projects.databases.documents.commit",
+         _on(S.DATABASE, CREATE, UPDATE), (F,), (f"{LEDGER}.admit.admit_in",), FIRESTORE_IAM,
+         "the alert window's new state"),
+    # --- Cloud Storage: snapshots (functions) ---------------------------------------------------
+    Call("Blob.download_as_bytes", "objects.get", _on(S.LANDING, GET_OBJECT), (F,),
+         (f"{OBJECTS}.read",), STORAGE_IAM, "a snapshot's marker or manifest"),
+    Call("Blob.exists", "objects.get", _on(S.LANDING, GET_OBJECT), (F,), (f"{OBJECTS}.exists",),
+         STORAGE_IAM, "is a snapshot's object still there"),
+    Call("Client.list_blobs", "objects.list", _on(S.LANDING, LIST_OBJECTS), (F,),
+         (f"{OBJECTS}.list_page",), STORAGE_IAM, "a snapshot's prefix; the reconcile listing"),
+    # --- Cloud Storage: checkpoints (the functions, and the trainer helper in every job) ---------
+    Call("Client.list_blobs", "objects.list", _on(S.CHECKPOINT, LIST_OBJECTS), (F,),
+         (f"{GCS}.list_dirs", f"{GCS}.sizes"), STORAGE_IAM,
+         "the latest complete checkpoint; retention's listing"),
+    Call("Client.list_blobs", "objects.list", _on(TRAINER_READS, LIST_OBJECTS), TRAINER,
+         (f"{GCS}.list_dirs", f"{GCS}.list_files", f"{GCS}.sizes"), STORAGE_IAM,
+         "the trainer lists its data, its checkpoints and its output"),
+    Call("Blob.exists", "objects.get", _on(S.CHECKPOINT, GET_OBJECT), (F,), (f"{GCS}.exists",),
+         STORAGE_IAM, "a checkpoint's _COMPLETE marker"),
+    Call("Blob.exists", "objects.get", _on(TRAINER_READS, GET_OBJECT), TRAINER,
+         (f"{GCS}.exists",), STORAGE_IAM, "the trainer's own markers"),
+    Call("Blob.download_as_bytes", "objects.get", _on(S.CHECKPOINT, GET_OBJECT), (F,),
+         (f"{GCS}.read",), STORAGE_IAM, "a hardware probe's report"),
+    Call("Blob.download_as_bytes", "objects.get", _on(TRAINER_READS, GET_OBJECT), TRAINER,
+         (f"{GCS}.read",), STORAGE_IAM, "the data, the checkpoint to resume from"),
+    Call("Blob.download_to_filename", "objects.get", _on(TRAINER_READS, GET_OBJECT), TRAINER,
+         (f"{GCS}.download",), STORAGE_IAM, "a data or checkpoint file to disk"),
+    Call("Blob.upload_from_string", "objects.insert",
+         _on(CHECKPOINTS_AND_MODELS, "storage.objects.create", "storage.objects.delete"), TRAINER,
+         (f"{GCS}.write",), STORAGE_IAM,
+         "checkpoints and the model; rewriting a name needs objects.delete too"),
+    Call("Blob.upload_from_filename", "objects.insert",
+         _on(CHECKPOINTS_AND_MODELS, "storage.objects.create", "storage.objects.delete"), TRAINER,
+         (f"{GCS}.write",), STORAGE_IAM, "as above, from a file"),
+    Call("Blob.delete", "objects.delete", _on(S.CHECKPOINT, "storage.objects.delete"), (F,),
+         (f"{GCS}.delete",), STORAGE_IAM,
+         "retention, and diverged checkpoints before a relaunch"),
+    Call("Blob.delete", "objects.delete", _on(CHECKPOINTS_AND_MODELS, "storage.objects.delete"),
+         TRAINER, (f"{GCS}.delete",), STORAGE_IAM, "the trainer prunes its own checkpoints"),
+    # --- Pub/Sub --------------------------------------------------------------------------------
+    Call("PublisherClient.publish", "projects.topics.publish",
+         _on(S.TOPIC_EVENTS, "pubsub.topics.publish"), (F,),
+         ("spotorch.adapters.gcp.pubsub:PubSubPublisher.publish",), PUBSUB_IAM,
+         "spotorch's own CloudEvents (the outbox)"),
+    Call("PublisherClient.publish", "projects.topics.publish",
+         _on(S.TOPIC_TICK, "pubsub.topics.publish"), (F,),
+         ("spotorch.adapters.gcp.pubsub:PubSubShardDispatcher.dispatch",), PUBSUB_IAM,
+         "the tick fans out: one message per shard on the tick topic"),
+    Call("PublisherClient.publish", "projects.topics.publish",
+         _on(S.TOPIC_TRAINER_EVENTS, "pubsub.topics.publish"), TRAINER,
+         ("spotorch_trainer.events:PubSubReporter.send",), PUBSUB_IAM,
+         "the trainer's progress, checkpoints and 'preempting'"),
+    Call("SubscriberClient.pull", "projects.subscriptions.pull",
+         _on(S.HOLD_SUBSCRIPTION, "pubsub.subscriptions.consume"), (OP,), (f"{DEAD}:_pull",),
+         PUBSUB_IAM, "`spotorch dead-letters`: look at the held messages"),
+    Call("SubscriberClient.modify_ack_deadline", "projects.subscriptions.modifyAckDeadline",
+         _on(S.HOLD_SUBSCRIPTION, "pubsub.subscriptions.consume"), (OP,), (f"{DEAD}:_release",),
+         PUBSUB_IAM, "give looked-at messages back"),
+    Call("SubscriberClient.acknowledge", "projects.subscriptions.acknowledge",
+         _on(S.HOLD_SUBSCRIPTION, "pubsub.subscriptions.consume"), (OP,), (f"{DEAD}:replay",),
+         PUBSUB_IAM, "a replayed message leaves the hold subscription"),
+    Call("SubscriberClient.get_subscription", "projects.subscriptions.get",
+         _on(S.PUSH_SUBSCRIPTIONS, "pubsub.subscriptions.get"), (OP,), (f"{DEAD}:_target_topic",),
+         PUBSUB_IAM, "a dead letter's source subscription names the topic to replay to"),
+    Call("PublisherClient.publish", "projects.topics.publish",
+         _on((S.TOPIC_JOB_EVENTS, S.TOPIC_TRAINER_EVENTS, S.TOPIC_TICK, S.TOPIC_EVENTS),
+             "pubsub.topics.publish"), (OP,), (f"{DEAD}:replay",), PUBSUB_IAM,
+         "`spotorch dead-letters --replay`: back to the topic it came from"),
+    # --- Secret Manager, Cloud Logging, the api ------------------------------------------------
+    Call("SecretManagerServiceClient.access_secret_version",
+         "projects.secrets.versions.access", _on(S.ROUTE_SECRETS, "secretmanager.versions.access"),
+         (F,), ("spotorch.adapters.notify.channels:_secret_manager_value",), SECRETS_IAM,
+         "a route's sm:// target, read by the notifier"),
+    Call("Client.list_entries", "entries.list", _on(S.PROJECT, "logging.logEntries.list"), (OP,),
+         ("spotorch.operate.logsource:CloudLoggingSource.lines",), LOGGING_IAM,
+         "`spotorch logs`: the training job's own output"),
+    Call("HTTP POST with an identity token", "the api function (Cloud Run)",
+         _on(S.API_SERVICE, "run.routes.invoke"), (OP,), ("spotorch.operate.backend:HttpActions.post",),
+         RUN_IAM, "submit, cancel, retry"),
+    Call("Client.list_entries", "entries.list", _on(S.PROJECT, "logging.logEntries.list"), (F,),
+         source=LOGGING_IAM, kind=Kind.PLANNED,
+         why="issue 29: a failed attempt's own error, from its workers' log entries"),
+    # --- what Google services do as spotorch-functions ------------------------------------------
+    Call("Cloud Run secret environment variables", "projects.secrets.versions.access",
+         _on(S.ALERT_SECRETS, "secretmanager.versions.access"), (F,), source=SECRETS_IAM,
+         why="the notifier's alert secrets, mounted when an instance starts", kind=Kind.PLATFORM),
+    Call("Pub/Sub push and Eventarc delivery (OIDC token)", "the event functions (Cloud Run)",
+         _on((S.PUSHED_SERVICES, S.OBJECT_SERVICES), "run.routes.invoke"), (F,), source=RUN_IAM,
+         why="push subscriptions and object triggers call the functions as this account",
+         kind=Kind.PLATFORM),
+    Call("Eventarc object-finalized trigger", "eventarc event delivery",
+         _on(S.PROJECT, "eventarc.events.receiveEvent"), (F,), source=EVENTARC_IAM,
+         why="the trigger's identity receives the events", kind=Kind.PLATFORM),
+    Call("stdout JSON lines", "entries.write", _on(S.PROJECT, "logging.logEntries.create"), (F,),
+         source=LOGGING_IAM, why="the functions' structured logs", kind=Kind.PLATFORM),
+)
+
+
+def permissions_of(identity: Identity) -> frozenset[str]:
+    """Every permission the map says an identity needs, on any resource."""
+    return frozenset(p for c in CALLS if identity in c.identities for _, perms in c.needs
+                     for p in perms)

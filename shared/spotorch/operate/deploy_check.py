@@ -271,7 +271,8 @@ def _parse_var(values: Sequence[str]) -> dict[str, Any]:
 
 @click.group(context_settings=CONTEXT)
 def deploy() -> None:
-    """What deploy/ grants, checked against what spotorch calls."""
+    """deploy/ checked: its grants against what spotorch calls, its Terraform against the
+    providers' schemas."""
 
 
 @deploy.command(name="check", context_settings=CONTEXT)
@@ -303,6 +304,25 @@ def check_command(directory: Path, variables: tuple[str, ...], as_json: bool) ->
         click.echo(f"{len(report.findings)} checks (a call, as one identity, on one resource): "
                    f"{bad} not granted", err=True)
     if not report.ok:
+        raise click.exceptions.Exit(1)
+
+
+@deploy.command(name="schema", context_settings=CONTEXT)
+@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("deploy"), help="The Terraform directory (with provider-schema/).")
+def schema_command(directory: Path) -> None:
+    """Every resource type, argument and block of the Terraform against the providers' schemas
+    (the extracts in provider-schema/); exit 1 listing each one they lack."""
+    from spotorch.operate.tf_schema import problems
+
+    try:
+        found = problems(directory)
+    except (TerraformError, OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    for line in found:
+        click.echo(line)
+    click.echo(f"{len(found)} problem(s)", err=True)
+    if found:
         raise click.exceptions.Exit(1)
 
 

@@ -4,9 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test test-fast lint bench deploy destroy clean
+.PHONY: venv demo test test-fast lint bench deploy destroy lock clean
 
-PIPELINES ?= examples/pipelines
+# Your pipelines and settings: `spotorch init DIR` writes a starting project (DIR/pipelines,
+# DIR/terraform.tfvars). There is no default: the examples name buckets that are not yours.
+PIPELINES ?=
+TFVARS ?=
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,8 +39,13 @@ bench: $(STAMP)         ## print the benchmark figures (policy, events, cold sta
 	$(BIN)/python benchmarks/cold_start.py
 	$(BIN)/python benchmarks/scale_bench.py --runs 100 --runs 1000
 
-deploy: $(STAMP)        ## package functions + pipelines and terraform apply deploy/ (needs terraform, gcloud credentials)
-	PYTHON=$(BIN)/python PIPELINES=$(PIPELINES) deploy/deploy.sh apply
+deploy:                 ## package functions + pipelines and terraform apply deploy/ (PIPELINES=dir; needs terraform, gcloud credentials)
+	@test -n "$(PIPELINES)" || { echo "make deploy: set PIPELINES=path/to/your/pipelines (and TFVARS=path/to/terraform.tfvars); \`spotorch init DIR\` writes a starting project" >&2; exit 2; }
+	@$(MAKE) --no-print-directory $(STAMP)
+	PYTHON=$(BIN)/python PIPELINES=$(PIPELINES) TFVARS=$(TFVARS) deploy/deploy.sh apply
+
+lock: $(STAMP)          ## pin the function bundle's dependencies (deploy/requirements.lock) to this venv's versions
+	$(BIN)/python deploy/package.py --write-lock deploy/requirements.lock
 
 destroy: $(STAMP)       ## remove what deploy created (keeps Firestore data and your buckets)
 	PYTHON=$(BIN)/python deploy/deploy.sh destroy

@@ -4,8 +4,10 @@
 #   deploy/deploy.sh package|plan|apply|destroy
 #
 # Settings (environment):
-#   PIPELINES     directory of pipeline YAML to ship (default: examples/pipelines)
+#   PIPELINES     directory of pipeline YAML to ship (required for package, plan and apply; never
+#                 the examples, whose buckets, accounts and secrets are not yours)
 #   TFVARS        Terraform variables file (default: deploy/terraform.tfvars; see terraform.tfvars.example)
+#   SPOTORCH_PRICES  a price table (spotorch prices refresh): the bundle carries it, the functions use it
 #   PROJECT       project id; overrides project_id from TFVARS (optional)
 #   REGION        region; overrides region from TFVARS (optional)
 #   PYTHON        Python with spotorch's dependencies (default: .venv/bin/python)
@@ -15,7 +17,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(dirname "$HERE")"
 PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
-PIPELINES="${PIPELINES:-$ROOT/examples/pipelines}"
+PIPELINES="${PIPELINES:-}"
 TFVARS="${TFVARS:-$HERE/terraform.tfvars}"
 BUILD="$HERE/build"
 BUNDLE="$BUILD/spotorch-functions.zip"
@@ -24,7 +26,14 @@ BUCKETS="$BUILD/pipelines.tfvars.json"
 die() { echo "deploy: $*" >&2; exit 1; }
 
 package() {
-  "$PYTHON" "$HERE/package.py" --root "$ROOT" --pipelines "$PIPELINES" --out "$BUNDLE" --tfvars "$BUCKETS"
+  [[ -n "$PIPELINES" ]] || die "set PIPELINES to the directory of your pipelines (spotorch init DIR writes one)"
+  [[ -d "$PIPELINES" ]] || die "PIPELINES=$PIPELINES is not a directory"
+  if [[ "$(realpath "$PIPELINES")" == "$(realpath "$ROOT/examples/pipelines")" ]]; then
+    die "PIPELINES is the examples: their buckets (acme-ml-*), accounts and secrets are not yours; use your own (spotorch init DIR)"
+  fi
+  local prices=()
+  if [[ -n "${SPOTORCH_PRICES:-}" ]]; then prices=(--prices "$SPOTORCH_PRICES"); fi
+  "$PYTHON" "$HERE/package.py" --root "$ROOT" --pipelines "$PIPELINES" --out "$BUNDLE" --tfvars "$BUCKETS" "${prices[@]}"
 }
 
 tf() { terraform -chdir="$HERE" "$@"; }

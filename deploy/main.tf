@@ -12,6 +12,9 @@ locals {
     dead_letter    = "spotorch-dead-letter"
   }
 
+  # A price table the bundle carries (SPOTORCH_PRICES at packaging time), else the list prices.
+  price_env = var.bundle_prices == "" ? {} : { SPOTORCH_PRICES = var.bundle_prices }
+
   firestore_database = var.firestore_database
   scheduler_region   = coalesce(var.scheduler_region, var.region)
 

@@ -35,6 +35,16 @@ FUNCTIONS_DIR = "functions"
 # them stops the build: the deployed functions would fail to import.
 NON_PRODUCTION = ("spotorch.local", "spotorch.sim")
 SCHEMAS_DIR = "schemas"  # spotorch looks for schemas/events next to the spotorch package
+# The bundle's requirements.txt: every runtime dependency, transitively, at the version the venv
+# has (`make lock` writes it). Each function then installs the same versions at build time.
+LOCK_FILE = "deploy/requirements.lock"
+# Where Cloud Functions runs the bundle (deploy/variables.tf python_runtime): the markers of the
+# locked requirements are decided for it, not for the machine that writes the lock.
+RUNTIME_MARKERS = {"python_version": "3.11", "python_full_version": "3.11.0", "os_name": "posix",
+                   "sys_platform": "linux", "platform_system": "Linux",
+                   "platform_machine": "x86_64", "implementation_name": "cpython",
+                   "platform_python_implementation": "CPython"}
+BUNDLE_PRICES = "prices.json"  # a price table the bundle carries: SPOTORCH_PRICES of the functions
 
 
 class PackageError(Exception):
@@ -91,6 +101,59 @@ def runtime_requirements(pyproject: Path) -> tuple[str, ...]:
     if not deps:
         raise PackageError(f"{pyproject} lists no runtime dependencies")
     return tuple(str(dep) for dep in deps)
+
+
+def _requirement_name(requirement: str) -> str:
+    return re.split(r"[<>=!~\[; ]", requirement.strip(), maxsplit=1)[0].lower().replace("_", "-")
+
+
+def locked_requirements(root: Path) -> tuple[str, ...]:
+    """The lock's pins (name==version), comments and blank lines left out."""
+    path = root / LOCK_FILE
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise PackageError(f"cannot read {path} ({exc}): run `make lock`") from exc
+    return tuple(line.strip() for line in lines if line.strip() and not line.startswith("#"))
+
+
+def dependency_closure(requirements: Sequence[str]) -> dict[str, str]:
+    """Installed name -> version of the requirements and everything they need, transitively,
+    with markers decided for the functions' runtime (RUNTIME_MARKERS)."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    found: dict[str, str] = {}
+    todo = [(Requirement(r), "") for r in requirements]
+    seen: set[tuple[str, frozenset[str]]] = set()
+    while todo:
+        req, extra = todo.pop()
+        if req.marker is not None and not req.marker.evaluate({**RUNTIME_MARKERS, "extra": extra}):
+            continue
+        name = req.name.lower().replace("_", "-")
+        key = (name, frozenset(req.extras))
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            dist = metadata.distribution(req.name)
+        except metadata.PackageNotFoundError as exc:
+            raise PackageError(f"{req.name} is not installed in this venv: `make venv` first") from exc
+        found[name] = dist.version
+        for sub in dist.requires or ():
+            parsed = Requirement(sub)
+            extras = req.extras or {""}
+            todo.extend((parsed, e) for e in extras)
+    return dict(sorted(found.items()))
+
+
+def lock_text(root: Path) -> str:
+    """The lock file for pyproject.toml's runtime dependencies, from the installed versions."""
+    pins = dependency_closure(runtime_requirements(root / "pyproject.toml"))
+    header = ("# The function bundle's requirements.txt: pyproject.toml's runtime dependencies and\n"
+              "# theirs, pinned to the versions of the venv that wrote it. Regenerate: make lock\n")
+    return header + "".join(f"{name}=={version}\n" for name, version in pins.items())
 
 
 def _tree(src: Path, dest: str) -> Iterator[tuple[str, Path]]:
@@ -266,15 +329,32 @@ def pipeline_needs(files: Iterable[Path]) -> Needs:
 def bundle_requirements(runtime: Sequence[str], needs: Needs) -> tuple[str, ...]:
     """requirements.txt: the runtime dependencies, plus what the pipelines' features need."""
     extra = (SECRET_MANAGER_REQUIREMENT,) if needs.route_secrets else ()
-    names = {re.split(r"[<>=!~\[; ]", req, maxsplit=1)[0].lower() for req in runtime}
-    return (*runtime, *(e for e in extra if e.split(">")[0].lower() not in names))
+    names = {_requirement_name(req) for req in runtime}
+    return (*runtime, *(e for e in extra if _requirement_name(e) not in names))
+
+
+def _spotorch_importable(root: Path) -> None:
+    for extra in (root / "shared", root / "trainer"):
+        if str(extra) not in sys.path:
+            sys.path.insert(0, str(extra))
+
+
+def check_prices(root: Path, path: Path) -> bytes:
+    """A price table's bytes, once spotorch's own reader accepts it (every problem listed)."""
+    _spotorch_importable(root)
+    from spotorch.core.errors import ConfigError
+    from spotorch.spec.prices import load_table
+
+    try:
+        load_table(path)
+    except ConfigError as exc:
+        raise PackageError(f"price table {path} (SPOTORCH_PRICES) is not valid: {exc}") from exc
+    return path.read_bytes()
 
 
 def check_with_loader(root: Path, pipelines: Path) -> int | None:
     """Load the pipelines with spotorch's own loader (what the functions run); None if absent."""
-    for extra in (root / "shared", root / "trainer"):
-        if str(extra) not in sys.path:
-            sys.path.insert(0, str(extra))
+    _spotorch_importable(root)
     try:
         config = importlib.import_module("spotorch.spec.loader")
     except ModuleNotFoundError:
@@ -303,19 +383,22 @@ def write_zip(out: Path, files: Mapping[str, Path], extra: Mapping[str, bytes]) 
 
 
 def build(root: Path, pipelines: Path, out: Path, tfvars: Path | None = None,
-          validate: bool = True) -> Bundle:
+          validate: bool = True, prices: Path | None = None) -> Bundle:
     """Build the bundle (and the buckets tfvars); PackageError on anything missing or invalid."""
     files = bundle_sources(root, pipelines)
     pipeline_paths = pipeline_files(pipelines)
     needs = pipeline_needs(pipeline_paths)
-    requirements = bundle_requirements(runtime_requirements(root / "pyproject.toml"), needs)
+    requirements = bundle_requirements(locked_requirements(root), needs)
     if validate:
         check_with_loader(root, pipelines)
     extra = {"requirements.txt": ("\n".join(requirements) + "\n").encode()}
+    if prices is not None:
+        extra[BUNDLE_PRICES] = check_prices(root, prices)
     write_zip(out, files, extra)
     if tfvars is not None:
         tfvars.parent.mkdir(parents=True, exist_ok=True)
-        tfvars.write_text(json.dumps(needs.tfvars(), indent=2, sort_keys=True) + "\n")
+        generated = {**needs.tfvars(), "bundle_prices": BUNDLE_PRICES if prices else ""}
+        tfvars.write_text(json.dumps(generated, indent=2, sort_keys=True) + "\n")
     return Bundle(path=out, names=tuple(sorted([*files, *extra])), requirements=requirements,
                   pipelines=tuple(str(p.relative_to(pipelines)) for p in pipeline_paths),
                   needs=needs)
@@ -325,16 +408,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent,
                         help="repository root (default: the parent of deploy/)")
-    parser.add_argument("--pipelines", type=Path, required=True, help="directory of pipeline YAML")
-    parser.add_argument("--out", type=Path, required=True, help="zip to write")
+    parser.add_argument("--pipelines", type=Path, help="directory of pipeline YAML")
+    parser.add_argument("--out", type=Path, help="zip to write")
+    parser.add_argument("--prices", type=Path,
+                        help="price table the bundle carries (the functions' SPOTORCH_PRICES)")
+    parser.add_argument("--write-lock", type=Path, metavar="FILE",
+                        help=f"write the lock of the runtime dependencies ({LOCK_FILE}) and stop")
     parser.add_argument("--tfvars", type=Path,
                         help="JSON tfvars to write with the pipelines' buckets")
     parser.add_argument("--no-validate", action="store_true",
                         help="skip loading the pipelines with spotorch's loader")
     args = parser.parse_args(argv)
+    if args.write_lock:
+        try:
+            args.write_lock.write_text(lock_text(args.root.resolve()))
+        except PackageError as exc:
+            print(f"package: {exc}", file=sys.stderr)
+            return 1
+        print(f"package: wrote {args.write_lock}")
+        return 0
+    if args.pipelines is None or args.out is None:
+        parser.error("--pipelines and --out are required (or --write-lock)")
     try:
         bundle = build(args.root.resolve(), args.pipelines.resolve(), args.out, args.tfvars,
-                       validate=not args.no_validate)
+                       validate=not args.no_validate, prices=args.prices)
     except PackageError as exc:
         print(f"package: {exc}", file=sys.stderr)
         return 1

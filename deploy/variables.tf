@@ -84,6 +84,12 @@ variable "pipeline_route_secrets" {
   default     = []
 }
 
+variable "bundle_prices" {
+  description = "Generated: the price table the bundle carries (deploy.sh with SPOTORCH_PRICES set), relative to the bundle; empty: the shipped list prices."
+  type        = string
+  default     = ""
+}
+
 variable "bundle_path" {
   description = "Zip built by deploy/package.py (main.py, spotorch, spotorch_trainer, requirements.txt, pipelines/)."
   type        = string

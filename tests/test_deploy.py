@@ -10,11 +10,11 @@ import contextlib
 import importlib
 import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -813,7 +813,7 @@ DOCTORED = [
       'googleapis.com/${google_pubsub_topic.topic["events"]', "log sink"),
     D("env", "main.tf", '    SPOTORCH_PIPELINES                = "pipelines"\n', "",
       "SPOTORCH_PIPELINES"),
-    D("env", "functions.tf", API_ENV.replace("ENV", "local.function_env"),
+    D("env", "functions.tf", API_ENV.replace("ENV", "merge(local.function_env, local.price_env)"),
       API_ENV.replace("ENV", "{ SPOTORCH_PROJECT = var.project_id }"),
       "does not get local.function_env"),
     D("secrets", "secrets.tf", '    "SPOTORCH_SMTP_PASSWORD",\n', "",
@@ -1013,9 +1013,9 @@ def test_bundle_contents(pipelines: Path, tmp_path: Path) -> None:
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
     if (ROOT / "schemas" / "events" / "envelope.schema.json").exists():
         assert "schemas/events/envelope.schema.json" in names
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     requirements = zipfile.ZipFile(out).read("requirements.txt").decode().splitlines()
-    assert requirements[:len(deps)] == deps
+    locked = package.locked_requirements(ROOT)
+    assert requirements[:len(locked)] == list(locked)  # the lock, as it is
     # an sm:// route target needs the Secret Manager client, which spotorch only imports then
     assert any(r.startswith("google-cloud-secret-manager") for r in requirements)
     assert json.loads(tfvars.read_text()) == {
@@ -1030,8 +1030,92 @@ def test_bundle_contents(pipelines: Path, tmp_path: Path) -> None:
         "pipeline_account_output_buckets": {
             f"trainer@p.iam.gserviceaccount.com {b}": {
                 "account": "trainer@p.iam.gserviceaccount.com", "bucket": b}
-            for b in ("ckpt-b", "models-c", "models-d")}}
+            for b in ("ckpt-b", "models-c", "models-d")},
+        "bundle_prices": ""}
     assert set(json.loads(tfvars.read_text())) <= set(load_tf(DEPLOY).variables)
+
+
+def test_lock_pins_every_runtime_dependency() -> None:
+    """deploy/requirements.lock: every runtime dependency of pyproject.toml, and theirs, at an
+    exact version that pyproject.toml allows (`make lock` writes it from the venv)."""
+    from packaging.requirements import Requirement
+
+    lines = package.locked_requirements(ROOT)
+    pins = {}
+    for line in lines:
+        match = re.fullmatch(r"([a-z0-9][a-z0-9._-]*)==([0-9][^\s;]*)", line)
+        assert match, f"{line!r} is not name==version"
+        pins[match.group(1)] = match.group(2)
+    assert len(pins) == len(lines), "a package is pinned twice"
+    for dep in package.runtime_requirements(ROOT / "pyproject.toml"):
+        req = Requirement(dep)
+        name = req.name.lower().replace("_", "-")
+        assert name in pins, f"{dep} (pyproject.toml) is not in the lock: run make lock"
+        assert req.specifier.contains(pins[name], prereleases=True), \
+            f"the lock pins {name}=={pins[name]}, which {dep} does not allow: run make lock"
+    # what those need (as this venv's versions say, markers decided for the functions' runtime)
+    needed = package.dependency_closure(package.runtime_requirements(ROOT / "pyproject.toml"))
+    assert sorted(set(needed) - set(pins)) == [], "dependencies missing from the lock: make lock"
+
+
+def test_lock_text_is_what_make_lock_writes(tmp_path: Path) -> None:
+    out = tmp_path / "requirements.lock"
+    assert package.main(["--root", str(ROOT), "--write-lock", str(out)]) == 0
+    written = [line for line in out.read_text().splitlines() if not line.startswith("#")]
+    assert {r.split("==")[0] for r in written} == \
+        {r.split("==")[0] for r in package.locked_requirements(ROOT)}
+
+
+def test_bundle_carries_a_price_table(pipelines: Path, tmp_path: Path) -> None:
+    """SPOTORCH_PRICES at packaging: the table is in the bundle and the functions' env names it."""
+    from spotorch.core.price_list import LIST_PRICES
+    from spotorch.spec.prices import table_doc
+
+    table = tmp_path / "prices.json"
+    table.write_text(json.dumps(table_doc(LIST_PRICES)))
+    tfvars = tmp_path / "t.tfvars.json"
+    out = package.build(ROOT, pipelines, tmp_path / "b.zip", tfvars, validate=False,
+                        prices=table).path
+    assert zipfile.ZipFile(out).read(package.BUNDLE_PRICES) == table.read_bytes()
+    assert json.loads(tfvars.read_text())["bundle_prices"] == package.BUNDLE_PRICES
+    tf = load_tf(DEPLOY)
+    assert tf.locals["price_env"] == \
+        '${var.bundle_prices == "" ? {} : {SPOTORCH_PRICES = var.bundle_prices}}'
+    table.write_text(json.dumps({"families": {"n1": {"us-central1": {"vcpu": {"standard": -1}}}}}))
+    with pytest.raises(package.PackageError, match="SPOTORCH_PRICES"):
+        package.build(ROOT, pipelines, tmp_path / "c.zip", validate=False, prices=table)
+
+
+def _run_deploy(tmp_path: Path, argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run make or deploy.sh with a terraform on PATH that only records that it ran."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "terraform"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'terraform-ran'}\n")
+    fake.chmod(0o755)
+    inherited = {k: v for k, v in os.environ.items() if k not in ("PIPELINES", "TFVARS", "MAKEFLAGS")}
+    full = {**inherited, "PATH": f"{bin_dir}:{os.environ['PATH']}", **env}
+    return subprocess.run(argv, cwd=ROOT, env=full, capture_output=True, text=True, timeout=300,
+                          check=False)
+
+
+def test_make_deploy_refuses_without_pipelines(tmp_path: Path) -> None:
+    result = _run_deploy(tmp_path, ["make", "--no-print-directory", "deploy"], {})
+    assert result.returncode != 0
+    assert "set PIPELINES=path/to/your/pipelines" in result.stderr
+    assert not (tmp_path / "terraform-ran").exists()
+
+
+@pytest.mark.parametrize("pipelines, message", [
+    ("", "set PIPELINES to the directory of your pipelines"),
+    ("examples/pipelines", "PIPELINES is the examples"),
+    ("no/such/dir", "is not a directory"),
+])
+def test_deploy_script_refuses_before_terraform(tmp_path: Path, pipelines: str, message: str) -> None:
+    result = _run_deploy(tmp_path, ["bash", str(DEPLOY / "deploy.sh"), "plan"],
+                         {"PIPELINES": pipelines, "PROJECT": "p"})
+    assert result.returncode != 0 and message in result.stderr, result.stderr
+    assert not (tmp_path / "terraform-ran").exists()
 
 
 def test_requirements_only_add_what_pipelines_use() -> None:

@@ -1,6 +1,6 @@
 # Firestore: the database, the composite indexes the run store's queries need, and TTL policies
-# on short-lived records (Firestore deletes expired documents within about a day; the field must
-# hold a timestamp, a number is ignored).
+# on every collection that grows with use (settings.RETENTION; Firestore deletes expired documents
+# within about a day; the field must hold a timestamp, a number is ignored).
 
 locals {
   # shared/spotorch/adapters/gcp/firestore.py REQUIRED_INDEXES, the multi-field ones, and only those: an
@@ -22,6 +22,14 @@ locals {
     }
     "notification_runs-expires_at" = {
       collection = "notification_runs", field = "expires_at"
+    }
+    # a message's last transient failure (what `spotorch dead-letters` shows): 14 days
+    "delivery_failures-expires_at" = {
+      collection = "delivery_failures", field = "expires_at"
+    }
+    # job id -> run and attempt (log-sink lines name only the job): the job's timeout + 30 days
+    "jobs-expires_at" = {
+      collection = "jobs", field = "expires_at"
     }
     # the shared record of Spot per region and shape (spotorch/app/spot_record.py): 24 h after its
     # last observation

@@ -214,14 +214,8 @@ def required_indexes() -> tuple[tuple[str, tuple[str, ...]], ...]:
 
 
 def required_ttl() -> set[tuple[str, str]]:
-    """Collections whose documents carry expires_at for a TTL policy."""
-    declared = spotorch_constant("TTL_FIELDS")
-    if declared:
-        return {(c, f) for c, f in declared}
-    notifier = {value for name, value in _all_constants().items()
-                if name.startswith("COLLECTION_NOTIFICATION") and isinstance(value, str)}
-    return {(c, "expires_at") for c in
-            {settings.COLLECTION_DEDUPE, settings.COLLECTION_REJECTED, *notifier}}
+    """Collections whose documents carry a TTL field (settings.RETENTION)."""
+    return {(c, f) for c, (f, _) in settings.RETENTION.items() if f}
 
 
 def _all_constants() -> dict[str, Any]:
@@ -692,6 +686,42 @@ def test_indexes_cover_queries(tf: Tf) -> None:
 
 def test_ttl_policies(tf: Tf) -> None:
     assert check_ttl(tf, required_ttl()) == []
+    assert {settings.COLLECTION_FAILURES, settings.COLLECTION_JOBS} <= {c for c, _ in required_ttl()}
+
+
+def test_every_collection_says_how_long_it_lives() -> None:
+    """Each Firestore collection the code names (a COLLECTION_* constant anywhere in production
+    code) has an entry in settings.RETENTION: its TTL field, or why it keeps its documents."""
+    named = {}
+    for path in sorted(SPOTORCH.rglob("*.py")):
+        if {"local", "sim"} & set(path.relative_to(SPOTORCH).parts):
+            continue
+        named |= {k: (v, path.name) for k, v in _module_constants(path).items()
+                  if k.startswith("COLLECTION_") and isinstance(v, str)}
+    assert len(named) >= 12
+    missing = sorted(f"{v} ({k}, {where})" for k, (v, where) in named.items()
+                     if v not in settings.RETENTION)
+    assert missing == []
+    assert set(settings.RETENTION) <= {v for v, _ in named.values()}
+    assert all(why for _, why in settings.RETENTION.values())
+
+
+def test_job_records_carry_their_ttl_timestamp() -> None:
+    """record_job writes expires_at as a timestamp: the job's timeout plus the grace period."""
+    from datetime import datetime
+
+    from fakes import fake_deps
+    from spotorch.app.unit_of_work import record_job
+    from spotorch.core.pipeline import JobTemplate, Pipeline, Trigger
+
+    pipeline = Pipeline(name="p", trigger=Trigger(bucket="b"), checkpoint_uri="gs://c/p",
+                        output_uri="gs://m/p", job=JobTemplate(timeout_s=3600.0))
+    deps = fake_deps(pipeline)
+    record_job(deps, "projects/x/locations/us-central1/customJobs/42", "p-1", 1, "p")
+    doc, _ = deps.docs.get(settings.COLLECTION_JOBS, "42")
+    assert doc is not None and isinstance(doc["expires_at"], datetime)
+    assert doc["expires_at"].timestamp() == doc["recorded_at"] + 3600.0 + \
+        settings.JOB_RECORD_GRACE_S
 
 
 def test_least_privilege(tf: Tf) -> None:

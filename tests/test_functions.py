@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,11 @@ from cloudevents.conversion import to_structured
 from cloudevents.http import CloudEvent
 
 from fakes import fake_deps
-from spotorch.adapters.memory.twins import InMemoryLauncher, InMemoryObjectStore
+from spotorch.adapters.memory.twins import (
+    InMemoryDocumentStore,
+    InMemoryLauncher,
+    InMemoryObjectStore,
+)
 from spotorch.app.deps import Deps
 from spotorch.core.model import FailureClass, JobPhase, RunStatus
 from spotorch.core.pipeline import BatchMode, EscalationKind, Pipeline, RecoveryPolicy, Trigger
@@ -173,11 +178,25 @@ def test_a_terminal_line_is_a_hint_that_vertex_must_confirm(deps: Deps) -> None:
     assert deps.launcher.created == 1
 
 
-def test_an_entry_for_a_job_spotorch_never_created_is_recorded_as_not_ours(deps: Deps) -> None:
-    data = sink_line("projects/p/locations/us-central1/customJobs/999", "Job is running.")
-    assert post("on_job_event", pubsub_event(data, {}, "stranger")).status_code == 200
-    record, _ = deps.docs.get("rejected_events", "stranger")
-    assert record is not None and "not one spotorch created" in record["reason"]
+def test_lines_of_another_teams_jobs_are_quiet(deps: Deps, caplog: pytest.LogCaptureFixture,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another team's Vertex job in the same project: acknowledged and counted, with a debug
+    line; no warning, no write (one info line at the first and every NOT_OURS_EVERY-th)."""
+    monkeypatch.setattr(entry, "not_ours_seen", 0)
+    monkeypatch.setattr(entry, "NOT_OURS_EVERY", 3)
+    caplog.set_level("DEBUG", logger="spotorch")
+    assert isinstance(deps.docs, InMemoryDocumentStore)
+    before = dict(deps.docs._docs)
+    for i in range(4):
+        data = sink_line("projects/p/locations/us-central1/customJobs/999", "Job is running.",
+                         f"i{i}")
+        assert post("on_job_event", pubsub_event(data, {}, f"stranger-{i}")).status_code == 200
+    assert deps.docs.get("rejected_events", "stranger-0")[0] is None
+    assert dict(deps.docs._docs) == before  # no write at all
+    assert entry.not_ours_seen == 4
+    mine = [r for r in caplog.records if getattr(r, "job_id", None) == "999"]
+    assert [r.levelname for r in mine] == ["INFO", "DEBUG", "DEBUG", "INFO"]
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
 
 
 def test_an_event_for_an_object_that_does_not_exist_starts_nothing(deps: Deps) -> None:
@@ -205,6 +224,9 @@ def test_a_transient_failure_is_redelivered_and_its_reason_kept_for_dead_letters
     assert resp.status_code == 500  # Pub/Sub redelivers; after max attempts it dead-letters
     record, _ = deps.docs.get("delivery_failures", message_key(body, attributes))
     assert record is not None and "firestore is down" in record["reason"]
+    # a timestamp for the TTL policy (deploy/firestore.tf), past the dead-letter hold's 7 days
+    assert isinstance(record["expires_at"], datetime)
+    assert record["expires_at"].timestamp() - record["at"] >= 8 * 24 * 3600
     assert deps.docs.get("rejected_events", "flaky")[0] is None
 
 

@@ -46,6 +46,29 @@ COLLECTION_SPOT_REGIONS = "spot_regions"  # region x shape -> Spot seen by all r
 COLLECTION_BUDGETS = "request_budgets"  # region:kind -> Vertex request tokens granted lately
 COLLECTION_NOTIFICATIONS = "notifications"  # one doc per (event, channel); TTL on expires_at
 COLLECTION_NOTIFICATION_RUNS = "notification_runs"  # one doc per (run, channel); TTL on expires_at
+COLLECTION_PROBES = "hardware_probes"  # pipeline -> its hardware candidates' cached measurements
+
+# How long each collection's documents live. A collection that grows with use has a TTL field,
+# a timestamp the code writes (a number is ignored by Firestore) and deploy/firestore.tf has a
+# policy on; the others say why they keep their documents. tests/test_deploy.py checks both sides.
+TTL_FIELD = "expires_at"
+FAILURE_RETENTION_S = 14 * 24 * 3600.0  # longer than the dead-letter hold keeps a message (7 days)
+JOB_RECORD_GRACE_S = 30 * 24 * 3600.0  # after the job's own timeout: late log lines still attribute
+RETENTION: Mapping[str, tuple[str | None, str]] = {
+    COLLECTION_RUNS: (None, "the run history: what ran, what it cost; deleting it is yours to do"),
+    COLLECTION_SWEEPS: (None, "the sweep history, as runs"),
+    COLLECTION_SNAPSHOTS: (None, "one per snapshot: what keeps a snapshot from starting a second run"),
+    COLLECTION_LISTINGS: (None, "one per landing prefix, rewritten in place"),
+    COLLECTION_BUDGETS: (None, "one per region and request kind, rewritten in place"),
+    COLLECTION_PROBES: (None, "one per pipeline, rewritten in place"),
+    COLLECTION_DEDUPE: (TTL_FIELD, "an object event's id, 7 days"),
+    COLLECTION_REJECTED: (TTL_FIELD, "a rejected event, 30 days"),
+    COLLECTION_FAILURES: (TTL_FIELD, "a message's last transient failure, 14 days"),
+    COLLECTION_JOBS: (TTL_FIELD, "a job's run and attempt, its timeout plus 30 days"),
+    COLLECTION_SPOT_REGIONS: (TTL_FIELD, "Spot seen per region and shape, a day past its window"),
+    COLLECTION_NOTIFICATIONS: (TTL_FIELD, "an alert's delivery, the ledger's retention"),
+    COLLECTION_NOTIFICATION_RUNS: (TTL_FIELD, "a run's alert window, the ledger's retention"),
+}
 
 
 @dataclass(frozen=True)

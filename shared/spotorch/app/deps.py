@@ -47,7 +47,7 @@ class UnknownAttempt(SpotorchError):
 
 
 class NotOurJob(SpotorchError):
-    """A job spotorch never created (or whose record is gone): acknowledged and recorded."""
+    """A job spotorch never created (or whose record is gone): acknowledged, counted, not recorded."""
 
 
 class ImplausibleReport(SpotorchError):

@@ -30,6 +30,7 @@ from spotorch.core.model import JobPhase, JobStatus
 from spotorch.core.pipeline import Capacity, HardwareCandidate, Pipeline
 from spotorch.ports.jobs import LABEL_PIPELINE, JobLauncher, LaunchError, LaunchSpec
 from spotorch.ports.store import ConflictError, DocumentStore
+from spotorch.settings import COLLECTION_PROBES
 from spotorch_trainer import contract
 
 log = logging.getLogger(__name__)
@@ -163,7 +164,6 @@ def run_probes(pipeline: Pipeline, session: ProbeSession, launcher: JobLauncher,
 
 # --- the probe cache: one document per pipeline, candidate name -> result --------------------
 
-COLLECTION_PROBES = "hardware_probes"
 
 
 def load_cache(docs: DocumentStore, pipeline: str) -> dict[str, ProbeResult]:

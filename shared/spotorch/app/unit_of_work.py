@@ -7,6 +7,7 @@ import logging
 import random
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any, assert_never
 
 from spotorch.app import hardware_probes as probes
@@ -50,7 +51,7 @@ from spotorch.ports.registry import (
     RegistryError,
 )
 from spotorch.ports.store import AddTo, ConflictError
-from spotorch.settings import COLLECTION_JOBS
+from spotorch.settings import COLLECTION_JOBS, JOB_RECORD_GRACE_S, TTL_FIELD
 
 log = logging.getLogger("spotorch.service")
 
@@ -321,8 +322,13 @@ def record_job(deps: Deps, job_name: str, run_id: str, attempt: int, pipeline: s
                probe: int = 0) -> None:
     """Remember which run and attempt (or probe) a job belongs to (log-sink entries name only
     the job)."""
-    doc = {"job_name": job_name, "run_id": run_id, "attempt": attempt, "pipeline": pipeline,
-           "recorded_at": deps.clock.now()}
+    now = deps.clock.now()
+    known = deps.pipelines.get(pipeline)  # gone from the deployment: a week, Vertex's default
+    timeout_s = known.job.timeout_s if known is not None else 7 * 24 * 3600.0
+    doc: dict[str, Any] = {
+        "job_name": job_name, "run_id": run_id, "attempt": attempt, "pipeline": pipeline,
+        "recorded_at": now,
+        TTL_FIELD: datetime.fromtimestamp(now + timeout_s + JOB_RECORD_GRACE_S, UTC)}
     if probe:
         doc["probe"] = probe
     try:

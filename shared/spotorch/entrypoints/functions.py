@@ -263,8 +263,10 @@ def _record_failure(event: CloudEventLike, event_id: str, event_type: str, reaso
     """The last transient failure of a message, for `spotorch dead-letters` if it ends there.
 
     Keyed by the message's content (ids.message_key): dead-lettering gives it a new id."""
+    from datetime import UTC, datetime
+
     from spotorch.core.ids import message_key
-    from spotorch.settings import COLLECTION_FAILURES
+    from spotorch.settings import COLLECTION_FAILURES, FAILURE_RETENTION_S, TTL_FIELD
 
     try:
         body, attributes = _pubsub_message(event)
@@ -274,8 +276,10 @@ def _record_failure(event: CloudEventLike, event_id: str, event_type: str, reaso
     try:
         docs = deps().docs
         _, version = docs.get(COLLECTION_FAILURES, key)
-        docs.put(COLLECTION_FAILURES, key, {"event_id": event_id, "event_type": event_type,
-                                            "reason": reason, "at": time.time()}, version)
+        now = time.time()
+        docs.put(COLLECTION_FAILURES, key, {
+            "event_id": event_id, "event_type": event_type, "reason": reason, "at": now,
+            TTL_FIELD: datetime.fromtimestamp(now + FAILURE_RETENTION_S, UTC)}, version)
     except Exception as exc:  # best effort: the store may be what is failing
         log.debug("could not record the failure of %s: %s", event_id, exc)
 
@@ -303,7 +307,26 @@ def job_event(event: CloudEventLike) -> None:
     handler(body, attributes, _attr(event, "id"))
 
 
+# Lines of jobs spotorch did not create (another team's, in the same project: the log sink
+# cannot tell them apart), counted per instance. Each is acknowledged with a debug line, no
+# warning and no write; one info line at the first and every NOT_OURS_EVERY-th says how many.
+NOT_OURS_EVERY = 1000
+not_ours_seen = 0
+
+
+def _not_ours(job_id: str, event_id: str) -> None:
+    global not_ours_seen
+    not_ours_seen += 1
+    fields = {"event_id": event_id, "job_id": job_id, "not_ours_seen": not_ours_seen}
+    if not_ours_seen % NOT_OURS_EVERY == 1:
+        log.info("%d log line(s) of Vertex AI jobs spotorch did not create, ignored (this one: "
+                 "job %s)", not_ours_seen, job_id, extra=fields)
+    else:
+        log.debug("job %s is not one spotorch created: line ignored", job_id, extra=fields)
+
+
 def _job_line(body: bytes, attributes: Mapping[str, str], event_id: str) -> None:
+    from spotorch.app.deps import NotOurJob
     from spotorch.app.job_events import job_line_reported
     from spotorch.entrypoints.log_entries import NotAJobStateChange, parse_log_entry
 
@@ -312,7 +335,11 @@ def _job_line(body: bytes, attributes: Mapping[str, str], event_id: str) -> None
         line = parse_log_entry(body, attributes, state_lines())
     except NotAJobStateChange:
         return  # a job's log line that reports no state: nothing to do, nothing wrong
-    run = job_line_reported(d, line.job_id, line.phase, line.message, event_id=event_id)
+    try:
+        run = job_line_reported(d, line.job_id, line.phase, line.message, event_id=event_id)
+    except NotOurJob:
+        _not_ours(line.job_id, event_id)
+        return
     log.info("job %s: %s", line.job_id, line.phase,
              extra={"run_id": run.run_id, "event_id": event_id, "status": str(run.status)})
 

@@ -129,6 +129,25 @@ class TestVertexOnTheEmulator(RegistryContract):
 
         return VertexExperimentTracker(PROJECT, endpoint=address, retry=RetryPolicy(attempts=2))
 
+    def test_the_experiment_context_is_marked_as_the_sdk_marks_it(
+            self, address: str, tracker: ExperimentTracker, pipeline: str) -> None:
+        """The console lists an experiment whose context says experiment_deleted: false."""
+        import grpc
+        from google.cloud import aiplatform_v1 as v1
+        from google.cloud.aiplatform_v1.services.metadata_service.transports.grpc import (
+            MetadataServiceGrpcTransport,
+        )
+
+        from spotorch.ports.registry import context_id
+
+        tracker.log_run(ExperimentRun(experiment=pipeline, run_id="r1", region=REGION))
+        client = v1.MetadataServiceClient(transport=MetadataServiceGrpcTransport(
+            channel=grpc.insecure_channel(address)))
+        store = f"projects/{PROJECT}/locations/{REGION}/metadataStores/default"
+        got = client.get_context(name=f"{store}/contexts/{context_id(pipeline)}")
+        assert got.schema_title == "system.Experiment"
+        assert dict(got.metadata) == {"experiment_deleted": False}
+
     def test_upload_is_a_long_running_operation_done_only_after_its_time(self, address: str,
                                                                          pipeline: str) -> None:
         import grpc

@@ -74,6 +74,29 @@ def test_claims_beyond_the_real_shape_are_not_read() -> None:
     assert not hasattr(line, "run_id")
 
 
+@pytest.mark.parametrize(("label", "text", "phase", "message"), [
+    ("SUCCEEDED", "Job completed successfully.", JobPhase.SUCCEEDED, ""),
+    ("JOB_STATE_FAILED", "Job failed. The replica workerpool0-0 exited with a non-zero status "
+     "of 1.", JobPhase.FAILED, "The replica workerpool0-0 exited with a non-zero status of 1."),
+    ("RUNNING", "Tearing down training program.", JobPhase.RUNNING,
+     "Tearing down training program."),  # a line the text table does not know
+    ("CANCELLED", "Job is running.", JobPhase.CANCELLED, ""),  # the label wins over the text
+    ("NOT_A_STATE", "Job is running.", JobPhase.RUNNING, ""),  # unknown label: the text decides
+])
+def test_the_job_state_label_is_read_first(label: str, text: str, phase: JobPhase,
+                                           message: str) -> None:
+    """labels["ml.googleapis.com/job_state"] when an entry has it (FACTS.md), else the text."""
+    entry = sink_entry(text, labels={"ml.googleapis.com/job_state": label})
+    line = parse_log_entry(encode(entry), {})
+    assert (line.phase, line.message) == (phase, message)
+
+
+def test_an_unknown_label_on_a_line_without_state_is_no_state() -> None:
+    entry = sink_entry("epoch 3 loss 0.12", labels={"ml.googleapis.com/job_state": "WEIRD"})
+    with pytest.raises(NotAJobStateChange):
+        parse_log_entry(encode(entry), {})
+
+
 def test_the_timestamp_falls_back_to_the_sink_attribute() -> None:
     entry = sink_entry("Job is running.")
     del entry["timestamp"]

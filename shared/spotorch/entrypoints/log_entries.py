@@ -2,7 +2,8 @@
 exports it, parsed into the one thing it tells: which job said which state line, and when.
 
 A real entry carries resource.labels {job_id, project_id, task_name} and a line of text in
-textPayload or jsonPayload.message; no run id, attempt, region, state enum or error code. spotorch
+textPayload or jsonPayload.message; no run id, attempt, region or error code. It may carry the
+job's state as the label ml.googleapis.com/job_state: that is read first, the text otherwise. spotorch
 attributes it through the job record it wrote when it created the job (service.job_line_reported),
 and confirms a terminal line with GetCustomJob before it ends an attempt.
 """
@@ -21,6 +22,9 @@ from spotorch_trainer.contract import ATTR_SOURCE, SOURCE_JOB, parse_rfc3339
 
 RESOURCE_TYPE = "ml_job"
 ATTR_LOG_TIMESTAMP = "logging.googleapis.com/timestamp"  # what a log sink sets on each message
+# A label real entries may carry (FACTS.md: seen as "SUCCEEDED" on "Job completed successfully.";
+# on which lines it appears is not known): read when present, the line's text otherwise.
+JOB_STATE_LABEL = "ml.googleapis.com/job_state"
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,18 @@ def _phase_of(text: str, lines: StateLines) -> tuple[JobPhase, str]:
     raise NotAJobStateChange(f"not a job state line: {text[:80]!r}")
 
 
+def _labelled_phase(value: Any) -> JobPhase | None:
+    """The phase of a job_state label's value (SUCCEEDED, JOB_STATE_FAILED, 4); None if unknown."""
+    if not isinstance(value, str | int) or isinstance(value, bool) or len(str(value)) > 40:
+        return None
+    from spotorch.adapters.gcp.vertex import STATE_PHASES, parse_job_state
+
+    try:
+        return STATE_PHASES[parse_job_state(value)][0]
+    except ValueError:
+        return None
+
+
 def parse_log_entry(data: bytes, attributes: Mapping[str, str],
                     lines: StateLines | None = None) -> JobLogLine:
     """The job state line a log-sink message carries.
@@ -140,7 +156,14 @@ def parse_log_entry(data: bytes, attributes: Mapping[str, str],
     text = entry.get("textPayload") or payload.get("message") or ""
     if not isinstance(text, str):
         raise InvalidEvent("the entry's text is not a string")
-    phase, message = _phase_of(text.strip(), lines)
+    labelled = _labelled_phase(_object(entry.get("labels"), "labels").get(JOB_STATE_LABEL))
+    try:
+        phase, message = _phase_of(text.strip(), lines)
+    except NotAJobStateChange:
+        if labelled is None:
+            raise
+        phase, message = labelled, text.strip()
+    phase = labelled or phase
     observed_at = (_time(entry.get("timestamp"), "timestamp")
                    or _time(attributes.get(ATTR_LOG_TIMESTAMP), ATTR_LOG_TIMESTAMP))
     if observed_at is None:

@@ -31,6 +31,9 @@ SCHEMA_EXPERIMENT = "system.Experiment"  # the titles the Vertex AI SDK gives it
 SCHEMA_EXPERIMENT_RUN = "system.ExperimentRun"
 SCHEMA_VERSION = "0.0.1"
 PARAMS_KEY, METRICS_KEY, STATE_KEY = "_params", "_metrics", "_state"  # the SDK's metadata keys
+# What the SDK writes on an experiment's context (aiplatform.metadata.constants
+# EXPERIMENT_METADATA); the console lists an experiment only with it.
+EXPERIMENT_METADATA = {"experiment_deleted": False}
 UPLOAD_TIMEOUT_S = 300.0  # how long to wait for UploadModel's long-running operation
 
 
@@ -214,7 +217,9 @@ class VertexExperimentTracker:
         self._stores.add(store)
         return store
 
-    def _ensure(self, client: Any, store: str, cid: str, context: Any) -> str:
+    def _ensure(self, client: Any, store: str, cid: str, context: Any, *,
+                update_existing: bool) -> str:
+        """Create the context; an existing one gets this metadata only with update_existing."""
         from google.api_core import exceptions as api
 
         name = f"{store}/contexts/{cid}"
@@ -222,7 +227,7 @@ class VertexExperimentTracker:
             client.create_context(parent=store, context=context, context_id=cid,
                                   timeout=self._c.call_timeout_s)
         except api.AlreadyExists:
-            if context.metadata:
+            if update_existing:
                 context.name = name
                 client.update_context(context=context, timeout=self._c.call_timeout_s)
         return name
@@ -236,14 +241,15 @@ class VertexExperimentTracker:
             store = self._store(client, run.region)
             experiment = self._ensure(client, store, context_id(run.experiment), v1.Context(
                 display_name=run.experiment, schema_title=SCHEMA_EXPERIMENT,
-                schema_version=SCHEMA_VERSION))
+                schema_version=SCHEMA_VERSION, metadata=_struct(EXPERIMENT_METADATA)),
+                update_existing=False)
             metadata = {PARAMS_KEY: dict(run.params), METRICS_KEY: dict(run.metrics),
                         STATE_KEY: run.state}
             name = self._ensure(client, store, context_id(f"{run.experiment}-{run.run_id}"),
                                 v1.Context(display_name=run.run_id,
                                            schema_title=SCHEMA_EXPERIMENT_RUN,
                                            schema_version=SCHEMA_VERSION,
-                                           metadata=_struct(metadata)))
+                                           metadata=_struct(metadata)), update_existing=True)
             client.add_context_children(context=experiment, child_contexts=[name],
                                         timeout=self._c.call_timeout_s)
             return name

@@ -42,6 +42,9 @@ run() {
   local cmd="$1" args=()
   command -v terraform >/dev/null || die "terraform is not installed (https://developer.hashicorp.com/terraform/install)"
   if [[ -f "$TFVARS" ]]; then
+    if grep -n '^[^#]*replace-me' "$TFVARS" >&2; then
+      die "fill in the placeholders (replace-me) of $TFVARS first"
+    fi
     args+=("-var-file=$(realpath "$TFVARS")")
   elif [[ -z "${PROJECT:-}" ]]; then
     die "no $TFVARS and no PROJECT: copy deploy/terraform.tfvars.example to deploy/terraform.tfvars"

@@ -352,6 +352,17 @@ def check_prices(root: Path, path: Path) -> bytes:
     return path.read_bytes()
 
 
+def check_placeholders(root: Path, files: Iterable[Path]) -> None:
+    """Refuse pipelines that still hold `spotorch init`'s placeholders, naming each one."""
+    _spotorch_importable(root)
+    from spotorch.operate.init_project import PLACEHOLDER, placeholders
+
+    left = [line for path in files for line in placeholders(path)]
+    if left:
+        raise PackageError(f"fill in the placeholders ({PLACEHOLDER}) first:\n  "
+                           + "\n  ".join(left))
+
+
 def check_with_loader(root: Path, pipelines: Path) -> int | None:
     """Load the pipelines with spotorch's own loader (what the functions run); None if absent."""
     _spotorch_importable(root)
@@ -387,6 +398,7 @@ def build(root: Path, pipelines: Path, out: Path, tfvars: Path | None = None,
     """Build the bundle (and the buckets tfvars); PackageError on anything missing or invalid."""
     files = bundle_sources(root, pipelines)
     pipeline_paths = pipeline_files(pipelines)
+    check_placeholders(root, pipeline_paths)
     needs = pipeline_needs(pipeline_paths)
     requirements = bundle_requirements(locked_requirements(root), needs)
     if validate:

@@ -34,6 +34,8 @@ DELEGATES: Mapping[str, tuple[str, str, str]] = {
                "The table of hardware candidates from earlier probes; --probe runs them."),
     "deploy": ("spotorch.operate.deploy_check", "main",
                "Check deploy/: every Google call spotorch makes is granted."),
+    "init": ("spotorch.operate.init_project", "main",
+             "Write a starting project: a pipeline, a trainer, terraform.tfvars."),
 }
 DEV_DELEGATES: Mapping[str, tuple[str, str, str]] = {
     "up": ("spotorch.local.dev", "up_main", "Start the local stack in the background."),

@@ -214,3 +214,9 @@ variable "shared_request_budget" {
   type        = bool
   default     = true
 }
+
+variable "alert_notification_channels" {
+  description = "Cloud Monitoring notification channels (projects/P/notificationChannels/ID) the alerting policy notifies; empty: incidents show in the console only."
+  type        = list(string)
+  default     = []
+}

@@ -113,6 +113,8 @@ RESOURCE_APIS: dict[str, frozenset[str]] = {
     "google_storage": frozenset({"storage.googleapis.com"}),
     "google_pubsub": frozenset({"pubsub.googleapis.com"}),
     "google_logging_project_sink": frozenset({"logging.googleapis.com"}),
+    "google_logging_metric": frozenset({"logging.googleapis.com"}),
+    "google_monitoring": frozenset({"monitoring.googleapis.com"}),
     "google_cloud_scheduler_job": frozenset({"cloudscheduler.googleapis.com"}),
     "google_firestore": frozenset({"firestore.googleapis.com"}),
     "google_secret_manager": frozenset({"secretmanager.googleapis.com"}),

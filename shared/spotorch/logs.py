@@ -18,6 +18,14 @@ from typing import Any, TextIO
 LEVEL_ENV = "SPOTORCH_LOG_LEVEL"
 ROOT = "spotorch"
 
+# Lines Cloud Monitoring counts (deploy/monitoring.tf's log-based metrics select on this field):
+# `extra={METRIC_FIELD: METRIC_RUN_ENDED, ...}`, written at INFO.
+METRIC_FIELD = "spotorch_metric"
+METRIC_RUN_ENDED = "run_ended"  # status, pipeline, spent (the ledger's total), currency
+METRIC_ATTEMPT_PREEMPTED = "attempt_preempted"  # pipeline, region, capacity
+METRIC_ATTEMPT_RELAUNCHED = "attempt_relaunched"  # pipeline, after (the failure), relaunch_s
+METRIC_TICK = "tick"  # one per reconcile tick: the reconciler is alive
+
 # Anything that looks like a credential is masked before a line is written.
 _SECRET = re.compile(r"(https://(hooks\.slack\.com|chat\.googleapis\.com)/\S+|"
                      r"(password|token|secret|key)=[^&\s]+)", re.IGNORECASE)

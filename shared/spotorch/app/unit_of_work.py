@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any, assert_never
 
 from spotorch.app import hardware_probes as probes
+from spotorch.app import run_log
 from spotorch.app.deps import Deps, JobOwner, ObservationSource, context, job_id_of
 from spotorch.app.launch_specs import hardware_probe_spec, launch_spec, probe_spec
 from spotorch.app.spot_record import seen_between, shape_key
@@ -92,6 +93,7 @@ def apply(deps: Deps, run_id: str, observations: ObservationSource, *,
             time.sleep(random.uniform(0.0, 0.02 * (attempt + 1)))  # spread racing writers out
             continue
         _remember_measurements(deps, run, new, now)
+        run_log.attempts_changed(run, new)
         return carry_out(deps, new, version, mine, was_active=run.active)
     raise ConflictError(f"run {run_id}: too much contention, giving up for redelivery")
 
@@ -155,6 +157,8 @@ def carry_out(deps: Deps, run: Run, version: Any, mine: Sequence[str], *,
         except ConflictError:
             # Someone changed the run meanwhile: apply our results to the fresh copy instead.
             after = apply(deps, run.run_id, results) or after
+        else:
+            run_log.attempts_changed(run, after)
     if was_active and not after.active and \
             deps.pipeline(after.pipeline).trigger.on_active_run is OnActiveRun.QUEUE:
         promote_next(deps, after.pipeline)  # the oldest queued run of the pipeline may start
@@ -165,6 +169,11 @@ def carry_out(deps: Deps, run: Run, version: Any, mine: Sequence[str], *,
 
 def _run_ended(deps: Deps, run: Run) -> None:
     """Tell those who follow ended runs (Deps.on_run_ended); a failure is theirs to repair."""
+    try:
+        run_log.run_ended(deps, run)
+    except Exception as exc:  # a line for Cloud Monitoring must never hold up the run
+        log.warning("run %s: its end was not logged: %s", run.run_id, exc,
+                    extra={"run_id": run.run_id})
     for follower in deps.on_run_ended:
         try:
             follower(deps, run)

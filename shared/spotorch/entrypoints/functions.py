@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from spotorch.core.errors import InvalidEvent, SpotorchError
-from spotorch.logs import setup_logging
+from spotorch.logs import METRIC_FIELD, METRIC_TICK, setup_logging
 
 if TYPE_CHECKING:
     from spotorch.app.deps import Deps
@@ -369,7 +369,8 @@ def tick_event(event: CloudEventLike) -> None:
     body, attributes = _pubsub_message(event)
     runs = reconcile_shard(deps(), _shard(body)) if ATTR_SHARD in attributes else reconcile(deps())
     log.info("tick: %d active runs reconciled", len(runs),
-             extra={"event_id": _attr(event, "id"), "shard": attributes.get(ATTR_SHARD)})
+             extra={METRIC_FIELD: METRIC_TICK, "event_id": _attr(event, "id"),
+                    "shard": attributes.get(ATTR_SHARD), "active_runs": len(runs)})
 
 
 def _shard(body: bytes) -> Mapping[str, Any]:

@@ -694,7 +694,7 @@ def test_ttl_policies(tf: Tf) -> None:
 def test_every_collection_says_how_long_it_lives() -> None:
     """Each Firestore collection the code names (a COLLECTION_* constant anywhere in production
     code) has an entry in settings.RETENTION: its TTL field, or why it keeps its documents."""
-    named = {}
+    named: dict[str, tuple[str, str]] = {}
     for path in sorted(SPOTORCH.rglob("*.py")):
         if {"local", "sim"} & set(path.relative_to(SPOTORCH).parts):
             continue

@@ -59,8 +59,7 @@ def deps(monkeypatch: pytest.MonkeyPatch) -> Iterator[Deps]:
 def _post(target: str, event: CloudEvent) -> None:
     import functions_framework
 
-    app = functions_framework.create_app(  # type: ignore[no-untyped-call]
-        target, MAIN, "cloudevent").test_client()
+    app = functions_framework.create_app(target, MAIN, "cloudevent").test_client()
     headers, body = to_structured(event)
     assert app.post("/", headers=headers, data=body).status_code == 200
 

@@ -48,7 +48,7 @@ lock: $(STAMP)          ## pin the function bundle's dependencies (deploy/requir
 	$(BIN)/python deploy/package.py --write-lock deploy/requirements.lock
 
 destroy: $(STAMP)       ## remove what deploy created (keeps Firestore data and your buckets)
-	PYTHON=$(BIN)/python deploy/deploy.sh destroy
+	PYTHON=$(BIN)/python TFVARS=$(TFVARS) deploy/deploy.sh destroy
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -164,7 +164,7 @@ def check_deploy_script(command: Command) -> list[str]:
 def check_exports(text: str) -> list[str]:
     """Every SPOTORCH_* variable the page exports is read by the CLI or the functions."""
     read = {v for k, v in vars(settings).items() if k.startswith("ENV_") and isinstance(v, str)}
-    read |= {p.envvar for p in cli.cli.params if isinstance(getattr(p, "envvar", None), str)}
+    read |= {str(p.envvar) for p in cli.cli.params if isinstance(p.envvar, str)}
     names = re.findall(r"\b(SPOTORCH_[A-Z_]+)=", "\n".join(
         line for line in text.splitlines() if line.startswith("export ")))
     return [f"docs/deploy.md exports {n}, which nothing reads" for n in names if n not in read]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 import time
@@ -40,6 +41,17 @@ from spotorch.operate.target import TargetError, check_url, resolve
 
 ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
 
+
+
+@pytest.fixture(autouse=True)
+def quiet_spotorch_logs() -> Iterator[None]:
+    """The app code these tests run in-process logs INFO lines (a run's end, for Cloud
+    Monitoring) to whatever stdout is: here the CLI's captured output. Only warnings, then."""
+    logger = logging.getLogger("spotorch")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    yield
+    logger.setLevel(level)
 
 class ApiActions:
     """Actions through the real api handler (functions-framework's test client)."""

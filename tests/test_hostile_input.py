@@ -73,9 +73,14 @@ TRAINER_ATTACKS: list[bytes] = [
     b'{"kind": "progress", "run_id": "demo-x", "attempt": 1, "step": 1, "metrics": {"l": NaN}}',
 ]
 
-JOB_ATTACKS: list[bytes] = [
-    sink_line("projects/p/locations/us-central1/customJobs/999", "Job failed."),  # not ours
+# Lines of a job spotorch did not create (another team's, or forged): acknowledged, counted,
+# nothing recorded or changed (entrypoints.functions._not_ours).
+NOT_OURS: list[bytes] = [
+    sink_line("projects/p/locations/us-central1/customJobs/999", "Job failed."),
     sink_line("projects/p/locations/us-central1/customJobs/999", "Job is running."),
+]
+
+JOB_ATTACKS: list[bytes] = [
     json.dumps({"resource": {"type": "ml_job", "labels": {"job_id": "../../x",
                                                           "project_id": "p-12345",
                                                           "task_name": "service"}},
@@ -140,6 +145,17 @@ def test_hostile_job_lines(running: tuple[Deps, str], payload: bytes) -> None:
     assert deps.runs.load(run_id)[0] == before
 
 
+@pytest.mark.parametrize("payload", NOT_OURS, ids=lambda b: repr(b[-60:]))
+def test_lines_of_jobs_spotorch_did_not_create_change_nothing(running: tuple[Deps, str],
+                                                              payload: bytes) -> None:
+    deps, run_id = running
+    before, _ = deps.runs.load(run_id)
+    resp = post("on_job_event", pubsub_event(payload, {}, "stranger"))
+    assert resp.status_code < 500
+    assert deps.docs.get("rejected_events", "stranger")[0] is None  # quiet: no write per line
+    assert deps.runs.load(run_id)[0] == before
+
+
 @pytest.mark.parametrize("event", OBJECT_ATTACKS, ids=range(len(OBJECT_ATTACKS)))
 def test_hostile_object_events(deps: Deps, event: CloudEvent) -> None:
     resp = post("on_object_finalized", event)
@@ -194,7 +210,7 @@ def test_generated_job_entries_never_answer_5xx(memory_deps: Deps,
 
 def test_the_run_still_works_after_the_attacks(running: tuple[Deps, str]) -> None:
     deps, run_id = running
-    for i, payload in enumerate(TRAINER_ATTACKS + JOB_ATTACKS):
+    for i, payload in enumerate(TRAINER_ATTACKS + NOT_OURS + JOB_ATTACKS):
         post("on_job_event", pubsub_event(payload, {"spotorch_source": "trainer"}, f"a{i}"))
     report = trainer(run_id=run_id, step=5, total_steps=100)
     assert post("on_job_event", pubsub_event(report, {"spotorch_source": "trainer"},

@@ -336,3 +336,18 @@ def test_rows_the_check_cannot_grant_are_reported(tmp_path: Path) -> None:
                   (Identity.FUNCTIONS,), ("m:f",), "https://example.com")
     report = deploy_check.check(DEPLOY, calls=(lonely,))
     assert not report.ok and report.findings[0].missing == ("x.things.new",)
+
+
+def test_a_grant_on_a_resource_the_map_does_not_name_is_read_as_none(tmp_path: Path) -> None:
+    """A grant on a topic no call uses (the dead-letter topic) grants nothing the map asks for,
+    and does not stop the check."""
+    for path in DEPLOY.glob("*.tf"):
+        shutil.copy(path, tmp_path / path.name)
+    extra = ('resource "google_pubsub_topic_iam_member" "odd" {\n'
+             '  topic  = google_pubsub_topic.topic["dead_letter"].id\n'
+             '  role   = "roles/pubsub.publisher"\n  member = local.functions_member\n}\n')
+    (tmp_path / "odd.tf").write_text(extra)
+    report = deploy_check.check(tmp_path)
+    assert report.ok
+    odd = next(g for g in report.grants if g.address.endswith(".odd"))
+    assert odd.scopes == frozenset()

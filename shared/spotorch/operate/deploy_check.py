@@ -57,6 +57,7 @@ REFERENCED_SCOPES: tuple[tuple[re.Pattern[str], Scope], ...] = tuple(
         (r"google_cloudfunctions2_function\.pushed\[", Scope.PUSHED_SERVICES),
         (r"google_cloudfunctions2_function\.objects\[", Scope.OBJECT_SERVICES),
     ))
+SCOPES = frozenset(s.value for s in Scope)
 # The attribute of each grant resource that names what it is granted on.
 TARGET_ATTRIBUTE: Mapping[str, str] = {
     "google_project_iam_member": "project",
@@ -151,7 +152,7 @@ def _scopes(tf: Tf, rtype: str, body: Mapping[str, Any]) -> frozenset[Scope]:
         return frozenset({Scope.DATABASE}) if "/databases/" in condition else frozenset()
     target = str(body.get(TARGET_ATTRIBUTE.get(rtype, ""), ""))
     found = {s for pattern, s in REFERENCED_SCOPES if pattern.search(target)}
-    topics = set(tf.locals.get("topics", {}))
+    topics = {k for k in tf.locals.get("topics", {}) if f"topic:{k}" in SCOPES}
     if rtype == "google_pubsub_topic_iam_member":
         literal = re.findall(r'google_pubsub_topic\.topic\["(\w+)"\]', target)
         if literal:
@@ -162,7 +163,7 @@ def _scopes(tf: Tf, rtype: str, body: Mapping[str, Any]) -> frozenset[Scope]:
     text = _expand(tf, f"{target} {body.get('for_each', '')}")
     for name in set(re.findall(r"\b(?:local|var)\.(\w+)", text)):
         found |= set(NAMED_SCOPES.get(name, ()))
-    return frozenset(s for s in found if s.value in {m.value for m in Scope})
+    return frozenset(found)
 
 
 def _variable_default(tf: Tf, name: str, overrides: Mapping[str, Any]) -> Any:

@@ -106,7 +106,8 @@ def show(machine: str, accelerator: str, count: int, region: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """`spotorch prices ...` as a delegated command: the exit code."""
     try:
-        prices.main(args=argv, prog_name="spotorch prices", standalone_mode=False)
+        # Not standalone, click returns a command's exit code (ctx.exit) rather than raising it.
+        code = prices.main(args=argv, prog_name="spotorch prices", standalone_mode=False)
     except click.ClickException as exc:
         click.echo(f"spotorch prices: {exc.format_message()}", err=True)
         return exc.exit_code
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except click.Abort:
         return 1
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":

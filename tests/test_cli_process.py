@@ -52,7 +52,7 @@ def served(firestore_emulator: Any, monkeypatch: pytest.MonkeyPatch,
 
 
 def spotorch(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*SPOTORCH, "--stack-state", "/nonexistent/stack.json", *args],
+    return subprocess.run([*SPOTORCH, "--state", "/nonexistent/stack.json", *args],
                           env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
@@ -106,13 +106,13 @@ def test_an_unreachable_firestore_is_one_line(served: tuple[dict[str, str], dict
 
 def test_a_closed_pipe_ends_quietly(served: tuple[dict[str, str], dict[str, Run]]) -> None:
     env, _ = served
-    result = subprocess.run(f"{' '.join(SPOTORCH)} --stack-state /x.json runs --json --limit 500 "
+    result = subprocess.run(f"{' '.join(SPOTORCH)} --state /x.json runs --json --limit 500 "
                             "| head -c 10", shell=True, env=env, capture_output=True, text=True,
                             timeout=60, cwd=ROOT)
     assert result.returncode == 0 and len(result.stdout) == 10
     assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr
     # The process itself, reading nothing: it stops at the first write, silently, with 1.
-    proc = subprocess.Popen([*SPOTORCH, "--stack-state", "/x.json", "runs", "--json"], env=env,
+    proc = subprocess.Popen([*SPOTORCH, "--state", "/x.json", "runs", "--json"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()

@@ -75,7 +75,7 @@ def stack_run(default_story: DefaultStory, tmp_path_factory: pytest.TempPathFact
 
 def spotorch(env: dict[str, str], state: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """The CLI finding the local stack by its state file alone (no env exports)."""
-    return subprocess.run([sys.executable, "-m", "spotorch.operate.cli", "--stack-state", str(state), *args],
+    return subprocess.run([sys.executable, "-m", "spotorch.operate.cli", "--state", str(state), *args],
                           env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 

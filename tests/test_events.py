@@ -88,6 +88,14 @@ SAMPLES: dict[str, dict[str, Any]] = {
                                 "total_bytes_reclaimed": 4096, "reason": "retention"},
     "run.spot_probed": {"probe": 2, "region": "us-central1", "found": True, "switching": True,
                         "reason": "probe 2 found Spot capacity in us-central1"},
+    "upload.unmatched": {"bucket": "b", "folder": "daily/x/", "uri": "gs://b/daily/x/",
+                         "objects": ["daily/x/_SUCCESS"], "more_objects": False,
+                         "first_seen": "2025-11-29T14:03:12.345Z", "last_seen": None,
+                         "reasons": [{"pipeline": "churn", "rule": "selection",
+                                      "expected": {"bucket": "b", "prefix": "daily/",
+                                                   "batch": "marker", "marker": "_DONE"},
+                                      "text": "excluded; marker _DONE"}],
+                         "reason": "excluded; marker _DONE"},
 }
 
 # One way to break each kind: (data field, wrong value or None to drop it).
@@ -117,6 +125,7 @@ BREAKS: dict[str, tuple[str, Any]] = {
     "run.machine_changed": ("to", ""),
     "run.checkpoints_deleted": ("bytes_reclaimed", 1.5),
     "run.spot_probed": ("found", "yes"),
+    "upload.unmatched": ("objects", []),
 }
 
 

@@ -101,12 +101,20 @@ def test_each_object_is_its_own_snapshot() -> None:
     assert len(it.handle(obj("data/b.csv"))) == 1
 
 
-def test_marker_completes_the_folder_and_data_objects_cost_nothing() -> None:
+def test_marker_completes_the_folder_and_data_objects_before_it_show_it_waiting() -> None:
     docs = InMemoryDocumentStore()
     it = Intake(make_pipeline(BatchMode.MARKER, suffixes=(".csv",)), docs=docs)
     assert it.handle(obj(f"{FOLDER}part-0.csv")) == []
-    assert docs.round_trips == 0  # a plain marker pipeline only watches its marker
+    assert docs.round_trips == 2  # read, and one write: the folder now waits for its marker
+    [doc] = docs.query(COLLECTION_SNAPSHOTS, "open", True)
+    assert doc["early"] == [f"{FOLDER}part-0.csv"] and doc["cycle"] == 0
+    before = docs.round_trips
+    for i in range(1, 8):  # five names at most; beyond them only a read, no write
+        it.handle(obj(f"{FOLDER}part-{i}.csv"))
+    assert docs.round_trips - before == 4 * 2 + 3 and len(docs.query(
+        COLLECTION_SNAPSHOTS, "open", True)[0]["early"]) == 5
     [ready] = it.handle(obj(f"{FOLDER}_SUCCESS", 9))
+    assert docs.query(COLLECTION_SNAPSHOTS, "open", True) == []
     assert ready.data_uri == f"gs://{BUCKET}/{FOLDER}" and ready.objects == (f"{FOLDER}_SUCCESS",)
     assert it.handle(obj(f"{FOLDER}_SUCCESS", 9)) == []
     assert it.handle(obj(f"{FOLDER}part-1.csv")) == []  # late data changes nothing

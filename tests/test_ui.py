@@ -387,7 +387,7 @@ def test_the_ui_command_serves_until_stopped(tmp_path: Path) -> None:
     state = tmp_path / "none.json"
     env = {**os.environ, "SPOTORCH_API_URL": "http://127.0.0.1:9/",
            "FIRESTORE_EMULATOR_HOST": "127.0.0.1:9"}
-    proc = subprocess.Popen([sys.executable, "-m", "spotorch.operate.cli", "--stack-state", str(state),
+    proc = subprocess.Popen([sys.executable, "-m", "spotorch.operate.cli", "--state", str(state),
                              "ui", "--port", str(port)], env=env, stderr=subprocess.PIPE,
                             text=True)
     try:

@@ -18,6 +18,12 @@ ENV_FIRESTORE_DATABASE = "SPOTORCH_FIRESTORE_DATABASE"
 # "1": Vertex request budgets shared by all instances through Firestore (spotorch.adapters.budget);
 # unset or "0": each instance keeps its own. deploy/ sets it (var.shared_request_budget).
 ENV_SHARED_BUDGET = "SPOTORCH_SHARED_BUDGET"
+# The operator's side: the local stack's state file (`spotorch dev up` exports it).
+ENV_STATE = "SPOTORCH_STATE"
+# Optional: Cloud Logging's API at host:port (the local Vertex emulator serves ListLogEntries).
+ENV_LOGGING_ENDPOINT = "SPOTORCH_LOGGING_ENDPOINT"
+# Optional: seconds an upload that matched no pipeline stays quiet before its one alert.
+ENV_UNMATCHED_ALERT_AFTER = "SPOTORCH_UNMATCHED_ALERT_AFTER_S"
 
 FUNCTION_ENV = (
     ENV_PROJECT, ENV_REGION, ENV_EVENTS_TOPIC, ENV_TRAINER_EVENTS_TOPIC, ENV_PIPELINES,
@@ -31,6 +37,7 @@ TOPIC_TICK = "spotorch-tick"
 TOPIC_EVENTS = "spotorch-events"
 TOPIC_DEAD_LETTER = "spotorch-dead-letter"
 SUBSCRIPTION_DEAD_LETTER = "spotorch-dead-letter-hold"  # keeps dead letters for a replay
+SUBSCRIPTION_DEAD_LETTER_LOCAL = "spotorch-dead-letter-observer"  # the local stack's hold
 TOPIC_GCS_NOTIFICATIONS = "spotorch-gcs-notifications"  # local stack only; production uses Eventarc
 
 # Firestore collections.
@@ -44,6 +51,7 @@ COLLECTION_SWEEPS = "sweeps"  # sweep id -> the sweep (spotorch.core.sweeps), it
 COLLECTION_JOBS = "jobs"  # job id -> run, attempt, job name: attributes log-sink entries
 COLLECTION_SPOT_REGIONS = "spot_regions"  # region x shape -> Spot seen by all runs (spot_record)
 COLLECTION_BUDGETS = "request_budgets"  # region:kind -> Vertex request tokens granted lately
+COLLECTION_UNMATCHED = "unmatched_uploads"  # bucket x folder -> objects no pipeline took; TTL on expires_at
 COLLECTION_NOTIFICATIONS = "notifications"  # one doc per (event, channel); TTL on expires_at
 COLLECTION_NOTIFICATION_RUNS = "notification_runs"  # one doc per (run, channel); TTL on expires_at
 COLLECTION_PROBES = "hardware_probes"  # pipeline -> its hardware candidates' cached measurements
@@ -84,6 +92,8 @@ class Settings:
     vertex_endpoint: str | None = None
     firestore_database: str = "(default)"
     shared_budget: bool = False
+    logging_endpoint: str | None = None
+    unmatched_alert_after_s: float = 600.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -101,8 +111,22 @@ class Settings:
             vertex_endpoint=env.get(ENV_VERTEX_ENDPOINT) or None,
             firestore_database=env.get(ENV_FIRESTORE_DATABASE, cls.firestore_database),
             shared_budget=env.get(ENV_SHARED_BUDGET, "").strip().lower() in ("1", "true", "yes"),
+            logging_endpoint=env.get(ENV_LOGGING_ENDPOINT) or None,
+            unmatched_alert_after_s=_seconds(env.get(ENV_UNMATCHED_ALERT_AFTER),
+                                             cls.unmatched_alert_after_s),
         )
 
     def topic_path(self, topic: str) -> str:
         """Full resource name of a topic in this project (a full name passes through)."""
         return topic if topic.startswith("projects/") else f"projects/{self.project}/topics/{topic}"
+
+
+def _seconds(text: str | None, default: float) -> float:
+    """A number of seconds from the environment; the default when unset or not a number >= 0."""
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        return default
+    return value if value >= 0 else default

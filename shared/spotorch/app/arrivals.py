@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 
+from spotorch.app import unmatched
 from spotorch.app.deps import Deps
 from spotorch.app.runs import start_run
 from spotorch.app.snapshots import SnapshotReady
@@ -31,8 +32,14 @@ def data_arrived(deps: Deps, obj: ObjectEvent, *, listed: bool = False) -> list[
 
     pipelines = tuple(deps.pipelines.values())
     if not intake.matches_any(obj, pipelines):
-        log.info("object %s matches no pipeline: %s", obj.uri, intake.why_unmatched(obj, pipelines),
-                 extra={"event_id": obj.event_id})
+        misses = unmatched.unintended_misses(obj, pipelines)
+        log.info("object %s matches no pipeline: %s", obj.uri,
+                 "; ".join(m.text for m in misses) if misses else
+                 intake.why_unmatched(obj, pipelines), extra={"event_id": obj.event_id})
+        # Recorded for people (spotorch snapshots, one alert): only objects that exist.
+        if misses is not None and (listed or deps.objects.exists(obj.bucket, obj.name,
+                                                                  obj.generation)):
+            unmatched.record_unmatched(deps.docs, obj, misses, deps.clock.now())
         return []
     if obj.kind == ObjectEventKind.FINALIZE and not listed and \
             not deps.objects.exists(obj.bucket, obj.name, obj.generation):
@@ -50,13 +57,14 @@ def start_snapshot_run(deps: Deps, snap: SnapshotReady, why: str) -> Run | None:
     if deps.pipeline(snap.pipeline).sweep is not None:  # a sweep pipeline: the snapshot's sweep
         from spotorch.app import sweeps as sweep_service
 
-        sweep_service.start_snapshot_sweep(deps, snap, why)
-        intake.mark_dispatched(snap, docs=deps.docs)
+        sweep = sweep_service.start_snapshot_sweep(deps, snap, why)
+        intake.mark_dispatched(snap, docs=deps.docs, started=sweep.sweep_id)
         return None
     run = start_run(deps, snap.pipeline, run_id=intake.run_id_for(snap.pipeline, snap.snapshot_id),
                     data_uri=snap.data_uri, snapshot_id=snap.snapshot_id,
                     reason=f"data snapshot {snap.data_uri} {why}")
-    intake.mark_dispatched(snap, docs=deps.docs)  # also when skipped: it must not come back
+    # Also when skipped (no run): it must not come back.
+    intake.mark_dispatched(snap, docs=deps.docs, started=run.run_id if run else None)
     log.info("snapshot %s ready", snap.snapshot_id,
              extra={"run_id": run.run_id if run else None, "pipeline": snap.pipeline})
     return run

@@ -18,6 +18,7 @@ from spotorch.core.pipeline import Pipeline
 from spotorch.core.price_list import LIST_PRICES
 from spotorch.core.prices import PriceTable
 from spotorch.ports.clock import Clock
+from spotorch.ports.job_logs import JobLogs
 from spotorch.ports.jobs import JobLauncher
 from spotorch.ports.messages import EventPublisher, ShardDispatcher
 from spotorch.ports.registry import ExperimentTracker, ModelRegistry
@@ -77,6 +78,10 @@ class Deps:
     # Told at once when a run ends, after its write (a sweep hears of its trial's end; the sweep's
     # tick is the backstop). Wired in one place: spotorch.app.bootstrap.
     on_run_ended: tuple[Callable[[Deps, Run], object], ...] = ()
+    # What a failed job's replicas wrote to stderr (Cloud Logging; the Vertex emulator locally).
+    job_logs: JobLogs | None = None
+    # An upload that matched no pipeline is alerted on once it was quiet this long.
+    unmatched_alert_after_s: float = 600.0
 
     def pipeline(self, name: str) -> Pipeline:
         try:

@@ -8,8 +8,16 @@ from collections.abc import Callable, Sequence
 from spotorch.app.deps import Deps, ImplausibleReport, NotOurJob, UnknownAttempt, UnknownRun, job_owner
 from spotorch.app.launch_specs import hardware_result
 from spotorch.app.unit_of_work import apply
-from spotorch.core.model import Checkpoint, JobPhase, JobStatus, Run
-from spotorch.core.observations import JobObserved, Observation, ProbeMissing, ProbeObserved, TrainerReported
+from spotorch.core.model import Checkpoint, FailureClass, JobPhase, JobStatus, Run
+from spotorch.core.observations import (
+    ERROR_TAIL_LINES,
+    JobObserved,
+    Observation,
+    ProbeMissing,
+    ProbeObserved,
+    TrainerReported,
+)
+from spotorch.core.recovery import WORKER_FAILURES
 from spotorch.core.trust import implausible
 from spotorch.ports.jobs import LaunchError
 
@@ -25,8 +33,10 @@ def job_changed(deps: Deps, run_id: str, attempt: int, status: JobStatus,
     def observe(run: Run) -> Sequence[Observation]:
         if run.attempt(attempt) is None:
             raise UnknownAttempt(f"run {run_id} has no attempt {attempt}")
-        checkpoint = checkpoint_if_ended(deps, run, status) if confirmed else None
-        return [JobObserved(attempt, status, checkpoint, confirmed=confirmed)]
+        if not confirmed:
+            return [JobObserved(attempt, status, None, confirmed=False)]
+        return [JobObserved(attempt, status, checkpoint_if_ended(deps, run, status),
+                            error_tail=error_tail_if_failed(deps, run, attempt, status))]
     return _apply_known(deps, run_id, observe, event_id)
 
 
@@ -85,6 +95,26 @@ def checkpoint_if_ended(deps: Deps, run: Run, status: JobStatus) -> Checkpoint |
     except Exception as exc:  # the decision can go on with what the trainer reported
         log.warning("checkpoint lookup for %s failed: %s", run.run_id, exc)
         return None
+
+
+def error_tail_if_failed(deps: Deps, run: Run, number: int, status: JobStatus) -> tuple[str, ...]:
+    """The last stderr lines of a job Vertex says failed through its code's doing, looked up
+    once: while the attempt has not ended yet. Without them the decision goes on (a log read
+    failing, over quota say, never holds up a run)."""
+    attempt = run.attempt(number)
+    if (deps.job_logs is None or attempt is None or not attempt.live
+            or status.phase is not JobPhase.FAILED
+            or (status.failure or FailureClass.INFRA) not in WORKER_FAILURES):
+        return ()
+    job_name = status.job_name or attempt.job_name
+    if not job_name:
+        return ()
+    try:
+        return deps.job_logs.error_tail(job_name, since=attempt.started_at or attempt.created_at
+                                        or None, limit=ERROR_TAIL_LINES)
+    except Exception as exc:
+        log.warning("error lines of %s not read: %s", job_name, exc, extra={"run_id": run.run_id})
+        return ()
 
 
 def trainer_reported(deps: Deps, run_id: str, report: TrainerReported,

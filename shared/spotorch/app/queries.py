@@ -1,14 +1,16 @@
-"""Run and sweep readers over any DocumentStore (the in-memory store, tests, small stacks)."""
+"""Run, sweep and arrival readers over any DocumentStore (the in-memory store, tests, small
+stacks)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from spotorch.core.model import Run
 from spotorch.core.sweeps import Sweep
 from spotorch.ports.reads import RunPage, RunQuery, SweepPage, SweepQuery, order_key, page_of, sweep_page_of
 from spotorch.ports.store import DocumentStore
-from spotorch.settings import COLLECTION_RUNS, COLLECTION_SWEEPS
+from spotorch.settings import COLLECTION_RUNS, COLLECTION_SNAPSHOTS, COLLECTION_SWEEPS, COLLECTION_UNMATCHED
 
 
 class _DocumentCollection:
@@ -56,3 +58,21 @@ class DocumentSweepReader(_DocumentCollection):
     def list(self, query: SweepQuery) -> SweepPage:
         sweeps = sorted((Sweep.from_dict(d) for d in self._all()), key=order_key, reverse=True)
         return sweep_page_of(iter(sweeps), query)
+
+
+class DocumentArrivalReader:
+    """Snapshot and unmatched-upload documents from any DocumentStore (every such document
+    carries `format`: one query each), most recently active first."""
+
+    def __init__(self, docs: DocumentStore) -> None:
+        self.docs = docs
+
+    def _recent(self, collection: str, limit: int) -> Sequence[Mapping[str, Any]]:
+        found = [d for d in self.docs.query(collection, "format", 1) if d.get("last_seen")]
+        return sorted(found, key=lambda d: float(d["last_seen"]), reverse=True)[:limit]
+
+    def snapshots(self, limit: int) -> Sequence[Mapping[str, Any]]:
+        return self._recent(COLLECTION_SNAPSHOTS, limit)
+
+    def unmatched(self, limit: int) -> Sequence[Mapping[str, Any]]:
+        return self._recent(COLLECTION_UNMATCHED, limit)

@@ -13,7 +13,7 @@ from spotorch.app.spot_record import shape_of
 from spotorch.app.unit_of_work import apply, carry_out
 from spotorch.core.decide import new_run
 from spotorch.core.model import Checkpoint, Run, RunStatus
-from spotorch.core.observations import CancelRequested
+from spotorch.core.observations import CancelRequested, error_line
 from spotorch.logs import shorten
 from spotorch.ports.store import ConflictError, DocumentStore
 from spotorch.settings import COLLECTION_REJECTED
@@ -129,7 +129,8 @@ def run_summary(run: Run) -> dict[str, Any]:
             "failure_class": str(a.failure) if a.failure else None, "exit_code": a.exit_code,
             "created_at": a.created_at, "started_at": a.started_at, "ended_at": a.ended_at,
             "resumed_from_step": a.resumed_from_step, "progress_reached": a.progress_step,
-            "machine_type": a.machine_type,
+            "machine_type": a.machine_type, "error": error_line(a.error_tail),
+            "error_tail": list(a.error_tail),
         } for a in run.attempts],
         "health": {
             "hangs": run.counters.hangs, "divergences": run.counters.divergences,
@@ -140,7 +141,8 @@ def run_summary(run: Run) -> dict[str, Any]:
         "probes": [{
             "probe": p.number, "region": p.region, "state": str(p.state), "job_name": p.job_name,
             "found": p.found, "created_at": p.created_at, "started_at": p.started_at,
-            "ended_at": p.ended_at, "cancel_reason": p.cancel_reason,
+            "ended_at": p.ended_at, "cancel_reason": p.cancel_reason, "kind": p.kind,
+            "candidate": p.candidate,
         } for p in run.probes],
         "history": [{"at": h.at, "what": h.what, "reason": h.reason} for h in run.history],
     }

@@ -199,6 +199,10 @@ class SnapshotState:
     dispatched_at: float | None = None  # last time it was (re)reported
     redispatches: int = 0
     truncated: bool = False  # objects were left out of `entries` to keep the document small
+    # batch: marker (no manifest): names of the current cycle's data objects seen before its
+    # marker (at most EARLY_SAMPLE; the marker alone makes the snapshot, so none is tracked)
+    early: tuple[str, ...] = ()
+    started: str | None = None  # the run (or sweep) that took the last completed cycle
 
     @property
     def data_uri(self) -> str:
@@ -234,6 +238,7 @@ class SnapshotState:
             "ready": [{"name": n, "generation": g} for n, g in self.ready],
             "pending_dispatch": self.pending_dispatch, "dispatched_at": self.dispatched_at,
             "redispatches": self.redispatches, "truncated": self.truncated,
+            "early": list(self.early), "started": self.started,
         }
 
     @classmethod
@@ -252,6 +257,8 @@ class SnapshotState:
             pending_dispatch=bool(doc.get("pending_dispatch", False)),
             dispatched_at=doc.get("dispatched_at"), redispatches=int(doc.get("redispatches", 0)),
             truncated=bool(doc.get("truncated", False)),
+            early=tuple(str(n) for n in doc.get("early") or ()),
+            started=doc.get("started"),
         )
 
 
@@ -284,7 +291,7 @@ def _complete(state: SnapshotState, objects: Sequence[tuple[str, int]], now: flo
               note: str) -> Outcome:
     pairs = tuple(sorted(objects))
     done = replace(state, open=False, completed_at=now, ready=pairs, pending_dispatch=True,
-                   dispatched_at=now, redispatches=0,
+                   dispatched_at=now, redispatches=0, early=(), started=None,
                    snapshot_id=snapshot_id_of(state.pipeline, state.bucket, state.key, pairs))
     return Outcome(done, _ready(done), note)
 
@@ -360,11 +367,35 @@ def decide_close(state: SnapshotState | None, quiet_period_s: float, now: float)
     return _complete(state, members, now, "quiet") if members else _unchanged("empty")
 
 
-def decide_dispatched(state: SnapshotState | None, snapshot_id: str) -> Outcome:
-    """A run claimed the snapshot: forget the copy kept for repairs."""
+def decide_dispatched(state: SnapshotState | None, snapshot_id: str,
+                      started: str | None = None) -> Outcome:
+    """A run claimed the snapshot: forget the copy kept for repairs, remember which run."""
     if state is None or not state.pending_dispatch or state.snapshot_id != snapshot_id:
         return _unchanged("nothing pending")
-    return Outcome(replace(state, pending_dispatch=False, ready=()), None, "dispatched")
+    return Outcome(replace(state, pending_dispatch=False, ready=(), started=started), None,
+                   "dispatched")
+
+
+EARLY_SAMPLE = 5  # data objects named per marker folder waiting for its marker
+EARLY_REFRESH_S = 30.0  # beyond the sample, last_seen is written at most this often
+
+
+def decide_early(state: SnapshotState, name: str, object_time: float | None,
+                 now: float) -> Outcome:
+    """batch: marker (no manifest): a data object before its marker opens the folder's cycle,
+    so the folder shows as waiting for its marker; written only when that is news."""
+    if not state.open:
+        if state.completed_at is not None and (object_time is None
+                                               or object_time <= state.completed_at):
+            return _unchanged("part of the completed snapshot")
+        return Outcome(replace(state, open=True, first_seen=now, last_seen=now, early=(name,)),
+                       None, "waiting for the marker")
+    if name not in state.early and len(state.early) < EARLY_SAMPLE:
+        return Outcome(replace(state, early=(*state.early, name), last_seen=now), None,
+                       "waiting for the marker")
+    if now - (state.last_seen or 0.0) < EARLY_REFRESH_S:
+        return _unchanged("already waiting for the marker")
+    return Outcome(replace(state, last_seen=now), None, "still waiting for the marker")
 
 
 def decide_repair(state: SnapshotState | None, snapshot_id: str, run_exists: bool,
@@ -470,15 +501,29 @@ def _apply(found: Match, event: ObjectEvent, docs: DocumentStore, now: float,
                    lambda s: decide(s or fresh)).ready
 
 
+def _note_early(found: Match, event: ObjectEvent, docs: DocumentStore, now: float) -> None:
+    """A plain marker pipeline's data object: its folder waits for the marker (shown to people)."""
+    trigger = found.pipeline.trigger
+    fresh = SnapshotState(found.pipeline.name, found.bucket, found.snapshot_key,
+                          trigger.batch.value)
+    _update(docs, snapshot_doc_key(found.pipeline.name, found.bucket, found.snapshot_key),
+            lambda s: decide_early(s or fresh, event.name, event.time, now))
+
+
 def handle_object_event(event: ObjectEvent, *, pipelines: Sequence[Pipeline], docs: DocumentStore,
                         now: float, reader: ObjectStore) -> list[SnapshotReady]:
     """Feed one object event to every pipeline it matches; the snapshots it completes, each once.
 
-    Events that match nothing cost no document access. A redelivered event id is skipped. A
-    ConflictError after WRITE_ATTEMPTS propagates: let the event be redelivered. A bad manifest
-    raises ManifestError (an InvalidEvent). reader reads manifests.
+    Events that match nothing cost no document access (spotorch.app.unmatched records them). A
+    plain marker pipeline's data objects cost a read each, and a write when their folder's
+    waiting state is news. A redelivered event id is skipped. A ConflictError after
+    WRITE_ATTEMPTS propagates: let the event be redelivered. A bad manifest raises ManifestError
+    (an InvalidEvent). reader reads manifests.
     """
-    found = [m for m in (match(p, event) for p in pipelines) if m is not None and _stateful(m)]
+    matched = [m for m in (match(p, event) for p in pipelines) if m is not None]
+    for early in (m for m in matched if not _stateful(m)):
+        _note_early(early, event, docs, now)
+    found = [m for m in matched if _stateful(m)]
     if not found:
         return []
     dedupe = _dedupe_key(event.event_id)
@@ -532,13 +577,15 @@ def _tick_update(docs: DocumentStore, state: SnapshotState,
     return [outcome.ready] if outcome.ready else []
 
 
-def mark_dispatched(ready: SnapshotReady, *, docs: DocumentStore) -> None:
-    """The service took the snapshot (started, queued or skipped its run): stop guarding it."""
+def mark_dispatched(ready: SnapshotReady, *, docs: DocumentStore,
+                    started: str | None = None) -> None:
+    """The service took the snapshot (started, queued or skipped its run: `started` names the
+    run or sweep, None when skipped): stop guarding it."""
     if ready.manual or not ready.data_uri.startswith("gs://"):
         return
     bucket, _, key = ready.data_uri[len("gs://"):].partition("/")
     _update(docs, snapshot_doc_key(ready.pipeline, bucket, key),
-            lambda s: decide_dispatched(s, ready.snapshot_id))
+            lambda s: decide_dispatched(s, ready.snapshot_id, started))
 
 
 # --- what events miss: matching and listing ------------------------------------------------------

@@ -8,9 +8,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from spotorch.app import unmatched
 from spotorch.app.arrivals import list_landing, start_snapshot_run
 from spotorch.app.deps import Deps
-from spotorch.app.job_events import checkpoint_if_ended
+from spotorch.app.job_events import checkpoint_if_ended, error_tail_if_failed
 from spotorch.app.launch_specs import hardware_result
 from spotorch.app.unit_of_work import apply, promote_next
 from spotorch.core.intents import LaunchIntent
@@ -140,8 +141,10 @@ def _poll(deps: Deps, run: Run, listing: Listing) -> Callable[[Run], list[Observ
     probed = _poll_probes(deps, run, listing)
 
     def observe(fresh: Run) -> list[Observation]:
-        polled: list[Observation] = [JobObserved(n, s, checkpoint_if_ended(deps, fresh, s))
-                                     for n, s in statuses]
+        polled: list[Observation] = [
+            JobObserved(n, s, checkpoint_if_ended(deps, fresh, s),
+                        error_tail=error_tail_if_failed(deps, fresh, n, s))
+            for n, s in statuses]
         return [*polled, *missing, *probed, Tick()]
     return observe
 
@@ -276,4 +279,9 @@ def reconcile(deps: Deps) -> list[Run]:
         list_landing(deps)
     except Exception as exc:  # listing is a repair; the runs' reconcile must not wait for it
         log.warning("listing the landing buckets failed: %s", exc)
+    try:
+        unmatched.alert_quiet_uploads(deps.docs, deps.publisher, tuple(deps.pipelines.values()),
+                                      deps.clock.now(), deps.unmatched_alert_after_s)
+    except Exception as exc:  # an alert; the next tick tries again
+        log.warning("alerting on unmatched uploads failed: %s", exc)
     return reconcile_runs(deps)

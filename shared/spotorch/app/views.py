@@ -3,19 +3,23 @@ ledger."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from spotorch.core.cost import Ledger, ledger, ledger_dict
 from spotorch.core.health import CheckpointAdvice
 from spotorch.core.model import Attempt, Run, RunStatus
-from spotorch.core.pipeline import Pipeline
+from spotorch.core.observations import error_line
+from spotorch.core.pipeline import BatchMode, Pipeline
 from spotorch.core.price_list import LIST_PRICES
 from spotorch.core.prices import PriceTable
 from spotorch.core.sweeps import Sweep, Trial
 from spotorch.core.sweeps import summary as trial_summary
 from spotorch.core.training_health import checkpoint_advice
 from spotorch_trainer.contract import rfc3339
+
+if TYPE_CHECKING:
+    from spotorch.app.snapshots import SnapshotState
 
 # What each status means, for people (the enum's comments, said once).
 STATUS_MEANING: Mapping[RunStatus, str] = {
@@ -71,6 +75,9 @@ def attempt_view(a: Attempt) -> dict[str, Any]:
         "end_reason": a.end_reason, "failure_class": str(a.failure) if a.failure else None,
         "exit_code": a.exit_code, "resumed_from_step": a.resumed_from_step,
         "resumed_from_uri": a.resumed_from_uri, "progress_step": a.progress_step,
+        "machine_type": a.machine_type,
+        # what its replicas last wrote to stderr when it failed; `error` is the line that says it
+        "error": error_line(a.error_tail), "error_tail": list(a.error_tail),
     }
 
 
@@ -183,4 +190,83 @@ def sweep_view(sw: Sweep, pipeline: Pipeline | None) -> dict[str, Any]:
         "cost_estimate": round(sum(t.cost for t in sw.trials), 6),
         "trials": trials,
         "history": [{"at": iso(at), "what": what} for at, what in sw.history],
+    }
+
+
+# ---------------------------------------------------------------- data arrival
+
+def _waiting_for(state: SnapshotState, pipeline: Pipeline | None) -> str:
+    """What an open snapshot waits for, from its pipeline's trigger (when it is loaded)."""
+    trigger = pipeline.trigger if pipeline is not None else None
+    members = len(state.members())
+    if state.batch == BatchMode.MARKER.value:
+        marker = f"its marker {trigger.marker}" if trigger else "its marker"
+        if state.expected is not None:
+            seen = {e.name for e in state.entries}
+            missing = sum(1 for n in state.expected if n not in seen)
+            return f"{missing} of the {len(state.expected)} objects its manifest lists"
+        sample = ", ".join(n.rsplit("/", 1)[-1] for n in state.early)
+        return marker + (f" (objects seen: {sample}{', ...' if len(state.early) >= 5 else ''})"
+                         if sample else "")
+    if state.batch == BatchMode.QUIET_PERIOD.value:
+        quiet = trigger.quiet_period_s if trigger else None
+        due = iso(state.last_seen + quiet) if quiet is not None and state.last_seen else None
+        return (f"quiet: nothing new for {quiet:.0f}s after the last object"
+                + (f" (due {due})" if due else "")) if quiet is not None else \
+            "quiet after the last object"
+    if state.batch == BatchMode.MIN_OBJECTS.value:
+        need = trigger.min_objects if trigger else None
+        return f"{need} objects ({members} so far)" if need else f"more objects ({members} so far)"
+    return "its objects"
+
+
+def snapshot_view(doc: Mapping[str, Any], pipeline: Pipeline | None,
+                  run_status: Callable[[str], str | None] | None = None) -> dict[str, Any]:
+    """A snapshot folder as people read it: open (waiting for what), complete, or which run it
+    started (and that run's status, when run_status can tell)."""
+    from spotorch.app.snapshots import SnapshotState, run_id_for
+
+    state = SnapshotState.from_doc(doc)
+    started = state.started
+    if started is None and state.snapshot_id and not state.pending_dispatch:
+        guess = run_id_for(state.pipeline, state.snapshot_id)  # a document from before `started`
+        started = guess if run_status is not None and run_status(guess) is not None else None
+    status = run_status(started) if run_status is not None and started else None
+    if state.open:
+        what, summary = "open", f"open: waiting for {_waiting_for(state, pipeline)}"
+    elif state.pending_dispatch:
+        what, summary = "complete", "complete: its run is being started"
+    elif started is not None:
+        what = "started"
+        summary = f"complete: started {started}" + (f" ({status})" if status else "")
+    else:
+        what, summary = "complete", "complete: no run (skipped: a run of its pipeline was active)"
+    objects = len(state.members()) or len(state.ready) or len(state.early)
+    return {
+        "kind": "snapshot", "pipeline": state.pipeline, "data_uri": state.data_uri,
+        "batch": state.batch, "state": what, "summary": summary,
+        "cycle": state.cycle, "objects": objects, "truncated": state.truncated,
+        "first_seen": iso(state.first_seen), "last_seen": iso(state.last_seen),
+        "completed_at": iso(state.completed_at), "snapshot_id": state.snapshot_id,
+        "started": started if what == "started" else None, "run_status": status,
+    }
+
+
+def unmatched_view(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A folder of uploads no pipeline took: its objects, per pipeline the rule each missed and
+    what the pipeline expects; whether it was alerted on."""
+    objects = [{"name": o.get("name"), "seen_at": iso(o.get("seen_at")),
+                "misses": list(o.get("misses") or ())} for o in doc.get("objects") or ()]
+    first = objects[0]["misses"] if objects else []
+    watching = [m for m in first if m.get("rule") != "bucket"] or first
+    return {
+        "kind": "unmatched", "bucket": doc.get("bucket"), "folder": doc.get("folder"),
+        "uri": f"gs://{doc.get('bucket')}/{doc.get('folder')}",
+        "state": "resolved" if doc.get("resolved") else "unmatched",
+        "summary": ("matches now (the pipelines changed)" if doc.get("resolved") else
+                    f"matched no pipeline: {watching[0].get('text')}" if watching else
+                    "matched no pipeline"),
+        "objects": objects, "more_objects": bool(doc.get("overflow")),
+        "first_seen": iso(doc.get("first_seen")), "last_seen": iso(doc.get("last_seen")),
+        "alerted_at": iso(doc.get("alerted_at")),
     }

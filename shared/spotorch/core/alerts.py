@@ -82,7 +82,12 @@ def _attempt_end(d: Mapping[str, Any]) -> str:
     cls = f" ({d['failure_class']})" if d.get("failure_class") else ""
     code = f", exit code {d['exit_code']}" if d.get("exit_code") is not None else ""
     return (f"Attempt {_get(d, 'attempt')} ended {_get(d, 'state')}: "
-            f"{_get(d, 'end_reason')}{cls}{code}")
+            f"{_get(d, 'end_reason')}{cls}{code}{_error(d)}")
+
+
+def _error(d: Mapping[str, Any]) -> str:
+    """The line of the job's stderr that says what went wrong, when it was read."""
+    return f" — {d['error']}" if d.get("error") else ""
 
 
 def _preempted(d: Mapping[str, Any]) -> str:
@@ -133,7 +138,7 @@ _HEADLINES: Mapping[str, tuple[Severity, Callable[[Mapping[str, Any]], str]]] = 
     "sweep.cancelled": (Severity.WARNING, _sweep_end),
     "sweep.trial_stopped": (Severity.INFO, lambda d: (
         f"Trial {_get(d, 'trial')} stopped early{_because(d)}")),
-    "run.failed": (Severity.ERROR, lambda d: f"Run failed{_because(d)}"),
+    "run.failed": (Severity.ERROR, lambda d: f"Run failed{_because(d)}{_error(d)}"),
     "run.cancelled": (Severity.WARNING, lambda d: f"Run cancelled{_because(d)}"),
     "run.budget_exceeded": (Severity.ERROR, lambda d: (
         f"Budget exceeded: {_get(d, 'budget')} used {_get(d, 'used')} of {_get(d, 'limit')}")),
@@ -154,6 +159,8 @@ _HEADLINES: Mapping[str, tuple[Severity, Callable[[Mapping[str, Any]], str]]] = 
         f"Spot probe {_get(d, 'probe')} in {_get(d, 'region')}: "
         + ("capacity found" if d.get("found") else "no capacity")
         + ("; moving back to Spot VMs" if d.get("switching") else ""))),
+    "upload.unmatched": (Severity.WARNING, lambda d: (
+        f"Upload to {_get(d, 'uri')} matched no pipeline: {_get(d, 'reason')}")),
     "run.checkpoints_deleted": (Severity.INFO, lambda d: (
         f"Deleted old checkpoints (steps {_get(d, 'steps')}), "
         f"{_get(d, 'bytes_reclaimed')} bytes reclaimed")),
@@ -168,6 +175,8 @@ _SAID_BY_COST = frozenset({"cost_estimate"})
 def _fact(value: Any) -> str:
     if isinstance(value, Mapping) and isinstance(value.get("summary"), str):
         return str(value["summary"])  # the cost ledger: its one line ("saved $412 (64%) ...")
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return "\n".join(value)  # lines, such as a failed job's stderr tail
     if isinstance(value, float):
         return f"{value:.2f}" if value != int(value) else str(int(value))
     return str(value)
@@ -184,7 +193,7 @@ def render_alert(event: Mapping[str, Any], *, held: Mapping[str, int] | None = N
         kind = str(event.get("type", "event"))
     severity, headline = _HEADLINES.get(kind, (Severity.INFO, lambda d: f"Event {kind}"))
     facts = tuple((key, _fact(value)) for key, value in data.items()
-                  if key not in _NOT_FACTS and value is not None and value != ""
+                  if key not in _NOT_FACTS and value not in (None, "", [])
                   and not (key in _SAID_BY_COST and "cost" in data))
     return Alert(
         event_id=str(event.get("id", "")), type=str(event.get("type", "")), kind=kind,
@@ -219,7 +228,8 @@ def chat_payload(alert: Alert) -> dict[str, Any]:
     esc = html.escape
     text = "\n".join([f"*{alert.pipeline}* run `{alert.run_id}`", *_plain_lines(alert)])
     widgets: list[dict[str, Any]] = [
-        {"decoratedText": {"topLabel": key, "text": esc(value), "wrapText": True}}
+        {"decoratedText": {"topLabel": key, "text": esc(value).replace("\n", "<br>"),
+                           "wrapText": True}}
         for key, value in alert.facts
     ]
     if alert.held_note:

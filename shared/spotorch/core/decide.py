@@ -61,6 +61,8 @@ from spotorch.core.observations import (
     Promote,
     Tick,
     TrainerReported,
+    bounded_tail,
+    error_line,
 )
 from spotorch.core.pipeline import Capacity, Pipeline
 from spotorch.core.price_list import LIST_PRICES
@@ -271,17 +273,19 @@ def _on_job(run: Run, obs: Observation, ctx: Context) -> Run:
     if state is AttemptState.RUNNING and run.status is RunStatus.STARTING:
         return move_to(run, RunStatus.RUNNING, ctx, f"attempt {attempt.number} running")
     if state.ended:
-        return _attempt_ended(run, ctx, attempt, obs.status)
+        return _attempt_ended(run, ctx, attempt, obs.status, obs.error_tail)
     return run
 
 
 def _end_attempt(attempt: Attempt, ctx: Context, status: JobStatus, reason: str,
-                 failure: FailureClass | None) -> Attempt:
+                 failure: FailureClass | None, error_tail: tuple[str, ...] = ()) -> Attempt:
     return replace(attempt, ended_at=status.end_time or ctx.now, end_reason=reason,
-                   failure=failure, exit_code=status.exit_code)
+                   failure=failure, exit_code=status.exit_code,
+                   error_tail=bounded_tail(error_tail))
 
 
-def _attempt_ended(run: Run, ctx: Context, attempt: Attempt, status: JobStatus) -> Run:
+def _attempt_ended(run: Run, ctx: Context, attempt: Attempt, status: JobStatus,
+                   error_tail: tuple[str, ...] = ()) -> Run:
     if attempt.state is AttemptState.SUCCEEDED:
         attempt = _end_attempt(attempt, ctx, status, "succeeded", None)
         run = _announce_end(with_attempt(run, attempt), ctx, attempt)
@@ -296,7 +300,7 @@ def _attempt_ended(run: Run, ctx: Context, attempt: Attempt, status: JobStatus) 
         return publish(run, ctx, "run.succeeded", status=str(run.status), **succeeded)
     failure = failure_of(attempt, status)
     reason = END_REASONS[failure](attempt, status)
-    attempt = _end_attempt(attempt, ctx, status, reason, failure)
+    attempt = _end_attempt(attempt, ctx, status, reason, failure, error_tail)
     run = with_attempt(run, attempt)
     run = _announce_end(run, ctx, attempt)
     if failure is FailureClass.CANCELLED:
@@ -326,7 +330,8 @@ def _announce_end(run: Run, ctx: Context, attempt: Attempt) -> Run:
                     capacity=str(attempt.capacity), job_name=attempt.job_name,
                     state=str(attempt.state), end_reason=attempt.end_reason,
                     failure_class=str(attempt.failure) if attempt.failure else None,
-                    exit_code=attempt.exit_code)
+                    exit_code=attempt.exit_code, error=error_line(attempt.error_tail),
+                    error_tail=list(attempt.error_tail))
 
 
 def _on_cancel(run: Run, obs: Observation, ctx: Context) -> Run:

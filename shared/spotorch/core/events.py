@@ -43,6 +43,9 @@ EVENT_KINDS: Mapping[str, str] = {
     "run.checkpoint_stale": "no new checkpoint for checkpoint_stale_after while running",
     "run.machine_changed": "out of memory: the next attempt takes a larger machine",
     "run.checkpoints_deleted": "checkpoints were deleted (retention, or after a divergence)",
+    # Data arrival: the event's run_id names the upload's folder record (upload-<digest>).
+    "upload.unmatched": "objects landed in a watched bucket, matched no pipeline, and stayed "
+                        "quiet: the rule each missed and what each pipeline expects",
 }
 
 # Kinds after which a run never changes again.

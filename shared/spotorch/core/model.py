@@ -200,6 +200,9 @@ class Attempt:
     machine_type: str | None = None  # None: the pipeline's own machine (health.fallback_machines)
     last_report_at: float | None = None  # the attempt's latest trainer report (hang detection)
     cancel_detail: str | None = None  # what a health rule found, when it cancelled the attempt
+    # The last lines its replicas wrote to stderr when it failed (bounded: core.observations
+    # bounded_tail); empty when none were found or the failure was not the code's.
+    error_tail: tuple[str, ...] = ()
 
     @property
     def live(self) -> bool:
@@ -449,6 +452,7 @@ def _attempt_from(doc: Mapping[str, Any]) -> Attempt:
     data["capacity"] = Capacity(data["capacity"])
     data["state"] = AttemptState(data["state"])
     data["failure"] = FailureClass(data["failure"]) if data.get("failure") else None
+    data["error_tail"] = tuple(str(line) for line in data.get("error_tail") or ())
     return Attempt(**data)
 
 

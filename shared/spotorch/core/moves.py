@@ -21,6 +21,7 @@ from spotorch.core.model import (
     Run,
     RunStatus,
 )
+from spotorch.core.observations import error_line
 from spotorch_trainer.contract import rfc3339
 
 # ---------------------------------------------------------------- small pure helpers
@@ -77,9 +78,11 @@ def fmt_s(seconds: float) -> str:
 def fail(run: Run, ctx: Context, status: RunStatus, reason: str,
           failure: FailureClass | None) -> Run:
     run = move_to(run, status, ctx, reason)
+    tail = next((a.error_tail for a in reversed(run.attempts) if a.error_tail), ())
     return publish(run, ctx, "run.failed", status=str(status), reason=reason,
                     failure_class=str(failure) if failure else None, attempts=len(run.attempts),
-                    preemptions=run.counters.preemptions, cost=cost_of(run, ctx))
+                    preemptions=run.counters.preemptions, cost=cost_of(run, ctx),
+                    error=error_line(tail), error_tail=list(tail))
 
 
 def cancel_attempt(run: Run, ctx: Context, attempt: Attempt, why: str) -> Run:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,30 @@ class JobObserved:
     # Vertex's own answer (GetCustomJob, ListCustomJobs). A log line or a forged message is only
     # a hint: it may move a job forward, never end it (one live job per run depends on it).
     confirmed: bool = True
+    # A failed job's replicas' last stderr lines (ports.job_logs), looked up when it failed.
+    error_tail: tuple[str, ...] = ()
+
+
+ERROR_TAIL_LINES = 20  # lines of a failed attempt's stderr kept with it
+ERROR_LINE_CHARS = 300  # characters per line kept
+ERROR_TAIL_CHARS = 3000  # characters in all: a run document stays far under Firestore's 1 MiB
+
+
+def bounded_tail(lines: Sequence[str]) -> tuple[str, ...]:
+    """The last lines that fit the bounds, each cut to ERROR_LINE_CHARS, blank ones at the
+    end dropped."""
+    kept = [line.rstrip()[:ERROR_LINE_CHARS] for line in lines]
+    while kept and not kept[-1]:
+        kept.pop()
+    kept = kept[-ERROR_TAIL_LINES:]
+    while kept and sum(len(line) + 1 for line in kept) > ERROR_TAIL_CHARS:
+        kept.pop(0)
+    return tuple(kept)
+
+
+def error_line(tail: Sequence[str]) -> str | None:
+    """The line that says what went wrong: the last one (a traceback ends with the exception)."""
+    return next((line.strip() for line in reversed(tail) if line.strip()), None)
 
 
 @dataclass(frozen=True)

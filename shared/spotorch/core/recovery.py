@@ -51,6 +51,12 @@ _CANCEL_FAILURES: Mapping[str, FailureClass] = {
 }
 
 
+# Failures whose cause the workers' own error output shows (their stderr's last lines are kept
+# with the attempt); Spot preemptions and stockouts are Vertex's doing, not the code's.
+WORKER_FAILURES = frozenset({FailureClass.USER_ERROR, FailureClass.INFRA,
+                             FailureClass.OUT_OF_MEMORY})
+
+
 def failure_of(attempt: Attempt, status: JobStatus) -> FailureClass:
     if attempt.state is AttemptState.CANCELLED or attempt.cancel_reason is not None:
         return _CANCEL_FAILURES.get(attempt.cancel_reason or "", FailureClass.CANCELLED)

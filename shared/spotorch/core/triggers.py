@@ -261,28 +261,96 @@ def selects(trigger: Trigger, name: str) -> bool:
             and (not trigger.suffixes or name.endswith(tuple(trigger.suffixes))))
 
 
-# Each rule: why an object is skipped, and the test it must pass. Order matters only for the
-# reason reported; every rule is cheap.
-_Rule = tuple[str, Callable[[Pipeline, ObjectEvent], bool]]
+# Each rule: its name, why an object is skipped, and the test it must pass. Order matters only
+# for the reason reported; every rule is cheap.
+_Rule = tuple[str, str, Callable[[Pipeline, ObjectEvent], bool]]
 _RULES: tuple[_Rule, ...] = (
-    ("not a finalized object (deletes, archives and metadata updates never trigger)",
+    ("finalized", "not a finalized object (deletes, archives and metadata updates never trigger)",
      lambda p, e: e.kind == ObjectEventKind.FINALIZE),
-    ("another bucket", lambda p, e: e.bucket == p.trigger.bucket),
-    ("outside the trigger prefix", lambda p, e: e.name.startswith(p.trigger.prefix)),
-    ("a folder placeholder", lambda p, e: not e.name.endswith("/")),
-    ("written by the pipeline's own jobs (checkpoint or output prefix)",
+    ("bucket", "another bucket", lambda p, e: e.bucket == p.trigger.bucket),
+    ("prefix", "outside the trigger prefix", lambda p, e: e.name.startswith(p.trigger.prefix)),
+    ("placeholder", "a folder placeholder", lambda p, e: not e.name.endswith("/")),
+    ("own_output", "written by the pipeline's own jobs (checkpoint or output prefix)",
      lambda p, e: not in_own_outputs(p, e.bucket, e.name)),
-    ("matches an ignore rule", lambda p, e: ignore_rule(p.trigger, e.name) is None),
-    ("not inside a snapshot folder (see snapshot_depth)",
+    ("ignored", "matches an ignore rule", lambda p, e: ignore_rule(p.trigger, e.name) is None),
+    ("folder", "not inside a snapshot folder (see snapshot_depth)",
      lambda p, e: snapshot_key(p.trigger, e.name) is not None),
-    ("excluded by the trigger's glob or suffixes",
+    ("selection", "excluded by the trigger's glob or suffixes",
      lambda p, e: is_marker(p.trigger, e.name) or selects(p.trigger, e.name)),
 )
+# Rules whose miss is intended (the pipeline means to skip such objects): never an upload that
+# "matched nothing" (spotorch.app.unmatched records only the others).
+INTENDED_SKIPS = frozenset({"finalized", "placeholder", "own_output", "ignored"})
+
+
+def _missed(pipeline: Pipeline, event: ObjectEvent) -> tuple[str, str] | None:
+    return next(((name, reason) for name, reason, passes in _RULES
+                 if not passes(pipeline, event)), None)
 
 
 def skip_reason(pipeline: Pipeline, event: ObjectEvent) -> str | None:
     """Why an event does not feed a pipeline, or None when it does."""
-    return next((reason for reason, passes in _RULES if not passes(pipeline, event)), None)
+    missed = _missed(pipeline, event)
+    return None if missed is None else missed[1]
+
+
+def expectation(trigger: Trigger) -> dict[str, Any]:
+    """What a trigger expects of an object, as data: where, which names, and the marker."""
+    expected: dict[str, Any] = {"bucket": trigger.bucket, "prefix": trigger.prefix,
+                                "batch": str(trigger.batch),
+                                "snapshot_depth": trigger.snapshot_depth}
+    if trigger.suffixes:
+        expected["suffixes"] = list(trigger.suffixes)
+    if trigger.glob:
+        expected["glob"] = trigger.glob
+    if trigger.batch is BatchMode.MARKER:
+        expected["marker"] = trigger.marker
+        expected["manifest"] = trigger.manifest
+    return expected
+
+
+def expectation_text(trigger: Trigger) -> str:
+    """What a trigger expects, for people: 'objects ending .csv in gs://b/p/<folder>/; marker
+    _DONE'."""
+    folder = "".join(f"<{'folder' if i == 0 else 'sub'}>/" for i in range(trigger.snapshot_depth))
+    where = f"gs://{trigger.bucket}/{trigger.prefix}" + \
+        ("" if trigger.batch is BatchMode.EACH_OBJECT else folder)
+    names = " or ".join(trigger.suffixes)
+    what = (f"objects ending {names}" if trigger.suffixes else "objects") + \
+        (f" matching {trigger.glob}" if trigger.glob else "")
+    text = f"{what} in {where}"
+    if trigger.batch is BatchMode.MARKER:
+        text += f"; marker {trigger.marker}" + (" (a manifest)" if trigger.manifest else "")
+    return text
+
+
+@dataclass(frozen=True)
+class Miss:
+    """The rule an object missed in one pipeline, and what that pipeline expects."""
+
+    pipeline: str
+    rule: str  # a rule name: bucket, prefix, folder, selection (or an intended skip)
+    reason: str
+    expected: Mapping[str, Any]
+    text: str  # reason and expectation in one line
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"pipeline": self.pipeline, "rule": self.rule, "reason": self.reason,
+                "expected": dict(self.expected), "text": self.text}
+
+
+def miss(pipeline: Pipeline, event: ObjectEvent) -> Miss | None:
+    """Why an object does not feed a pipeline, with what it expects; None when it does."""
+    missed = _missed(pipeline, event)
+    if missed is None:
+        return None
+    rule, reason = missed
+    trigger = pipeline.trigger
+    text = f"{reason}: expects {expectation_text(trigger)}"
+    base = event.name.rsplit("/", 1)[-1]
+    if rule == "selection" and trigger.batch is BatchMode.MARKER and base[:1] in ("_", "."):
+        text = f"{base} is not the marker (this pipeline's marker is {trigger.marker}); " + text
+    return Miss(pipeline.name, rule, reason, expectation(trigger), text)
 
 
 @dataclass(frozen=True)

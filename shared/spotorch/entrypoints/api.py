@@ -1,7 +1,10 @@
-"""The operator HTTP API (function `api`): read, list, submit, cancel and retry runs. JSON in and out.
+"""The operator HTTP API (function `api`): read, list, submit, cancel and retry runs; list, read,
+submit and cancel sweeps. JSON in and out.
 
 Times are ISO 8601 (UTC). GET /runs lists every run newest first: ?status=active,FAILED
-&pipeline=NAME&since=6h|ISO&limit=N&page_token=T; the reply carries next_page_token.
+&pipeline=NAME&since=6h|ISO&limit=N&page_token=T; the reply carries next_page_token. GET /sweeps
+takes the same (sweep statuses), GET /sweep?sweep_id=S one sweep; POST /submit-sweep
+{pipeline, data_uri, request_id} and POST /cancel-sweep {sweep_id, reason}.
 """
 
 from __future__ import annotations
@@ -115,6 +118,61 @@ def _submit(deps: Deps, body: Mapping[str, Any]) -> Response:
     return _reply(_view(deps, run) if run else {"skipped": True}, 201 if run else 200)
 
 
+def _sweep_reader(deps: Deps) -> Any:
+    from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
+    from spotorch.adapters.gcp.firestore_reads import FirestoreSweepReader
+    from spotorch.app.queries import DocumentSweepReader
+
+    if isinstance(deps.docs, FirestoreDocumentStore):
+        return FirestoreSweepReader(deps.docs.client)
+    return DocumentSweepReader(deps.docs)
+
+
+def _sweep_view(deps: Deps, sweep_id: str) -> Response:
+    from spotorch.app.views import sweep_view
+
+    found = _sweep_reader(deps).get(sweep_id)
+    if found is None:
+        return _reply({"error": f"no such sweep {sweep_id!r}"}, 404)
+    return _reply(sweep_view(found, deps.pipelines.get(found.pipeline)))
+
+
+def _sweeps(deps: Deps, body: Mapping[str, Any]) -> Response:
+    from spotorch.app.views import sweep_row
+    from spotorch.ports.reads import SweepQuery, parse_since, parse_sweep_statuses
+
+    try:
+        limit = int(body.get("limit") or 20)
+    except ValueError:
+        raise BadRequest(f"limit must be a whole number, not {body.get('limit')!r}") from None
+    query = SweepQuery(statuses=parse_sweep_statuses([str(body.get("status") or "")]),
+                       pipeline=str(body["pipeline"]) if body.get("pipeline") else None,
+                       since=parse_since(str(body["since"]), deps.clock.now())
+                       if body.get("since") else None,
+                       limit=limit, page_token=str(body.get("page_token") or "") or None)
+    page = _sweep_reader(deps).list(query)
+    return _reply({"sweeps": [sweep_row(sw, deps.pipelines.get(sw.pipeline))
+                              for sw in page.sweeps], "next_page_token": page.next_page_token})
+
+
+def _submit_sweep(deps: Deps, body: Mapping[str, Any]) -> Response:
+    from spotorch.app.sweeps import submit_sweep
+    from spotorch.app.views import sweep_view
+
+    sw = submit_sweep(deps, _field(body, "pipeline"), _field(body, "data_uri"),
+                      request_id=str(body.get("request_id") or ""))
+    return _reply(sweep_view(sw, deps.pipelines.get(sw.pipeline)), 201)
+
+
+def _cancel_sweep(deps: Deps, body: Mapping[str, Any]) -> Response:
+    from spotorch.app.sweeps import cancel_sweep
+    from spotorch.app.views import sweep_view
+
+    sw = cancel_sweep(deps, _field(body, "sweep_id"),
+                      str(body.get("reason") or "cancelled via API"))
+    return _reply(sweep_view(sw, deps.pipelines.get(sw.pipeline)))
+
+
 Route = Callable[["Deps", Mapping[str, Any]], Response]
 ROUTES: Mapping[tuple[str, str], Route] = {
     ("GET", "runs"): _list,
@@ -122,6 +180,10 @@ ROUTES: Mapping[tuple[str, str], Route] = {
     ("POST", "cancel"): _cancel,
     ("POST", "retry"): _retry,
     ("POST", "submit"): _submit,
+    ("GET", "sweeps"): _sweeps,
+    ("GET", "sweep"): lambda deps, body: _sweep_view(deps, _field(body, "sweep_id")),
+    ("POST", "submit-sweep"): _submit_sweep,
+    ("POST", "cancel-sweep"): _cancel_sweep,
 }
 
 

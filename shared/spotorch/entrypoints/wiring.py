@@ -18,6 +18,7 @@ def production_deps(settings: Settings | None = None) -> Deps:
     """Firestore, Vertex AI, GCS and Pub/Sub adapters configured from SPOTORCH_* variables."""
     from spotorch.adapters.gcp.checkpoints import StorageCheckpointStore
     from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
+    from spotorch.adapters.gcp.job_logs import CloudLoggingJobLogs
     from spotorch.adapters.gcp.pubsub import PubSubPublisher, PubSubShardDispatcher
     from spotorch.adapters.gcp.registry import VertexExperimentTracker, VertexModelRegistry
     from spotorch.adapters.gcp.storage import GcsObjectStore
@@ -48,4 +49,7 @@ def production_deps(settings: Settings | None = None) -> Deps:
         # Clients on first use: only pipelines with a `model` section ever call them.
         models=VertexModelRegistry(settings.project, endpoint=settings.vertex_endpoint),
         experiments=VertexExperimentTracker(settings.project, endpoint=settings.vertex_endpoint),
+        # A failed attempt's stderr tail: Cloud Logging (the Vertex emulator locally).
+        job_logs=CloudLoggingJobLogs(settings.project, endpoint=settings.logging_endpoint),
+        unmatched_alert_after_s=settings.unmatched_alert_after_s,
     )

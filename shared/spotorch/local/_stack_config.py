@@ -38,7 +38,7 @@ TOPICS = (S.TOPIC_GCS_NOTIFICATIONS, S.TOPIC_JOB_EVENTS, S.TOPIC_TRAINER_EVENTS,
 
 # Pull subscriptions for observers: the demo reads what spotorch published, and dead letters.
 OBSERVER_SUBSCRIPTION = "spotorch-events-observer"
-DEAD_LETTER_SUBSCRIPTION = "spotorch-dead-letter-observer"
+DEAD_LETTER_SUBSCRIPTION = S.SUBSCRIPTION_DEAD_LETTER_LOCAL
 
 VERTEX_MODULE = "spotorch.local.vertex_emulator"
 VERTEX_READY_LINE = "vertex emulator listening on"

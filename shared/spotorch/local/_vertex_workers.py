@@ -17,6 +17,7 @@ from typing import Any
 TF_TASK_TYPES = ("chief", "worker", "ps", "evaluator")
 FIRST_WORKER_PORT = 2222  # placeholder addresses in CLUSTER_SPEC: nothing listens there
 PYTHON_NAMES = frozenset({"python", "python3"})
+STDERR_SUFFIX = ".stderr"  # a replica's stderr file beside its stdout (workerpoolP-I.log)
 
 
 class SpawnError(RuntimeError):
@@ -122,11 +123,14 @@ def spawn(job_spec: Any, job_id: str, log_dir: Path, base_env: Mapping[str, str]
                 name = f"workerpool{p}-{i}"
                 log_path = log_dir / f"{name}.log"
                 try:
-                    with log_path.open("ab") as log:
+                    # stdout and stderr apart, as Vertex logs them (INFO and ERROR entries): the
+                    # error tail of a failed job is its stderr (ListLogEntries, _vertex_logging).
+                    with log_path.open("ab") as log, \
+                            (log_dir / f"{name}{STDERR_SUFFIX}").open("ab") as err:
                         # A session of its own: the emulator's Ctrl-C does not reach workers,
                         # and a stop signals the whole process tree.
                         process = subprocess.Popen(
-                            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            argv, stdout=log, stderr=err, stdin=subprocess.DEVNULL,
                             env=replica_env(job_spec, job_id, p, i, base_env),
                             start_new_session=True)
                 except OSError as exc:

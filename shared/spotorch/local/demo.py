@@ -1,14 +1,13 @@
 """The end-to-end demo: upload data, watch spotorch train through preemptions, report what happened.
 
-    spotorch demo [--scenario default|stockout|user-error] [--json] [--timeout S]
-
-Everything runs on the local stack (emulators, functions, the Vertex AI emulator, alert receivers),
-started here and stopped at the end. With --json, stdout carries exactly one JSON object.
+`spotorch demo --scenario NAME` (the scenarios: spotorch.local.demo_scenarios). Everything runs on
+a local stack of its own (emulators, functions, the Vertex AI emulator, alert receivers), started
+here and stopped at the end. What happened is told from the run's record
+(spotorch.local.demo_narration). With --json, stdout carries exactly one JSON object.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -16,201 +15,27 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import click
 import yaml
+
+from spotorch.commandline import run as run_command
+from spotorch.local.demo_narration import narrate
+from spotorch.local.demo_scenarios import REPO, SCENARIOS, Scenario, pipeline_document
 
 if TYPE_CHECKING:
     from spotorch.core.model import Run
     from spotorch.local.stack import DevStack
 
-REPO = Path(__file__).resolve().parents[3]  # shared/spotorch/local/demo.py -> the repository
+__all__ = ["SCENARIOS", "DemoStack", "Scenario", "demo", "demo_stack", "main",
+           "pipeline_document", "run_demo"]
 LANDING, CHECKPOINTS, MODELS = "spotorch-landing", "spotorch-checkpoints", "spotorch-models"
 PIPELINE = "demo"
 TICK_S = 2.0  # the local reconcile tick (production: Cloud Scheduler every 5 minutes)
 DATA_PREFIX = "datasets/demo/"
-
-
-@dataclass(frozen=True)
-class Scenario:
-    """One demo story: the pipeline's settings, what the Vertex emulator does, and how it ends."""
-
-    name: str
-    story: str
-    expected_status: str
-    recovery: Mapping[str, Any]
-    vertex_schedule: Mapping[str, Any] = field(default_factory=dict)  # docs/vertex-emulator.md
-    trainer_env: Mapping[str, str] = field(default_factory=dict)
-    deadline: str = "20m"
-    regions: tuple[str, ...] = ("us-central1",)
-    hardware: Mapping[str, Any] | None = None  # hardware candidates probed before the upload
-    command: tuple[str, ...] = ()  # instead of examples/train.py (e.g. examples/unhealthy.py)
-    health: Mapping[str, Any] = field(default_factory=dict)  # the pipeline's health: options
-    vertex_args: tuple[str, ...] = ()  # extra options of the Vertex emulator
-    sweep: Mapping[str, Any] | None = None  # the pipeline's sweep: (docs/sweeps.md)
-    model: Mapping[str, Any] | None = None  # the pipeline's model: registration
-
-
-_UNHEALTHY = ("python", "examples/unhealthy.py")
-_UNHEALTHY_ENV = {"EXAMPLE_TOTAL_STEPS": "120", "EXAMPLE_STEP_SLEEP": "0.05",
-                  "EXAMPLE_CHECKPOINT_EVERY": "10", "EXAMPLE_PROGRESS_INTERVAL": "0.5"}
-# The oom story's machines, scaled down to what this computer has (the emulator OOM-kills a
-# replica whose resident memory passes its machine's).
-_DEMO_MEMORY = '{"n1-standard-4": 200, "n1-highmem-8": 1024}'
-
-
-_TRAINER_ENV = {"EXAMPLE_TOTAL_STEPS": "600", "EXAMPLE_STEP_SLEEP": "0.03",
-                "EXAMPLE_CHECKPOINT_EVERY": "50", "EXAMPLE_PROGRESS_INTERVAL": "1"}
-
-SCENARIOS: Mapping[str, Scenario] = {
-    "default": Scenario(
-        name="default",
-        story="Spot attempt 1 is preempted after writing checkpoints; attempt 2 resumes from the "
-              "latest one and is preempted too, and the log sink loses every job-state message "
-              "of attempt 2, so only the tick's polling sees that preemption; the run escalates "
-              "to standard VMs and succeeds.",
-        expected_status="SUCCEEDED",
-        recovery={"escalation": "count", "escalate_after_preemptions": 2,
-                  "restart_overhead": "5s", "backoff_base": "1s", "stockout_wait": "60s",
-                  "decision_interval": "2s"},
-        vertex_schedule={"preempt": [{"attempt": 1, "after_s": 7.0}, {"attempt": 2, "after_s": 6.0}],
-                         # the first preemption is heard from its job-state line, the second
-                         # only through polling (timings_ms: preemption_to_relaunch_each)
-                         "drop_events": [{"attempt": 2}]},
-        trainer_env=_TRAINER_ENV,
-    ),
-    "stockout": Scenario(
-        name="stockout",
-        story="Spot has no capacity anywhere: the Spot attempt waits in the queue past the "
-              "stockout wait and is cancelled, the next region stocks out too, and the run "
-              "moves to standard VMs. While on standard it probes Spot with minimal jobs; when "
-              "Spot is back a probe runs, and the run returns to Spot from its checkpoint and "
-              "succeeds. The probes are no attempts.",
-        expected_status="SUCCEEDED",
-        recovery={"escalation": "deadline", "stockout_wait": "6s", "backoff_base": "1s",
-                  "max_stockouts": 3, "restart_overhead": "5s", "expected_compute": "40s",
-                  "decision_interval": "2s", "spot_cooldown": "10m",
-                  "spot_probes": {"enabled": True, "wait": "4s", "billed_estimate": "2s"}},
-        # Spot is back 34 s after the emulator starts: after both stockouts, while on standard.
-        vertex_schedule={"stockouts": [{"from_s": 0, "for_s": 34}]},
-        trainer_env={**_TRAINER_ENV, "EXAMPLE_TOTAL_STEPS": "400", "EXAMPLE_STEP_SLEEP": "0.06"},
-        regions=("us-central1", "europe-west4"),
-    ),
-    "user-error": Scenario(
-        name="user-error",
-        story="The training code crashes (exit code 1) at step 120 every time: spotorch retries "
-              "once, then fails the run with the user-error budget exhausted, and alerts.",
-        expected_status="FAILED",
-        recovery={"escalation": "never", "max_user_errors": 1, "backoff_base": "1s"},
-        trainer_env={**_TRAINER_ENV, "EXAMPLE_FAIL_AT_STEP": "120"},
-    ),
-    "hardware": Scenario(
-        name="hardware",
-        story="The run's first step probes four candidate shapes (10 steps of the training "
-              "code each, on Spot, in parallel, launched by the functions and followed by the "
-              "tick): one runs out of memory, the CPU one is too slow for the deadline, the "
-              "A100 costs more; the run trains on the cheapest one expected to meet the "
-              "deadline, the L4.",
-        expected_status="SUCCEEDED",
-        recovery={"escalation": "deadline", "restart_overhead": "5s", "backoff_base": "1s",
-                  "decision_interval": "2s", "expected_compute": "40s"},
-        trainer_env={**_TRAINER_ENV, "EXAMPLE_TOTAL_STEPS": "100", "EXAMPLE_WORKING_MEMORY_MB": "500",
-                     "OPENBLAS_NUM_THREADS": "1"},
-        # The emulator runs every shape at this machine's speed; each candidate's step sleep
-        # stands in for its speed, and the emulator OOM-kills n1-highcpu-2 past 400 MiB
-        # resident (an emulation; 0.5 s steps give its memory watch time to see it).
-        # The CPU shape needs about 2 min for the 100 steps, and probing takes some of the
-        # deadline first: it misses it, however loaded the machine.
-        deadline="2m",
-        hardware={"total_steps": 100, "probe_steps": 10, "probe_timeout": "90s",
-                  "candidates": [
-                      {"name": "small", "machine_type": "n1-highcpu-2",
-                       "env": {"EXAMPLE_STEP_SLEEP": 0.5}},
-                      {"name": "cpu", "machine_type": "n1-standard-4",
-                       "env": {"EXAMPLE_STEP_SLEEP": 1.2}},
-                      {"name": "l4", "machine_type": "g2-standard-8",
-                       "accelerator_type": "NVIDIA_L4", "accelerator_count": 1,
-                       "env": {"EXAMPLE_STEP_SLEEP": 0.15}},
-                      {"name": "a100", "machine_type": "a2-highgpu-1g",
-                       "accelerator_type": "NVIDIA_TESLA_A100", "accelerator_count": 1,
-                       "env": {"EXAMPLE_STEP_SLEEP": 0.1}}]},
-        vertex_args=("--memory-limits-mb", json.dumps({"n1-highcpu-2": 400})),
-    ),
-    "sweep": Scenario(
-        name="sweep",
-        story="A sweep over four learning rates, four trials at once on Spot: every trial's first "
-              "attempt is preempted and resumes from its checkpoint; the median rule stops the "
-              "trials that lag; the best trial's model is registered in the Model Registry "
-              "(aliases latest and best) and every trial is logged to Vertex AI Experiments.",
-        expected_status="SUCCEEDED",
-        recovery={"escalation": "never", "backoff_base": "1s", "decision_interval": "2s"},
-        vertex_schedule={"preempt": [{"attempt": 1, "after_s": 5.0}]},
-        trainer_env={**_TRAINER_ENV, "EXAMPLE_TOTAL_STEPS": "240", "OPENBLAS_NUM_THREADS": "1",
-                     "OMP_NUM_THREADS": "1"},
-        sweep={"parameters": [{"name": "lr", "values": [0.3, 0.1, 0.00001, 0.03]}],
-               "parallelism": 4, "metric": "loss", "goal": "minimize",
-               "early_stopping": {"min_trials": 2, "min_step": 40}},
-        model={"serving_image": "us-docker.pkg.dev/vertex-ai/prediction/sklearn-cpu.1-3:latest"},
-    ),
-    "hang": Scenario(
-        name="hang",
-        story="Attempt 1's training loop blocks at step 30 while its process lives (a stuck "
-              "collective): no more reports, so spotorch declares it hung, cancels it and "
-              "relaunches from the latest checkpoint; attempt 2 trains to the end.",
-        expected_status="SUCCEEDED",
-        recovery={"escalation": "never", "backoff_base": "1s", "decision_interval": "2s"},
-        health={"hang_min": "4s", "hang_factor": 4, "hang_startup": "60s"},
-        command=_UNHEALTHY,
-        trainer_env={**_UNHEALTHY_ENV, "EXAMPLE_MODE": "hang", "EXAMPLE_BAD_ATTEMPTS": "1"},
-    ),
-    "diverge": Scenario(
-        name="diverge",
-        story="From step 30 the loss explodes to infinity and NaN (a learning rate too high): "
-              "the divergence rule stops the run as FAILED_DIVERGED long before its 120 steps.",
-        expected_status="FAILED_DIVERGED",
-        recovery={"escalation": "never", "backoff_base": "1s"},
-        health={"divergence_action": "fail"},
-        command=_UNHEALTHY,
-        trainer_env={**_UNHEALTHY_ENV, "EXAMPLE_MODE": "diverge", "EXAMPLE_BAD_ATTEMPTS": "99"},
-    ),
-    "oom": Scenario(
-        name="oom",
-        story="The training step needs 400 MiB; on n1-standard-4 (200 MiB on the local stack) "
-              "the replica is OOM-killed; spotorch never retries out of memory on the same "
-              "machine, moves to the next fallback machine (n1-highmem-8) and succeeds.",
-        expected_status="SUCCEEDED",
-        recovery={"escalation": "never", "backoff_base": "1s"},
-        health={"fallback_machines": ["n1-highmem-8"]},
-        command=_UNHEALTHY,
-        trainer_env={**_UNHEALTHY_ENV, "EXAMPLE_MODE": "oom", "EXAMPLE_ALLOC_MB": "400",
-                     "EXAMPLE_OOM_AT_STEP": "10", "EXAMPLE_BAD_ATTEMPTS": "99"},
-        vertex_args=("--memory-limits-mb", _DEMO_MEMORY),
-    ),
-}
-
-
-def pipeline_document(scenario: Scenario) -> dict[str, Any]:
-    """The demo pipeline file for a scenario (examples/pipelines/demo.yaml with its recovery)."""
-    base = yaml.safe_load((REPO / "examples" / "pipelines" / "demo.yaml").read_text())
-    base["recovery"] = {**base.get("recovery", {}), **scenario.recovery}
-    base["deadline"] = scenario.deadline
-    base["job"]["regions"] = list(scenario.regions)
-    pools = base["job"]["worker_pools"]
-    env = dict(pools[0].get("env") or {})
-    env.update(scenario.trainer_env)
-    pools[0]["env"] = env
-    if scenario.hardware is not None:
-        base["hardware"] = dict(scenario.hardware)
-    if scenario.command:
-        pools[0]["command"] = list(scenario.command)
-    if scenario.health:
-        base["health"] = dict(scenario.health)
-    for key, value in (("sweep", scenario.sweep), ("model", scenario.model)):
-        if value is not None:
-            base[key] = json.loads(json.dumps(value))  # plain lists for YAML
-    return dict(base)
 
 
 def _say(quiet: bool, text: str) -> None:
@@ -331,6 +156,7 @@ class DemoStack:
         report["tick_s"] = TICK_S
         report["expected_status"] = self.scenario.expected_status
         report["work_dir"] = str(self.work_dir)
+        report["narration"] = narrate(report)
         return report
 
 
@@ -355,7 +181,7 @@ def demo_stack(scenario: Scenario, *, timeout_s: float, quiet: bool,
     (pipelines / "demo.yaml").write_text(yaml.safe_dump(pipeline_document(scenario)))
     schedule = work / "vertex-schedule.json"
     schedule.write_text(json.dumps(dict(scenario.vertex_schedule)))
-    say(f"spotorch demo ({scenario.name}): {scenario.story}")
+    say(f"spotorch demo ({scenario.name}): {scenario.setup}")
     with WebhookReceiver() as webhook, SmtpReceiver() as smtp:
         alerts_env = {"SPOTORCH_CHAT_WEBHOOK_URL": f"{webhook.url}/chat",
                       "SPOTORCH_SLACK_WEBHOOK_URL": f"{webhook.url}/slack",
@@ -500,15 +326,9 @@ def _event_type_of(body: bytes) -> str:
 
 
 def _human(report: Mapping[str, Any]) -> str:
-    lines = [f"run {report['run_id']}: {report['status']}"
-             + (f" ({report['end_reason']})" if report.get("end_reason") else "")]
-    for a in report["attempts"]:
-        resumed = f", resumed from step {a['resumed_from_step']}" if a["resumed_from_step"] \
-            is not None else ", fresh start"
-        lines.append(f"  attempt {a['attempt']} on {a['capacity']}: {a['state']}"
-                     f" ({a['end_reason']}){resumed}, reached step {a['progress_reached'] or '-'}")
-    if report.get("escalated"):
-        lines.append(f"  escalated to {report['escalated']['to']}: {report['escalated']['reason']}")
+    name = report.get("sweep_id") or report.get("run_id")
+    lines = [f"{'sweep' if report.get('sweep_id') else 'run'} {name}: what happened"]
+    lines += [f"  {line}" for line in report.get("narration") or narrate(report)]
     if report.get("metrics"):
         scores = {k: round(v, 4) for k, v in report["metrics"].items()
                   if isinstance(v, float) and k.startswith("test_")}
@@ -524,23 +344,38 @@ def _human(report: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="spotorch demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="default")
-    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    parser.add_argument("--timeout", type=float, default=240.0, help="seconds to wait for the run")
-    parser.add_argument("--lose-job-events", action="store_true",
-                        help="drop every job-state message: only the tick's polling sees the jobs")
-    args = parser.parse_args(argv)
-    scenario = SCENARIOS[args.scenario]
-    report = run_demo(scenario, timeout_s=args.timeout, quiet=False,
-                      lose_job_events=args.lose_job_events)
-    if args.json:
-        print(json.dumps(report, default=str))
+def _demo_help() -> str:
+    listing = "\n".join(f"  {name:<11} {s.title} (ends {s.expected_status})"
+                         for name, s in SCENARIOS.items())
+    return ("Run a story end to end on a local stack of its own: upload a data snapshot, follow "
+            "the run to its end, and tell what happened from the run's own record (attempts, "
+            "checkpoints, errors, escalation, cost, alerts). Exits 0 when the run ended as the "
+            "scenario expects.\n\n\b\nScenarios:\n" + listing)
+
+
+@click.command(name="demo", help=_demo_help())
+@click.option("--scenario", type=click.Choice(list(SCENARIOS)), default="default",
+              help="Which story (listed above).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.option("--timeout", type=click.FloatRange(1), default=240.0,
+              help="Seconds to wait for the run.")
+@click.option("--lose-job-events", is_flag=True,
+              help="Drop every job-state message: only the tick's polling sees the jobs.")
+def demo(scenario: str, as_json: bool, timeout: float, lose_job_events: bool) -> None:
+    """`spotorch demo`: one scenario on its own local stack (the help is _demo_help)."""
+    chosen = SCENARIOS[scenario]
+    report = run_demo(chosen, timeout_s=timeout, quiet=False, lose_job_events=lose_job_events)
+    if as_json:
+        click.echo(json.dumps(report, default=str))
     else:
-        print(_human(report))
-    return 0 if report["status"] == scenario.expected_status else 1
+        click.echo(_human(report))
+    if report["status"] != chosen.expected_status:
+        raise click.exceptions.Exit(1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m spotorch.local.demo`: the `spotorch demo` command."""
+    return run_command(demo, argv, prog_name="spotorch demo")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ SIGTERM. Human-readable output goes to stderr, so `eval "$(spotorch dev up)"` se
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -18,8 +17,12 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+import click
+
+from spotorch.commandline import CONTEXT, LazyGroup, run
 from spotorch.local._stack_alerts import ALERTS_FILE, read_alerts
 from spotorch.local._stack_config import (
     CLOUDEVENT,
@@ -44,6 +47,7 @@ from spotorch.local._stack_state import (
     supervisor_alive,
     write_json,
 )
+from spotorch.settings import ENV_STATE
 
 if TYPE_CHECKING:
     from spotorch.local.stack import DevStack
@@ -109,68 +113,108 @@ def summary(state: Mapping[str, Any]) -> str:
 
 # ------------------------------------------------------------------ dev up
 
-def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="spotorch dev up",
-                                     description="Start the local stack in the background.")
-    parser.add_argument("--state", type=Path, default=DEFAULT_STATE)
-    parser.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR)
-    parser.add_argument("--project", default=StackConfig.project)
-    parser.add_argument("--pipelines", type=Path,
-                        help="pipeline files to serve (default ./pipelines if it exists, "
-                             "else spotorch's examples)")
-    parser.add_argument("--functions-source", type=Path)
-    parser.add_argument("--function", action="append", metavar="NAME[=SIGNATURE]",
-                        help="only these functions (default: all of functions/main.py)")
-    parser.add_argument("--push", choices=PUSH_MODES, default="eventarc")
-    parser.add_argument("--gcs-events", choices=GCS_EVENT_FORMS, default="pubsub")
-    parser.add_argument("--no-vertex", action="store_true")
-    parser.add_argument("--schedule", type=Path, help="Vertex emulator preemption schedule")
-    parser.add_argument("--trace", type=Path, help="Vertex emulator spot trace")
-    parser.add_argument("--trace-speed", type=float)
-    parser.add_argument("--grace-s", type=float)
-    parser.add_argument("--vertex-arg", action="append", default=[], metavar="ARG",
-                        help="pass ARG on to the Vertex emulator, e.g. "
-                             "--vertex-arg=--every-spot-job-after-s=20")
-    parser.add_argument("--tick-s", type=float, default=5.0, help="0: no ticker")
-    parser.add_argument("--max-delivery-attempts", type=int, default=5)
-    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra environment for the functions (wins over the receivers)")
-    parser.add_argument("--fresh", action="store_true",
-                        help="forget the data kept by earlier runs, start empty")
-    parser.add_argument("--ephemeral", action="store_true",
-                        help="keep nothing across `dev down` (everything in memory)")
-    parser.add_argument("--no-receivers", action="store_true",
-                        help="no local webhook/SMTP receivers (alerts go where --env says)")
-    parser.add_argument("--no-reload", action="store_true",
-                        help="do not watch the pipeline files (`spotorch dev reload` still works)")
-    parser.add_argument("--timeout", type=float, default=90.0)
-    return parser
+STATE_OPTION = click.option(
+    "--state", type=click.Path(dir_okay=False, path_type=Path), default=DEFAULT_STATE,
+    envvar=ENV_STATE, show_envvar=True,
+    help="The stack's state file (`dev up` exports SPOTORCH_STATE: every spotorch command finds "
+         "the stack by it).")
 
 
-def _config_from_args(args: argparse.Namespace) -> StackConfig:
+@click.group(cls=LazyGroup, context_settings=CONTEXT, lazy={
+    "vertex": ("spotorch.local.vertex_emulator", "vertex",
+               "Run the local Vertex AI emulator in the foreground (the stack starts its own).")})
+def dev() -> None:
+    """The local stack: emulators, functions and the Vertex AI emulator on this machine.
+
+    Start it with `eval "$(spotorch dev up)"`: the exports point every spotorch command at it.
+    """
+
+
+@dev.command(name="up")
+@STATE_OPTION
+@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
+              default=DEFAULT_RUN_DIR, help="Logs, the stack's config and its kept data.")
+@click.option("--project", default=StackConfig.project, help="The stack's Google Cloud project id.")
+@click.option("--pipelines", type=click.Path(path_type=Path),
+              help="Pipeline files to serve  [default: ./pipelines if it exists, else "
+                   "spotorch's examples]")
+@click.option("--functions-source", type=click.Path(dir_okay=False, path_type=Path),
+              help="The functions' main.py  [default: spotorch's functions/main.py]")
+@click.option("--function", "functions", multiple=True, metavar="NAME[=SIGNATURE]",
+              help="Only these functions (repeat)  [default: all of functions/main.py]")
+@click.option("--push", type=click.Choice(PUSH_MODES), default="eventarc",
+              help="How Pub/Sub pushes reach the functions (eventarc: through the push adapter).")
+@click.option("--gcs-events", type=click.Choice(GCS_EVENT_FORMS), default="pubsub",
+              help="The form of object events the functions get.")
+@click.option("--no-vertex", is_flag=True, help="No Vertex AI emulator.")
+@click.option("--schedule", type=click.Path(dir_okay=False, path_type=Path),
+              help="Vertex emulator preemption schedule (JSON; docs/vertex-emulator.md).")
+@click.option("--trace", type=click.Path(dir_okay=False, path_type=Path),
+              help="Vertex emulator Spot availability trace.")
+@click.option("--trace-speed", type=float, help="Trace seconds per wall-clock second.")
+@click.option("--grace-s", type=float, help="Seconds between SIGTERM and SIGKILL on preemption.")
+@click.option("--vertex-arg", "vertex_args", multiple=True, metavar="ARG",
+              help="Pass ARG on to the Vertex emulator, e.g. --vertex-arg=--every-spot-job-after-s=20.")
+@click.option("--tick-s", type=click.FloatRange(0), default=5.0,
+              help="Seconds between reconcile ticks (0: no ticker).")
+@click.option("--max-delivery-attempts", type=click.IntRange(5, 100), default=5,
+              help="Pub/Sub deliveries before a message is dead-lettered.")
+@click.option("--env", "extra_env", multiple=True, metavar="KEY=VALUE",
+              help="Extra environment for the functions (wins over the receivers).")
+@click.option("--fresh", is_flag=True, help="Forget the data kept by earlier runs, start empty.")
+@click.option("--ephemeral", is_flag=True, help="Keep nothing across `dev down` (all in memory).")
+@click.option("--no-receivers", is_flag=True,
+              help="No local webhook/SMTP receivers (alerts go where --env says).")
+@click.option("--no-reload", is_flag=True,
+              help="Do not watch the pipeline files (`spotorch dev reload` still works).")
+@click.option("--timeout", type=click.FloatRange(1), default=90.0,
+              help="Seconds to wait for the stack to be ready.")
+def up_command(**options: Any) -> None:
+    """Start the local stack in the background; print the exports that point spotorch at it.
+
+    `eval "$(spotorch dev up ...)"`: the summary goes to stderr, the exports to stdout.
+    """
+    code = _up(SimpleNamespace(**options))
+    if code:
+        raise click.exceptions.Exit(code)
+
+
+def _config_from_args(args: SimpleNamespace) -> StackConfig:
     pipelines = (args.pipelines or default_pipelines_dir(Path.cwd())).resolve()
     overrides: dict[str, Any] = {
         "project": args.project, "run_dir": args.run_dir.resolve(), "push": args.push,
         "gcs_events": args.gcs_events, "vertex": not args.no_vertex,
         "vertex_schedule": args.schedule, "vertex_trace": args.trace,
         "vertex_trace_speed": args.trace_speed, "vertex_grace_s": args.grace_s,
-        "vertex_args": tuple(args.vertex_arg),
+        "vertex_args": tuple(args.vertex_args),
         "tick_seconds": args.tick_s or None, "max_delivery_attempts": args.max_delivery_attempts,
-        "extra_env": dict(kv.split("=", 1) for kv in args.env), "cwd": Path.cwd(),
+        "extra_env": _env_pairs(args.extra_env), "cwd": Path.cwd(),
         "pipelines_dir": pipelines, "durable": not args.ephemeral, "fresh": args.fresh,
         "receivers": not args.no_receivers,
         "pipeline_reload_s": None if args.no_reload else RELOAD_EVERY_S,
     }
     if args.functions_source:
         overrides["functions_source"] = args.functions_source.resolve()
-    if args.function:
+    if args.functions:
         overrides["functions"] = {
             n: (s or DEFAULT_FUNCTIONS.get(n, CLOUDEVENT))
-            for n, _, s in (f.partition("=") for f in args.function)}
+            for n, _, s in (f.partition("=") for f in args.functions)}
     return dataclasses.replace(StackConfig(), **overrides)
 
 
-def _already_up(args: argparse.Namespace, state: Mapping[str, Any], state_path: Path) -> int:
+def _env_pairs(pairs: Sequence[str]) -> dict[str, str]:
+    bad = [kv for kv in pairs if "=" not in kv or not kv.split("=", 1)[0]]
+    if bad:
+        raise StackError(f"--env {bad[0]!r}: give KEY=VALUE")
+    return dict(kv.split("=", 1) for kv in pairs)
+
+
+def up_exports(state: Mapping[str, Any], state_path: Path) -> str:
+    """The exports of a running stack: its env, and its state file (every command reads it)."""
+    return exports({**(state.get("env") or {}), ENV_STATE: str(state_path)})
+
+
+def _already_up(args: SimpleNamespace, state: Mapping[str, Any], state_path: Path) -> int:
     """`dev up` while the stack runs: switch pipelines if asked to, never ignore it silently."""
     if args.fresh:
         sys.stderr.write("spotorch dev up: the local stack is running; --fresh needs "
@@ -190,13 +234,17 @@ def _already_up(args: argparse.Namespace, state: Mapping[str, Any], state_path: 
         sys.stderr.write(f"local stack already running (state {state_path}); options other "
                          "than --pipelines need `spotorch dev down` first\n")
     sys.stderr.write(summary(state))
-    sys.stdout.write(exports(state.get("env") or {}))
+    sys.stdout.write(up_exports(state, state_path))
     return 0
 
 
 def up_main(argv: Sequence[str]) -> int:
-    """`spotorch dev up`: start the stack under a detached supervisor; print env exports."""
-    args = _build_parser().parse_args(list(argv))
+    """`spotorch dev up` as a function (tests): start the stack; print the exports."""
+    return run(up_command, argv, prog_name="spotorch dev up")
+
+
+def _up(args: SimpleNamespace) -> int:
+    """Start the stack under a detached supervisor; print env exports."""
     state_path: Path = args.state.resolve()
     state = read_state(state_path)
     if state and supervisor_alive(state) and state.get("status") == "ready":
@@ -230,7 +278,7 @@ def up_main(argv: Sequence[str]) -> int:
         if state and state.get("supervisor", {}).get("pid") == child.pid:
             if state.get("status") == "ready":
                 sys.stderr.write(summary(state))
-                sys.stdout.write(exports(state.get("env") or {}))
+                sys.stdout.write(up_exports(state, state_path))
                 return 0
             if state.get("status") == "failed":
                 break
@@ -251,26 +299,24 @@ def up_main(argv: Sequence[str]) -> int:
 
 # ------------------------------------------------------------------ dev down
 
-def _state_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--state", type=Path, default=DEFAULT_STATE)
-    return parser
-
-
-def down_main(argv: Sequence[str]) -> int:
-    """`spotorch dev down`: stop everything the state file records (idempotent)."""
-    args = _state_parser("spotorch dev down", "Stop the background local stack.").parse_args(
-        list(argv))
-    state_path: Path = args.state.resolve()
-    state = read_state(state_path)
-    if state is None:
+@dev.command(name="down")
+@STATE_OPTION
+def down_command(state: Path) -> None:
+    """Stop everything the state file records (nothing running is fine)."""
+    state_path = state.resolve()
+    found = read_state(state_path)
+    if found is None:
         sys.stderr.write(f"no local stack is running (no state file {state_path})\n")
-        return 0
-    stopped = stop_recorded(state)
+        return
+    stopped = stop_recorded(found)
     state_path.unlink(missing_ok=True)
     if not stopped:
         sys.stderr.write("local stack was not running any more; state file removed\n")
-    return 0
+
+
+def down_main(argv: Sequence[str]) -> int:
+    """`spotorch dev down` as a function (tests)."""
+    return run(down_command, argv, prog_name="spotorch dev down")
 
 
 # ------------------------------------------------------------------ operations on a running stack
@@ -284,43 +330,59 @@ def _running(state_path: Path, command: str) -> dict[str, Any] | None:
     return None
 
 
-def restart_main(argv: Sequence[str]) -> int:
-    """`spotorch dev restart PIECE`: restart one piece of the running stack on its port."""
-    parser = _state_parser("spotorch dev restart", "Restart one piece of the running stack.")
-    parser.add_argument("piece", help="firestore, pubsub, gcs, vertex, adapter, or a function "
-                                      "name (on_tick, api, ...)")
-    parser.add_argument("--timeout", type=float, default=90.0)
-    args = parser.parse_args(list(argv))
-    state = _running(args.state, "restart")
-    if state is None:
-        return 1
-    answer = ask_supervisor(state, {"op": "restart", "piece": args.piece}, args.timeout)
+def _fail(command: str, why: str) -> click.exceptions.Exit:
+    sys.stderr.write(f"spotorch dev {command}: {why}\n")
+    return click.exceptions.Exit(1)
+
+
+@dev.command(name="restart")
+@click.argument("piece")
+@STATE_OPTION
+@click.option("--timeout", type=click.FloatRange(1), default=90.0,
+              help="Seconds to wait for the piece to be back.")
+def restart_command(piece: str, state: Path, timeout: float) -> None:
+    """Restart one PIECE of the running stack on its port: firestore, pubsub, gcs, vertex,
+    adapter, or a function name (on_tick, api, ...)."""
+    running = _running(state, "restart")
+    if running is None:
+        raise click.exceptions.Exit(1)
+    answer = ask_supervisor(running, {"op": "restart", "piece": piece}, timeout)
     if not answer.get("ok"):
-        sys.stderr.write(f"spotorch dev restart: {answer.get('error')}\n")
-        return 1
+        raise _fail("restart", str(answer.get("error")))
     sys.stderr.write(f"restarted {answer['restarted']}\n")
-    return 0
+
+
+def restart_main(argv: Sequence[str]) -> int:
+    """`spotorch dev restart` as a function (tests)."""
+    return run(restart_command, argv, prog_name="spotorch dev restart")
+
+
+@dev.command(name="reload")
+@STATE_OPTION
+@click.option("--pipelines", type=click.Path(path_type=Path),
+              help="Serve this directory from now on  [default: the one it serves]")
+@click.option("--timeout", type=click.FloatRange(1), default=90.0,
+              help="Seconds to wait for the functions to be back.")
+def reload_command(state: Path, pipelines: Path | None, timeout: float) -> None:
+    """Check the pipeline files again and serve the valid ones now; exits 1 when a file was
+    left out (every problem is listed)."""
+    running = _running(state, "reload")
+    if running is None:
+        raise click.exceptions.Exit(1)
+    request: dict[str, Any] = {"op": "reload"}
+    if pipelines is not None:
+        request["pipelines"] = str(pipelines.resolve())
+    answer = ask_supervisor(running, request, timeout)
+    if not answer.get("ok"):
+        raise _fail("reload", str(answer.get("error")))
+    sys.stderr.write("".join(f"# {line}\n" for line in _pipeline_lines(answer["pipelines"])))
+    if answer["pipelines"].get("rejected"):
+        raise click.exceptions.Exit(1)
 
 
 def reload_main(argv: Sequence[str]) -> int:
-    """`spotorch dev reload [--pipelines DIR]`: check the pipeline files again, serve the valid
-    ones; exit 1 when a file was left out (every problem is listed)."""
-    parser = _state_parser("spotorch dev reload", "Reload the running stack's pipelines.")
-    parser.add_argument("--pipelines", type=Path, help="serve this directory from now on")
-    parser.add_argument("--timeout", type=float, default=90.0)
-    args = parser.parse_args(list(argv))
-    state = _running(args.state, "reload")
-    if state is None:
-        return 1
-    request: dict[str, Any] = {"op": "reload"}
-    if args.pipelines is not None:
-        request["pipelines"] = str(args.pipelines.resolve())
-    answer = ask_supervisor(state, request, args.timeout)
-    if not answer.get("ok"):
-        sys.stderr.write(f"spotorch dev reload: {answer.get('error')}\n")
-        return 1
-    sys.stderr.write("".join(f"# {line}\n" for line in _pipeline_lines(answer["pipelines"])))
-    return 1 if answer["pipelines"].get("rejected") else 0
+    """`spotorch dev reload` as a function (tests)."""
+    return run(reload_command, argv, prog_name="spotorch dev reload")
 
 
 def _alert_line(alert: Mapping[str, Any]) -> str:
@@ -330,29 +392,32 @@ def _alert_line(alert: Mapping[str, Any]) -> str:
             f"{alert.get('event_type') or '-':<40} {where}{status}")
 
 
-def alerts_main(argv: Sequence[str]) -> int:
-    """`spotorch dev alerts`: what the local webhook and SMTP receivers were sent."""
-    parser = _state_parser("spotorch dev alerts", "Show the alerts the local receivers got.")
-    parser.add_argument("--run-dir", type=Path, help="read RUN_DIR/alerts.jsonl directly "
-                                                     "(also after `dev down`)")
-    parser.add_argument("--json", action="store_true", help="one JSON object per line")
-    args = parser.parse_args(list(argv))
-    if args.run_dir is not None:
-        path = args.run_dir / ALERTS_FILE
+@dev.command(name="alerts")
+@STATE_OPTION
+@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Read RUN_DIR/alerts.jsonl directly (also after `dev down`).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+def alerts_command(state: Path, run_dir: Path | None, as_json: bool) -> None:
+    """What the local webhook and SMTP receivers were sent."""
+    if run_dir is not None:
+        path = run_dir / ALERTS_FILE
     else:
-        state = read_state(args.state.resolve())
-        if state is None:
-            sys.stderr.write(f"no local stack is running (state {args.state}); "
-                             "use --run-dir to read a stopped stack's alerts\n")
-            return 1
-        path = Path(str(state["run_dir"])) / ALERTS_FILE
+        found = read_state(state.resolve())
+        if found is None:
+            raise _fail("alerts", f"no local stack is running (state {state}); use --run-dir to "
+                                  "read a stopped stack's alerts")
+        path = Path(str(found["run_dir"])) / ALERTS_FILE
     alerts = read_alerts(path)
     for alert in alerts:
-        sys.stdout.write(json.dumps(alert, sort_keys=True) + "\n" if args.json
+        sys.stdout.write(json.dumps(alert, sort_keys=True) + "\n" if as_json
                          else _alert_line(alert) + "\n")
-    if not args.json:
+    if not as_json:
         sys.stderr.write(f"{len(alerts)} alerts delivered ({path})\n")
-    return 0
+
+
+def alerts_main(argv: Sequence[str]) -> int:
+    """`spotorch dev alerts` as a function (tests)."""
+    return run(alerts_command, argv, prog_name="spotorch dev alerts")
 
 
 # ------------------------------------------------------------------ the supervisor
@@ -449,24 +514,21 @@ def _watch(stack: DevStack, state_path: Path, base: Mapping[str, Any],
             exported = time.monotonic()
 
 
+@dev.command(name="supervise", hidden=True)
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+              required=True, help="The stack's config (written by `dev up`).")
+@click.option("--state", "state_path", type=click.Path(dir_okay=False, path_type=Path),
+              required=True, help="Where to record the stack.")
+def supervise_command(config_path: Path, state_path: Path) -> None:
+    """The detached owner of a background stack (started by `dev up`)."""
+    code = _supervise(config_path, state_path)
+    if code:
+        raise click.exceptions.Exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m spotorch.local.dev up|down|restart|reload|alerts|supervise ...`."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    command, rest = (args[0], args[1:]) if args else ("", [])
-    commands: Mapping[str, Callable[[Sequence[str]], int]] = {
-        "up": up_main, "down": down_main, "restart": restart_main, "reload": reload_main,
-        "alerts": alerts_main}
-    if command in commands:
-        return commands[command](rest)
-    if command == "supervise":
-        parser = argparse.ArgumentParser(prog="spotorch-stack-supervisor")
-        parser.add_argument("--config", type=Path, required=True)
-        parser.add_argument("--state", type=Path, required=True)
-        ns = parser.parse_args(rest)
-        return _supervise(ns.config, ns.state)
-    sys.stderr.write("usage: python -m spotorch.local.dev up|down|restart|reload|alerts "
-                     "[options]\n")
-    return 2
+    return run(dev, argv, prog_name="spotorch dev")
 
 
 if __name__ == "__main__":

@@ -327,6 +327,8 @@ class DevStack:
             env[S.ENV_PIPELINES] = str(self.run_dir / ACTIVE_PIPELINES)
         if procs.vertex_port is not None:
             env[S.ENV_VERTEX_ENDPOINT] = f"{HOST}:{procs.vertex_port}"
+            # The Vertex emulator also answers Cloud Logging's ListLogEntries for its jobs.
+            env[S.ENV_LOGGING_ENDPOINT] = f"{HOST}:{procs.vertex_port}"
         if "api" in procs.function_ports:
             env["SPOTORCH_API_URL"] = self.function_url("api")
         return env

@@ -5,7 +5,6 @@ The real aiplatform_v1.JobServiceClient talks to it over insecure gRPC; docs/ver
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import random
@@ -16,12 +15,16 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
+from types import SimpleNamespace, TracebackType
 from typing import Any
 
+import click
+
 from spotorch.adapters.gcp.vertex import JobState
+from spotorch.commandline import CONTEXT, run
 from spotorch.local import _vertex_logs as logs
 from spotorch.local._vertex_jobs import JobStore
+from spotorch.local._vertex_logging import LoggingService
 from spotorch.local._vertex_logs import LogFormat, LogFormatError
 from spotorch.local._vertex_publisher import LogPublisher
 from spotorch.local._vertex_quota import QuotaLimits, QuotaMeter
@@ -110,6 +113,8 @@ class VertexEmulator:
                                    lambda: self.workdir or Path("."))
         # Model Registry and Experiments (ModelService, MetadataService, operations): in memory.
         self.registry = RegistryServices(project)
+        # Cloud Logging's ListLogEntries over the jobs' output (the error tail of a failed job).
+        self.logging = LoggingService(project, lambda: self.workdir or Path("."))
         self._t0 = time.monotonic()
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -176,7 +181,8 @@ class VertexEmulator:
         self._recover()
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8,
                                                         thread_name_prefix="vertex-emu-rpc"))
-        server.add_generic_rpc_handlers((self._service.handlers(), *self.registry.handlers()))
+        server.add_generic_rpc_handlers((self._service.handlers(), *self.registry.handlers(),
+                                         self.logging.handlers()))
         port = server.add_insecure_port(f"{self.host}:{self.port}")
         if not port:
             raise EmulatorError(f"cannot listen on {self.host}:{self.port}")
@@ -270,6 +276,7 @@ class VertexEmulator:
         for change in changes:
             lost = schedule.drops_events_of(change.labels)
             for entry in self.log_format.entries(change, time.time()):
+                self.logging.entries.remember(entry)  # Logging has it, whatever the sink loses
                 self._publish(entry, lost=lost)
 
     def _publish(self, entry: Mapping[str, Any], *, lost: bool = False) -> None:
@@ -286,57 +293,64 @@ class VertexEmulator:
 
 # --- command line ---------------------------------------------------------------------------------
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m spotorch.local.vertex_emulator",
-                                description="Local Vertex AI JobService emulator (gRPC).")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0, help="0: a free port")
-    p.add_argument("--project", default=None, help="serve only this project (default: any)")
-    p.add_argument("--job-events-topic", default=TOPIC_JOB_EVENTS,
-                   help="Pub/Sub topic for job-state messages ('' to disable); needs "
-                        "PUBSUB_EMULATOR_HOST")
-    p.add_argument("--schedule", help="preemption schedule JSON file")
-    p.add_argument("--every-spot-job-after-s", type=float,
-                   help="preempt every SPOT job this long after it starts")
-    p.add_argument("--trace", help="spot availability trace to replay (0 = no Spot capacity)")
-    p.add_argument("--trace-speed", type=float, default=1.0,
-                   help="trace seconds per wall-clock second")
-    p.add_argument("--trace-offset", type=int, default=0, help="trace tick to start at")
-    p.add_argument("--stockout-from-s", type=float,
-                   help="Spot capacity gone from this many seconds after start")
-    p.add_argument("--stockout-for-s", type=float, help="... for this long (default: forever)")
-    p.add_argument("--grace-s", type=float, default=30.0,
-                   help="seconds between SIGTERM and SIGKILL on preemption or cancel")
-    p.add_argument("--workdir", help="where worker logs go (default: a new temporary directory)")
-    p.add_argument("--drop-events", type=float, default=0.0,
-                   help="fraction of job-state messages to drop (1: all)")
-    p.add_argument("--seed", type=int, help="random seed for --drop-events")
-    p.add_argument("--queued-s", type=float, default=0.5, help="least time in QUEUED")
-    p.add_argument("--pending-s", type=float, default=0.5, help="least time in PENDING")
-    p.add_argument("--log-format", help="JSON file: service lines per state and the payload "
-                                        "field (docs/vertex-emulator.md)")
-    p.add_argument("--log-payload", choices=logs.PAYLOADS,
-                   help="where the line goes (default textPayload, or the --log-format file's)")
-    defaults = QuotaLimits()
-    p.add_argument("--quota-resource-management", type=int,
-                   default=defaults.resource_management,
-                   help="resource-management requests per minute per region (0: unlimited)")
-    p.add_argument("--quota-job-submissions", type=int, default=defaults.job_submission,
-                   help="job submissions per minute per region (0: unlimited)")
-    p.add_argument("--no-quotas", action="store_true", help="no request quotas at all")
-    p.add_argument("--memory-limits-mb", type=json.loads, default=None,
-                   help='JSON {"MACHINE_TYPE": MiB}: replicas past it are OOM-killed (exit 137)')
-    p.add_argument("--persist", action="store_true",
-                   help=f"keep jobs in WORKDIR/{JOBS_FILE}; at start, take up the saved ones")
-    return p
+_DEFAULT_QUOTAS = QuotaLimits()
 
 
-def _log_format(args: argparse.Namespace) -> LogFormat:
+@click.command(name="vertex", context_settings=CONTEXT)
+@click.option("--host", default="127.0.0.1", help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=0, help="0: a free port.")
+@click.option("--project", default=None, help="Serve only this project  [default: any]")
+@click.option("--job-events-topic", default=TOPIC_JOB_EVENTS,
+              help="Pub/Sub topic for job-state messages ('' to disable); needs "
+                   "PUBSUB_EMULATOR_HOST.")
+@click.option("--schedule", type=click.Path(dir_okay=False),
+              help="Preemption schedule JSON file (docs/vertex-emulator.md).")
+@click.option("--every-spot-job-after-s", type=float,
+              help="Preempt every SPOT job this long after it starts.")
+@click.option("--trace", type=click.Path(dir_okay=False),
+              help="Spot availability trace to replay (0 = no Spot capacity).")
+@click.option("--trace-speed", default=1.0, help="Trace seconds per wall-clock second.")
+@click.option("--trace-offset", default=0, help="Trace tick to start at.")
+@click.option("--stockout-from-s", type=float,
+              help="Spot capacity gone from this many seconds after start.")
+@click.option("--stockout-for-s", type=float, help="... for this long  [default: forever]")
+@click.option("--grace-s", default=30.0,
+              help="Seconds between SIGTERM and SIGKILL on preemption or cancel.")
+@click.option("--workdir", type=click.Path(file_okay=False),
+              help="Where worker logs go  [default: a new temporary directory]")
+@click.option("--drop-events", type=click.FloatRange(0, 1), default=0.0,
+              help="Fraction of job-state messages to drop (1: all).")
+@click.option("--seed", type=int, help="Random seed for --drop-events.")
+@click.option("--queued-s", default=0.5, help="Least time in QUEUED.")
+@click.option("--pending-s", default=0.5, help="Least time in PENDING.")
+@click.option("--log-format", type=click.Path(dir_okay=False),
+              help="JSON file: service lines per state and the payload field "
+                   "(docs/vertex-emulator.md).")
+@click.option("--log-payload", type=click.Choice(logs.PAYLOADS),
+              help="Where the line goes  [default: textPayload, or the --log-format file's]")
+@click.option("--quota-resource-management", default=_DEFAULT_QUOTAS.resource_management,
+              help="Resource-management requests per minute per region (0: unlimited).")
+@click.option("--quota-job-submissions", default=_DEFAULT_QUOTAS.job_submission,
+              help="Job submissions per minute per region (0: unlimited).")
+@click.option("--no-quotas", is_flag=True, help="No request quotas at all.")
+@click.option("--memory-limits-mb", default=None, metavar="JSON",
+              help='{"MACHINE_TYPE": MiB}: replicas past it are OOM-killed (exit 137).')
+@click.option("--persist", is_flag=True,
+              help=f"Keep jobs in WORKDIR/{JOBS_FILE}; at start, take up the saved ones.")
+def vertex(**options: Any) -> None:
+    """Run the local Vertex AI emulator (JobService, Model Registry, Experiments and Cloud
+    Logging's ListLogEntries over gRPC) until SIGTERM or SIGINT; print one ready line."""
+    code = _serve(SimpleNamespace(**options))
+    if code:
+        raise click.exceptions.Exit(code)
+
+
+def _log_format(args: SimpleNamespace) -> LogFormat:
     base = LogFormat.load(args.log_format) if args.log_format else LogFormat()
     return LogFormat(base.lines, args.log_payload) if args.log_payload else base
 
 
-def _quotas(args: argparse.Namespace) -> QuotaLimits:
+def _quotas(args: SimpleNamespace) -> QuotaLimits:
     if args.no_quotas:
         return QuotaLimits.unlimited()
     return QuotaLimits(resource_management=args.quota_resource_management or None,
@@ -344,10 +358,19 @@ def _quotas(args: argparse.Namespace) -> QuotaLimits:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`python -m spotorch.local.vertex_emulator`: the `spotorch dev vertex` command."""
+    return run(vertex, argv, prog_name="spotorch dev vertex")
+
+
+def _serve(args: SimpleNamespace) -> int:
     """Run the emulator until SIGTERM or SIGINT; print one ready line to stdout."""
-    args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s vertex-emulator %(levelname)s %(message)s")
+    try:
+        memory = json.loads(args.memory_limits_mb) if args.memory_limits_mb else None
+    except ValueError as exc:
+        print(f"vertex emulator: --memory-limits-mb: not JSON: {exc}", file=sys.stderr)
+        return 2
     try:
         schedule: Any = args.schedule
         if args.every_spot_job_after_s is not None:
@@ -360,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
             grace_s=args.grace_s, workdir=args.workdir, job_events_topic=args.job_events_topic,
             drop_events=args.drop_events, seed=args.seed, queued_s=args.queued_s,
             pending_s=args.pending_s, log_format=_log_format(args), quotas=_quotas(args),
-            persist=args.persist, memory_limits_mb=args.memory_limits_mb)
+            persist=args.persist, memory_limits_mb=memory)
         address = emulator.start()
     except (EmulatorError, ScheduleError, LogFormatError) as exc:
         print(f"vertex emulator: {exc}", file=sys.stderr)

@@ -9,17 +9,19 @@ SPOTORCH_VERTEX_ENDPOINT), waits for them and stores the results in the cache.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import click
+
+from spotorch.commandline import UsageFailure, run
 from spotorch.core.fields import parse_duration
 from spotorch.core.hardware import HardwareChoice, ProbeResult, cache_key, choose, fresh, table_lines
 from spotorch.core.pipeline import Pipeline
+from spotorch.operate.cli_session import session, target_options
 from spotorch.ports.store import DocumentStore
 
 
@@ -81,42 +83,59 @@ def _jsonable(choice: HardwareChoice) -> dict[str, Any]:
     return {"hardware": choice.to_doc()}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="spotorch advise", description=(__doc__ or "")
-                                     .splitlines()[0])
-    parser.add_argument("pipeline", help="the pipeline file (with hardware.candidates)")
-    parser.add_argument("--results", help="probe results from a JSON file instead of Firestore")
-    parser.add_argument("--probe", metavar="DATA_URI",
-                        help="probe the candidates without a fresh result first, on this data")
-    parser.add_argument("--deadline", help="time left (e.g. 6h); default: the pipeline's deadline")
-    parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    args = parser.parse_args(argv)
+@click.command(name="advise")
+@click.argument("pipeline_file", metavar="PIPELINE",
+                type=click.Path(exists=True, dir_okay=False))
+@click.option("--results", type=click.Path(exists=True, dir_okay=False),
+              help="Probe results from a JSON file instead of Firestore.")
+@click.option("--probe", metavar="DATA_URI",
+              help="Probe the candidates without a fresh result first, on this data.")
+@click.option("--deadline", metavar="SPAN",
+              help="Time left (e.g. 6h)  [default: the pipeline's deadline]")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
+@target_options()
+@click.pass_context
+def advise_command(ctx: click.Context, pipeline_file: str, results: str | None,
+                   probe: str | None, deadline: str | None, as_json: bool) -> None:
+    """The table of hardware candidates of PIPELINE (a file with hardware.candidates) from
+    earlier probes: measured rate, expected hours and cost, whether each fits and why, the
+    choice. Nothing is launched unless --probe. Exits 1 when no candidate fits."""
     from spotorch.core.errors import ConfigError
     from spotorch.spec.loader import load_pipeline
 
     try:
-        pipeline = load_pipeline(args.pipeline)
+        pipeline = load_pipeline(pipeline_file)
     except ConfigError as exc:
-        print(f"spotorch: {exc}", file=sys.stderr)
-        return 2
+        raise UsageFailure(str(exc)) from None
     if pipeline.hardware is None:
-        print(f"spotorch: {args.pipeline} lists no hardware.candidates", file=sys.stderr)
-        return 2
-    deadline = parse_duration(args.deadline) if args.deadline else pipeline.deadline_s
+        raise UsageFailure(f"{pipeline_file} lists no hardware.candidates")
+    try:
+        left = parse_duration(deadline) if deadline else pipeline.deadline_s
+    except ValueError as exc:
+        raise UsageFailure(f"--deadline {deadline!r}: {exc}") from None
     now = time.time()
-    if args.results:
-        cache = _read_results(args.results)
+    if results:
+        cache = _read_results(results)
     else:
         from spotorch.app.hardware_probes import load_cache
+        from spotorch.operate.target import use_stack_environment
 
+        use_stack_environment(session(ctx).target())  # the local stack's emulators
         docs = _docs()
-        if args.probe:
-            _probe(pipeline, docs, args.probe, now)
+        if probe:
+            _probe(pipeline, docs, probe, now)
             now = time.time()
         cache = load_cache(docs, pipeline.name)
-    choice = advise(pipeline, cache, now, deadline)
-    if args.json:
-        print(json.dumps(_jsonable(choice), indent=2, sort_keys=True))
+    choice = advise(pipeline, cache, now, left)
+    if as_json:
+        click.echo(json.dumps(_jsonable(choice), indent=2, sort_keys=True))
     else:
-        print("\n".join(table_lines(choice)))
-    return 0 if choice.chosen is not None else 1
+        click.echo("\n".join(table_lines(choice)))
+    if choice.chosen is None:
+        raise click.exceptions.Exit(1)
+
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m spotorch.operate.advise`: the `spotorch advise` command."""
+    return run(advise_command, argv, prog_name="spotorch advise")

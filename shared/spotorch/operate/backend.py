@@ -18,7 +18,7 @@ from spotorch.core.pipeline import Pipeline
 from spotorch.core.sweeps import Sweep
 from spotorch.operate.logsource import CloudLoggingSource, LocalWorkerLogs, LogLine, LogSource
 from spotorch.operate.target import Target
-from spotorch.ports.reads import RunReader, SweepReader
+from spotorch.ports.reads import ArrivalReader, RunReader, SweepReader
 
 
 class OperatorError(Exception):
@@ -115,6 +115,8 @@ class Backend:
     pipelines: Mapping[str, Pipeline] = field(default_factory=dict)
     clock: Callable[[], float] = time.time
     target: Target | None = None
+    arrivals: ArrivalReader | None = None  # snapshots and unmatched uploads
+    poll_s: float = 2.0  # how often follow_run looks for the run's next attempt
 
     def run(self, run_id: str) -> Run:
         """The run, or OperatorError naming it when there is none."""
@@ -158,6 +160,50 @@ class Backend:
 
         return self.logs.lines(chosen.job_name, follow=follow, ended=ended)
 
+    def follow_run(self, run: Run) -> Iterator[tuple[int, LogLine]]:
+        """(attempt, line) of the run's latest attempt and of every attempt after it, until the
+        run ends: `logs --follow` across relaunches."""
+        number = max(len(run.attempts), 1)
+        while True:
+            fresh = self.run(run.run_id)
+            chosen = fresh.attempt(number)
+            if chosen is not None and chosen.job_name:
+                for line in self.follow_logs(fresh, number, follow=True):
+                    yield number, line
+                number += 1
+                continue
+            if not fresh.active:
+                return  # every attempt it had was followed to its end
+            time.sleep(self.poll_s)  # the next attempt is not launched (or has no job) yet
+
+    def snapshots(self, limit: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Views of the latest snapshots and unmatched uploads (OperatorError without a reader)."""
+        from spotorch.app.views import snapshot_view, unmatched_view
+
+        if self.arrivals is None:
+            raise OperatorError("this spotorch has no snapshot reader")
+        arrivals = self.arrivals
+        try:
+            docs = arrivals.snapshots(limit)
+            strays = arrivals.unmatched(limit)
+        except OperatorError:
+            raise
+        except Exception as exc:
+            raise OperatorError(describe_store_error(exc, self.target, "snapshots")) from None
+        statuses: dict[str, str | None] = {}
+
+        def run_status(run_id: str) -> str | None:
+            if run_id not in statuses:
+                try:
+                    found = self.reader.get(run_id)
+                except Exception:
+                    found = None
+                statuses[run_id] = str(found.status) if found is not None else None
+            return statuses[run_id]
+
+        return ([snapshot_view(d, self.pipeline(str(d.get("pipeline"))), run_status)
+                 for d in docs], [unmatched_view(d) for d in strays])
+
 
 def describe_store_error(exc: Exception, target: Target | None, what: str = "runs") -> str:
     """One line for what went wrong reading runs (or sweeps), naming the store."""
@@ -188,7 +234,11 @@ def load_pipelines(path: str | None) -> Mapping[str, Pipeline]:
 
 def backend_for(target: Target) -> Backend:
     """The backend of a target: Firestore (or its emulator) for reads, HTTP for actions."""
-    from spotorch.adapters.gcp.firestore_reads import FirestoreRunReader, FirestoreSweepReader
+    from spotorch.adapters.gcp.firestore_reads import (
+        FirestoreArrivalReader,
+        FirestoreRunReader,
+        FirestoreSweepReader,
+    )
 
     if target.firestore_emulator:
         # The Firestore client finds an emulator only through the environment.
@@ -203,7 +253,8 @@ def backend_for(target: Target) -> Backend:
                        else CloudLoggingSource(target.project))
     return Backend(reader=_GuardedReader(reader, target),
                    sweeps=_GuardedSweepReader(sweeps, target), actions=actions, logs=logs,
-                   pipelines=load_pipelines(target.pipelines), target=target)
+                   pipelines=load_pipelines(target.pipelines), target=target,
+                   arrivals=FirestoreArrivalReader(client))
 
 
 def _probe(host_port: str, timeout_s: float = 2.0) -> None:

@@ -11,17 +11,24 @@ An operator tool (like the CLI), not part of the function bundle.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+import click
+
+from spotorch.commandline import CommandFailure, run
 from spotorch.core.ids import message_key
+from spotorch.operate.cli_session import session, target_options
 from spotorch.ports.store import DocumentStore
-from spotorch.settings import COLLECTION_FAILURES, SUBSCRIPTION_DEAD_LETTER, Settings
+from spotorch.settings import (
+    COLLECTION_FAILURES,
+    SUBSCRIPTION_DEAD_LETTER,
+    SUBSCRIPTION_DEAD_LETTER_LOCAL,
+)
 
 # Attributes Pub/Sub adds to a dead-lettered message (not all emulators set them).
 ATTR_SOURCE_SUBSCRIPTION = "CloudPubSubDeadLetterSourceSubscription"
@@ -151,39 +158,74 @@ def replay(project: str, message_ids: Sequence[str], subscription: str = SUBSCRI
     return outcome
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """spotorch dead-letters [--replay ID ...] [--json]"""
-    parser = argparse.ArgumentParser(prog="spotorch dead-letters",
-                                     description="list dead-lettered messages; replay chosen ones")
-    parser.add_argument("--project", default=None, help="project (default: SPOTORCH_PROJECT)")
-    parser.add_argument("--subscription", default=SUBSCRIPTION_DEAD_LETTER,
-                        help=f"hold subscription (default: {SUBSCRIPTION_DEAD_LETTER})")
-    parser.add_argument("--replay", nargs="+", metavar="MESSAGE_ID", default=(),
-                        help="republish these messages to the topic they came from")
-    parser.add_argument("--topic", default=None, help="replay to this topic instead")
-    parser.add_argument("--max", type=int, default=100, help="messages to look at (default 100)")
-    parser.add_argument("--json", action="store_true", help="print JSON")
-    args = parser.parse_args(argv)
-    settings = Settings.from_env()
-    project = args.project or settings.project
-    if args.replay:
-        result = replay(project, args.replay, args.subscription, topic=args.topic)
-        print(json.dumps(result, indent=2) if args.json else
-              "\n".join(f"{k}: {v}" for k, v in result.items()))
-        return 0 if all(v.startswith("replayed") for v in result.values()) else 1
+@click.command(name="dead-letters")
+@click.option("--subscription", default=None, metavar="NAME",
+              help=f"Hold subscription to read  [default: the local stack's "
+                   f"({SUBSCRIPTION_DEAD_LETTER_LOCAL}) when it is the target, else "
+                   f"{SUBSCRIPTION_DEAD_LETTER}]")
+@click.option("--replay", "replay_ids", multiple=True, metavar="MESSAGE_ID",
+              help="Republish this message to the topic it came from (repeat for more).")
+@click.option("--topic", default=None, help="Replay to this topic instead (a full topic path).")
+@click.option("--max", "max_messages", type=click.IntRange(1, 1000), default=100,
+              help="Messages to look at.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@target_options()
+@click.pass_context
+def dead_letters(ctx: click.Context, subscription: str | None, replay_ids: tuple[str, ...],
+                 topic: str | None, max_messages: int, as_json: bool) -> None:
+    """List dead-lettered messages with the reason spotorch recorded; replay chosen ones."""
+    from spotorch.operate.target import use_stack_environment
+
+    target = session(ctx).target()
+    use_stack_environment(target)  # the local stack's Pub/Sub and Firestore emulators
+    project = target.project
+    hold = subscription or target.dead_letter_subscription
+    if replay_ids:
+        result = _cloud(lambda: replay(project, list(replay_ids), hold, topic=topic), hold,
+                        project)
+        click.echo(json.dumps(result, indent=2) if as_json else
+                   "\n".join(f"{k}: {v}" for k, v in result.items()))
+        if not all(v.startswith("replayed") for v in result.values()):
+            raise click.exceptions.Exit(1)
+        return
     from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
 
-    docs = FirestoreDocumentStore(project=project, database=settings.firestore_database)
-    letters = list_dead_letters(project, args.subscription, max_messages=args.max, docs=docs)
-    if args.json:
-        print(json.dumps([asdict(letter) for letter in letters], indent=2, default=str))
-    elif not letters:
-        print(f"no dead letters on {args.subscription}")
-    for letter in [] if args.json else letters:
-        print(f"{letter.message_id}  from {letter.source_subscription or '?'}  "
-              f"attempts {letter.delivery_count or '?'}  {letter.size} bytes\n"
-              f"    reason: {letter.reason or 'none recorded'}\n    data: {letter.preview[:100]}")
-    return 0
+    docs = FirestoreDocumentStore(project=project, database=target.database)
+    letters = _cloud(lambda: list_dead_letters(project, hold, max_messages=max_messages,
+                                               docs=docs), hold, project)
+    if as_json:
+        click.echo(json.dumps([asdict(letter) for letter in letters], indent=2, default=str))
+        return
+    if not letters:
+        click.echo(f"no dead letters on {hold}")
+    for letter in letters:
+        click.echo(f"{letter.message_id}  from {letter.source_subscription or '?'}  "
+                   f"attempts {letter.delivery_count or '?'}  {letter.size} bytes\n"
+                   f"    reason: {letter.reason or 'none recorded'}\n"
+                   f"    data: {letter.preview[:100]}")
+
+
+T = TypeVar("T")
+
+
+def _cloud(fn: Callable[[], T], subscription: str, project: str) -> T:
+    """fn(); Pub/Sub's answers that are no bug become one line naming what to check."""
+    from google.api_core import exceptions as api
+
+    try:
+        return fn()
+    except api.NotFound:
+        raise CommandFailure(f"no subscription {subscription} in project {project} (the "
+                             "deployed hold subscription is created by deploy/; the local "
+                             "stack's is found through its state file: --state)") from None
+    except api.PermissionDenied as exc:
+        raise CommandFailure(f"not allowed to read {subscription} in project {project}: "
+                             f"{exc.message} (needs roles/pubsub.subscriber)") from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m spotorch.operate.deadletters`: the `spotorch dead-letters` command."""
+    return run(dead_letters, argv, prog_name="spotorch dead-letters")
 
 
 if __name__ == "__main__":  # pragma: no cover

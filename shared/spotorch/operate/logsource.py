@@ -14,11 +14,14 @@ CLOUD_FOLLOW_POLL_S = 5.0  # Cloud Logging reads are quota-bound (60 per minute 
 
 @dataclass(frozen=True)
 class LogLine:
-    """One line of a job's output: which replica wrote it, when (ISO 8601, if known), the text."""
+    """One line of a job's output: which replica wrote it, when (ISO 8601, if known), the text,
+    and the stream (stdout, stderr; Cloud Logging: INFO and ERROR entries; "service" for
+    Vertex's own lines)."""
 
     replica: str
     text: str
     at: str | None = None
+    stream: str = "stdout"
 
 
 class LogSource(Protocol):
@@ -35,8 +38,13 @@ class LogsUnavailable(Exception):
     """The job's logs cannot be read (no such folder, no access)."""
 
 
+STREAM_FILES = ((".log", "stdout"), (".stderr", "stderr"))  # the emulator's files per replica
+
+
 class LocalWorkerLogs:
-    """The local Vertex AI emulator's worker output: WORKDIR/JOB_ID/workerpoolP-I.log."""
+    """The local Vertex AI emulator's worker output: WORKDIR/JOB_ID/workerpoolP-I.log (stdout)
+    and workerpoolP-I.stderr. Each replica's new stdout lines come before its new stderr lines
+    of the same read: the files keep no time per line."""
 
     def __init__(self, workdir: Path, poll_s: float = FOLLOW_POLL_S) -> None:
         self.workdir = workdir
@@ -51,7 +59,7 @@ class LocalWorkerLogs:
         partial: dict[Path, bytes] = {}
         while True:
             finished = ended() if follow else True  # read once more after the end is seen
-            for path in sorted(folder.glob("*.log")) if folder.is_dir() else ():
+            for path, replica, stream in _stream_files(folder):
                 with path.open("rb") as f:
                     f.seek(offsets.get(path, 0))
                     chunk = partial.pop(path, b"") + f.read()
@@ -63,10 +71,21 @@ class LocalWorkerLogs:
                     else:
                         partial[path] = rest
                 for raw in complete:
-                    yield LogLine(path.stem, raw.decode(errors="replace").rstrip("\r"))
+                    yield LogLine(replica, raw.decode(errors="replace").rstrip("\r"),
+                                  stream=stream)
             if finished:
                 return
             time.sleep(self.poll_s)
+
+
+def _stream_files(folder: Path) -> list[tuple[Path, str, str]]:
+    """(file, replica, stream) of a job folder, replica by replica, stdout first."""
+    if not folder.is_dir():
+        return []
+    found = [(path, path.name[:-len(suffix)], stream) for suffix, stream in STREAM_FILES
+             for path in folder.glob(f"*{suffix}")]
+    order = {stream: i for i, (_, stream) in enumerate(STREAM_FILES)}
+    return sorted(found, key=lambda f: (f[1], order[f[2]]))
 
 
 class CloudLoggingSource:
@@ -91,6 +110,25 @@ class CloudLoggingSource:
         return text + (f' AND timestamp>"{after}"' if after else "")
 
     def lines(self, job_name: str, *, follow: bool, ended: Callable[[], bool]) -> Iterator[LogLine]:
+        """As LogSource; the client's refusals (no credentials, no permission) are
+        LogsUnavailable, one line that says what to do."""
+        from google.api_core import exceptions as api
+        from google.auth import exceptions as auth
+
+        try:
+            yield from self._lines(job_name, follow=follow, ended=ended)
+        except auth.DefaultCredentialsError:
+            raise LogsUnavailable(f"no Google credentials to read the job's logs from Cloud "
+                                  f"Logging of project {self.project} (run `gcloud auth "
+                                  "application-default login`)") from None
+        except (api.GoogleAPICallError, auth.GoogleAuthError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise LogsUnavailable(f"cannot read the job's logs from Cloud Logging of project "
+                                  f"{self.project}: {first} (reading needs "
+                                  "roles/logging.viewer)") from None
+
+    def _lines(self, job_name: str, *, follow: bool,
+               ended: Callable[[], bool]) -> Iterator[LogLine]:
         from google.cloud import logging as cloud_logging
 
         last: str | None = None
@@ -103,10 +141,19 @@ class CloudLoggingSource:
                 at = entry.timestamp.isoformat().replace("+00:00", "Z") if entry.timestamp else None
                 last = at or last
                 labels = (entry.resource.labels if entry.resource else None) or {}
-                yield LogLine(str(labels.get("task_name") or "job"), _text_of(entry.payload), at)
+                task = str(labels.get("task_name") or "job")
+                stream = "service" if task == "service" else \
+                    "stderr" if _severity_at_least_error(entry) else "stdout"
+                yield LogLine(task, _text_of(entry.payload), at, stream)
             if finished:
                 return
             time.sleep(self.poll_s)
+
+
+def _severity_at_least_error(entry: Any) -> bool:
+    """Vertex logs a replica's stderr lines as ERROR (its stdout as INFO)."""
+    name = str(getattr(entry, "severity", "") or "").upper()
+    return name in ("ERROR", "CRITICAL", "ALERT", "EMERGENCY")
 
 
 def _text_of(payload: Any) -> str:

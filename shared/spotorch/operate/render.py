@@ -141,8 +141,22 @@ def show_run(view: Mapping[str, Any]) -> list[Any]:
         history.add_row(h["at"], h["what"], h["reason"])
     hardware = _hardware_table(view.get("hardware"))
     return [head, *hardware, Rule("attempts", align="left"), attempts,
-            Rule("history", align="left"), history,
+            *error_tails(view["attempts"]), Rule("history", align="left"), history,
             Text(f"prices: {'; '.join(cost['basis'])}", style="dim")]
+
+
+def error_tails(attempts: Sequence[Mapping[str, Any]]) -> list[Any]:
+    """Each failed attempt's last stderr lines, as its replicas wrote them."""
+    from rich.text import Text
+
+    parts: list[Any] = []
+    for a in attempts:
+        if a.get("error_tail"):
+            parts.append(Text(f"attempt {a['attempt']}'s error (the last lines of its stderr):",
+                              style="bold"))
+            parts.append(Text("\n".join(f"  | {line}" for line in a["error_tail"]),
+                              style="red", overflow="fold"))
+    return parts
 
 
 def _seconds(value: float) -> str:
@@ -205,6 +219,9 @@ def change_lines(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> 
             end = f": {a['end_reason']}" if a.get("end_reason") else ""
             lines.append(f"attempt {a['attempt']} ({a['capacity']}, {a['region']}) "
                          f"{a['state']}{resumed}{end}")
+            if a.get("error_tail") and (was is None or not was.get("error_tail")):
+                lines.append(f"attempt {a['attempt']} error (last lines of its stderr):")
+                lines += [f"  | {line}" for line in a["error_tail"]]
     return lines
 
 
@@ -269,3 +286,40 @@ def show_sweep(view: Mapping[str, Any]) -> list[Any]:
     for h in view["history"]:
         history.add_row(h["at"], h["what"])
     return [head, Rule("trials", align="left"), trials, Rule("history", align="left"), history]
+
+
+# ---------------------------------------------------------------- data arrival
+
+SNAPSHOT_STYLE: Mapping[str, str] = {"open": "blue", "complete": "yellow", "started": "green"}
+
+
+def snapshots_table(rows: Sequence[Mapping[str, Any]]) -> Any:
+    """`spotorch snapshots`: one line per snapshot folder, what it waits for or what it started."""
+    from rich.text import Text
+
+    cells = [[r["data_uri"], r["pipeline"], Text(r["state"], style=SNAPSHOT_STYLE.get(r["state"], "")),
+              r.get("last_seen") or "-", str(r["objects"]), r["summary"]] for r in rows]
+    return _table(("SNAPSHOT", "PIPELINE", "STATE", "LAST OBJECT", "OBJECTS", "WHAT"), cells,
+                  elastic="WHAT", right=frozenset({"OBJECTS"}), fold=True)
+
+
+def unmatched_lines(rows: Sequence[Mapping[str, Any]]) -> list[Any]:
+    """Each folder of uploads that matched no pipeline: its objects and, per pipeline, why."""
+    from rich.rule import Rule
+    from rich.text import Text
+
+    if not rows:
+        return []
+    parts: list[Any] = [Rule("uploads that matched no pipeline", align="left")]
+    for r in rows:
+        alerted = f", alerted {r['alerted_at']}" if r.get("alerted_at") else ""
+        parts.append(Text(f"{r['uri']}  ({r['state']}; last object {r.get('last_seen')}{alerted})",
+                          style="bold"))
+        for obj in r["objects"]:
+            parts.append(Text(f"  {obj['name']}"))
+            for m in obj["misses"]:
+                parts.append(Text(f"    {m.get('pipeline')}: {m.get('text')}", style="dim",
+                                  overflow="fold"))
+        if r.get("more_objects"):
+            parts.append(Text("  (and more objects)", style="dim"))
+    return parts

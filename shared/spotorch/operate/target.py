@@ -1,9 +1,9 @@
 """Which spotorch an operator talks to: the local stack when it is up, or a deployed project.
 
 Precedence: options, then the environment (SPOTORCH_API_URL, SPOTORCH_PROJECT, what
-`eval "$(spotorch dev up)"` exports), then the running local stack's state file, then the
-config file ($XDG_CONFIG_HOME/spotorch/config.toml: project, region, api_url, database,
-pipelines).
+`eval "$(spotorch dev up)"` exports), then the running local stack's state file (--state, or
+SPOTORCH_STATE, which `dev up` exports, or .spotorch/stack.json), then the config file
+($XDG_CONFIG_HOME/spotorch/config.toml: project, region, api_url, database, pipelines).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 import tomllib
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,9 @@ from spotorch import settings as S
 ENV_API_URL = "SPOTORCH_API_URL"
 API_FUNCTION = "spotorch-api"
 ENV_CONFIG = "SPOTORCH_CONFIG"
+ENV_STATE = S.ENV_STATE  # the local stack's state file; `dev up` exports it
 DEFAULT_STACK_STATE = Path(".spotorch/stack.json")
+DEPLOYED_DEAD_LETTERS = S.SUBSCRIPTION_DEAD_LETTER
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
@@ -42,6 +44,10 @@ class Target:
     vertex_workdir: Path | None = None  # the local Vertex emulator's job folders (worker logs)
     pipelines: str | None = None  # where the pipelines live (for prices)
     source: str = "defaults"  # what chose this target, for messages
+    # The local stack's environment (emulator hosts) when it is the target: commands that use
+    # Google's clients directly (dead-letters, advise) set it before they build one.
+    stack_env: Mapping[str, str] = field(default_factory=dict)
+    dead_letter_subscription: str = DEPLOYED_DEAD_LETTERS  # the hold subscription to list
 
     @property
     def local(self) -> bool:
@@ -115,13 +121,18 @@ def read_config(path: Path) -> Mapping[str, Any]:
         raise TargetError(f"config file {path}: {exc}") from None
 
 
+def state_path(environ: Mapping[str, str], given: Path | str | None = None) -> Path:
+    """The local stack's state file: given, else SPOTORCH_STATE, else .spotorch/stack.json."""
+    return Path(given or environ.get(ENV_STATE) or DEFAULT_STACK_STATE)
+
+
 def resolve(*, project: str | None = None, api_url: str | None = None,
             region: str | None = None, pipelines: str | None = None,
-            stack_state: Path = DEFAULT_STACK_STATE,
+            stack_state: Path | str | None = None,
             environ: Mapping[str, str] | None = None) -> Target:
     """The target these options, the environment, the local stack and the config file point at."""
     env = os.environ if environ is None else environ
-    state = read_stack_state(stack_state)
+    state = read_stack_state(state_path(env, stack_state))
     stack_env: Mapping[str, str] = (state or {}).get("env") or {}
     function_env: Mapping[str, str] = (state or {}).get("function_env") or {}
     conf = read_config(config_path(env))
@@ -152,4 +163,16 @@ def resolve(*, project: str | None = None, api_url: str | None = None,
         vertex_workdir=_vertex_workdir(state) if use_stack and state else None,
         pipelines=(pipelines or env.get(S.ENV_PIPELINES) or function_env.get(S.ENV_PIPELINES)
                    or conf.get("pipelines")),
-        source=source)
+        source=source,
+        stack_env=dict(stack_env) if use_stack else {},
+        dead_letter_subscription=str(((state or {}).get("observers") or {}).get("dead_letter")
+                                     or DEPLOYED_DEAD_LETTERS) if use_stack
+        else DEPLOYED_DEAD_LETTERS)
+
+
+def use_stack_environment(target: Target) -> None:
+    """Point Google's clients at the local stack's emulators and project (they find emulators
+    only in the environment); what the environment already says wins."""
+    for key, value in target.stack_env.items():
+        if key.endswith("_EMULATOR_HOST") or key in (S.ENV_PROJECT, "GOOGLE_CLOUD_PROJECT"):
+            os.environ.setdefault(key, value)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from spotorch.core.model import Run, RunStatus
 from spotorch.core.sweeps import Sweep, SweepStatus
@@ -213,3 +213,17 @@ def parse_since(text: str, now: float) -> float:
     except ValueError:
         raise BadQuery(f"--since {text!r}: give an ISO 8601 time (2026-11-30T08:00:00Z) or a "
                        "span back from now (30m, 6h, 2d, 1w)") from None
+
+
+# ---------------------------------------------------------------- data arrival
+
+class ArrivalReader(Protocol):
+    """What arrived in the landing buckets, as operators read it: the snapshot documents
+    (spotorch.app.snapshots) and the records of uploads that matched no pipeline
+    (spotorch.app.unmatched), most recently active first."""
+
+    def snapshots(self, limit: int) -> Sequence[Mapping[str, Any]]:
+        ...
+
+    def unmatched(self, limit: int) -> Sequence[Mapping[str, Any]]:
+        ...

@@ -8,15 +8,18 @@ command line, and re-exports those names for callers of the old single module.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import click
+
+from spotorch.commandline import run
 from spotorch.sim.evaluate import (
     POLICIES,
     PolicySummary,
@@ -80,65 +83,67 @@ def _hours(value: float) -> float:
     return round(value * 3600.0)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="spotorch simulate",
-        description="Replay Spot traces through the escalation policies and the offline optimum.")
-    parser.add_argument("traces", nargs="*", type=Path,
-                        help=f"trace files or directories (default: ${TRACES_ENV} or "
-                             f"{DEFAULT_TRACES})")
-    parser.add_argument("--task-hours", type=float, default=48.0)
-    parser.add_argument("--deadline-hours", type=float, default=60.0)
-    parser.add_argument("--restart-overhead-hours", type=float, default=0.2)
-    parser.add_argument("--checkpoint-interval-hours", type=float, default=None)
-    parser.add_argument("--price-ratio", type=float, default=3.0,
-                        help="on-demand / Spot price (applied to the trace's mean Spot price "
-                             "when it has prices)")
-    parser.add_argument("--on-demand-price", type=float, default=None,
-                        help="on-demand price per node-hour (overrides --price-ratio)")
-    parser.add_argument("--tick-minutes", type=float, default=5.0)
-    parser.add_argument("--window-stride-hours", type=float, default=None,
-                        help="replay windows starting this far apart (default: one per trace)")
-    parser.add_argument("--nodes", type=int, default=1,
-                        help="Spot counts as available when the trace's count is at least this")
-    parser.add_argument("--count-after", type=int, default=3,
-                        help="preemptions before the count policy escalates")
-    parser.add_argument("--view", choices=[v.value for v in View], default=View.PRODUCTION.value,
-                        help="visible: Spot availability known at every tick (the papers' "
-                             "setting); production (default): only what production observes, "
-                             "its own attempts and its Spot probes")
-    parser.add_argument("--spot-cooldown-minutes", type=float, default=120.0,
-                        help="production view: after Spot was seen unavailable, no switch back "
-                             "before this (RecoveryPolicy.spot_cooldown_s); without probes, "
-                             "standard assumes Spot back after it")
-    parser.add_argument("--no-probes", action="store_true",
-                        help="production view without Spot probes (standard only assumes)")
-    parser.add_argument("--probe-billed-seconds", type=float, default=Probes.billed_s,
-                        help="billed time of a probe that found capacity, at the Spot price")
-    parser.add_argument("--probe-latency-seconds", type=float, default=Probes.latency_s,
-                        help="from capacity found to the run knowing")
-    parser.add_argument("--probe-wait-seconds", type=float, default=Probes.wait_s,
-                        help="a probe without capacity this long is cancelled")
-    parser.add_argument("--flex", action="store_true",
-                        help="offer FLEX_START (Dynamic Workload Scheduler) to the policies")
-    parser.add_argument("--flex-price-ratio", type=float, default=Flex.price_ratio,
-                        help="FLEX_START price as a fraction of the on-demand price")
-    parser.add_argument("--flex-max-wait-hours", type=float, default=Flex.max_wait_s / 3600)
-    parser.add_argument("--flex-mean-wait-minutes", type=float, default=Flex.mean_wait_s / 60)
-    parser.add_argument("--flex-wait", choices=[w.value for w in FlexWait],
-                        default=Flex.wait.value, help="distribution of FLEX_START queue waits")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the FLEX_START waits")
-    parser.add_argument("--policies", default=",".join(POLICIES))
-    parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--plot", type=Path, default=None,
-                        help="write cost vs deadline slack per policy (PNG)")
-    parser.add_argument("--plot-deadline-hours", type=float, nargs="+", default=None,
-                        help="deadlines swept by --plot (default: task + 4, 12, 24, 48 h)")
-    return parser
+@click.command(name="simulate")
+@click.argument("traces", nargs=-1, type=click.Path(path_type=Path), metavar="[TRACE]...")
+@click.option("--task-hours", default=48.0, help="Compute the task needs on standard VMs.")
+@click.option("--deadline-hours", default=60.0, help="Time from start to the deadline.")
+@click.option("--restart-overhead-hours", default=0.2, help="Lost to each (re)start.")
+@click.option("--checkpoint-interval-hours", type=float, default=None,
+              help="Work between checkpoints  [default: every tick]")
+@click.option("--price-ratio", default=3.0,
+              help="On-demand / Spot price (applied to the trace's mean Spot price when it has "
+                   "prices).")
+@click.option("--on-demand-price", type=float, default=None,
+              help="On-demand price per node-hour (overrides --price-ratio).")
+@click.option("--tick-minutes", default=5.0, help="Decision interval of the policies.")
+@click.option("--window-stride-hours", type=float, default=None,
+              help="Replay windows starting this far apart  [default: one per trace]")
+@click.option("--nodes", default=1,
+              help="Spot counts as available when the trace's count is at least this.")
+@click.option("--count-after", default=3, help="Preemptions before the count policy escalates.")
+@click.option("--view", type=click.Choice([v.value for v in View]), default=View.PRODUCTION.value,
+              help="visible: Spot availability known at every tick (the papers' setting); "
+                   "production: only what production observes, its own attempts and its Spot "
+                   "probes.")
+@click.option("--spot-cooldown-minutes", default=120.0,
+              help="Production view: after Spot was seen unavailable, no switch back before "
+                   "this (RecoveryPolicy.spot_cooldown_s); without probes, standard assumes "
+                   "Spot back after it.")
+@click.option("--no-probes", is_flag=True,
+              help="Production view without Spot probes (standard only assumes).")
+@click.option("--probe-billed-seconds", default=Probes.billed_s,
+              help="Billed time of a probe that found capacity, at the Spot price.")
+@click.option("--probe-latency-seconds", default=Probes.latency_s,
+              help="From capacity found to the run knowing.")
+@click.option("--probe-wait-seconds", default=Probes.wait_s,
+              help="A probe without capacity this long is cancelled.")
+@click.option("--flex", is_flag=True,
+              help="Offer FLEX_START (Dynamic Workload Scheduler) to the policies.")
+@click.option("--flex-price-ratio", default=Flex.price_ratio,
+              help="FLEX_START price as a fraction of the on-demand price.")
+@click.option("--flex-max-wait-hours", default=Flex.max_wait_s / 3600,
+              help="Longest FLEX_START queue wait.")
+@click.option("--flex-mean-wait-minutes", default=Flex.mean_wait_s / 60,
+              help="Mean FLEX_START queue wait.")
+@click.option("--flex-wait", type=click.Choice([w.value for w in FlexWait]),
+              default=Flex.wait.value, help="Distribution of FLEX_START queue waits.")
+@click.option("--seed", default=0, help="Seed of the FLEX_START waits.")
+@click.option("--policies", default=",".join(POLICIES), help="Policies to replay (commas).")
+@click.option("--workers", default=1, help="Processes replaying windows in parallel.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write cost vs deadline slack per policy (PNG).")
+@click.option("--plot-deadline-hours", type=float, multiple=True,
+              help="A deadline swept by --plot (repeat)  [default: task + 4, 12, 24, 48 h]")
+def simulate(**options: Any) -> None:
+    """Replay Spot traces (files or folders; default: $SPOTORCH_TRACES, else ../shared/traces
+    beside the repository) through the escalation policies and the offline optimum."""
+    code = _simulate(SimpleNamespace(**options))
+    if code:
+        raise click.exceptions.Exit(code)
 
 
-def scenario_from_args(args: argparse.Namespace, deadline_hours: float) -> Scenario:
+def scenario_from_args(args: Any, deadline_hours: float) -> Scenario:
     checkpoint = args.checkpoint_interval_hours
     return Scenario(task_s=_hours(args.task_hours), deadline_s=_hours(deadline_hours),
                     overhead_s=_hours(args.restart_overhead_hours),
@@ -187,18 +192,22 @@ def plot_sweep(points: Sequence[SweepPoint], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of `spotorch simulate`; returns the process exit code."""
-    args = build_parser().parse_args(argv)
+    """Entry point of `spotorch simulate` (python -m spotorch.sim.simulate); the exit code."""
+    return run(simulate, argv, prog_name="spotorch simulate")
+
+
+def _simulate(args: SimpleNamespace) -> int:
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
     try:
-        files = find_trace_files(args.traces or default_trace_paths())
+        files = find_trace_files(list(args.traces) or default_trace_paths())
         scenario = scenario_from_args(args, args.deadline_hours)
         records = evaluate_files(files, scenario, _stride(args), policies, args.workers)
         if not records:
             raise TraceError("no trace is long enough for the deadline")
         summary = summarize(records)
         if args.plot is not None:
-            deadlines = args.plot_deadline_hours or [args.task_hours + h for h in (4, 12, 24, 48)]
+            deadlines = list(args.plot_deadline_hours) or [args.task_hours + h
+                                                           for h in (4, 12, 24, 48)]
             points = [SweepPoint(d - args.task_hours, summarize(evaluate_files(
                 files, scenario_from_args(args, d), _stride(args), policies, args.workers)))
                 for d in sorted(deadlines)]
@@ -206,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     except SimulateError as exc:
         print(f"spotorch simulate: {exc}", file=sys.stderr)
         return 2
-    if args.json:
+    if args.as_json:
         payload: dict[str, Any] = {"runs": len(records), "view": scenario.view.value,
                                    "policies": {name: s.as_json()
                                                 for name, s in summary.items()}}
@@ -230,7 +239,7 @@ def describe_view(scenario: Scenario) -> str:
     return f"view production (cooldown {scenario.spot_cooldown_s / 60:.0f} min; {seen})"
 
 
-def _stride(args: argparse.Namespace) -> float | None:
+def _stride(args: Any) -> float | None:
     hours: float | None = args.window_stride_hours
     return None if hours is None else hours * 3600.0
 

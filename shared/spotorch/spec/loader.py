@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import functools
 import logging
 import os
@@ -189,16 +188,11 @@ def clear_pipeline_cache() -> None:
 # --- `spotorch validate` ------------------------------------------------------------------------
 
 
-def validate_main(argv: list[str] | None = None) -> int:
-    """`spotorch validate [PATH...]`: every problem of every file, OK per good file; 1 on any."""
-    parser = argparse.ArgumentParser(
-        prog="spotorch validate",
-        description="Check pipeline files against the schema and spotorch's own rules.")
-    parser.add_argument("paths", nargs="*", metavar="PATH",
-                        help="pipeline files or directories (default: $SPOTORCH_PIPELINES, "
-                             "else ./pipelines)")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    paths = args.paths or [Settings.from_env().pipelines]
+def validate_paths(paths: list[str]) -> int:
+    """Check pipeline files (default: $SPOTORCH_PIPELINES, else ./pipelines): every problem of
+    every file on stdout, OK per good file; the exit code, 1 on any problem (the command line
+    is `spotorch validate`, spotorch.operate.cli_tools)."""
+    paths = paths or [Settings.from_env().pipelines]
 
     def report(file: str, checked: FileCheck) -> None:
         if checked.pipeline is not None and not checked.problems:
@@ -218,6 +212,11 @@ def validate_main(argv: list[str] | None = None) -> int:
         print(f"{plural(len(problems), 'problem')} in {plural(files, 'file')}", file=sys.stderr)
         return 1
     return 0
+
+
+def validate_main(argv: list[str] | None = None) -> int:
+    """`python -m spotorch.spec.loader [PATH...]`: validate_paths of the paths given."""
+    return validate_paths(list(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":

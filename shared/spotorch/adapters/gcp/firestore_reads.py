@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from spotorch.core.model import Run
@@ -18,7 +18,7 @@ from spotorch.ports.reads import (
     sweep_page_of,
     ties_sorted,
 )
-from spotorch.settings import COLLECTION_RUNS, COLLECTION_SWEEPS
+from spotorch.settings import COLLECTION_RUNS, COLLECTION_SNAPSHOTS, COLLECTION_SWEEPS, COLLECTION_UNMATCHED
 
 
 class _FirestoreNewestFirst:
@@ -88,3 +88,27 @@ class FirestoreSweepReader(_FirestoreNewestFirst):
     def list(self, query: SweepQuery) -> SweepPage:
         sweeps = (Sweep.from_dict(d) for d in self._stream(query.since, query.page_token))
         return sweep_page_of(ties_sorted(sweeps), query)
+
+
+class FirestoreArrivalReader:
+    """Snapshot and unmatched-upload documents, most recently active first (one query on
+    `last_seen`, served by Firestore's automatic single-field index)."""
+
+    def __init__(self, client: Any, timeout_s: float = READ_TIMEOUT_S) -> None:
+        self.client = client
+        self.timeout_s = timeout_s
+
+    def _recent(self, collection: str, limit: int) -> Sequence[Mapping[str, Any]]:
+        from google.api_core.retry import Retry
+        from google.cloud import firestore
+
+        q = (self.client.collection(collection)
+             .order_by("last_seen", direction=firestore.Query.DESCENDING).limit(limit))
+        return [snap.to_dict() for snap in q.stream(retry=Retry(timeout=self.timeout_s),
+                                                     timeout=self.timeout_s)]
+
+    def snapshots(self, limit: int) -> Sequence[Mapping[str, Any]]:
+        return self._recent(COLLECTION_SNAPSHOTS, limit)
+
+    def unmatched(self, limit: int) -> Sequence[Mapping[str, Any]]:
+        return self._recent(COLLECTION_UNMATCHED, limit)

@@ -1,0 +1,104 @@
+"""ports.JobLogs on Cloud Logging: a failed Vertex AI job's replicas' last error lines.
+
+One ListLogEntries call per failed attempt: the filter gcloud uses for a job's logs
+(`resource.type="ml_job" AND resource.labels.job_id="ID"`), Vertex's own lines left out
+(task_name "service"), severity>=ERROR (stderr), newest first, one page of `limit` entries, since
+the attempt started. The message is in jsonPayload.message or textPayload (FACTS.md, "Vertex AI
+log entries as they really are"). The caller needs logging.logEntries.list (roles/logging.viewer,
+granted to the functions' account in deploy/iam.tf). The read quota (60 per minute per project
+by default) is why only failures the code caused are looked up (core.recovery.WORKER_FAILURES).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from spotorch.ports.job_logs import LogReadError
+
+SERVICE_TASK = "service"  # resource.labels.task_name of Vertex's own lines
+CALL_TIMEOUT_S = 10.0  # a job's end must not wait long for its error lines
+
+
+def job_id_of(job_name: str) -> str:
+    return job_name.rstrip("/").rsplit("/", 1)[-1]
+
+
+def rfc3339(ts: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def error_filter(job_name: str, since: float | None) -> str:
+    """The Logging query language filter of a job's replicas' error lines."""
+    text = (f'resource.type="ml_job" AND resource.labels.job_id="{job_id_of(job_name)}" '
+            f'AND resource.labels.task_name!="{SERVICE_TASK}" AND severity>=ERROR')
+    return text + (f' AND timestamp>="{rfc3339(since)}"' if since is not None else "")
+
+
+def entry_text(entry: Any) -> str:
+    """jsonPayload.message or textPayload of a LogEntry (proto-plus), as gcloud reads them."""
+    if entry.text_payload:
+        return str(entry.text_payload)
+    payload = entry.json_payload
+    if payload:
+        message = payload.get("message") if hasattr(payload, "get") else None
+        return str(message if message is not None else dict(payload))
+    return ""
+
+
+class CloudLoggingJobLogs:
+    """The error lines of Vertex AI jobs, from Cloud Logging (or its local stand-in at endpoint)."""
+
+    def __init__(self, project: str, *, endpoint: str | None = None,
+                 client: Any = None, timeout_s: float = CALL_TIMEOUT_S) -> None:
+        """endpoint: None for logging.googleapis.com, or host:port of the local Vertex emulator
+        (which serves ListLogEntries from its workers' output)."""
+        self.project = project
+        self.endpoint = endpoint
+        self.timeout_s = timeout_s
+        self._client = client
+        self._lock = threading.Lock()
+
+    def _real_client(self) -> Any:
+        from google.cloud.logging_v2.services.logging_service_v2 import LoggingServiceV2Client
+
+        if self.endpoint:
+            import grpc
+            from google.cloud.logging_v2.services.logging_service_v2.transports import (
+                LoggingServiceV2GrpcTransport,
+            )
+
+            channel = grpc.insecure_channel(self.endpoint)
+            return LoggingServiceV2Client(transport=LoggingServiceV2GrpcTransport(channel=channel))
+        return LoggingServiceV2Client()
+
+    @property
+    def client(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                self._client = self._real_client()
+            return self._client
+
+    def error_tail(self, job_name: str, *, since: float | None, limit: int) -> tuple[str, ...]:
+        request = {"resource_names": [f"projects/{self.project}"],
+                   "filter": error_filter(job_name, since), "order_by": "timestamp desc",
+                   "page_size": limit}
+        try:
+            pager = self.client.list_log_entries(request=request, timeout=self.timeout_s)
+            # One page only: the newest `limit` entries (bounded whatever the job printed).
+            entries = list(next(iter(pager.pages)).entries) if limit > 0 else []
+        except StopIteration:
+            return ()
+        except Exception as exc:
+            from google.api_core import exceptions as api
+            from google.auth import exceptions as auth
+
+            if isinstance(exc, api.GoogleAPICallError | auth.GoogleAuthError):
+                raise LogReadError(f"{type(exc).__name__}: {exc}") from exc
+            raise
+        lines: list[str] = []
+        for entry in reversed(entries[:limit]):  # oldest first
+            lines.extend(entry_text(entry).splitlines() or [""])
+        return tuple(lines[-limit:])

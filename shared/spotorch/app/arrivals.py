@@ -33,9 +33,10 @@ def data_arrived(deps: Deps, obj: ObjectEvent, *, listed: bool = False) -> list[
     pipelines = tuple(deps.pipelines.values())
     if not intake.matches_any(obj, pipelines):
         misses = unmatched.unintended_misses(obj, pipelines)
-        log.info("object %s matches no pipeline: %s", obj.uri,
-                 "; ".join(m.text for m in misses) if misses else
-                 intake.why_unmatched(obj, pipelines), extra={"event_id": obj.event_id})
+        why = "; ".join(m.text for m in misses) if misses else intake.why_unmatched(obj, pipelines)
+        # A listing feeds the same objects tick after tick for a while: only events say it.
+        log.log(logging.DEBUG if listed else logging.INFO, "object %s matches no pipeline: %s",
+                obj.uri, why, extra={"event_id": obj.event_id})
         # Recorded for people (spotorch snapshots, one alert): only objects that exist.
         if misses is not None and (listed or deps.objects.exists(obj.bucket, obj.name,
                                                                   obj.generation)):

@@ -110,8 +110,10 @@ def error_tail_if_failed(deps: Deps, run: Run, number: int, status: JobStatus) -
     if not job_name:
         return ()
     try:
-        return deps.job_logs.error_tail(job_name, since=attempt.started_at or attempt.created_at
-                                        or None, limit=ERROR_TAIL_LINES)
+        # Since the job's creation: started_at is when spotorch heard it run, which may be after
+        # its first lines (a hint's time, a poll's).
+        return deps.job_logs.error_tail(job_name, since=attempt.created_at or None,
+                                        limit=ERROR_TAIL_LINES)
     except Exception as exc:
         log.warning("error lines of %s not read: %s", job_name, exc, extra={"run_id": run.run_id})
         return ()

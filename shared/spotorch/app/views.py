@@ -15,7 +15,6 @@ from spotorch.core.price_list import LIST_PRICES
 from spotorch.core.prices import PriceTable
 from spotorch.core.sweeps import Sweep, Trial
 from spotorch.core.sweeps import summary as trial_summary
-from spotorch.core.training_health import checkpoint_advice
 from spotorch_trainer.contract import rfc3339
 
 if TYPE_CHECKING:
@@ -130,10 +129,17 @@ def run_view(run: Run, pipeline: Pipeline | None, now: float,
         "latest_checkpoint": None if run.latest_checkpoint is None else {
             "step": run.latest_checkpoint.step, "uri": run.latest_checkpoint.uri},
         "checkpoints_resumed": checkpoints,
-        "checkpoint_advice": advice_view(checkpoint_advice(run, now)),
+        "checkpoint_advice": advice_view(_checkpoint_advice(run, now)),
         "cost": ledger_dict(book),
         "history": [{"at": iso(h.at), "what": h.what, "reason": h.reason} for h in run.history],
     }
+
+
+def _checkpoint_advice(run: Run, now: float) -> CheckpointAdvice:
+    # Imported here: listings (run_row) never need the training-health rules.
+    from spotorch.core.training_health import checkpoint_advice
+
+    return checkpoint_advice(run, now)
 
 
 def advice_view(advice: CheckpointAdvice) -> dict[str, Any]:

@@ -268,8 +268,8 @@ class DevStack:
             pipelines = check_pipelines(self._pipelines_source)
             self._activate(pipelines)
             self._gcs.create_buckets(pipelines.buckets)
-            for key in [k for k in self.processes.children if k.startswith("function:")]:
-                self.processes.respawn(key)
+            self.processes.respawn(*[k for k in self.processes.children
+                                     if k.startswith("function:")])
             return pipelines
 
     def _watch_pipelines(self) -> None:

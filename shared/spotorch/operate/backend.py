@@ -3,8 +3,10 @@ actions, and the training logs. Built from a Target; every cloud client is creat
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pickle
 import time
 import urllib.error
 import urllib.request
@@ -219,17 +221,62 @@ def describe_store_error(exc: Exception, target: Target | None, what: str = "run
     return f"cannot read {what} from {where}: {name}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
-def load_pipelines(path: str | None) -> Mapping[str, Pipeline]:
-    """Pipelines by name (for prices); none when there is no path or it does not load."""
+def load_pipelines(path: str | None, cache_dir: Path | None = None) -> Mapping[str, Pipeline]:
+    """Pipelines by name (for prices and snapshot rules); none when there is no path or it does
+    not load. Kept in the user's cache between commands (a pickle of the parsed pipelines, keyed
+    by the files' sizes and times and by spotorch's own format code): reading them again costs
+    pydantic's import and validation, a quarter of a second of every `spotorch runs`."""
     if not path or not Path(path).exists():
         return {}
+    key = _pipelines_key(Path(path))
+    cached = _cache_file(Path(path), cache_dir)
+    try:
+        with cached.open("rb") as f:
+            found = pickle.load(f)
+        if isinstance(found, dict) and found.get("key") == key:
+            return dict(found["pipelines"])
+    except (OSError, pickle.PickleError, EOFError, AttributeError, ImportError, TypeError):
+        pass  # no cache yet, or from another spotorch: read the files
     from spotorch.core.errors import ConfigError
     from spotorch.spec.loader import load_pipelines as load
 
     try:
-        return {p.name: p for p in load(path)}
+        pipelines = {p.name: p for p in load(path)}
     except ConfigError:
         return {}
+    with contextlib.suppress(OSError, pickle.PickleError):
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+        with tmp.open("wb") as f:
+            pickle.dump({"key": key, "pipelines": pipelines}, f)
+        os.replace(tmp, cached)
+    return pipelines
+
+
+def _pipelines_key(path: Path) -> list[tuple[str, int, int]]:
+    """What the parsed pipelines depend on: the files, and the code that reads them."""
+    import spotorch.core.pipeline as format_code
+
+    code = Path(format_code.__file__).parent.parent
+    sources = [*(sorted(path.rglob("*")) if path.is_dir() else [path]),
+               code / "core" / "pipeline.py", code / "core" / "fields.py",
+               code / "spec" / "loader.py", code / "spec" / "fileformat.py",
+               code / "spec" / "machines.json"]
+    key = []
+    for source in sources:
+        with contextlib.suppress(OSError):
+            stat = source.stat()
+            if source.is_file():
+                key.append((str(source.resolve()), stat.st_mtime_ns, stat.st_size))
+    return key
+
+
+def _cache_file(path: Path, cache_dir: Path | None) -> Path:
+    import hashlib
+
+    base = cache_dir or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:24]
+    return base / "spotorch" / "pipelines" / f"{digest}.pickle"
 
 
 def backend_for(target: Target) -> Backend:

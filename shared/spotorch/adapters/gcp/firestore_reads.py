@@ -8,6 +8,7 @@ from typing import Any
 from spotorch.core.model import Run
 from spotorch.core.sweeps import Sweep
 from spotorch.ports.reads import (
+    MAX_PAGE,
     READ_TIMEOUT_S,
     RunPage,
     RunQuery,
@@ -19,6 +20,16 @@ from spotorch.ports.reads import (
     ties_sorted,
 )
 from spotorch.settings import COLLECTION_RUNS, COLLECTION_SNAPSHOTS, COLLECTION_SWEEPS, COLLECTION_UNMATCHED
+
+
+TIE_SLACK = 8  # a page may skip the equal-time items the last page showed, and needs one more
+
+
+def batch_size(query: RunQuery | SweepQuery) -> int:
+    """Documents per query: a page's worth when the server's order is all the page needs, more
+    when status or pipeline are filtered here (most documents read are then not shown)."""
+    filtered = bool(query.statuses) or query.pipeline is not None
+    return min(MAX_PAGE, query.limit * 5 if filtered else query.limit + 1 + TIE_SLACK)
 
 
 class _FirestoreNewestFirst:
@@ -44,7 +55,11 @@ class _FirestoreNewestFirst:
         snap = self.client.collection(self.collection).document(doc_id).get(**self._deadline())
         return snap.to_dict() if snap.exists else None
 
-    def _stream(self, since: float | None, page_token: str | None) -> Iterator[dict[str, Any]]:
+    def _stream(self, since: float | None, page_token: str | None,
+                batch: int) -> Iterator[dict[str, Any]]:
+        """Documents newest first, `batch` at a time (a query each, cursor after the last
+        one), only as many batches as the caller reads: a page of 20 reads about 20 documents,
+        not the collection (a run document with its history is several KB)."""
         from google.cloud import firestore
         from google.cloud.firestore_v1.base_query import FieldFilter
 
@@ -55,7 +70,15 @@ class _FirestoreNewestFirst:
             at, _ = decode_token(page_token)
             q = q.where(filter=FieldFilter("created_at", "<=", at))
         q = q.order_by("created_at", direction=firestore.Query.DESCENDING)
-        return (snap.to_dict() for snap in q.stream(**self._deadline()))
+        last = None
+        while True:
+            part = (q if last is None else q.start_after(last)).limit(batch)
+            snaps = list(part.stream(**self._deadline()))
+            for snap in snaps:
+                yield snap.to_dict()
+            if len(snaps) < batch:
+                return
+            last = snaps[-1]
 
 
 class FirestoreRunReader(_FirestoreNewestFirst):
@@ -70,7 +93,8 @@ class FirestoreRunReader(_FirestoreNewestFirst):
         return None if doc is None else Run.from_dict(doc)
 
     def list(self, query: RunQuery) -> RunPage:
-        runs = (Run.from_dict(d) for d in self._stream(query.since, query.page_token))
+        runs = (Run.from_dict(d) for d in self._stream(query.since, query.page_token,
+                                                      batch_size(query)))
         return page_of(ties_sorted(runs), query)
 
 
@@ -86,7 +110,8 @@ class FirestoreSweepReader(_FirestoreNewestFirst):
         return None if doc is None else Sweep.from_dict(doc)
 
     def list(self, query: SweepQuery) -> SweepPage:
-        sweeps = (Sweep.from_dict(d) for d in self._stream(query.since, query.page_token))
+        sweeps = (Sweep.from_dict(d) for d in self._stream(query.since, query.page_token,
+                                                          batch_size(query)))
         return sweep_page_of(ties_sorted(sweeps), query)
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "shared"), str(REPO / "trainer")]
 
-from spotorch.core.model import (  # noqa: E402
+from spotorch.core.model import (
     Attempt,
     AttemptState,
     Checkpoint,
@@ -36,7 +36,7 @@ from spotorch.core.model import (  # noqa: E402
     Run,
     RunStatus,
 )
-from spotorch.core.pipeline import Capacity  # noqa: E402
+from spotorch.core.pipeline import Capacity
 
 T0 = 1_800_000_000.0
 PIPELINES = REPO / "examples" / "pipelines" / "demo.yaml"

@@ -56,7 +56,8 @@ class Entry:
     log_name: str
 
     def field(self, name: str) -> str | float | int:
-        values: dict[str, str | float | int] = {"resource.type": RESOURCE_TYPE, "resource.labels.job_id": self.job_id,
+        values: dict[str, str | float | int] = {
+                "resource.type": RESOURCE_TYPE, "resource.labels.job_id": self.job_id,
                 "resource.labels.project_id": self.project,
                 "resource.labels.task_name": self.task, "logName": self.log_name,
                 "severity": SEVERITIES[self.severity], "timestamp": self.at,

@@ -93,7 +93,6 @@ def _attempt_duration(a: Mapping[str, Any]) -> str:
 def show_run(view: Mapping[str, Any]) -> list[Any]:
     """`spotorch show`: the run, its attempts, checkpoints, cost and history."""
     from rich.rule import Rule
-    from rich.table import Table
     from rich.text import Text
 
     p, cost = view["progress"], view["cost"]

@@ -21,7 +21,6 @@ from spotorch.ports.reads import (
 )
 from spotorch.settings import COLLECTION_RUNS, COLLECTION_SNAPSHOTS, COLLECTION_SWEEPS, COLLECTION_UNMATCHED
 
-
 TIE_SLACK = 8  # a page may skip the equal-time items the last page showed, and needs one more
 
 

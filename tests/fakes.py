@@ -5,6 +5,7 @@ from __future__ import annotations
 from spotorch.adapters.memory.twins import (
     InMemoryCheckpoints,
     InMemoryDocumentStore,
+    InMemoryJobLogs,
     InMemoryLauncher,
     InMemoryObjectStore,
     InMemoryPublisher,
@@ -22,5 +23,5 @@ def fake_deps(*pipelines: Pipeline, events_topic: str = "") -> Deps:
     return bootstrap.deps(runs=DocumentRunStore(docs), docs=docs, launcher=InMemoryLauncher(),
                 checkpoints=InMemoryCheckpoints(), publisher=InMemoryPublisher(),
                 clock=ManualClock(), pipelines={p.name: p for p in pipelines},
-                objects=InMemoryObjectStore(),
+                objects=InMemoryObjectStore(), job_logs=InMemoryJobLogs(),
                 events_topic=events_topic)

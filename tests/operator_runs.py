@@ -8,7 +8,13 @@ from dataclasses import replace
 
 from fakes import fake_deps
 from spotorch.adapters.memory.registry import MemoryModelRegistry
-from spotorch.adapters.memory.twins import InMemoryCheckpoints, InMemoryLauncher, ManualClock
+from spotorch.adapters.memory.twins import (
+    InMemoryCheckpoints,
+    InMemoryJobLogs,
+    InMemoryLauncher,
+    InMemoryObjectStore,
+    ManualClock,
+)
 from spotorch.app import sweeps as sweep_service
 from spotorch.app.deps import Deps
 from spotorch.app.hardware_probes import save_cache
@@ -20,6 +26,7 @@ from spotorch.core.hardware import ProbeResult, cache_key, unfit_reason
 from spotorch.core.model import Checkpoint, FailureClass, JobPhase, Run
 from spotorch.core.observations import TrainerReported
 from spotorch.core.pipeline import (
+    BatchMode,
     EscalationKind,
     HardwareCandidate,
     HardwareSearch,
@@ -132,6 +139,11 @@ def every_kind(deps: Deps) -> dict[str, Run]:
     return runs
 
 
+TRACEBACK = ("loading gs://landing/ops/batch-3/part-0.csv", "Traceback (most recent call last):",
+             '  File "train.py", line 41, in <module>', "    columns = read(uri)",
+             "ValueError: bad column 'label' in part-0.csv")
+
+
 def failed_run(deps: Deps, request_id: str = "broken") -> Run:
     """A run whose training code exits 1 twice (user-error budget 1): FAILED."""
     run = submit(deps, "ops", "gs://landing/ops/batch-3/", request_id=request_id)
@@ -140,6 +152,8 @@ def failed_run(deps: Deps, request_id: str = "broken") -> Run:
         job = deps.launcher.job_of(run.run_id, n)
         job_changed(deps, run.run_id, n, deps.launcher.set_status(job, JobPhase.RUNNING))
         _clock(deps).advance(60)
+        if isinstance(deps.job_logs, InMemoryJobLogs):  # what its worker wrote to stderr
+            deps.job_logs.write(job, *TRACEBACK, at=deps.clock.now())
         out = job_changed(deps, run.run_id, n, deps.launcher.set_status(
             job, JobPhase.FAILED, failure=FailureClass.USER_ERROR, exit_code=1,
             message="ValueError: bad column"))
@@ -236,3 +250,35 @@ def sweeps(deps: Deps) -> dict[str, Sweep]:
     live = sweep_service.load_sweep(deps, running.sweep_id)[0]
     assert live is not None
     return {"done": finished, "running": live}
+
+
+# ---------------------------------------------------------------- what arrived
+
+NIGHTLY = Pipeline(
+    name="nightly", trigger=Trigger(bucket="landing", prefix="nightly/", batch=BatchMode.MARKER,
+                                    marker="_DONE", suffixes=(".csv",)),
+    checkpoint_uri="gs://ckpt/nightly", output_uri="gs://models/nightly")
+
+
+def arrivals(deps: Deps) -> dict[str, str]:
+    """A marker pipeline's uploads: a folder completed by its marker (its run started), one
+    still waiting for it whose producer wrote _SUCCESS instead of _DONE, and a file outside
+    every prefix. Returns the folders by what became of them."""
+    from spotorch.app.arrivals import data_arrived
+    from spotorch.core.triggers import ObjectEvent, ObjectEventKind
+
+    deps.pipelines[NIGHTLY.name] = NIGHTLY  # type: ignore[index]
+    objects = deps.objects
+    assert isinstance(objects, InMemoryObjectStore)
+    uploads = ["nightly/2027-01-14/part-0.csv", "nightly/2027-01-14/_DONE",
+               "nightly/2027-01-15/part-0.csv", "nightly/2027-01-15/part-1.csv",
+               "nightly/2027-01-15/_SUCCESS", "nighly/2027-01-15/part-0.csv"]
+    for i, name in enumerate(uploads, start=1):
+        objects.put("landing", name, i, b"x", updated=deps.clock.now())
+        data_arrived(deps, ObjectEvent(f"ev-{i}", ObjectEventKind.FINALIZE, "landing", name, i,
+                                       size=1, time=deps.clock.now()))
+        _clock(deps).advance(1)
+    return {"started": "gs://landing/nightly/2027-01-14/",
+            "waiting": "gs://landing/nightly/2027-01-15/",
+            "wrong marker": "gs://landing/nightly/2027-01-15/",
+            "wrong prefix": "gs://landing/nighly/2027-01-15/"}

@@ -85,24 +85,49 @@ def world(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tuple[Backend, Dep
 
 
 def invoke(backend: Backend | None, *args: str) -> Result:
-    return CliRunner().invoke(cli, list(args), obj=backend)
+    return CliRunner().invoke(cli, list(args), obj=backend, prog_name="spotorch")
 
 
-def test_every_command_and_option_has_help() -> None:
-    def walk(group: click.Group, prefix: str) -> Iterator[tuple[str, click.Command]]:
-        for name, command in group.commands.items():
-            yield f"{prefix}{name}", command
-            if isinstance(command, click.Group):
-                yield from walk(command, f"{prefix}{name} ")
+def walk(group: click.Group, prefix: str = "") -> Iterator[tuple[str, click.Command]]:
+    """Every command of the tree, the lazily imported ones too (dev, demo, simulate, ...)."""
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        assert command is not None, name
+        yield f"{prefix}{name}", command
+        if isinstance(command, click.Group):
+            yield from walk(command, f"{prefix}{name} ")
 
-    for name, command in walk(cli, ""):
+
+def test_every_command_and_option_has_help_in_one_dialect_with_defaults() -> None:
+    names = []
+    for name, command in walk(cli):
+        names.append(name)
         assert command.help, name
         for param in command.params:
             if isinstance(param, click.Option):
                 assert param.help, f"{name} {param.opts}"
+        if command.hidden:
+            continue
+        result = invoke(None, *name.split(), "--help")
+        assert result.exit_code == 0 and result.output.startswith(f"Usage: spotorch {name}"), \
+            (name, result.output[:200])
+        listed = result.output.split("Commands:")[-1] if isinstance(command, click.Group) else ""
+        assert not any(line.rstrip().endswith("...") for line in listed.splitlines()), name
+        defaults = [p for p in command.params if isinstance(p, click.Option)
+                    and p.default not in (None, False, (), "") and not p.is_flag
+                    and p.show_default is not False]
+        if defaults:
+            assert "default:" in result.output, name
+    assert {"dev up", "dev down", "dev restart", "dev reload", "dev alerts", "dev vertex",
+            "validate", "demo", "simulate", "dead-letters", "advise", "snapshots",
+            "sweep show", "sweep submit", "sweep cancel"} <= set(names)
     result = invoke(None, "runs", "--help")
     assert result.exit_code == 0 and "[default: 20; 1<=x<=500]" in result.output
-    assert invoke(None, "dev", "--help").exit_code == 0
+    demo = invoke(None, "demo", "--help").output
+    assert all(f"  {scenario} " in demo for scenario in ("default", "stockout", "user-error",
+                                                         "hardware", "sweep", "hang",
+                                                         "diverge", "oom"))
 
 
 def test_version_typos_and_usage_errors() -> None:
@@ -501,7 +526,7 @@ def test_delegated_commands_keep_their_own_options_and_exit_codes(
     assert cli_module.main(["validate", examples]) == 0
     assert "OK" in capsys.readouterr().out
     assert cli_module.main(["validate", "/nonexistent/pipelines"]) == 1
-    assert cli_module.main(["demo", "--help"]) == 0  # argparse's help of the demo itself
+    assert cli_module.main(["demo", "--help"]) == 0  # the demo's own help (a click command)
     assert "--scenario" in capsys.readouterr().out
     assert cli_module.main(["dev", "up", "--help"]) == 0
     assert "--no-vertex" in capsys.readouterr().out

@@ -3,7 +3,7 @@ ledger."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from spotorch.core.cost import Ledger, ledger, ledger_dict
@@ -130,6 +130,12 @@ def run_view(run: Run, pipeline: Pipeline | None, now: float,
             "step": run.latest_checkpoint.step, "uri": run.latest_checkpoint.uri},
         "checkpoints_resumed": checkpoints,
         "checkpoint_advice": advice_view(_checkpoint_advice(run, now)),
+        "metric_history": [{"step": m.step, "at": iso(m.at), "attempt": m.attempt,
+                            "values": dict(m.values)} for m in run.metric_history],
+        "sweep_curve": [{"step": p.step, "value": p.value} for p in run.curve],
+        # What an operator may do now (the api decides; these say which buttons make sense).
+        "can_cancel": run.active, "can_retry": run.status.terminal and
+        run.status is not RunStatus.SUCCEEDED,
         "cost": ledger_dict(book),
         "history": [{"at": iso(h.at), "what": h.what, "reason": h.reason} for h in run.history],
     }
@@ -186,8 +192,8 @@ def sweep_view(sw: Sweep, pipeline: Pipeline | None) -> dict[str, Any]:
     """Everything about one sweep (`spotorch sweep`, the UI's sweep page): its trials, the best
     one, the registered model."""
     best = _best(sw)
-    trials = [{**trial_summary(t), "run_status": t.run_status, "best": t.number == sw.best}
-              for t in sw.trials]
+    trials = [{**trial_summary(t), "run_status": t.run_status, "best": t.number == sw.best,
+               "curve": [[s, v] for s, v in t.curve]} for t in sw.trials]
     return {
         **sweep_row(sw, pipeline),
         "data_uri": sw.data_uri, "snapshot_id": sw.snapshot_id, "end_reason": sw.end_reason,
@@ -255,6 +261,7 @@ def snapshot_view(doc: Mapping[str, Any], pipeline: Pipeline | None,
         "first_seen": iso(state.first_seen), "last_seen": iso(state.last_seen),
         "completed_at": iso(state.completed_at), "snapshot_id": state.snapshot_id,
         "started": started if what == "started" else None, "run_status": status,
+        "started_kind": "sweep" if pipeline is not None and pipeline.sweep is not None else "run",
     }
 
 
@@ -276,3 +283,15 @@ def unmatched_view(doc: Mapping[str, Any]) -> dict[str, Any]:
         "first_seen": iso(doc.get("first_seen")), "last_seen": iso(doc.get("last_seen")),
         "alerted_at": iso(doc.get("alerted_at")),
     }
+
+
+def totals(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Spend, savings and runs by status over run rows (run_row's): one period's figures."""
+    by_status: dict[str, int] = {}
+    for r in rows:
+        by_status[r["status"]] = by_status.get(r["status"], 0) + 1
+    return {"runs": len(rows), "by_status": dict(sorted(by_status.items())),
+            "spend": round(sum(float(r.get("cost") or 0.0) for r in rows), 4),
+            "savings": round(sum(float(r.get("savings") or 0.0) for r in rows), 4),
+            "preemptions": sum(int(r.get("preemptions") or 0) for r in rows),
+            "active": sum(1 for r in rows if r.get("active"))}

@@ -16,6 +16,8 @@ from spotorch.core.model import (
     CANCEL_ORPHAN,
     CANCEL_STOCKOUT,
     CANCEL_SWITCH,
+    METRIC_NAMES_LIMIT,
+    METRIC_SAMPLES_LIMIT,
     PHASE_TO_STATE,
     Attempt,
     AttemptState,
@@ -24,6 +26,7 @@ from spotorch.core.model import (
     JobPhase,
     JobStatus,
     MetricPoint,
+    MetricSample,
     Progress,
     Run,
     RunStatus,
@@ -166,6 +169,7 @@ def _on_trainer(run: Run, obs: Observation, ctx: Context) -> Run:
         run = _newer_checkpoint(run, Checkpoint(obs.step, obs.checkpoint_uri))
     if obs.kind == "started" and attempt.started_at is None:
         run = with_attempt(run, replace(run.attempt(obs.attempt) or attempt, started_at=obs.at))
+    run = _metric_history(run, obs)
     return _sweep_curve(trainer_health(run, obs, ctx, fresh_rate), obs, ctx)
 
 
@@ -192,6 +196,32 @@ def _on_model_registered(run: Run, obs: Observation, ctx: Context) -> Run:
     run = move_to(note(run, ctx, line), RunStatus.SUCCEEDED, ctx, why)
     return publish(run, ctx, "run.succeeded", status=str(run.status), **intent.succeeded,
                     model_name=obs.model_name, model_error=obs.error)
+
+
+# ---------------------------------------------------------------- metrics by step, for people
+
+def _metric_history(run: Run, obs: TrainerReported) -> Run:
+    """Keep the report's metrics by step: the first METRIC_NAMES_LIMIT names, finite values; a
+    later attempt rewrites the steps it repeats, a late or repeated report of an earlier step
+    changes nothing; when full, every other older sample goes (the whole run stays drawn,
+    older parts coarser)."""
+    if obs.step is None or not obs.metrics:
+        return run
+    last = run.metric_history[-1] if run.metric_history else None
+    if last is not None and (obs.attempt, obs.step) <= (last.attempt, last.step):
+        return run
+    names = list(dict.fromkeys(k for s in run.metric_history for k in s.values))
+    names += [k for k in obs.metrics if k not in names]
+    kept_names = set(names[:METRIC_NAMES_LIMIT])
+    values = {k: float(v) for k, v in obs.metrics.items()
+              if k in kept_names and math.isfinite(v)}
+    if not values:
+        return run
+    samples = (*(s for s in run.metric_history if s.step < obs.step),
+               MetricSample(obs.step, obs.at, obs.attempt, values))
+    if len(samples) > METRIC_SAMPLES_LIMIT:
+        samples = (*samples[:-1][::2], samples[-1])
+    return replace(run, metric_history=samples)
 
 
 # ---------------------------------------------------------------- sweeps: a trial's curve

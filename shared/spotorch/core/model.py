@@ -314,6 +314,20 @@ class MetricPoint:
 
 
 @dataclass(frozen=True)
+class MetricSample:
+    """The trainer's metrics at one step (a map in Firestore: no nested arrays there)."""
+
+    step: int
+    at: float
+    attempt: int
+    values: Mapping[str, float] = field(default_factory=dict)
+
+
+METRIC_SAMPLES_LIMIT = 100  # samples a run keeps; older ones thinned out to make room
+METRIC_NAMES_LIMIT = 4  # metrics kept per sample: the first names the trainer reported
+
+
+@dataclass(frozen=True)
 class HistoryEntry:
     at: float
     what: str
@@ -361,6 +375,8 @@ class Run:
     sweep_id: str | None = None
     params: Mapping[str, Any] = field(default_factory=dict)  # handed to the trainer as JSON
     curve: tuple[MetricPoint, ...] = ()  # the sweep's metric by step, for the median rule
+    # ---- every run: the trainer's metrics by step, for people (charts); bounded, thinned
+    metric_history: tuple[MetricSample, ...] = ()
     # ---- Model Registry: the registered version (projects/P/locations/L/models/M@V)
     model_name: str | None = None
     # ---- Spot probes while on standard (section "Spot probes"); the newest PROBES_LIMIT
@@ -426,6 +442,10 @@ class Run:
         data["health"] = _health_from(data.get("health") or {})
         data["params"] = dict(data.get("params") or {})
         data["curve"] = tuple(MetricPoint(**p) for p in data.get("curve", ()))
+        data["metric_history"] = tuple(
+            MetricSample(int(m["step"]), float(m["at"]), int(m.get("attempt") or 0),
+                         {str(k): float(v) for k, v in (m.get("values") or {}).items()})
+            for m in data.get("metric_history", ()))
         data["probes"] = tuple(_probe_from(p) for p in data.get("probes", ()))
         data["hardware_results"] = {str(k): dict(v) for k, v in
                                     (data.get("hardware_results") or {}).items()}

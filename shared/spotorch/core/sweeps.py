@@ -125,6 +125,7 @@ class Trial:
     cost: float = 0.0
     preemptions: int = 0
     experiment_run: str | None = None
+    stop_reason: str | None = None  # why the median rule stopped it (its values and the median)
 
 
 @dataclass(frozen=True)
@@ -342,8 +343,9 @@ def best_trial(sweep: Sweep, goal: Goal) -> Trial | None:
 def summary(trial: Trial) -> dict[str, Any]:
     return {"trial": trial.number, "trial_run_id": trial.run_id, "params": dict(trial.params),
             "status": str(trial.status), "metric": trial.metric, "step": trial.step,
-            "stopped_early": trial.stopped_early, "cost": round(trial.cost, 6),
-            "preemptions": trial.preemptions, "experiment_run": trial.experiment_run}
+            "stopped_early": trial.stopped_early, "stop_reason": trial.stop_reason,
+            "cost": round(trial.cost, 6), "preemptions": trial.preemptions,
+            "experiment_run": trial.experiment_run}
 
 
 # ---------------------------------------------------------------- creating a sweep
@@ -518,7 +520,8 @@ def _median_stop(sweep: Sweep, ctx: SweepContext, rule: MedianStopping) -> Sweep
         step, own, median = verdict
         reason = (f"median stopping: best {ctx.spec.metric} {own:g} by step {step} is worse than "
                   f"the median {median:g} of the other trials at that step")
-        sweep = _with_trial(sweep, replace(trial, status=TrialStatus.STOPPING, stopped_early=True))
+        sweep = _with_trial(sweep, replace(trial, status=TrialStatus.STOPPING, stopped_early=True,
+                                           stop_reason=reason))
         sweep = _add(sweep, ctx, StopTrial, trial=trial.number, reason=reason)
         sweep = _note(sweep, ctx, f"trial {trial.number} stopped early: {reason}")
         sweep = _publish(sweep, ctx, "sweep.trial_stopped", trial=trial.number,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spotorch.core.model import Checkpoint, JobPhase, JobStatus
+from spotorch.ports.job_logs import LogReadError
 from spotorch.ports.jobs import LaunchError, LaunchSpec
 from spotorch.ports.storage import ObjectInfo, ObjectNotFound, ObjectPage, StoredCheckpoint
 from spotorch.ports.store import MAX_DOCUMENT_BYTES, AddTo, ConflictError, InvalidDocument, batch_problem
@@ -284,3 +285,25 @@ class InMemoryShardDispatcher:
 
     def dispatch(self, shard: Mapping[str, Any]) -> None:
         self.shards.append(copy.deepcopy(dict(shard)))
+
+
+@dataclass
+class InMemoryJobLogs:
+    """ports.JobLogs: each job's stderr lines as a test writes them, with their times (what
+    Cloud Logging would hold at severity ERROR); can be told to fail, as over quota."""
+
+    stderr: dict[str, list[tuple[float, str]]] = field(default_factory=dict)  # oldest first
+    fail_next: int = 0
+    reads: int = 0
+
+    def write(self, job_name: str, *lines: str, at: float = 0.0) -> None:
+        self.stderr.setdefault(job_name, []).extend((at, line) for line in lines)
+
+    def error_tail(self, job_name: str, *, since: float | None, limit: int) -> tuple[str, ...]:
+        self.reads += 1
+        if self.fail_next:
+            self.fail_next -= 1
+            raise LogReadError("RESOURCE_EXHAUSTED: read requests per minute")
+        lines = [line for at, line in self.stderr.get(job_name, [])
+                 if since is None or at >= since]
+        return tuple(lines[-limit:]) if limit > 0 else ()

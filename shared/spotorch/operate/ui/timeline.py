@@ -175,11 +175,17 @@ def _cost_panel(book: Ledger, run: Run, scale: Scale, top: float, run_end: float
         return top + PANEL_H - cost / peak * (PANEL_H - 10)
     d = " ".join(f"{'M' if i == 0 else 'L'}{scale.x(t):.1f},{y(c):.1f}"
                  for i, (t, c) in enumerate(points))
-    return [f'<text x="8" y="{top + 14:.1f}" class="label">cost</text>',
+    # A scale: the spend at a quarter, half, three quarters and all of the run's total.
+    scale_marks = [f'<g class="cost-tick"><line x1="{LEFT}" y1="{y(peak * f):.1f}" '
+                   f'x2="{WIDTH - RIGHT}" y2="{y(peak * f):.1f}" class="grid"/>'
+                   f'<text x="{LEFT - 6}" y="{y(peak * f) + 4:.1f}" class="tick" '
+                   f'text-anchor="end">{money(peak * f if book.total else 0.0)}</text></g>'
+                   for f in (0.25, 0.5, 0.75, 1.0)]
+    return [f'<text x="8" y="{top + 14:.1f}" class="label">cost</text>', *scale_marks,
             f'<line x1="{LEFT}" y1="{y(0):.1f}" x2="{WIDTH - RIGHT}" y2="{y(0):.1f}" class="axis"/>',
-            f'<path class="cost" d="{d}" fill="none" stroke="{COST_COLOUR}" stroke-width="2"/>',
-            f'<text x="{LEFT - 6}" y="{y(peak) + 4:.1f}" class="tick" text-anchor="end">'
-            f'{money(book.total)}</text>']
+            f'<text x="{LEFT - 6}" y="{y(0) + 4:.1f}" class="tick" text-anchor="end">'
+            f'{money(0.0)}</text>',
+            f'<path class="cost" d="{d}" fill="none" stroke="{COST_COLOUR}" stroke-width="2"/>']
 
 
 def _time_axis(scale: Scale, y: float) -> list[str]:

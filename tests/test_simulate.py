@@ -252,7 +252,7 @@ def test_plot_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     write_traces(tmp_path)
     png = tmp_path / "cost.png"
     assert main([str(tmp_path), *SMALL, "--plot", str(png),
-                 "--plot-deadline-hours", "4", "5"]) == 0
+                 "--plot-deadline-hours", "4", "--plot-deadline-hours", "5"]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     bad = tmp_path / "bad.json"
     bad.write_text("{}")

@@ -170,7 +170,9 @@ def test_a_nonzero_exit_fails_the_job_with_its_exit_code(harness: Callable[..., 
     status = h.until(name, JobPhase.FAILED)
     assert (status.failure, status.exit_code) == (FailureClass.USER_ERROR, 3)
     assert "workerpool0-0 exited with a non-zero status of 3" in status.message
-    assert "oops" in (h.emulator.log_dir(name) / "workerpool0-0.log").read_text()
+    # stderr apart from stdout, as Vertex logs them (ERROR and INFO entries)
+    assert "oops" in (h.emulator.log_dir(name) / "workerpool0-0.stderr").read_text()
+    assert (h.emulator.log_dir(name) / "workerpool0-0.log").read_text() == ""
     job = h.raw_client().get_custom_job(name=name)
     assert job.error.code == 3 and job.state == v1.JobState.JOB_STATE_FAILED
 
@@ -333,7 +335,8 @@ def test_every_replica_of_every_pool_runs(harness: Callable[..., Harness],
     cluster = json.loads((tmp_path / "worker1").read_text())["cluster"]
     assert [len(cluster["workerpool0"]), len(cluster["workerpool1"])] == [1, 2]
     logs = sorted(p.name for p in h.emulator.log_dir(name).iterdir())
-    assert logs == ["workerpool0-0.log", "workerpool1-0.log", "workerpool1-1.log"]
+    assert logs == [f"workerpool{p}-{i}.{kind}" for p, i in ((0, 0), (1, 0), (1, 1))
+                    for kind in ("log", "stderr")]
 
 
 def test_one_failing_replica_fails_the_job_and_stops_the_others(

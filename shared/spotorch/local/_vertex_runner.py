@@ -116,7 +116,7 @@ class JobRunner:
             self.begin_stop(job, now, JobState.FAILED, CODE_INVALID_ARGUMENT,
                             f"The replica {replica.name} exited with a non-zero status of {code}."
                             f" Termination reason: {reason}. To find out more about why your job "
-                            f"exited please check the logs: {replica.log_path}")
+                            f"exited please check the logs: {replica.log_path.parent}")
             return
         if all(c == 0 for _, c in codes):
             self.set_state(job, JobState.SUCCEEDED, now)

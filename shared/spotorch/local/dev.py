@@ -436,8 +436,9 @@ _OPERATIONS: Mapping[str, Callable[[DevStack, Mapping[str, Any]], dict[str, Any]
     "restart": _restart, "reload": _reload}
 
 
-def _serve_requests(stack: DevStack) -> bool:
-    """Carry out waiting requests; True when one was."""
+def _serve_requests(stack: DevStack, record: Callable[[], object] = lambda: None) -> bool:
+    """Carry out waiting requests; True when one was. `record` writes the state file before
+    each answer: who asked reads it next and must see what the request changed."""
     requests = pending_requests(stack.run_dir)
     for done, request in requests:
         operation = _OPERATIONS.get(str(request.get("op")))
@@ -447,6 +448,7 @@ def _serve_requests(stack: DevStack) -> bool:
         except (StackError, OSError) as exc:
             answer = {"ok": False, "error": str(exc)}
         print(f"{request} -> {answer.get('ok')}", flush=True)
+        record()
         write_json(done, answer)
     return bool(requests)
 
@@ -497,13 +499,19 @@ def _watch(stack: DevStack, state_path: Path, base: Mapping[str, Any],
     export a durable stack's Firestore every EXPORT_EVERY_S (a killed supervisor loses less)."""
     reported: set[tuple[str, int]] = set()
     exported = time.monotonic()
+    last = dict(recorded)
+
+    def record() -> None:
+        current = {**base, **stack.describe(), "status": "ready"}
+        if current != last:
+            write_json(state_path, current)
+            last.clear()
+            last.update(current)
+
     while True:
         time.sleep(0.3)
-        _serve_requests(stack)
-        current = {**base, **stack.describe(), "status": "ready"}
-        if current != recorded:
-            write_json(state_path, current)
-            recorded = current
+        _serve_requests(stack, record)
+        record()
         for name, child in stack.processes.children.items():
             if not child.alive() and (name, child.pid) not in reported:
                 reported.add((name, child.pid))

@@ -225,3 +225,61 @@ def test_dead_letters_read_the_local_stacks_hold_subscription(emulators: Any,
     listed = subprocess.run([*SPOTORCH, "dead-letters", "--json"], env=env, capture_output=True,
                             text=True, timeout=60, cwd=tmp_path)
     assert listed.returncode == 0 and len(json.loads(listed.stdout)) == 1, listed.stderr
+
+
+@pytest.mark.emulator
+def test_the_rest_and_the_client_readers_read_the_same(firestore_emulator: Any) -> None:
+    """The CLI reads Firestore's REST API, the api function its Python client: the same runs,
+    pages (equal creation times across a page boundary included), sweeps and arrivals."""
+    from dataclasses import replace
+
+    from google.cloud import firestore
+
+    from operator_runs import deps_for, every_kind
+    from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
+    from spotorch.adapters.gcp.firestore_reads import (
+        FirestoreArrivalReader,
+        FirestoreRunReader,
+        FirestoreSweepReader,
+        RestSource,
+    )
+    from spotorch.ports.reads import RunQuery, SweepQuery, parse_statuses
+
+    project = firestore_emulator.project
+    deps = deps_for(FirestoreDocumentStore(project=project))
+    runs = every_kind(deps)
+    for i in range(4):  # four runs created at the same instant
+        deps.runs.save(replace(runs["story"], run_id=f"tie-{i}", created_at=1_800_000_100.0),
+                       None)
+    sweeps(deps)
+    arrivals(deps)
+    client = firestore.Client(project=project)
+    rest = RestSource(project, emulator=os.environ["FIRESTORE_EMULATOR_HOST"])
+
+    def walk(reader: Any, **query: Any) -> list[str]:
+        seen, token = [], None
+        while True:
+            page = reader.list(RunQuery(limit=3, page_token=token, **query))
+            seen += [r.run_id for r in page.runs]
+            token = page.next_page_token
+            if token is None:
+                return seen
+
+    by_client, by_rest = FirestoreRunReader(client), FirestoreRunReader(rest)
+    everything = walk(by_rest)
+    assert everything == walk(by_client) and len(set(everything)) == len(everything)
+    assert {f"tie-{i}" for i in range(4)} | {r.run_id for r in runs.values()} <= set(everything)
+    ties = [r for r in everything if r.startswith("tie-")]
+    first = everything.index(ties[0])
+    assert everything[first:first + 4] == ["tie-3", "tie-2", "tie-1", "tie-0"]  # by id, desc
+    failed = {"statuses": parse_statuses(["failed"])}
+    assert walk(by_rest, **failed) == walk(by_client, **failed) == [runs["failed"].run_id]
+    assert by_rest.get(runs["story"].run_id) == by_client.get(runs["story"].run_id)
+    assert by_rest.get("nope") is None
+    sweeps_rest = FirestoreSweepReader(rest).list(SweepQuery())
+    assert sweeps_rest == FirestoreSweepReader(client).list(SweepQuery())
+    arrived_rest, arrived_client = FirestoreArrivalReader(rest), FirestoreArrivalReader(client)
+    assert [d["key"] for d in arrived_rest.snapshots(10)] == \
+        [d["key"] for d in arrived_client.snapshots(10)]
+    assert [d["folder"] for d in arrived_rest.unmatched(10)] == \
+        [d["folder"] for d in arrived_client.unmatched(10)]

@@ -85,3 +85,11 @@ def test_the_scale_benchmark_runs_through_the_function_entry_points() -> None:
     done = bench("scale_bench.py", "--runs", "5", "--json", timeout=600.0)
     figures = last_json(done.stdout)
     assert figures["all_running"] is True and figures["launches_waiting"] == 0
+
+
+@pytest.mark.emulator
+@pytest.mark.slow
+def test_the_operator_reads_benchmark_runs_on_the_firestore_emulator() -> None:
+    done = bench("cli_reads.py", "--runs", "3", "--repeat", "1")
+    assert "spotorch runs " in done.stdout and "spotorch show demo-0002" in done.stdout
+    assert "heaviest imports" in done.stdout

@@ -97,23 +97,24 @@ def test_logs_follow_the_run_across_its_attempts(world: World) -> None:
     backend, deps, runs = world
     live = runs["live"]
     _worker_log(backend, live, 1, "attempt 1 step 40\n")
-    assert isinstance(deps.launcher, InMemoryLauncher)
+    launcher = deps.launcher
+    assert isinstance(launcher, InMemoryLauncher)
     backend.poll_s = 0.05
-    job = deps.launcher.job_of(live.run_id, 1)
+    job = launcher.job_of(live.run_id, 1)
 
     def preempt_then_finish() -> None:
         time.sleep(0.3)
-        job_changed(deps, live.run_id, 1, deps.launcher.set_status(
+        job_changed(deps, live.run_id, 1, launcher.set_status(
             job, JobPhase.FAILED, failure=FailureClass.PREEMPTED))
-        second = deps.launcher.job_of(live.run_id, 2)
+        second = launcher.job_of(live.run_id, 2)
         fresh = deps.runs.load(live.run_id)[0]
         assert fresh is not None
         _worker_log(backend, fresh, 2, "attempt 2 resumed\n")
-        job_changed(deps, live.run_id, 2, deps.launcher.set_status(second, JobPhase.RUNNING))
+        job_changed(deps, live.run_id, 2, launcher.set_status(second, JobPhase.RUNNING))
         time.sleep(0.3)
         trainer_reported(deps, live.run_id, TrainerReported(2, "progress", deps.clock.now(),
                                                             step=300, total_steps=300))
-        job_changed(deps, live.run_id, 2, deps.launcher.set_status(second, JobPhase.SUCCEEDED))
+        job_changed(deps, live.run_id, 2, launcher.set_status(second, JobPhase.SUCCEEDED))
 
     worker = threading.Thread(target=preempt_then_finish)
     worker.start()

@@ -90,8 +90,9 @@ def operated(firestore_emulator: Any, monkeypatch: pytest.MonkeyPatch,
 
 
 def _worker_files(backend: Backend, run: Run, attempt: int) -> None:
-    assert isinstance(backend.logs, LocalWorkerLogs) and run.attempts[attempt - 1].job_name
-    folder = backend.logs.workdir / run.attempts[attempt - 1].job_name.rsplit("/", 1)[-1]
+    job_name = run.attempts[attempt - 1].job_name
+    assert isinstance(backend.logs, LocalWorkerLogs) and job_name
+    folder = backend.logs.workdir / job_name.rsplit("/", 1)[-1]
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "workerpool0-0.log").write_text("epoch 1 of 3\n")
     (folder / "workerpool0-0.stderr").write_text("\n".join(TRACEBACK) + "\n")

@@ -25,7 +25,7 @@ T0 = 1_800_000_000.0
 
 def world() -> Deps:
     deps = fake_deps(NIGHTLY)
-    deps.clock = ManualClock(T0)  # type: ignore[misc]
+    deps.clock = ManualClock(T0)
     return deps
 
 

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import click
 
+from spotorch.commandline import CONTEXT, SuggestingGroup
+
 API_KEY_ENV = "SPOTORCH_BILLING_API_KEY"
-CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True, "max_content_width": 100}
 
 
-@click.group(context_settings=CONTEXT)
+@click.group(cls=SuggestingGroup, context_settings=CONTEXT)
 def prices() -> None:
     """The price table every cost is stated with (list prices, or SPOTORCH_PRICES)."""
 
@@ -76,7 +77,7 @@ def refresh(out: Path, api_key_env: str, regions: str, endpoint: str, keep_tpu: 
 @click.argument("machine")
 @click.option("--accelerator", default="", help="Accelerator type on the machine, if any.")
 @click.option("--count", default=1, help="How many accelerators.")
-@click.option("--region", default="us-central1")
+@click.option("--region", default="us-central1", help="The region whose prices to show.")
 def show(machine: str, accelerator: str, count: int, region: str) -> None:
     """What one hour of MACHINE costs on each capacity, and where each figure comes from."""
     from spotorch.core.cost import hourly_rate

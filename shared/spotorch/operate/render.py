@@ -112,11 +112,15 @@ def show_run(view: Mapping[str, Any]) -> list[Any]:
         ("checkpoint", f"step {ckpt['step']}  {ckpt['uri']}" if ckpt else None),
         ("model", view["model_uri"] + ("" if view["model_ready"] else "  (not written yet)")),
         ("retry of", view.get("retry_of")),
-        ("cost", money(cost["total"], cost["currency"])),
+        ("cost", cost["summary"]),
         ("saved", f"{money(cost['savings'], cost['currency'])}{_pct(cost['savings_pct'])} against "
-                  f"standard VMs ({money(cost['standard_equivalent'], cost['currency'])})"),
+                  f"standard VMs ({money(cost['standard_equivalent'], cost['currency'])})"
+         if cost.get("savings") is not None else
+         f"none claimed ({_no_result(cost)}); standard VMs would have cost "
+         f"{money(cost['standard_equivalent'], cost['currency'])} for the same work"),
         ("lost work", f"{cost['lost_steps']} steps redone after {cost['preemptions']} "
-                      f"preemption(s), {money(cost['lost_cost'], cost['currency'])}"),
+                      f"preemption(s), {money(cost['lost_cost'], cost['currency'])}"
+         if cost.get("preemptions") else None),
         ("checkpoints", advice_text(view["checkpoint_advice"])),
     ])
     costs = {a["attempt"]: a for a in cost["attempts"]}
@@ -164,6 +168,12 @@ class Columns3:
             text = f"{at:<{first}}  {what:<{second}}  {lines[0]}"
             text += "".join(f"\n{' ' * indent}{line}" for line in lines[1:])
             yield Text(text, no_wrap=True, overflow="fold")
+
+
+def _no_result(cost: Mapping[str, Any]) -> str:
+    """Why the ledger claims no saving (savings only for a run that produced its result)."""
+    return {"running": "still running", "no_result": "it produced no result"}.get(
+        str(cost.get("result")), "no result yet")
 
 
 def error_tails(attempts: Sequence[Mapping[str, Any]]) -> list[Any]:

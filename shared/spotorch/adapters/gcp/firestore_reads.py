@@ -200,7 +200,7 @@ def google_token() -> str:
     from google.auth.transport.requests import Request
 
     credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/datastore"])
-    credentials.refresh(Request())  # type: ignore[no-untyped-call]
+    credentials.refresh(Request())
     return str(credentials.token)
 
 

@@ -107,14 +107,22 @@ def _facts(view: Mapping[str, Any]) -> str:
 
 
 def _ledger(cost: Mapping[str, Any]) -> str:
+    """The cost ledger as core.cost states it: savings only for a run that produced its result,
+    what standard VMs would have cost otherwise; preemptions' redone work when there was any."""
     pct = f" ({cost['savings_pct']:.0f}%)" if cost.get("savings_pct") is not None else ""
-    return ('<div class="ledger">'
-            f'<div class="spent">spent<b>{money(cost["total"])}</b></div>'
-            f'<div class="saved">saved against standard VMs<b>{money(cost["savings"])}{pct}</b>'
-            f'<span class="muted">standard: {money(cost["standard_equivalent"])}</span></div>'
-            f'<div class="lost">lost to {cost["preemptions"]} preemption(s)'
+    standard = money(cost["standard_equivalent"])
+    if cost.get("savings") is not None:
+        saved = (f'<div class="saved">saved against standard VMs<b>{money(cost["savings"])}'
+                 f'{pct}</b><span class="muted">standard: {standard}</span></div>')
+    else:
+        saved = (f'<div class="standard">standard VMs would have cost<b>{standard}</b>'
+                 '<span class="muted">for the same work; no saving is claimed for a run '
+                 "without its result</span></div>")
+    lost = (f'<div class="lost">lost to {cost["preemptions"]} preemption(s)'
             f'<b>{money(cost["lost_cost"])}</b><span class="muted">{cost["lost_steps"]} steps '
-            'redone</span></div></div>')
+            'redone</span></div>') if cost.get("preemptions") else ""
+    return (f'<div class="ledger"><div class="spent">spent<b>{money(cost["total"])}</b></div>'
+            f'{saved}{lost}</div><p class="muted cost-line">{escape(cost["summary"])}</p>')
 
 
 def _hardware(choice: Mapping[str, Any] | None) -> str:

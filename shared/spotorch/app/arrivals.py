@@ -31,9 +31,10 @@ def data_arrived(deps: Deps, obj: ObjectEvent, *, listed: bool = False) -> list[
     from spotorch.app import snapshots as intake
 
     pipelines = tuple(deps.pipelines.values())
-    if not intake.matches_any(obj, pipelines):
+    if not unmatched.matches_any(obj, pipelines):
         misses = unmatched.unintended_misses(obj, pipelines)
-        why = "; ".join(m.text for m in misses) if misses else intake.why_unmatched(obj, pipelines)
+        why = ("; ".join(f"{m.pipeline}: {m.text}" for m in misses) if misses
+               else unmatched.why_unmatched(obj, pipelines))
         # A listing feeds the same objects tick after tick for a while: only events say it.
         log.log(logging.DEBUG if listed else logging.INFO, "object %s matches no pipeline: %s",
                 obj.uri, why, extra={"event_id": obj.event_id})

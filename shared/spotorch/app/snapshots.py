@@ -588,18 +588,7 @@ def mark_dispatched(ready: SnapshotReady, *, docs: DocumentStore,
             lambda s: decide_dispatched(s, ready.snapshot_id, started))
 
 
-# --- what events miss: matching and listing ------------------------------------------------------
-
-
-def matches_any(event: ObjectEvent, pipelines: Sequence[Pipeline]) -> bool:
-    return any(match(p, event) is not None for p in pipelines)
-
-
-def why_unmatched(event: ObjectEvent, pipelines: Sequence[Pipeline]) -> str:
-    """Per pipeline, the rule an object missed (for the one log line an unmatched object gets)."""
-    if not pipelines:
-        return "no pipeline is loaded"
-    return "; ".join(f"{p.name}: {skip_reason(p, event)}" for p in pipelines)
+# --- what events miss: listing -------------------------------------------------------------------
 
 
 def landing_prefixes(pipelines: Sequence[Pipeline]) -> tuple[tuple[str, str], ...]:

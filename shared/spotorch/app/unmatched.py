@@ -26,7 +26,15 @@ from typing import Any
 
 from spotorch.core.events import build_event
 from spotorch.core.pipeline import Pipeline
-from spotorch.core.triggers import INTENDED_SKIPS, Miss, ObjectEvent, ObjectEventKind, match, miss
+from spotorch.core.triggers import (
+    INTENDED_SKIPS,
+    Miss,
+    ObjectEvent,
+    ObjectEventKind,
+    match,
+    miss,
+    skip_reason,
+)
 from spotorch.ports.messages import EventPublisher
 from spotorch.ports.store import ConflictError, DocumentStore
 from spotorch.settings import COLLECTION_UNMATCHED
@@ -68,6 +76,17 @@ def unintended_misses(event: ObjectEvent, pipelines: Sequence[Pipeline]) -> list
     # The pipelines that watch this bucket first: their reasons are the ones that help.
     found.sort(key=lambda m: m.rule == "bucket")
     return found[:MAX_PIPELINES]
+
+
+def matches_any(event: ObjectEvent, pipelines: Sequence[Pipeline]) -> bool:
+    return any(match(p, event) is not None for p in pipelines)
+
+
+def why_unmatched(event: ObjectEvent, pipelines: Sequence[Pipeline]) -> str:
+    """Per pipeline, the rule an object missed (for the one log line an unmatched object gets)."""
+    if not pipelines:
+        return "no pipeline is loaded"
+    return "; ".join(f"{p.name}: {skip_reason(p, event)}" for p in pipelines)
 
 
 def _object_doc(event: ObjectEvent, misses: Sequence[Miss], now: float) -> dict[str, Any]:

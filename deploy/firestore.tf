@@ -36,6 +36,10 @@ locals {
     "spot_regions-expires_at" = {
       collection = "spot_regions", field = "expires_at"
     }
+    # a folder of uploads no pipeline took (spotorch/app/unmatched.py): 7 days after its last object
+    "unmatched_uploads-expires_at" = {
+      collection = "unmatched_uploads", field = "expires_at"
+    }
   }
 }
 

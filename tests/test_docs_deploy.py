@@ -197,7 +197,7 @@ def test_every_command_in_deploy_md_exists(capsys: pytest.CaptureFixture[str]) -
     ('```sh\nspotorch runs --url "$API_URL" --token "$(gcloud auth print-identity-token)"\n```\n',
      "no such command or option"),
     ("```sh\n.venv/bin/spotorch rnus\n```\n", "no such command or option"),
-    ("```sh\nspotorch dead-letters --replay-all\n```\n", "--replay-all is not an option of it"),
+    ("```sh\nspotorch dead-letters --replay-all\n```\n", "No such option '--replay-all'"),
     ("```sh\nspotorch --projcet p runs\n```\n", "--projcet is not an option of spotorch"),
     ("```sh\nmake deploy PIPELINE=x\n```\n", "the Makefile does not read PIPELINE"),
     ("```sh\nmake deplyo\n```\n", "no make target 'deplyo'"),

@@ -296,7 +296,8 @@ REMOVALS = [
             "SubscriberClient.get_subscription", "operators", "pubsub.subscriptions.get"),
     Removal("iam.tf", 'role    = "roles/logging.viewer"\n  member  = local.functions_member',
             'role    = "roles/logging.logWriter"\n  member  = local.functions_member',
-            "Client.list_entries", "functions", "logging.logEntries.list"),
+            "GAPIC LoggingServiceV2Client.list_log_entries", "functions",
+            "logging.logEntries.list"),
     Removal("iam.tf", '  role               = "roles/iam.serviceAccountUser"\n  member             '
             '= local.functions_member\n}\n\n# Pipelines', '  role               = "roles/iam.'
             'serviceAccountTokenCreator"\n  member             = local.functions_member\n}\n\n'

@@ -74,6 +74,7 @@ RETENTION: Mapping[str, tuple[str | None, str]] = {
     COLLECTION_FAILURES: (TTL_FIELD, "a message's last transient failure, 14 days"),
     COLLECTION_JOBS: (TTL_FIELD, "a job's run and attempt, its timeout plus 30 days"),
     COLLECTION_SPOT_REGIONS: (TTL_FIELD, "Spot seen per region and shape, a day past its window"),
+    COLLECTION_UNMATCHED: (TTL_FIELD, "a folder of uploads no pipeline took, 7 days past its last"),
     COLLECTION_NOTIFICATIONS: (TTL_FIELD, "an alert's delivery, the ledger's retention"),
     COLLECTION_NOTIFICATION_RUNS: (TTL_FIELD, "a run's alert window, the ledger's retention"),
 }

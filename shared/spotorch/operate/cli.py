@@ -33,9 +33,9 @@ LAZY: Mapping[str, tuple[str, str, str]] = {
                "The price table costs are stated with; refresh it from the Catalog API."),
     "advise": ("spotorch.operate.advise", "advise_command",
                "The table of hardware candidates from earlier probes; --probe runs them."),
-    "deploy": ("spotorch.operate.deploy_check", "main",
+    "deploy": ("spotorch.operate.deploy_check", "deploy",
                "Check deploy/: every Google call spotorch makes is granted."),
-    "init": ("spotorch.operate.init_project", "main",
+    "init": ("spotorch.operate.init_project", "init",
              "Write a starting project: a pipeline, a trainer, terraform.tfvars."),
 }
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 
+from spotorch.commandline import SuggestingGroup
 from spotorch.operate.iam_roles import PREDEFINED_ROLES
 from spotorch.operate.permissions import CALLS, Call, Identity, Scope
 from spotorch.operate.terraform import TerraformError, Tf, block, load_tf
@@ -270,7 +271,7 @@ def _parse_var(values: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-@click.group(context_settings=CONTEXT)
+@click.group(cls=SuggestingGroup, context_settings=CONTEXT)
 def deploy() -> None:
     """deploy/ checked: its grants against what spotorch calls, its Terraform against the
     providers' schemas."""

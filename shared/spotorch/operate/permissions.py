@@ -111,7 +111,8 @@ REGISTRY = "spotorch.adapters.gcp.registry:VertexModelRegistry"
 EXPERIMENTS = "spotorch.adapters.gcp.registry:VertexExperimentTracker"
 STORE = "spotorch.adapters.gcp.firestore:FirestoreDocumentStore"
 LEDGER = "spotorch.adapters.gcp.notification_ledger:FirestoreNotificationLedger"
-READS = "spotorch.adapters.gcp.firestore_reads:_FirestoreNewestFirst"
+READS = "spotorch.adapters.gcp.firestore_reads:ClientSource"  # the api function's reads
+REST_READS = "spotorch.adapters.gcp.firestore_reads:RestSource"  # the CLI's and the web view's
 OBJECTS = "spotorch.adapters.gcp.storage:GcsObjectStore"
 GCS = "spotorch_trainer.storage:GcsStorage"
 DEAD = "spotorch.operate.deadletters"
@@ -196,15 +197,22 @@ CALLS: tuple[Call, ...] = (
          _on(S.DATABASE, CREATE, UPDATE), (F,), (f"{STORE}.put",), FIRESTORE_IAM,
          "the batch's writes, as above"),
     Call("Query.stream", "projects.databases.documents.runQuery",
-         _on(S.DATABASE, "datastore.entities.get", "datastore.entities.list"), (F, OP),
-         (f"{STORE}.query", f"{READS}._stream"), FIRESTORE_IAM,
-         "active runs, open snapshots; the CLI's and the api's listings"),
+         _on(S.DATABASE, "datastore.entities.get", "datastore.entities.list"), (F,),
+         (f"{STORE}.query", f"{READS}.newest"), FIRESTORE_IAM,
+         "active runs, open snapshots, unmatched uploads to alert on; the api's listings"),
+    Call("HTTP POST documents:runQuery (Firestore REST)", "projects.databases.documents.runQuery",
+         _on(S.DATABASE, "datastore.entities.get", "datastore.entities.list"), (OP,),
+         (f"{REST_READS}.newest",), FIRESTORE_IAM,
+         "the CLI's and the web view's listings: runs, sweeps, snapshots, unmatched uploads"),
+    Call("HTTP GET a document (Firestore REST)", "projects.databases.documents.get",
+         _on(S.DATABASE, "datastore.entities.get"), (OP,), (f"{REST_READS}.get",),
+         FIRESTORE_IAM, "one run or sweep (`spotorch show`, the web view)"),
     Call("DocumentReference.delete", "projects.databases.documents.delete",
          _on(S.DATABASE, "datastore.entities.delete"), (F,), (f"{STORE}.delete",), FIRESTORE_IAM,
          "a record that is done"),
     Call("DocumentReference.get", "projects.databases.documents.get",
-         _on(S.DATABASE, "datastore.entities.get"), (F, OP), (f"{READS}._get",), FIRESTORE_IAM,
-         "one run or sweep (`spotorch show`, the api)"),
+         _on(S.DATABASE, "datastore.entities.get"), (F,), (f"{READS}.get",), FIRESTORE_IAM,
+         "one run or sweep (the api)"),
     Call("DocumentReference.create", "projects.databases.documents.commit",
          _on(S.DATABASE, CREATE), (F,), (f"{LEDGER}.claim",), FIRESTORE_IAM,
          "claim an alert (exists=false precondition)"),
@@ -295,14 +303,15 @@ CALLS: tuple[Call, ...] = (
          (F,), ("spotorch.adapters.notify.channels:_secret_manager_value",), SECRETS_IAM,
          "a route's sm:// target, read by the notifier"),
     Call("Client.list_entries", "entries.list", _on(S.PROJECT, "logging.logEntries.list"), (OP,),
-         ("spotorch.operate.logsource:CloudLoggingSource.lines",), LOGGING_IAM,
+         ("spotorch.operate.logsource:CloudLoggingSource._lines",), LOGGING_IAM,
          "`spotorch logs`: the training job's own output"),
     Call("HTTP POST with an identity token", "the api function (Cloud Run)",
          _on(S.API_SERVICE, "run.routes.invoke"), (OP,), ("spotorch.operate.backend:HttpActions.post",),
          RUN_IAM, "submit, cancel, retry"),
-    Call("Client.list_entries", "entries.list", _on(S.PROJECT, "logging.logEntries.list"), (F,),
-         source=LOGGING_IAM, kind=Kind.PLANNED,
-         why="issue 29: a failed attempt's own error, from its workers' log entries"),
+    Call("GAPIC LoggingServiceV2Client.list_log_entries", "entries.list",
+         _on(S.PROJECT, "logging.logEntries.list"), (F,),
+         ("spotorch.adapters.gcp.job_logs:CloudLoggingJobLogs.error_tail",), LOGGING_IAM,
+         "a failed attempt's own error: its replicas' last stderr lines (one page, severity>=ERROR)"),
     # --- what Google services do as spotorch-functions ------------------------------------------
     Call("Cloud Run secret environment variables", "projects.secrets.versions.access",
          _on(S.ALERT_SECRETS, "secretmanager.versions.access"), (F,), source=SECRETS_IAM,

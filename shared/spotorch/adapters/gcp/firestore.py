@@ -13,7 +13,8 @@ REQUIRED_INDEXES: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 # Single-field equality queries the code makes: (collection, field).
 QUERIED_FIELDS: tuple[tuple[str, str], ...] = (("runs", "active"), ("snapshots", "open"),
-                                               ("snapshots", "pending_dispatch"))
+                                               ("snapshots", "pending_dispatch"),
+                                               ("unmatched_uploads", "alerted"))
 
 
 class FirestoreDocumentStore:

@@ -5,12 +5,14 @@ the CLI and the api, the dead letters of the local stack."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,16 @@ from test_cli import ApiActions, _worker_log, invoke
 ROOT = Path(__file__).resolve().parent.parent
 SPOTORCH = [sys.executable, "-m", "spotorch.operate.cli"]
 World = tuple[Backend, Deps, dict[str, Run]]
+
+
+@pytest.fixture(autouse=True)
+def quiet_spotorch_logs() -> Iterator[None]:
+    """As test_cli: the app code run in-process logs INFO lines into the CLI's captured output."""
+    logger = logging.getLogger("spotorch")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    yield
+    logger.setLevel(level)
 
 
 @pytest.fixture

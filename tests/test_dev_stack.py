@@ -352,14 +352,16 @@ def test_vertex_emulator_runs_with_the_stack_env(tmp_path: Path) -> None:
         if environ.exists():
             variables = dict(v.split("=", 1) for v in environ.read_text().split("\0") if "=" in v)
             assert variables["PUBSUB_EMULATOR_HOST"] == stack.env["PUBSUB_EMULATOR_HOST"]
-        import grpc
         from google.cloud.aiplatform_v1 import JobServiceClient
         from google.cloud.aiplatform_v1.services.job_service.transports.grpc import (
             JobServiceGrpcTransport,
         )
 
+        from spotorch.adapters.gcp.vertex_calls import emulator_channel
+
+        # As the operator (the stack's env carries their token; the emulator checks IAM).
         client = JobServiceClient(transport=JobServiceGrpcTransport(
-            channel=grpc.insecure_channel(endpoint)))
+            channel=emulator_channel(endpoint, stack.env[S.ENV_VERTEX_TOKEN])))
         jobs = list(client.list_custom_jobs(parent=f"projects/{PROJECT}/locations/us-central1"))
         assert jobs == []
     assert still_running(processes) == []

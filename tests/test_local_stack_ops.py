@@ -328,14 +328,15 @@ def _has_doc(stack: DevStack, doc_id: str) -> bool:
 
 
 def _vertex_jobs(stack: DevStack) -> list[Any]:
-    import grpc
     from google.cloud.aiplatform_v1 import JobServiceClient
     from google.cloud.aiplatform_v1.services.job_service.transports.grpc import (
         JobServiceGrpcTransport,
     )
 
-    client = JobServiceClient(transport=JobServiceGrpcTransport(
-        channel=grpc.insecure_channel(stack.env[S.ENV_VERTEX_ENDPOINT])))
+    from spotorch.adapters.gcp.vertex_calls import emulator_channel
+
+    client = JobServiceClient(transport=JobServiceGrpcTransport(channel=emulator_channel(
+        stack.env[S.ENV_VERTEX_ENDPOINT], stack.env[S.ENV_VERTEX_TOKEN])))
     return list(client.list_custom_jobs(parent=f"projects/{PROJECT}/locations/us-central1"))
 
 
@@ -344,7 +345,8 @@ def _create_job(stack: DevStack) -> str:
     from spotorch.core.pipeline import Capacity, JobTemplate, WorkerPool
     from spotorch.ports.jobs import LaunchSpec
 
-    launcher = VertexJobLauncher(PROJECT, endpoint=stack.env[S.ENV_VERTEX_ENDPOINT])
+    launcher = VertexJobLauncher(PROJECT, endpoint=stack.env[S.ENV_VERTEX_ENDPOINT],
+                                 token=stack.env[S.ENV_VERTEX_TOKEN])
     template = JobTemplate(worker_pools=(WorkerPool(command=("sleep", "60")),))
     return launcher.launch(LaunchSpec(run_id="r-durable", pipeline="p", attempt=1,
                                       capacity=Capacity.STANDARD, region="us-central1",

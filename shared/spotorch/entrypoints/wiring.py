@@ -37,7 +37,8 @@ def production_deps(settings: Settings | None = None) -> Deps:
         runs=DocumentRunStore(docs),
         docs=docs,
         launcher=VertexJobLauncher(settings.project, endpoint=settings.vertex_endpoint,
-                                   regions=regions or (settings.region,), budget=budget),
+                                   regions=regions or (settings.region,), budget=budget,
+                                   token=settings.vertex_token),
         checkpoints=StorageCheckpointStore(),
         publisher=PubSubPublisher(settings.topic_path(settings.events_topic)),
         clock=SystemClock(),
@@ -46,6 +47,8 @@ def production_deps(settings: Settings | None = None) -> Deps:
         events_topic=settings.topic_path(settings.trainer_events_topic),
         shards=PubSubShardDispatcher(settings.topic_path(TOPIC_TICK)),
         # Clients on first use: only pipelines with a `model` section ever call them.
-        models=VertexModelRegistry(settings.project, endpoint=settings.vertex_endpoint),
-        experiments=VertexExperimentTracker(settings.project, endpoint=settings.vertex_endpoint),
+        models=VertexModelRegistry(settings.project, endpoint=settings.vertex_endpoint,
+                                   token=settings.vertex_token),
+        experiments=VertexExperimentTracker(settings.project, endpoint=settings.vertex_endpoint,
+                                            token=settings.vertex_token),
     )

@@ -27,6 +27,7 @@ from spotorch.local._stack_config import (
     StackError,
 )
 from spotorch.local._stack_emulators import HEALTH_ANSWERS, HEALTH_PATHS
+from spotorch.local._stack_iam import IAM_FILE, StackIdentities
 from spotorch.local._stack_procs import (
     Child,
     Probe,
@@ -56,10 +57,12 @@ def _adapter_ok(status: int, body: bytes) -> bool:
 class StackProcesses:
     """The stack's child processes by name: emulator:NAME, function:NAME, push-adapter, vertex."""
 
-    def __init__(self, config: StackConfig, run_dir: Path, child_env: EnvOf) -> None:
+    def __init__(self, config: StackConfig, run_dir: Path, child_env: EnvOf,
+                 identities: StackIdentities | None = None) -> None:
         self.config = config
         self.run_dir = run_dir
         self._child_env = child_env
+        self.identities = identities or StackIdentities()
         self.children: dict[str, Child] = {}
         self.emulator_ports: dict[str, int] = {}
         self.function_ports: dict[str, int] = {}
@@ -139,8 +142,12 @@ class StackProcesses:
         argv = [str(self.ff_binary()), "--target", name, "--source",
                 str(cfg.functions_source.resolve()), "--signature-type", cfg.functions[name],
                 "--port", str(port), "--host", HOST]
+        env = self._child_env(cfg.extra_env)
+        env.pop(S.ENV_VERTEX_TOKEN, None)
+        if cfg.vertex_iam:  # every function runs as the functions' service account of deploy/
+            env.update(self.identities.function_env())
         child = spawn(f"function {name}", argv, self.run_dir / f"function-{name}.log",
-                      self._child_env(cfg.extra_env), cwd=cfg.cwd, port=port)
+                      env, cwd=cfg.cwd, port=port)
         self.children[f"function:{name}"] = child
         return child, owned_probe(child, port, http_probe(f"http://{HOST}:{port}/robots.txt",
                                                           _not_found))
@@ -176,11 +183,16 @@ class StackProcesses:
                 argv += [flag, str(value.resolve() if isinstance(value, Path) else value)]
         if cfg.durable:
             argv.append("--persist")
+        if cfg.vertex_iam:
+            argv += ["--iam", str(self.identities.write_policy(
+                self.run_dir / IAM_FILE, cfg.deploy_dir.resolve(), cfg.project))]
         argv += list(cfg.vertex_args)
         log_path = self.run_dir / "vertex.log"
-        # Its workers inherit this env: they publish trainer events and write checkpoints.
-        child = spawn("vertex emulator", argv, log_path, self._child_env(cfg.extra_env),
-                      cwd=cfg.cwd, port=port)
+        # Its workers inherit this env: they publish trainer events and write checkpoints (as
+        # the job's account: no token of the operator's).
+        env = self._child_env(cfg.extra_env)
+        env.pop(S.ENV_VERTEX_TOKEN, None)
+        child = spawn("vertex emulator", argv, log_path, env, cwd=cfg.cwd, port=port)
         self.children["vertex"] = child
         ready = log_probe(log_path, f"{VERTEX_READY_LINE} {HOST}:{port}\n")
         return child, owned_probe(child, port, ready)

@@ -12,6 +12,7 @@ from typing import Any
 
 from spotorch.adapters.gcp.vertex import JobState
 from spotorch.local._vertex_filter import FilterError, matches, parse_filter
+from spotorch.local._vertex_iam import IamPolicy
 from spotorch.local._vertex_jobs import DEFAULT_TIMEOUT_S, TERMINAL, Invalid, JobRecord, JobStore, utc
 from spotorch.local._vertex_quota import QuotaExceeded, QuotaMeter
 from spotorch.local._vertex_runner import JobRunner
@@ -60,8 +61,10 @@ class JobService:
     """CreateCustomJob, GetCustomJob, CancelCustomJob and ListCustomJobs on the store."""
 
     def __init__(self, project: str | None, store: JobStore, runner: JobRunner,
-                 quota: QuotaMeter, workdir: Callable[[], Path]) -> None:
+                 quota: QuotaMeter, workdir: Callable[[], Path],
+                 iam: IamPolicy | None = None) -> None:
         self.project = project
+        self.iam = iam  # None: no caller is checked (in-process tests that do not ask for IAM)
         self.store = store
         self.runner = runner
         self.quota = quota
@@ -178,7 +181,7 @@ class JobService:
             raise Invalid("RESOURCE_EXHAUSTED", str(exc)) from None
 
     def handlers(self) -> Any:
-        """The generic gRPC handler of the service: quota first, then the method."""
+        """The generic gRPC handler of the service: the caller's permission, quota, the method."""
         import grpc
         from google.cloud import aiplatform_v1 as v1
         from google.protobuf import empty_pb2
@@ -187,6 +190,9 @@ class JobService:
                 serialize: Any) -> Any:
             def handle(request: Any, context: Any) -> Any:
                 try:
+                    if self.iam is not None:
+                        self.iam.check(f"JobService/{method}", context.invocation_metadata(),
+                                       request)
                     self._charge(method, request)
                     return fn(request)
                 except Invalid as exc:

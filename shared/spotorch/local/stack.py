@@ -50,6 +50,7 @@ from spotorch.local._stack_config import (
     vertex_available,
 )
 from spotorch.local._stack_gcs import GcsAdmin
+from spotorch.local._stack_iam import StackIdentities
 from spotorch.local._stack_launch import StackProcesses
 from spotorch.local._stack_pipelines import PipelineSet, activate, check_pipelines, fingerprint
 from spotorch.local._stack_pubsub import PubSubAdmin, PulledMessage, subscription_name
@@ -78,7 +79,7 @@ class DevStack:
     def __init__(self, config: StackConfig | None = None, /, **overrides: Any) -> None:
         base = config or StackConfig()
         for key in ("run_dir", "pipelines_dir", "functions_source", "cwd", "vertex_schedule",
-                    "vertex_trace", "vertex_workdir", "bin_dir"):
+                    "vertex_trace", "vertex_workdir", "bin_dir", "deploy_dir"):
             if isinstance(overrides.get(key), str):
                 overrides[key] = Path(overrides[key])
         try:
@@ -86,7 +87,9 @@ class DevStack:
         except TypeError as exc:
             raise StackError(f"DevStack: {exc}") from exc
         self.run_dir = self.config.run_dir.resolve()
-        self.processes = StackProcesses(self.config, self.run_dir, self._child_env)
+        self.identities = StackIdentities()
+        self.processes = StackProcesses(self.config, self.run_dir, self._child_env,
+                                        self.identities)
         self._pubsub_admin = PubSubAdmin(self.config,
                                          lambda: self.emulator_address("pubsub"))
         self._gcs = GcsAdmin(self.config.project, lambda: self.emulator_address("gcs"))
@@ -327,6 +330,8 @@ class DevStack:
             env[S.ENV_PIPELINES] = str(self.run_dir / ACTIVE_PIPELINES)
         if procs.vertex_port is not None:
             env[S.ENV_VERTEX_ENDPOINT] = f"{HOST}:{procs.vertex_port}"
+            if self.config.vertex_iam:  # this process and the CLI call as the operator
+                env.update(self.identities.operator_env())
         if "api" in procs.function_ports:
             env["SPOTORCH_API_URL"] = self.function_url("api")
         return env

@@ -21,6 +21,7 @@ from typing import Any
 
 from spotorch.adapters.gcp.vertex import JobState
 from spotorch.local import _vertex_logs as logs
+from spotorch.local._vertex_iam import IamPolicy
 from spotorch.local._vertex_jobs import JobStore
 from spotorch.local._vertex_logs import LogFormat, LogFormatError
 from spotorch.local._vertex_publisher import LogPublisher
@@ -41,7 +42,7 @@ from spotorch.settings import TOPIC_JOB_EVENTS
 
 log = logging.getLogger("spotorch.local.vertex_emulator")
 
-__all__ = ["READY_LINE", "SERVICE", "EmulatorError", "LogFormat", "QuotaLimits",
+__all__ = ["READY_LINE", "SERVICE", "EmulatorError", "IamPolicy", "LogFormat", "QuotaLimits",
            "VertexEmulator", "main"]
 
 READY_LINE = "vertex emulator listening on {address}"
@@ -72,7 +73,8 @@ class VertexEmulator:
                  listener: Callable[[Mapping[str, Any]], None] | None = None,
                  log_format: LogFormat | None = None, quotas: QuotaLimits | None = None,
                  persist: bool = False, synthetic_run_s: float | None = None,
-                 memory_limits_mb: Mapping[str, float] | None = None) -> None:
+                 memory_limits_mb: Mapping[str, float] | None = None,
+                 iam: IamPolicy | None = None) -> None:
         """project None: serve any project. schedule: a SpotSchedule, its JSON form or a JSON file.
 
         trace: a spot trace file replayed at trace_speed from trace_offset; stockout_from_s /
@@ -84,6 +86,8 @@ class VertexEmulator:
         synthetic_run_s: run no worker processes; each job runs this long and succeeds (unless
         preempted). For scale benchmarks: thousands of jobs on two cores.
         memory_limits_mb: machine type -> MiB; a replica past its machine's memory is OOM-killed.
+        iam: callers' tokens and grants; every call is then checked as Vertex checks it
+        (UNAUTHENTICATED, PERMISSION_DENIED). None: nobody is checked.
         """
         if not 0.0 <= drop_events <= 1.0:
             raise EmulatorError("drop_events is a fraction between 0 and 1")
@@ -107,9 +111,9 @@ class VertexEmulator:
                                  memory_limits_mb=memory_limits_mb)
         self._service = JobService(project, self._store, self._runner,
                                    QuotaMeter(quotas or QuotaLimits()),
-                                   lambda: self.workdir or Path("."))
+                                   lambda: self.workdir or Path("."), iam=iam)
         # Model Registry and Experiments (ModelService, MetadataService, operations): in memory.
-        self.registry = RegistryServices(project)
+        self.registry = RegistryServices(project, iam=iam)
         self._t0 = time.monotonic()
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -326,6 +330,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-quotas", action="store_true", help="no request quotas at all")
     p.add_argument("--memory-limits-mb", type=json.loads, default=None,
                    help='JSON {"MACHINE_TYPE": MiB}: replicas past it are OOM-killed (exit 137)')
+    p.add_argument("--iam", help="JSON file of callers' tokens and grants: every call is checked "
+                                 "(UNAUTHENTICATED, PERMISSION_DENIED); default: none is")
     p.add_argument("--persist", action="store_true",
                    help=f"keep jobs in WORKDIR/{JOBS_FILE}; at start, take up the saved ones")
     return p
@@ -360,9 +366,10 @@ def main(argv: list[str] | None = None) -> int:
             grace_s=args.grace_s, workdir=args.workdir, job_events_topic=args.job_events_topic,
             drop_events=args.drop_events, seed=args.seed, queued_s=args.queued_s,
             pending_s=args.pending_s, log_format=_log_format(args), quotas=_quotas(args),
-            persist=args.persist, memory_limits_mb=args.memory_limits_mb)
+            persist=args.persist, memory_limits_mb=args.memory_limits_mb,
+            iam=IamPolicy.load(args.iam) if args.iam else None)
         address = emulator.start()
-    except (EmulatorError, ScheduleError, LogFormatError) as exc:
+    except (EmulatorError, ScheduleError, LogFormatError, OSError, ValueError) as exc:
         print(f"vertex emulator: {exc}", file=sys.stderr)
         return 2
     done = threading.Event()

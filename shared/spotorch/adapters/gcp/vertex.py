@@ -12,7 +12,12 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from spotorch.adapters.gcp.vertex_budgets import RequestBudget
-from spotorch.adapters.gcp.vertex_calls import RetryPolicy, classify_failure, label_key
+from spotorch.adapters.gcp.vertex_calls import (
+    RetryPolicy,
+    classify_failure,
+    emulator_channel,
+    label_key,
+)
 from spotorch.core.health import HealthPolicy
 from spotorch.core.model import FailureClass, JobPhase, JobStatus
 from spotorch.core.pipeline import Capacity, RecoveryPolicy, WorkerPool
@@ -342,8 +347,10 @@ class VertexJobLauncher:
                  classify: Classifier | None = None, retry: RetryPolicy | None = None,
                  client_factory: ClientFactory | None = None,
                  regions: Sequence[str] = ("us-central1",), call_timeout_s: float = 60.0,
-                 budget: Budget | None = None) -> None:
-        """endpoint: None for {region}-aiplatform.googleapis.com, or host:port of the emulator.
+                 budget: Budget | None = None, token: str | None = None) -> None:
+        """endpoint: None for {region}-aiplatform.googleapis.com, or host:port of the emulator
+        (token: the local access token sent to it; production uses Application Default
+        Credentials).
 
         regions: where find() looks (with every region this launcher has used); client_factory:
         region -> JobServiceClient-like object, for tests; budget: what each call takes first
@@ -351,6 +358,7 @@ class VertexJobLauncher:
         """
         self.project = project
         self.endpoint = endpoint
+        self._token = token
         self.classifier = classify or Classifier.default()
         self.retry = retry or RetryPolicy()
         self.call_timeout_s = call_timeout_s
@@ -364,12 +372,11 @@ class VertexJobLauncher:
         from google.cloud import aiplatform_v1 as v1
 
         if self.endpoint:
-            import grpc
             from google.cloud.aiplatform_v1.services.job_service.transports.grpc import (
                 JobServiceGrpcTransport,
             )
 
-            channel = grpc.insecure_channel(self.endpoint)
+            channel = emulator_channel(self.endpoint, self._token)
             return v1.JobServiceClient(transport=JobServiceGrpcTransport(channel=channel))
         return v1.JobServiceClient(
             client_options={"api_endpoint": f"{region}-aiplatform.googleapis.com"})

@@ -309,3 +309,12 @@ def test_sweep_scenario_stops_one_trial_resumes_preempted_ones_and_registers_the
     assert best["status"] == "SUCCEEDED" and best["metric"] is not None
     assert r["model_name"].startswith("projects/") and "/models/" in r["model_name"]
     assert all(t["experiment_run"] for t in trials)
+
+
+def test_quota_scenario_moves_to_another_region_and_never_retries_the_refusal() -> None:
+    r = report("quota")
+    assert r["status"] == "SUCCEEDED", r.get("end_reason")
+    refused, trained = r["attempts"]  # one refusal, never tried again
+    assert (refused["region"], refused["failure_class"]) == ("us-central1", "quota")
+    assert "custom_model_training_preemptible_nvidia_l4_gpus" in refused["end_reason"]
+    assert (trained["region"], trained["state"]) == ("europe-west4", "SUCCEEDED")

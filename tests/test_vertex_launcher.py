@@ -219,7 +219,7 @@ NONZERO = ("The replica workerpool0-0 exited with a non-zero status of {}. Termi
     (8, "Job failed due to STOCKOUT.", False, FailureClass.STOCKOUT, None),
     (8, "Job failed due to STOCKOUT.", True, FailureClass.PREEMPTED, None),
     (8, "The following quota metrics exceed quota limits: aiplatform.googleapis.com/"
-        "custom_model_training_nvidia_a100_gpus", False, FailureClass.INFRA, None),
+        "custom_model_training_nvidia_a100_gpus", False, FailureClass.QUOTA, None),
     (13, "Internal error occurred for the current attempt.", True, FailureClass.INFRA, None),
     # The project name must not make an internal error look like a Spot problem.
     (13, "Internal error in projects/spotorch-prod/locations/us-central1/customJobs/1", True,

@@ -11,7 +11,7 @@ from spotorch.core import hardware as hw
 from spotorch.core.context import Context
 from spotorch.core.escalation import deadline_warning, policy_capacity, spot_cooldown_until, spot_cooling
 from spotorch.core.intents import RegisterModelIntent
-from spotorch.core.launching import announce_hardware, first_launch, launch, on_launch_done, on_launch_failed
+from spotorch.core.launching import announce_hardware, first_launch, launch, on_launch_done
 from spotorch.core.model import (
     CANCEL_ORPHAN,
     CANCEL_STOCKOUT,
@@ -77,6 +77,7 @@ from spotorch.core.probes import (
     tick_hardware,
     tick_probe,
 )
+from spotorch.core.quotas import on_launch_refused
 from spotorch.core.recovery import (
     END_REASONS,
     LOST_AFTER_POLLS,
@@ -411,7 +412,7 @@ _HANDLERS: Mapping[type, Callable[[Run, Observation, Context], Run]] = {
     IntentDone: _on_intent_done,
     ModelRegistered: _on_model_registered,
     LaunchDone: on_launch_done,
-    LaunchFailed: on_launch_failed,
+    LaunchFailed: on_launch_refused,
     TrainerReported: _on_trainer,
     JobObserved: _on_job,
     JobMissing: _on_job_missing,

@@ -56,6 +56,7 @@ class FailureClass(StrEnum):
     HUNG = "hung"  # the trainer went silent while its job ran (or crawled): cancelled, relaunched
     OUT_OF_MEMORY = "out_of_memory"  # OOM-killed or an out-of-memory error: never the same machine
     DIVERGED = "diverged"  # a divergence rule fired and the pipeline relaunches from before it
+    QUOTA = "quota"  # a resource quota refused the job (region x capacity): waiting never helps
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,7 @@ class RunStatus(StrEnum):
     FAILED_HUNG = "FAILED_HUNG"  # attempts kept hanging (no trainer report) beyond the hung budget
     FAILED_DIVERGED = "FAILED_DIVERGED"  # a divergence rule fired (NaN, spike, plateau); job stopped
     FAILED_OUT_OF_MEMORY = "FAILED_OUT_OF_MEMORY"  # out of memory with no larger machine to move to
+    FAILED_QUOTA = "FAILED_QUOTA"  # a resource quota refused it in every region, capacity and shape
 
     @property
     def terminal(self) -> bool:

@@ -75,11 +75,12 @@ def fmt_s(seconds: float) -> str:
 
 
 def fail(run: Run, ctx: Context, status: RunStatus, reason: str,
-          failure: FailureClass | None) -> Run:
+          failure: FailureClass | None, **extra: Any) -> Run:
+    """End the run failed and publish run.failed (extra: more fields, e.g. `quota`)."""
     run = move_to(run, status, ctx, reason)
     return publish(run, ctx, "run.failed", status=str(status), reason=reason,
                     failure_class=str(failure) if failure else None, attempts=len(run.attempts),
-                    preemptions=run.counters.preemptions, cost=cost_of(run, ctx))
+                    preemptions=run.counters.preemptions, cost=cost_of(run, ctx), **extra)
 
 
 def cancel_attempt(run: Run, ctx: Context, attempt: Attempt, why: str) -> Run:

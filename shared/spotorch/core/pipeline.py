@@ -203,6 +203,12 @@ class RecoveryPolicy(FileSection):
                                      "(?i)capacity")
     infra_patterns: Patterns = ("(?i)internal error", "(?i)unavailable", "(?i)quota")
     timeout_patterns: Patterns = ("(?i)timeout", "(?i)deadline exceeded", "(?i)timed out")
+    # A RESOURCE_EXHAUSTED (or a failed job) whose message matches is a resource quota, which
+    # waiting never lifts (spotorch.core.quotas); any other RESOURCE_EXHAUSTED is a request rate.
+    quota_patterns: Annotated[tuple[NonEmpty, ...], Field(
+        description="Regular expressions (Python re) that tell a resource quota's "
+                    "RESOURCE_EXHAUSTED from a request rate's.")] = (
+        "(?i)quota metrics exceed quota limits", "(?i)exceeds the allowed maximum of")
 
 
 class OnActiveRun(StrEnum):

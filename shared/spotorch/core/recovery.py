@@ -23,6 +23,7 @@ from spotorch.core.model import (
 )
 from spotorch.core.moves import fail, move_to, publish
 from spotorch.core.pipeline import Capacity, EscalationKind, RecoveryPolicy
+from spotorch.core.quotas import on_quota
 from spotorch.core.regions import AVOID_PREEMPTED, AVOID_STOCKOUT, mark
 from spotorch.core.training_health import recover_out_of_memory, roll_back
 
@@ -73,6 +74,7 @@ END_REASONS: Mapping[FailureClass, Callable[[Attempt, JobStatus], str]] = {
         f" (exit code {s.exit_code})" if s.exit_code is not None else "")
     + (f": {s.message}" if s.message else ""),
     FailureClass.DIVERGED: lambda a, s: f"diverged: {a.cancel_detail or 'a divergence rule fired'}",
+    FailureClass.QUOTA: lambda a, s: f"quota: {s.message or 'a resource quota refused the job'}",
 }
 
 # Failure class -> (counter field, budget field, status when the budget runs out, budget name).
@@ -113,6 +115,8 @@ def recover(run: Run, ctx: Context, attempt: Attempt, failure: FailureClass) -> 
         failure = FailureClass.INFRA  # declared retryable: counts against the infra budget
     if failure is FailureClass.OUT_OF_MEMORY:
         return recover_out_of_memory(run, ctx, attempt)
+    if failure is FailureClass.QUOTA:  # no budget: each region, capacity and shape once
+        return on_quota(run, ctx, attempt, attempt.end_reason or "")
     counter, limit_field, failed_status, budget = _BUDGETS[failure]
     used = getattr(run.counters, counter) + 1
     progressed = (run.latest_checkpoint is not None
@@ -178,7 +182,7 @@ _BRIEF: Mapping[FailureClass, str] = {
     FailureClass.TIMEOUT: "timeout", FailureClass.CANCELLED: "cancel",
     FailureClass.LAUNCH_REJECTED: "launch rejection", FailureClass.LOST: "lost job",
     FailureClass.HUNG: "hang", FailureClass.OUT_OF_MEMORY: "out of memory",
-    FailureClass.DIVERGED: "divergence",
+    FailureClass.DIVERGED: "divergence", FailureClass.QUOTA: "quota",
 }
 
 

@@ -15,6 +15,7 @@ from spotorch.local._vertex_filter import FilterError, matches, parse_filter
 from spotorch.local._vertex_iam import IamPolicy
 from spotorch.local._vertex_jobs import DEFAULT_TIMEOUT_S, TERMINAL, Invalid, JobRecord, JobStore, utc
 from spotorch.local._vertex_quota import QuotaExceeded, QuotaMeter
+from spotorch.local._vertex_resources import ResourceQuotas, usage
 from spotorch.local._vertex_runner import JobRunner
 
 log = logging.getLogger("spotorch.local.vertex_emulator")
@@ -62,8 +63,9 @@ class JobService:
 
     def __init__(self, project: str | None, store: JobStore, runner: JobRunner,
                  quota: QuotaMeter, workdir: Callable[[], Path],
-                 iam: IamPolicy | None = None) -> None:
+                 iam: IamPolicy | None = None, resources: ResourceQuotas | None = None) -> None:
         self.project = project
+        self.resources = resources  # GPUs, TPUs, CPUs per region (None: unlimited)
         self.iam = iam  # None: no caller is checked (in-process tests that do not ask for IAM)
         self.store = store
         self.runner = runner
@@ -120,12 +122,29 @@ class JobService:
                            log_dir=self._workdir() / job_id, since=time.monotonic(),
                            states=[JobState.QUEUED])
         with self.store.lock:
+            self._check_resources(project, region, job)
             self.store.add(record)
             self.runner.record(record, JobState.QUEUED, now)
             self.store.save()
             log.info("%s: created (%s) %s", proto.name, "SPOT" if record.spot else "not spot",
                      dict(proto.labels))
             return copy(proto)
+
+    def _check_resources(self, project: str, region: str, job: Any) -> None:
+        """Refuse a job the region's resource quotas cannot hold (under the store's lock)."""
+        if self.resources is None or not self.resources.limits:
+            return
+        from google.cloud import aiplatform_v1 as v1
+
+        preemptible = (v1.Scheduling.Strategy.SPOT, v1.Scheduling.Strategy.FLEX_START)
+        in_use = [usage(r.proto.job_spec, r.proto.job_spec.scheduling.strategy in preemptible)
+                  for r in self.store.records()
+                  if r.project == project and r.region == region and r.state not in TERMINAL]
+        wanted = usage(job.job_spec, job.job_spec.scheduling.strategy in preemptible)
+        over = self.resources.exceeded(region, wanted, in_use)
+        if over:
+            log.info("projects/%s/locations/%s: refused, over quota %s", project, region, over)
+            raise Invalid("RESOURCE_EXHAUSTED", self.resources.refusal(over))
 
     def get(self, request: Any) -> Any:
         """GetCustomJob."""

@@ -51,6 +51,7 @@ class Scenario:
     vertex_args: tuple[str, ...] = ()  # extra options of the Vertex emulator
     sweep: Mapping[str, Any] | None = None  # the pipeline's sweep: (docs/sweeps.md)
     model: Mapping[str, Any] | None = None  # the pipeline's model: registration
+    pool: Mapping[str, Any] = field(default_factory=dict)  # overrides of the first worker pool
 
 
 _UNHEALTHY = ("python", "examples/unhealthy.py")
@@ -188,6 +189,22 @@ SCENARIOS: Mapping[str, Scenario] = {
                      "EXAMPLE_OOM_AT_STEP": "10", "EXAMPLE_BAD_ATTEMPTS": "99"},
         vertex_args=("--memory-limits-mb", _DEMO_MEMORY),
     ),
+    "quota": Scenario(
+        name="quota",
+        story="The project has no Spot L4 GPU quota in us-central1 (as new projects often "
+              "have none): Vertex refuses the job there with RESOURCE_EXHAUSTED naming "
+              "custom_model_training_preemptible_nvidia_l4_gpus. That is no rate limit: spotorch "
+              "does not retry it, marks the region for Spot and launches in europe-west4, "
+              "where the run trains and succeeds.",
+        expected_status="SUCCEEDED",
+        recovery={"escalation": "never", "backoff_base": "1s", "decision_interval": "2s"},
+        trainer_env={**_TRAINER_ENV, "EXAMPLE_TOTAL_STEPS": "150"},
+        regions=("us-central1", "europe-west4"),
+        pool={"machine_type": "g2-standard-8", "accelerator_type": "NVIDIA_L4",
+              "accelerator_count": 1},
+        vertex_args=("--resource-quotas", json.dumps(
+            {"us-central1": {"custom_model_training_preemptible_nvidia_l4_gpus": 0}})),
+    ),
 }
 
 
@@ -205,6 +222,7 @@ def pipeline_document(scenario: Scenario) -> dict[str, Any]:
         base["hardware"] = dict(scenario.hardware)
     if scenario.command:
         pools[0]["command"] = list(scenario.command)
+    pools[0].update(scenario.pool)
     if scenario.health:
         base["health"] = dict(scenario.health)
     for key, value in (("sweep", scenario.sweep), ("model", scenario.model)):

@@ -27,6 +27,7 @@ from spotorch.local._vertex_logs import LogFormat, LogFormatError
 from spotorch.local._vertex_publisher import LogPublisher
 from spotorch.local._vertex_quota import QuotaLimits, QuotaMeter
 from spotorch.local._vertex_registry import RegistryServices
+from spotorch.local._vertex_resources import ResourceQuotas
 from spotorch.local._vertex_runner import JobRunner
 from spotorch.local._vertex_schedule import (
     ScheduleError,
@@ -74,7 +75,8 @@ class VertexEmulator:
                  log_format: LogFormat | None = None, quotas: QuotaLimits | None = None,
                  persist: bool = False, synthetic_run_s: float | None = None,
                  memory_limits_mb: Mapping[str, float] | None = None,
-                 iam: IamPolicy | None = None) -> None:
+                 iam: IamPolicy | None = None,
+                 resource_quotas: ResourceQuotas | Mapping[str, Any] | None = None) -> None:
         """project None: serve any project. schedule: a SpotSchedule, its JSON form or a JSON file.
 
         trace: a spot trace file replayed at trace_speed from trace_offset; stockout_from_s /
@@ -88,6 +90,8 @@ class VertexEmulator:
         memory_limits_mb: machine type -> MiB; a replica past its machine's memory is OOM-killed.
         iam: callers' tokens and grants; every call is then checked as Vertex checks it
         (UNAUTHENTICATED, PERMISSION_DENIED). None: nobody is checked.
+        resource_quotas: GPUs, TPUs and CPUs per region ({"us-central1": {"custom_model_training_
+        nvidia_l4_gpus": 0}, "*": {...}}); CreateCustomJob past one is RESOURCE_EXHAUSTED.
         """
         if not 0.0 <= drop_events <= 1.0:
             raise EmulatorError("drop_events is a fraction between 0 and 1")
@@ -111,13 +115,22 @@ class VertexEmulator:
                                  memory_limits_mb=memory_limits_mb)
         self._service = JobService(project, self._store, self._runner,
                                    QuotaMeter(quotas or QuotaLimits()),
-                                   lambda: self.workdir or Path("."), iam=iam)
+                                   lambda: self.workdir or Path("."), iam=iam,
+                                   resources=self._resources(resource_quotas))
         # Model Registry and Experiments (ModelService, MetadataService, operations): in memory.
         self.registry = RegistryServices(project, iam=iam)
         self._t0 = time.monotonic()
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+
+    @staticmethod
+    def _resources(quotas: ResourceQuotas | Mapping[str, Any] | None) -> ResourceQuotas | None:
+        try:
+            return quotas if quotas is None or isinstance(quotas, ResourceQuotas) \
+                else ResourceQuotas.parse(quotas)
+        except ValueError as exc:
+            raise EmulatorError(str(exc)) from exc
 
     @staticmethod
     def _schedule(schedule: Any, trace: Any, speed: float, offset: int,
@@ -166,6 +179,15 @@ class VertexEmulator:
     def quotas(self, limits: QuotaLimits) -> None:
         """Change the limits while serving (a benchmark sets up without them, measures with)."""
         self._service.quota.limits = limits
+
+    @property
+    def resource_quotas(self) -> ResourceQuotas | None:
+        return self._service.resources
+
+    @resource_quotas.setter
+    def resource_quotas(self, quotas: ResourceQuotas | None) -> None:
+        """Change the resource quotas while serving (raise one, as an operator would)."""
+        self._service.resources = quotas
 
     def start(self) -> str:
         """Serve on host:port (port 0: a free one) and return the address."""
@@ -330,6 +352,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-quotas", action="store_true", help="no request quotas at all")
     p.add_argument("--memory-limits-mb", type=json.loads, default=None,
                    help='JSON {"MACHINE_TYPE": MiB}: replicas past it are OOM-killed (exit 137)')
+    p.add_argument("--resource-quotas", help='GPUs, TPUs, CPUs per region: JSON or a JSON file, '
+                   '{"us-central1": {"custom_model_training_nvidia_l4_gpus": 0}, "*": {...}}')
     p.add_argument("--iam", help="JSON file of callers' tokens and grants: every call is checked "
                                  "(UNAUTHENTICATED, PERMISSION_DENIED); default: none is")
     p.add_argument("--persist", action="store_true",
@@ -367,7 +391,9 @@ def main(argv: list[str] | None = None) -> int:
             drop_events=args.drop_events, seed=args.seed, queued_s=args.queued_s,
             pending_s=args.pending_s, log_format=_log_format(args), quotas=_quotas(args),
             persist=args.persist, memory_limits_mb=args.memory_limits_mb,
-            iam=IamPolicy.load(args.iam) if args.iam else None)
+            iam=IamPolicy.load(args.iam) if args.iam else None,
+            resource_quotas=ResourceQuotas.load(args.resource_quotas)
+            if args.resource_quotas else None)
         address = emulator.start()
     except (EmulatorError, ScheduleError, LogFormatError, OSError, ValueError) as exc:
         print(f"vertex emulator: {exc}", file=sys.stderr)

@@ -105,7 +105,7 @@ ERROR_CODE_FAILURES: Mapping[int, FailureClass] = {
     4: FailureClass.TIMEOUT,  # DEADLINE_EXCEEDED
     5: FailureClass.USER_ERROR,  # NOT_FOUND: e.g. an image or bucket that does not exist
     7: FailureClass.USER_ERROR,  # PERMISSION_DENIED: the service account lacks a role
-    8: FailureClass.STOCKOUT,  # RESOURCE_EXHAUSTED: no capacity (quota messages match infra first)
+    8: FailureClass.STOCKOUT,  # RESOURCE_EXHAUSTED: no capacity (quota messages match QUOTA first)
     9: FailureClass.USER_ERROR,  # FAILED_PRECONDITION
     10: FailureClass.INFRA,  # ABORTED
     13: FailureClass.INFRA,  # INTERNAL
@@ -136,6 +136,8 @@ class Classifier:
     # Out of memory (training health): checked before everything else that reads the message,
     # since a CUDA OOM message speaks of "total capacity" and would read as a stockout.
     out_of_memory: tuple[re.Pattern[str], ...] = ()
+    # A resource quota's RESOURCE_EXHAUSTED (never lifted by waiting), not a request rate's.
+    resource_quota: tuple[re.Pattern[str], ...] = ()
 
     @classmethod
     def from_policy(cls, policy: RecoveryPolicy,
@@ -144,7 +146,12 @@ class Classifier:
         return cls(preemption=_compile(policy.preemption_patterns),
                    infra=_compile(policy.infra_patterns),
                    timeout=_compile(policy.timeout_patterns),
-                   out_of_memory=_compile((health or HealthPolicy()).oom_patterns))
+                   out_of_memory=_compile((health or HealthPolicy()).oom_patterns),
+                   resource_quota=_compile(policy.quota_patterns))
+
+    def is_resource_quota(self, message: str) -> bool:
+        """A RESOURCE_EXHAUSTED that names a resource quota (retrying never helps)."""
+        return self._any(self.resource_quota, message or "")
 
     @classmethod
     def default(cls) -> Classifier:
@@ -179,6 +186,8 @@ def _failure_of(state: JobState, error_code: int, message: str, exit_code: int |
             return FailureClass.PREEMPTED
         return FailureClass.USER_ERROR
     text = _NAMES.sub(" ", message or "")
+    if classifier._any(classifier.resource_quota, message or ""):
+        return FailureClass.QUOTA  # before "timeout"/"spot": the metric names either
     if classifier._any(classifier.timeout, text):
         return FailureClass.TIMEOUT
     if classifier._any(classifier.preemption, text):
@@ -404,6 +413,8 @@ class VertexJobLauncher:
                 return fn()
             except Exception as exc:
                 code, transient = classify_failure(exc)
+                if code == "RESOURCE_EXHAUSTED" and self.classifier.is_resource_quota(str(exc)):
+                    transient = False  # a resource quota: the next try is refused the same way
                 if not transient:
                     raise LaunchError(f"{what}: {code}: {exc}", permanent=True, code=code) from exc
                 last = exc

@@ -8,8 +8,10 @@ import argparse
 import importlib
 import json
 import modulefinder
+import py_compile
 import re
 import sys
+import tempfile
 import tomllib
 import zipfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -379,6 +381,41 @@ def check_with_loader(root: Path, pipelines: Path) -> int | None:
         raise PackageError(f"pipelines in {pipelines} do not load: {exc}") from exc
 
 
+def compiled_pipelines(root: Path, pipelines: Path) -> bytes:
+    """pipelines.json: the validated pipelines in the form the functions read without pydantic
+    or YAML (spotorch.spec.compiled), with the hashes of the YAML files it came from."""
+    check_with_loader(root, pipelines)  # puts shared/ on the path; PackageError if invalid
+    loader = importlib.import_module("spotorch.spec.loader")
+    compiled = importlib.import_module("spotorch.spec.compiled")
+    doc = compiled.compiled_document(loader.load_pipelines(str(pipelines)), pipelines)
+    return json.dumps(doc, sort_keys=True).encode()
+
+
+RUNTIME_PYTHON = (3, 11)  # var.python_runtime's default (python311): the bytecode is for it
+
+
+def bytecode(files: Mapping[str, Path]) -> dict[str, bytes]:
+    """__pycache__/*.pyc of every Python file in the bundle, hash-checked (valid whatever mtime
+    the build gives the sources; recompiled by Python if a source differs): a cold instance
+    loads spotorch's modules instead of compiling them, as it does for pip-installed clients.
+    Nothing when this Python is not the runtime's (its bytecode would be ignored)."""
+    if sys.version_info[:2] != RUNTIME_PYTHON:
+        return {}
+    tag = sys.implementation.cache_tag
+    out: dict[str, bytes] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, path in files.items():
+            if not name.endswith(".py"):
+                continue
+            folder, _, stem = name.rpartition("/")
+            target = f"{folder + '/' if folder else ''}__pycache__/{stem[:-3]}.{tag}.pyc"
+            cfile = Path(tmp) / target
+            py_compile.compile(str(path), cfile=str(cfile), dfile=name, doraise=True,
+                               invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+            out[target] = cfile.read_bytes()
+    return out
+
+
 def write_zip(out: Path, files: Mapping[str, Path], extra: Mapping[str, bytes]) -> None:
     """A deterministic zip: sorted names, fixed dates, fixed permissions."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -401,9 +438,9 @@ def build(root: Path, pipelines: Path, out: Path, tfvars: Path | None = None,
     check_placeholders(root, pipeline_paths)
     needs = pipeline_needs(pipeline_paths)
     requirements = bundle_requirements(locked_requirements(root), needs)
-    if validate:
-        check_with_loader(root, pipelines)
-    extra = {"requirements.txt": ("\n".join(requirements) + "\n").encode()}
+    extra = {"requirements.txt": ("\n".join(requirements) + "\n").encode(), **bytecode(files)}
+    if validate:  # validated here, read cold by the functions (docs/architecture.md, cold start)
+        extra[f"{BUNDLE_PIPELINES}/pipelines.json"] = compiled_pipelines(root, pipelines)
     if prices is not None:
         extra[BUNDLE_PRICES] = check_prices(root, prices)
     write_zip(out, files, extra)

@@ -24,12 +24,13 @@ def production_deps(settings: Settings | None = None) -> Deps:
     from spotorch.adapters.gcp.vertex import VertexJobLauncher
     from spotorch.adapters.gcp.vertex_budgets import RequestBudget, SharedRequestBudget
     from spotorch.app.run_store import DocumentRunStore
-    from spotorch.spec.loader import cached_pipelines
+    from spotorch.spec.compiled import function_pipelines
     from spotorch.spec.prices import price_table
 
     settings = settings or Settings.from_env()
     docs = FirestoreDocumentStore(project=settings.project, database=settings.firestore_database)
-    pipelines = {p.name: p for p in cached_pipelines(settings.pipelines)}
+    # Validated at deploy time: read from pipelines.json without pydantic (cold starts).
+    pipelines = {p.name: p for p in function_pipelines(settings.pipelines)}
     regions = tuple(sorted({r for p in pipelines.values() for r in p.job.regions}))
     budget = SharedRequestBudget(docs) if settings.shared_budget else RequestBudget()
     return bootstrap.deps(

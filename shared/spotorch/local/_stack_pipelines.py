@@ -10,11 +10,13 @@ from __future__ import annotations
 import re
 import shutil
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spotorch.core.pipeline import Pipeline
 from spotorch.local._stack_config import repo_file
+from spotorch.spec.compiled import write_compiled
 
 # Environment variable names a route target may name (the notifier's own rule).
 _ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
@@ -37,6 +39,7 @@ class LoadedPipeline:
     trigger: str  # gs://bucket/prefix
     buckets: tuple[str, ...]
     routes: tuple[RouteInfo, ...]
+    pipeline: Pipeline | None = field(default=None, compare=False, repr=False)  # as validated
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,7 @@ def _describe(pipeline: Any, file: Path) -> LoadedPipeline:
         name=pipeline.name, file=file,
         trigger=f"gs://{pipeline.trigger.bucket}/{pipeline.trigger.prefix}",
         buckets=tuple(dict.fromkeys(buckets)),
-        routes=tuple(RouteInfo(r.channel, r.target) for r in pipeline.routes))
+        routes=tuple(RouteInfo(r.channel, r.target) for r in pipeline.routes), pipeline=pipeline)
 
 
 def check_pipelines(source: Path) -> PipelineSet:
@@ -116,6 +119,9 @@ def activate(pipelines: PipelineSet, active_dir: Path) -> None:
         target = active_dir / p.file.relative_to(root)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(p.file, target)
+    # What the functions read at their first event, as deploy/package.py writes it for the
+    # bundle: the validated pipelines, readable without pydantic or YAML.
+    write_compiled([p.pipeline for p in pipelines.loaded if p.pipeline is not None], active_dir)
 
 
 def fingerprint(source: Path) -> tuple[tuple[str, int, int], ...]:

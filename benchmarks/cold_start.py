@@ -132,9 +132,11 @@ def main() -> int:
     pipelines = _pipelines(args.yaml) if root is None else root / "pipelines"
     results = {}
     for name, (clients, modules) in FUNCTIONS.items():
-        bare = statistics.median(_time(_bare(clients)) for _ in range(args.repeat))
-        ours = statistics.median(_time(_ours(clients, modules, pipelines, root))
-                                 for _ in range(args.repeat))
+        # Interleaved, so a change in the machine's load reaches both sides alike.
+        pairs = [(_time(_bare(clients)), _time(_ours(clients, modules, pipelines, root)))
+                 for _ in range(args.repeat)]
+        bare = statistics.median(b for b, _ in pairs)
+        ours = statistics.median(o for _, o in pairs)
         results[name] = {"bare_clients_s": round(bare, 3), "function_s": round(ours, 3),
                          "ratio": round(ours / bare, 3)}
         print(f"{name:<22} clients {bare:6.3f}s  function {ours:6.3f}s  ratio {ours / bare:5.2f}x",

@@ -381,14 +381,24 @@ def check_with_loader(root: Path, pipelines: Path) -> int | None:
         raise PackageError(f"pipelines in {pipelines} do not load: {exc}") from exc
 
 
-def compiled_pipelines(root: Path, pipelines: Path) -> bytes:
-    """pipelines.json: the validated pipelines in the form the functions read without pydantic
-    or YAML (spotorch.spec.compiled), with the hashes of the YAML files it came from."""
+def compiled_pipelines(root: Path, pipelines: Path) -> dict[str, bytes]:
+    """pipelines/pipelines.json: the validated pipelines in the form the functions read without
+    pydantic or YAML (spotorch.spec.compiled), with the hashes of the YAML files it came from;
+    and pipelines/packages/...: the Python packages built for them (spotorch.spec.packages)."""
     check_with_loader(root, pipelines)  # puts shared/ on the path; PackageError if invalid
     loader = importlib.import_module("spotorch.spec.loader")
     compiled = importlib.import_module("spotorch.spec.compiled")
-    doc = compiled.compiled_document(loader.load_pipelines(str(pipelines)), pipelines)
-    return json.dumps(doc, sort_keys=True).encode()
+    packages = importlib.import_module("spotorch.spec.packages")
+    with tempfile.TemporaryDirectory(prefix="spotorch-bundle-") as tmp:
+        try:
+            staged = packages.stage(loader.load_pipelines(str(pipelines)), Path(tmp))
+        except Exception as exc:  # a package that does not build would not run either
+            raise PackageError(f"the pipelines' Python packages do not build: {exc}") from exc
+        doc = compiled.compiled_document(staged, pipelines)
+        out = {f"{BUNDLE_PIPELINES}/{p.relative_to(tmp).as_posix()}": p.read_bytes()
+               for p in sorted(Path(tmp).rglob("*")) if p.is_file()}
+    out[f"{BUNDLE_PIPELINES}/pipelines.json"] = json.dumps(doc, sort_keys=True).encode()
+    return out
 
 
 RUNTIME_PYTHON = (3, 11)  # var.python_runtime's default (python311): the bytecode is for it
@@ -440,7 +450,7 @@ def build(root: Path, pipelines: Path, out: Path, tfvars: Path | None = None,
     requirements = bundle_requirements(locked_requirements(root), needs)
     extra = {"requirements.txt": ("\n".join(requirements) + "\n").encode(), **bytecode(files)}
     if validate:  # validated here, read cold by the functions (docs/architecture.md, cold start)
-        extra[f"{BUNDLE_PIPELINES}/pipelines.json"] = compiled_pipelines(root, pipelines)
+        extra.update(compiled_pipelines(root, pipelines))
     if prices is not None:
         extra[BUNDLE_PRICES] = check_prices(root, prices)
     write_zip(out, files, extra)

@@ -40,6 +40,12 @@ def _scenario_files(tmp: Path) -> list[Path]:
     return files
 
 
+def _demo_yaml() -> str:
+    """The demo pipeline for another folder: its package source as an absolute path."""
+    return (ROOT / "examples/pipelines/demo.yaml").read_text().replace(
+        "source: ../trainer", f"source: {ROOT / 'examples' / 'trainer'}")
+
+
 def test_every_demo_and_example_pipeline_round_trips_through_its_attribute_form(
         tmp_path: Path) -> None:
     files = [*_scenario_files(tmp_path), *sorted((ROOT / "examples/pipelines").glob("*.yaml"))]
@@ -70,7 +76,7 @@ def test_the_functions_read_compiled_pipelines_without_pydantic_or_yaml(tmp_path
 def test_yaml_edited_after_validation_is_read_from_the_yaml_not_the_stale_file(
         tmp_path: Path) -> None:
     demo = tmp_path / "demo.yaml"
-    demo.write_text((ROOT / "examples/pipelines/demo.yaml").read_text())
+    demo.write_text(_demo_yaml())
     write_compiled(load_pipelines(tmp_path), tmp_path)
     assert read_compiled(tmp_path) is not None
     demo.write_text(demo.read_text().replace("deadline: 30m", "deadline: 45m"))
@@ -90,7 +96,7 @@ def test_the_bundle_carries_the_validated_pipelines_the_functions_read(tmp_path:
         spec.loader.exec_module(package)
     pipelines = tmp_path / "pipelines"
     pipelines.mkdir()
-    (pipelines / "demo.yaml").write_text((ROOT / "examples/pipelines/demo.yaml").read_text())
+    (pipelines / "demo.yaml").write_text(_demo_yaml())
     bundle = package.build(ROOT, pipelines, tmp_path / "bundle.zip")
     assert f"pipelines/{COMPILED_FILE}" in bundle.names
     unpacked = tmp_path / "unpacked"
@@ -98,5 +104,10 @@ def test_the_bundle_carries_the_validated_pipelines_the_functions_read(tmp_path:
         zf.extractall(unpacked)
     read = read_compiled(unpacked / "pipelines")
     assert read is not None and [p.source for p in read] == ["demo.yaml"]  # no local path
-    assert [replace(p, source="") for p in read] == \
-        [replace(p, source="") for p in load_pipelines(pipelines)]
+    package = read[0].job.worker_pools[0].python_package
+    assert package is not None and len(package.staged_files) == 2  # built, in the bundle
+    assert all(Path(f).is_file() and Path(f).is_relative_to(unpacked / "pipelines")
+               for f in package.staged_files)
+    assert [replace(p, source="", job=replace(p.job, worker_pools=())) for p in read] == \
+        [replace(p, source="", job=replace(p.job, worker_pools=()))
+         for p in load_pipelines(pipelines)]

@@ -104,6 +104,21 @@ class TestDefaultStory:
         assert kinds(r)[0] == "run.created" and kinds(r)[-1] == "run.succeeded"
         assert kinds(r).count("attempt.preempted") == 2 and "run.escalated" in kinds(r)
 
+    def test_the_default_story_runs_its_code_as_a_python_package_on_a_prebuilt_container(
+            self, default_story: DefaultStory) -> None:
+        codes = [a["code"] for a in default_story.report["attempts"]]
+        assert codes[0] == codes[1] == codes[2]  # every attempt ran the same built package
+        code = codes[0]
+        assert code["python_module"] == "spotorch_example.train"
+        assert code["executor_image_uri"] == \
+            "us-docker.pkg.dev/vertex-ai/training/sklearn-cpu.1-0:latest"
+        trainer, example = code["package_uris"]  # content-addressed, spotorch_trainer first
+        assert trainer.startswith("gs://spotorch-staging/demo/packages/")
+        assert trainer.endswith("/spotorch_trainer-0.1.0.tar.gz")
+        assert example.endswith("/spotorch_example-0.1.0.tar.gz")
+        log = next((default_story.demo.work_dir / "stack" / "vertex").glob("*/workerpool0-0.log"))
+        assert "running python -m spotorch_example.train" in log.read_text()
+
     def test_every_published_event_validates_against_its_schema(
             self, default_story: DefaultStory) -> None:
         r = default_story.report

@@ -37,9 +37,10 @@ EXITED = ("The replica workerpool0-0 exited with a non-zero status of {}. Termin
     (3, EXITED.format(1, "Error") + " MemoryError", FailureClass.OUT_OF_MEMORY, 1),
     (3, EXITED.format(1, "Error") + " OSError: [Errno 12] Cannot allocate memory",
      FailureClass.OUT_OF_MEMORY, 1),
-    # not memory: quota RESOURCE_EXHAUSTED and the trainer's preempted exit stay what they were
+    # not memory: a resource quota's RESOURCE_EXHAUSTED is a quota (spotorch.core.quotas), and
+    # the trainer's preempted exit stays what it was
     (8, "The following quota metrics exceed quota limits: aiplatform.googleapis.com/"
-        "custom_model_training_nvidia_a100_gpus", FailureClass.INFRA, None),
+        "custom_model_training_nvidia_a100_gpus", FailureClass.QUOTA, None),
     (3, EXITED.format(143, "Error") + " out of memory", FailureClass.PREEMPTED, 143),
 ])
 def test_out_of_memory_errors_are_classified(code: int, message: str, failure: FailureClass,

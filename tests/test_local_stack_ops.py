@@ -37,6 +37,7 @@ from spotorch.local._stack_procs import (
 )
 from spotorch.local.dev import alerts_main, down_main, reload_main, restart_main, up_main
 from spotorch.local.stack import DevStack
+from spotorch.spec.compiled import read_compiled
 
 ROOT = Path(__file__).resolve().parent.parent
 ECHO = ROOT / "tests" / "fixtures" / "echo_functions.py"
@@ -61,6 +62,8 @@ def pipeline(name: str, bucket: str, **changes: Any) -> str:
     doc["trigger"]["bucket"] = f"{bucket}-landing"
     doc["checkpoint_uri"] = f"gs://{bucket}-ckpt/{name}"
     doc["output_uri"] = f"gs://{bucket}-models/{name}"
+    package = doc["job"]["worker_pools"][0]["python_package"]  # written elsewhere: absolute
+    package["source"] = str((DEMO.parent / package["source"]).resolve())
     doc["routes"] = [{"channel": "chat", "events": ["*"]},
                      {"channel": "slack", "events": ["run.failed"], "target": "TEAM_SLACK_URL"}]
     doc.update(changes)
@@ -111,7 +114,7 @@ def test_each_pipeline_file_is_checked_alone_and_only_valid_ones_are_served(
     assert len(broken) >= 2 and all(str(source / "broken.yaml") in p for p in broken)
     assert "already defined" in found.rejected[str(source / "dupe.yml")][0]
     assert found.buckets == ("aa-ckpt", "aa-landing", "aa-models", "bb-ckpt", "bb-landing",
-                             "bb-models")
+                             "bb-models", "spotorch-staging")
     active = tmp_path / "active"
     activate(found, active)
     served = sorted(str(p.relative_to(active)) for p in active.rglob("*.y*ml"))
@@ -450,10 +453,11 @@ def test_nothing_is_left_in_a_copied_tree(tmp_path: Path) -> None:
     activate(check_pipelines(source), active)
     (source / "b.yaml").unlink()
     activate(check_pipelines(source), active)
-    assert [p.name for p in active.iterdir()] == ["a.yaml"]
+    assert [p.name for p in active.glob("*.yaml")] == ["a.yaml"]
+    assert [p.name for p in read_compiled(active) or ()] == ["alpha"]
     shutil.rmtree(source)
     activate(check_pipelines(source), active)
-    assert list(active.iterdir()) == []
+    assert list(active.glob("*.yaml")) == [] and read_compiled(active) == ()
 
 
 def test_port_helper_sees_no_owner_for_a_closed_port() -> None:

@@ -148,3 +148,13 @@ def with_machine(template: JobTemplate, machine_type: str | None) -> JobTemplate
         return template
     first, *rest = template.worker_pools
     return replace(template, worker_pools=(replace(first, machine_type=machine_type), *rest))
+
+
+def stage_packages(deps: Deps, spec: LaunchSpec) -> None:
+    """Upload the built Python packages a job runs that the staging bucket lacks (the pipeline
+    was validated and its packages built where it was deployed: spotorch.spec.packages)."""
+    for pool in spec.template.worker_pools:
+        package = pool.python_package
+        if package is not None:
+            for uri, path in zip(package.package_uris, package.staged_files, strict=False):
+                deps.objects.ensure_file(uri, path)

@@ -13,7 +13,7 @@ from typing import Any, assert_never
 from spotorch.app import hardware_probes as probes
 from spotorch.app import run_log
 from spotorch.app.deps import Deps, JobOwner, ObservationSource, context, job_id_of
-from spotorch.app.launch_specs import hardware_probe_spec, launch_spec, probe_spec
+from spotorch.app.launch_specs import hardware_probe_spec, launch_spec, probe_spec, stage_packages
 from spotorch.app.spot_record import seen_between, shape_key
 from spotorch.core import hardware
 from spotorch.core import health as hp
@@ -234,7 +234,9 @@ def _perform_launch(deps: Deps, run: Run, intent: LaunchIntent) -> Observation |
     if not _earlier_jobs_ended(deps, run, intent.attempt):
         return None  # the launch waits in the outbox; the tick tries again
     try:
-        job_name = deps.launcher.launch(launch_spec(deps, run, intent))
+        spec = launch_spec(deps, run, intent)
+        stage_packages(deps, spec)  # the packages it runs, in the staging bucket first
+        job_name = deps.launcher.launch(spec)
     except LaunchError as exc:
         return LaunchFailed(intent.id, intent.attempt, str(exc), exc.permanent, exc.code)
     record_job(deps, job_name, run.run_id, intent.attempt, run.pipeline)
@@ -250,6 +252,7 @@ def _perform_probe_launch(deps: Deps, run: Run, intent: LaunchProbeIntent) -> Ob
     try:
         spec = hardware_probe_spec(deps, run, probe) if probe.kind == PROBE_HARDWARE \
             else probe_spec(deps, run, intent)
+        stage_packages(deps, spec)
         job_name = deps.launcher.launch(spec)
     except (LaunchError, ValueError) as exc:
         permanent = not isinstance(exc, LaunchError) or exc.permanent

@@ -92,6 +92,11 @@ class JobService:
             if pool.replica_count and not pool.machine_spec.machine_type:
                 raise Invalid("INVALID_ARGUMENT", f"worker_pool_specs[{i}].machine_spec."
                               "machine_type is required")
+            package = pool.python_package_spec
+            if package.python_module and not (package.executor_image_uri
+                                              and package.package_uris):
+                raise Invalid("INVALID_ARGUMENT", f"worker_pool_specs[{i}].python_package_spec "
+                              "needs executor_image_uri and package_uris")
             if pool.replica_count and not (pool.container_spec.command
                                            or pool.container_spec.args
                                            or pool.python_package_spec.python_module):

@@ -251,14 +251,15 @@ class DevStack:
 
     # -------------------------------------------------------------- pipelines
 
-    def _activate(self, pipelines: PipelineSet) -> None:
-        activate(pipelines, self.run_dir / ACTIVE_PIPELINES)
+    def _activate(self, pipelines: PipelineSet) -> PipelineSet:
+        pipelines = activate(pipelines, self.run_dir / ACTIVE_PIPELINES)
         self.pipelines = pipelines
         lines = [f"pipelines from {pipelines.source}: "
                  f"{', '.join(p.name for p in pipelines.loaded) or 'none loaded'}"]
         for file, problems in pipelines.rejected.items():
             lines.append(f"left out {file}: " + "; ".join(problems))
         self._note("\n".join(lines))
+        return pipelines
 
     def reload_pipelines(self, source: Path | None = None) -> PipelineSet:
         """Check the pipeline files again (from source, if given, from now on), serve the valid
@@ -268,8 +269,7 @@ class DevStack:
                 self._pipelines_source = source.resolve()
             if self._pipelines_source is None:
                 raise StackError("this stack serves no pipelines directory")
-            pipelines = check_pipelines(self._pipelines_source)
-            self._activate(pipelines)
+            pipelines = self._activate(check_pipelines(self._pipelines_source))
             self._gcs.create_buckets(pipelines.buckets)
             for key in [k for k in self.processes.children if k.startswith("function:")]:
                 self.processes.respawn(key)

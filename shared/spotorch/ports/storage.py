@@ -68,6 +68,11 @@ class ObjectStore(Protocol):
         """Up to max_bytes of one generation; ObjectNotFound when that generation is gone."""
         ...
 
+    def ensure_file(self, uri: str, path: str) -> bool:
+        """Upload a local file to gs:// uri unless an object is there already (the names of
+        built packages are content hashes: one there holds these bytes); True if it uploaded."""
+        ...
+
     def exists(self, bucket: str, name: str, generation: int) -> bool:
         """Whether that generation of the object exists (one metadata read)."""
         ...

@@ -56,7 +56,11 @@ def compiled_document(pipelines: Sequence[Pipeline], directory: Path) -> dict[st
 
 
 def write_compiled(pipelines: Sequence[Pipeline], directory: Path) -> Path:
-    """Write directory/pipelines.json for pipelines validated from directory's YAML files."""
+    """Write directory/pipelines.json for pipelines validated from directory's YAML files, with
+    their Python packages built into directory/packages/ (spotorch.spec.packages)."""
+    from spotorch.spec.packages import stage
+
+    pipelines = stage(tuple(pipelines), directory)
     target = directory / COMPILED_FILE
     tmp = target.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(compiled_document(pipelines, directory), sort_keys=True))
@@ -80,7 +84,16 @@ def read_compiled(directory: Path) -> tuple[Pipeline, ...] | None:
         _log.warning("%s does not match the pipeline files beside it (edited after it was "
                      "written): reading the YAML", target)
         return None
-    return tuple(from_form(p) for p in doc["pipelines"])
+    return tuple(_located(from_form(p), directory) for p in doc["pipelines"])
+
+
+def _located(pipeline: Pipeline, directory: Path) -> Pipeline:
+    """The pipeline with its staged package files as paths on this machine."""
+    pools = tuple(replace(w, python_package=replace(w.python_package, staged_files=tuple(
+        str(directory / f) for f in w.python_package.staged_files)))
+        if w.python_package is not None and w.python_package.staged_files else w
+        for w in pipeline.job.worker_pools)
+    return replace(pipeline, job=replace(pipeline.job, worker_pools=pools))
 
 
 @functools.cache

@@ -272,13 +272,26 @@ def _worker_pool(v1: Any, pool: WorkerPool, spec_env: Mapping[str, str]) -> Any:
         machine["accelerator_count"] = pool.accelerator_count
     if pool.tpu_topology:  # MachineSpec.tpu_topology, e.g. "2x2" for a TPU slice
         machine["tpu_topology"] = pool.tpu_topology
+    code: dict[str, Any]
+    package = pool.python_package
+    if package is not None:  # your code on a prebuilt container: no image of yours
+        if not package.package_uris:
+            raise ValueError("python_package has no package_uris: the pipeline's packages were "
+                             "not built where it was deployed (spotorch.spec.packages)")
+        code = {"python_package_spec": v1.PythonPackageSpec(
+            executor_image_uri=package.executor_image_uri, package_uris=list(package.package_uris),
+            python_module=package.python_module, args=list(pool.args),
+            env=_env(pool, spec_env))}
+    else:
+        code = {"container_spec": v1.ContainerSpec(
+            image_uri=pool.image_uri, command=list(pool.command), args=list(pool.args),
+            env=_env(pool, spec_env))}
     return v1.WorkerPoolSpec(
         machine_spec=v1.MachineSpec(**machine),
         replica_count=pool.replica_count,
         disk_spec=v1.DiskSpec(boot_disk_type=pool.boot_disk_type,
                               boot_disk_size_gb=pool.boot_disk_size_gb),
-        container_spec=v1.ContainerSpec(image_uri=pool.image_uri, command=list(pool.command),
-                                        args=list(pool.args), env=_env(pool, spec_env)),
+        **code,
     )
 
 

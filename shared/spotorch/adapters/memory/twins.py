@@ -263,6 +263,14 @@ class InMemoryObjectStore:
         self.stats += 1
         return (bucket, name, generation) in self.objects
 
+    def ensure_file(self, uri: str, path: str) -> bool:
+        bucket, _, name = uri.removeprefix("gs://").partition("/")
+        if any(b == bucket and n == name for b, n, _ in self.objects):
+            return False
+        with open(path, "rb") as fh:
+            self.put(bucket, name, 1, fh.read())
+        return True
+
     def list_page(self, bucket: str, prefix: str, page_token: str | None,
                   page_size: int) -> ObjectPage:
         live: dict[str, int] = {}

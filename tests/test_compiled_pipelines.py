@@ -104,10 +104,10 @@ def test_the_bundle_carries_the_validated_pipelines_the_functions_read(tmp_path:
         zf.extractall(unpacked)
     read = read_compiled(unpacked / "pipelines")
     assert read is not None and [p.source for p in read] == ["demo.yaml"]  # no local path
-    package = read[0].job.worker_pools[0].python_package
-    assert package is not None and len(package.staged_files) == 2  # built, in the bundle
+    built = read[0].job.worker_pools[0].python_package
+    assert built is not None and len(built.staged_files) == 2  # built, in the bundle
     assert all(Path(f).is_file() and Path(f).is_relative_to(unpacked / "pipelines")
-               for f in package.staged_files)
+               for f in built.staged_files)
     assert [replace(p, source="", job=replace(p.job, worker_pools=())) for p in read] == \
         [replace(p, source="", job=replace(p.job, worker_pools=()))
          for p in load_pipelines(pipelines)]

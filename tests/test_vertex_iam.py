@@ -5,7 +5,7 @@ client's call fail with Vertex's PERMISSION_DENIED."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -47,8 +47,11 @@ def deploy_copy(tmp: Path, *, without: str | None = None) -> Path:
     return target
 
 
+StartEmulator = Callable[[Path], tuple[str, StackIdentities]]
+
+
 @pytest.fixture
-def emulator_for(tmp_path: Path) -> Iterator[object]:
+def emulator_for(tmp_path: Path) -> Iterator[StartEmulator]:
     started: list[VertexEmulator] = []
 
     def start(deploy: Path) -> tuple[str, StackIdentities]:
@@ -94,7 +97,7 @@ def test_an_expression_the_reader_cannot_evaluate_is_refused_by_name(tmp_path: P
 
 
 def test_a_grant_removed_from_deploy_makes_create_fail_with_vertex_permission_denied(
-        tmp_path: Path, emulator_for) -> None:  # type: ignore[no-untyped-def]
+        tmp_path: Path, emulator_for: StartEmulator) -> None:
     address, ids = emulator_for(deploy_copy(tmp_path, without="aiplatform.customJobs.create"))
     launcher = VertexJobLauncher(PROJECT, endpoint=address, token=ids.functions_token,
                                  retry=NO_RETRY)
@@ -108,7 +111,7 @@ def test_a_grant_removed_from_deploy_makes_create_fail_with_vertex_permission_de
 
 
 def test_with_deploys_grants_the_functions_launch_and_the_operator_may_do_anything(
-        tmp_path: Path, emulator_for) -> None:  # type: ignore[no-untyped-def]
+        tmp_path: Path, emulator_for: StartEmulator) -> None:
     address, ids = emulator_for(ROOT / "deploy")
     launcher = VertexJobLauncher(PROJECT, endpoint=address, token=ids.functions_token,
                                  retry=NO_RETRY)
@@ -121,7 +124,7 @@ def test_with_deploys_grants_the_functions_launch_and_the_operator_may_do_anythi
 
 
 def test_a_call_without_credentials_or_with_unknown_ones_is_unauthenticated(
-        tmp_path: Path, emulator_for) -> None:  # type: ignore[no-untyped-def]
+        tmp_path: Path, emulator_for: StartEmulator) -> None:
     address, _ = emulator_for(ROOT / "deploy")
     for token in (None, "not-a-token"):
         launcher = VertexJobLauncher(PROJECT, endpoint=address, token=token, retry=NO_RETRY)

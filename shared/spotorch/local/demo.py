@@ -76,7 +76,10 @@ SCENARIOS: Mapping[str, Scenario] = {
         recovery={"escalation": "count", "escalate_after_preemptions": 2,
                   "restart_overhead": "5s", "backoff_base": "1s", "stockout_wait": "60s",
                   "decision_interval": "2s"},
-        vertex_schedule={"preempt": [{"attempt": 1, "after_s": 7.0}, {"attempt": 2, "after_s": 6.0}],
+        # From RUNNING: a replica first installs its package (the first attempt builds the
+        # emulator's environment for it, seconds on a busy machine), then trains and checkpoints.
+        vertex_schedule={"preempt": [{"attempt": 1, "after_s": 11.0},
+                                     {"attempt": 2, "after_s": 8.0}],
                          # the first preemption is heard from its job-state line, the second
                          # only through polling (timings_ms: preemption_to_relaunch_each)
                          "drop_events": [{"attempt": 2}]},
@@ -147,7 +150,8 @@ SCENARIOS: Mapping[str, Scenario] = {
               "(aliases latest and best) and every trial is logged to Vertex AI Experiments.",
         expected_status="SUCCEEDED",
         recovery={"escalation": "never", "backoff_base": "1s", "decision_interval": "2s"},
-        vertex_schedule={"preempt": [{"attempt": 1, "after_s": 5.0}]},
+        # From RUNNING: four replicas share the first install of their package, then train.
+        vertex_schedule={"preempt": [{"attempt": 1, "after_s": 9.0}]},
         trainer_env={**_TRAINER_ENV, "EXAMPLE_TOTAL_STEPS": "240", "OPENBLAS_NUM_THREADS": "1",
                      "OMP_NUM_THREADS": "1"},
         sweep={"parameters": [{"name": "lr", "values": [0.3, 0.1, 0.00001, 0.03]}],

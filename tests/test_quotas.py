@@ -250,3 +250,24 @@ def test_the_emulator_refuses_create_over_a_resource_quota_with_vertex_message()
         # Raised as an operator would: the same job goes.
         emulator.resource_quotas = ResourceQuotas.parse({})
         assert launcher.launch(spec).startswith("projects/p/locations/us-central1/")
+
+
+def test_no_spot_probe_is_launched_while_spot_quota_refuses_every_region() -> None:
+    from spotorch.core.model import JobStatus
+    from spotorch.core.observations import JobObserved, LaunchDone, Tick
+    from spotorch.core.pipeline import SpotProbes
+
+    p = replace(pipeline(escalation=EscalationKind.DEADLINE, expected_compute_s=36000.0,
+                         spot_probes=SpotProbes(enabled=True, wait_s=600.0)),
+                deadline_s=30 * 3600.0)  # as tests/test_spot_probes.py: a probe would pay
+    run = new_run(run_id="r1", pipeline=p, now=T0, data_uri="gs://b/d/", snapshot_id="s")
+    run = refused(refused(run, p), p)  # Spot refused in both regions: standard
+    current = run.current
+    assert current is not None and current.capacity is Capacity.STANDARD
+    intent = launches(run)[0]
+    run = decide(run, LaunchDone(intent.id, current.number, "job-s"), Context(p, T0 + 2))
+    run = decide(run, JobObserved(current.number, JobStatus("job-s", JobPhase.RUNNING)),
+                 Context(p, T0 + 3))
+    for minute in range(1, 30):
+        run = decide(run, Tick(), Context(p, T0 + 60 * minute))
+    assert run.probes == () and run.counters.probes == 0

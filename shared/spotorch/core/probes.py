@@ -47,7 +47,7 @@ from spotorch.core.observations import (
 )
 from spotorch.core.pipeline import Capacity, EscalationKind
 from spotorch.core.policy import ProbeTerms, choose_capacity, probe_worth, slack_of
-from spotorch.core.regions import choose_region
+from spotorch.core.regions import AVOID_QUOTA, choose_region
 from spotorch.core.shapes import run_pipeline
 
 # ---------------------------------------------------------------- Spot probes
@@ -103,6 +103,9 @@ def tick_probe(run: Run, ctx: Context, current: Attempt) -> Run:
     if current.state is not AttemptState.RUNNING or current.cancel_reason is not None:
         return run
     region = choose_region(ctx.regions, run.avoid_regions, Capacity.SPOT, ctx.now)
+    if any(m.region == region and m.capacity is Capacity.SPOT and m.why == AVOID_QUOTA
+           and m.until > ctx.now for m in run.avoid_regions):
+        return run  # Spot's quota refused it in every region: a probe would be refused too
     view = policy_view(run, ctx, current=Capacity.STANDARD, spot_available=False, assumed=False)
     if not probe_worth(view, probe_terms(run, ctx, region),
                        lambda seen: choose_capacity(seen, ctx.recovery)):

@@ -238,7 +238,10 @@ def test_the_stack_serves_the_valid_pipelines_and_creates_their_buckets(
     assert {"ops-landing", "ops-ckpt", "ops-models"} <= bucket_names(stack)
     env = api_env(stack)
     active = Path(env[S.ENV_PIPELINES])
-    assert active != source and [p.name for p in active.iterdir()] == ["alpha.yaml"]
+    assert active != source and [p.name for p in active.glob("*.yaml")] == ["alpha.yaml"]
+    # validated: the functions read pipelines.json, the package built beside it
+    assert [p.name for p in read_compiled(active) or ()] == ["alpha"]
+    assert {"ops-landing", "ops-ckpt", "ops-models", "spotorch-staging"} <= bucket_names(stack)
 
 
 @pytest.mark.emulator
@@ -301,7 +304,7 @@ def test_pipeline_files_reload_when_they_change(stack: DevStack, source: Path) -
     assert "ops2-landing" in wait_for(lambda: "ops2-landing" in bucket_names(stack)
                                       and bucket_names(stack), what="the new bucket")
     active = Path(wait_for(lambda: _answers(stack), what="the api again")[S.ENV_PIPELINES])
-    assert sorted(p.name for p in active.iterdir()) == ["alpha.yaml", "broken.yaml"]
+    assert sorted(p.name for p in active.glob("*.yaml")) == ["alpha.yaml", "broken.yaml"]
     (source / "alpha.yaml").write_text("name: [")  # broken now: beta keeps working
     wait_for(lambda: [p["name"] for p in stack.describe()["pipelines"]["loaded"]] == ["beta"],
              what="the second reload")

@@ -63,6 +63,7 @@ class Needs:
     service_accounts: tuple[str, ...] = ()  # job.service_account: the functions launch as them
     route_env: tuple[str, ...] = ()  # route targets naming env variables: notifier secrets
     route_secrets: tuple[str, ...] = ()  # sm:// route targets: the notifier reads them
+    staging: tuple[str, ...] = ()  # job.staging_uri buckets: functions upload packages, jobs read
     # (account, bucket) of pipelines with their own job.service_account: the data it reads, the
     # checkpoints and models it writes (the training account's grants, for that pipeline only)
     account_data: tuple[tuple[str, str], ...] = ()
@@ -78,6 +79,7 @@ class Needs:
                 "pipeline_service_accounts": list(self.service_accounts),
                 "pipeline_route_env": list(self.route_env),
                 "pipeline_route_secrets": list(self.route_secrets),
+                "pipeline_staging_buckets": list(self.staging),
                 "pipeline_account_data_buckets": pairs(self.account_data),
                 "pipeline_account_output_buckets": pairs(self.account_output)}
 
@@ -264,7 +266,8 @@ def _bucket(uri: Any) -> str | None:
 
 
 # Where a pipeline names a bucket: key in the YAML -> which kind of bucket it is.
-_URI_KEYS = {"checkpoint_uri": "checkpoint", "output_uri": "model", "base_output_uri": "model"}
+_URI_KEYS = {"checkpoint_uri": "checkpoint", "output_uri": "model", "base_output_uri": "model",
+             "staging_uri": "staging"}
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")  # what the notifier takes for an env variable
 _SECRET_REF = re.compile(r"^sm://(projects/[^/]+/secrets/[^/]+)(/versions/[^/]+)?$")
 # sm:// route targets are resolved by the notifier at run time with this optional client.
@@ -307,7 +310,8 @@ def _walk(node: Any) -> Iterator[tuple[str, str]]:
 
 def pipeline_needs(files: Iterable[Path]) -> Needs:
     """What pipeline files need; a file that is not valid YAML stops the build."""
-    kinds = ("landing", "checkpoint", "model", "service_accounts", "route_env", "route_secrets")
+    kinds = ("landing", "checkpoint", "model", "service_accounts", "route_env", "route_secrets",
+             "staging")
     found: dict[str, set[str]] = {kind: set() for kind in kinds}
     data: set[tuple[str, str]] = set()
     output: set[tuple[str, str]] = set()
@@ -322,7 +326,7 @@ def pipeline_needs(files: Iterable[Path]) -> Needs:
                 found[kind].add(value)
                 mine[kind].add(value)
             for account in mine["service_accounts"]:
-                data |= {(account, b) for b in mine["landing"]}
+                data |= {(account, b) for b in mine["landing"] | mine["staging"]}
                 output |= {(account, b) for b in mine["checkpoint"] | mine["model"]}
     return Needs(**{kind: tuple(sorted(found[kind])) for kind in kinds},
                  account_data=tuple(sorted(data)), account_output=tuple(sorted(output)))

@@ -1063,6 +1063,7 @@ def test_bundle_contents(pipelines: Path, tmp_path: Path) -> None:
         "pipeline_service_accounts": ["trainer@p.iam.gserviceaccount.com"],
         "pipeline_route_env": ["TEAM_CHAT_URL"],
         "pipeline_route_secrets": ["projects/p/secrets/oncall"],
+        "pipeline_staging_buckets": [],
         "pipeline_account_data_buckets": {
             "trainer@p.iam.gserviceaccount.com landing-a": {
                 "account": "trainer@p.iam.gserviceaccount.com", "bucket": "landing-a"}},

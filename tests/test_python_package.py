@@ -161,3 +161,25 @@ def test_the_emulator_installs_each_package_set_once_and_refuses_unmet_requireme
         'dependencies = ["definitely-not-installed-here>=1"]\n')
     missing = vp.unmet(vp.install(cache, [build_sdist(needy)]))
     assert missing == ["definitely-not-installed-here>=1 (from needy)"]
+
+
+def test_deploy_grants_the_staging_bucket_to_the_functions_and_the_jobs(tmp_path: Path) -> None:
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("spotorch_deploy_package",
+                                                  ROOT / "deploy/package.py")
+    assert spec is not None and spec.loader is not None
+    package = sys.modules.get(spec.name) or importlib.util.module_from_spec(spec)
+    if spec.name not in sys.modules:
+        sys.modules[spec.name] = package
+        spec.loader.exec_module(package)
+    needs = package.pipeline_needs([ROOT / "examples/pipelines/demo.yaml"])
+    assert needs.tfvars()["pipeline_staging_buckets"] == ["spotorch-staging"]
+    from spotorch.operate.deploy_check import check
+
+    report = check(ROOT / "deploy")
+    staging = [f for f in report.findings if str(f.scope) == "buckets:staging"]
+    assert staging and report.ok
+    assert {str(f.identity) for f in staging} >= {"functions", "training"}
+    assert all(f.granted_by for f in staging)

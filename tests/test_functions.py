@@ -150,6 +150,7 @@ def test_a_log_sink_entry_without_run_labels_is_attributed_through_the_job(deps:
     run = deps.runs.active()[0]
     assert isinstance(deps.launcher, InMemoryLauncher)
     job = deps.launcher.job_of(run.run_id, 1)
+    deps.launcher.set_status(job, JobPhase.RUNNING)  # what Vertex answers when asked
     assert post("on_job_event", pubsub_event(sink_line(job, "Job is running."), {},
                                              "m8")).status_code == 200
     running, _ = deps.runs.load(run.run_id)

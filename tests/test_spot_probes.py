@@ -10,7 +10,7 @@ import pytest
 
 from fakes import fake_deps
 from spotorch.adapters.memory.twins import InMemoryLauncher, InMemoryPublisher, ManualClock
-from spotorch.app.deps import Deps
+from spotorch.app.deps import ContradictedLine, Deps
 from spotorch.app.job_events import job_line_reported
 from spotorch.app.runs import cancel_run, start_run
 from spotorch.app.tick import tick
@@ -235,7 +235,8 @@ def test_a_probe_job_line_is_confirmed_with_vertex_before_it_moves_the_run() -> 
     (name,) = probe_jobs(launcher)
     job_id = name.rsplit("/", 1)[-1]
     # A forged (or early) RUNNING line: Vertex still says QUEUED, so nothing moves.
-    job_line_reported(deps, job_id, JobPhase.RUNNING, "Job is running.")
+    with pytest.raises(ContradictedLine):
+        job_line_reported(deps, job_id, JobPhase.RUNNING, "Job is running.")
     run = load(deps)
     assert run.probes[0].found is None and run.current is not None
     assert run.current.cancel_reason is None

@@ -54,6 +54,14 @@ class ImplausibleReport(SpotorchError):
     """A trainer report that cannot be true of this run (progress past the end, too fast)."""
 
 
+class OtherProject(SpotorchError):
+    """A log entry of another project's job: never attributed to one of ours."""
+
+
+class ContradictedLine(SpotorchError):
+    """A job-state line Vertex's own answer contradicts (applied: Vertex's answer; recorded)."""
+
+
 @dataclass
 class Deps:
     """What the service layer talks to; adapters are real in production and fakes in unit tests."""
@@ -67,6 +75,9 @@ class Deps:
     pipelines: Mapping[str, Pipeline]
     objects: ObjectStore  # the landing buckets: manifests, existence checks, listings
     events_topic: str = ""  # trainer events topic handed to jobs (projects/P/topics/T)
+    # The project whose jobs these are: a log entry naming another is not ours. "": not checked
+    # (unit tests); production sets SPOTORCH_PROJECT.
+    project: str = ""
     shards: ShardDispatcher | None = None  # None: the tick reconciles every run itself
     models: ModelRegistry | None = None  # Vertex AI Model Registry (pipelines with `model`)
     experiments: ExperimentTracker | None = None  # Vertex AI Experiments (sweep trials)

@@ -5,7 +5,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from spotorch.app.deps import Deps, ImplausibleReport, NotOurJob, UnknownAttempt, UnknownRun, job_owner
+from spotorch.app.deps import (
+    ContradictedLine,
+    Deps,
+    ImplausibleReport,
+    NotOurJob,
+    OtherProject,
+    UnknownAttempt,
+    UnknownRun,
+    job_owner,
+)
 from spotorch.app.launch_specs import hardware_result
 from spotorch.app.unit_of_work import apply
 from spotorch.core.model import Checkpoint, JobPhase, JobStatus, Run
@@ -42,39 +51,41 @@ def probe_changed(deps: Deps, run_id: str, probe: int, status: JobStatus,
 
 
 def job_line_reported(deps: Deps, job_id: str, phase: JobPhase, message: str,
-                      event_id: str | None = None) -> Run:
-    """A job's service log line (log sink): attribute it by the job record, confirm an ending.
+                      event_id: str | None = None, *, project: str | None = None) -> Run:
+    """A job's service log line (log sink): a hint that makes spotorch ask Vertex.
 
-    A line is a hint: a terminal one is checked with GetCustomJob (the record holds the job's
-    region) and only Vertex's answer is applied. A transient failure of that check raises, so
-    the message comes back; NOT_FOUND is left to the tick's polling.
+    The line names only a job (and a project); the job record says whose it is and where
+    (region). Whatever the line says, only Vertex's answer (GetCustomJob) is applied: anyone who
+    may write log entries in the project can write such a line. A line that says more than
+    Vertex (CANCELLING, an ending, of a job Vertex runs) is recorded as contradicted once
+    Vertex's answer is applied. A transient failure of the check raises, so the message comes
+    back; NOT_FOUND is left to the tick's polling (lost after polls and time).
     """
+    if project is not None and deps.project and project != deps.project:
+        raise OtherProject(f"job {job_id} is a job of project {project!r}, not {deps.project!r}")
     owner = job_owner(deps, job_id)
     if owner is None:
         raise NotOurJob(f"job {job_id} is not one spotorch created (no job record)")
-    if owner.probe:
-        # A probe's RUNNING moves a run off standard: only Vertex's own answer is applied.
-        try:
-            confirmed = deps.launcher.get(owner.job_name)
-        except LaunchError as exc:
-            if exc.code != "NOT_FOUND":
-                raise
-            gone = ProbeMissing(owner.probe, owner.job_name)
-            return _apply_known(deps, owner.run_id, lambda _run: [gone], event_id)
-        return probe_changed(deps, owner.run_id, owner.probe, confirmed, event_id)
-    if not phase.terminal:
-        hint = JobStatus(owner.job_name, phase, message=message)
-        return job_changed(deps, owner.run_id, owner.attempt, hint, event_id, confirmed=False)
     try:
         status = deps.launcher.get(owner.job_name)
     except LaunchError as exc:
         if exc.code != "NOT_FOUND":
             raise
+        if owner.probe:
+            gone = ProbeMissing(owner.probe, owner.job_name)
+            return _apply_known(deps, owner.run_id, lambda _run: [gone], event_id)
         run, _ = deps.runs.load(owner.run_id)
         if run is None:
             raise UnknownRun(f"no run {owner.run_id!r}") from None
         return run  # the tick counts it as missing and, in time, as lost
-    return job_changed(deps, owner.run_id, owner.attempt, status, event_id)
+    if owner.probe:
+        run = probe_changed(deps, owner.run_id, owner.probe, status, event_id)
+    else:
+        run = job_changed(deps, owner.run_id, owner.attempt, status, event_id)
+    if phase != status.phase and phase.rank >= status.phase.rank:
+        raise ContradictedLine(f"job {job_id}: the line says {phase}, Vertex says "
+                               f"{status.phase} (Vertex's answer applied)")
+    return run
 
 
 def checkpoint_if_ended(deps: Deps, run: Run, status: JobStatus) -> Checkpoint | None:

@@ -247,13 +247,15 @@ def _on_job(run: Run, obs: Observation, ctx: Context) -> Run:
         return run
     if attempt.job_name is not None and obs.status.job_name not in ("", attempt.job_name):
         return run  # news of another job (a forged or crossed message) says nothing of this one
+    if not obs.confirmed:
+        # Only Vertex's own answer moves an attempt: a line that says CANCELLING or FAILED of a
+        # job Vertex runs would otherwise hold the attempt there (a later RUNNING is "older").
+        return run
     state = PHASE_TO_STATE[obs.status.phase]
-    if state.ended and not obs.confirmed:
-        return run  # only Vertex's own terminal state ends an attempt
     run = _newer_checkpoint(run, obs.checkpoint, looked_up=True)
     if attempt.job_name is None:
         attempt = replace(attempt, job_name=obs.status.job_name)
-    if attempt.missing_polls and obs.confirmed:
+    if attempt.missing_polls:
         attempt = replace(attempt, missing_polls=0, missing_since=None)  # Vertex knows it again
     if state.rank <= attempt.state.rank or attempt.state.ended:
         return with_attempt(run, attempt)  # late or repeated news never moves an attempt back

@@ -18,7 +18,8 @@ class JobObserved:
     status: JobStatus
     checkpoint: Checkpoint | None = None  # latest complete checkpoint, looked up when the job ended
     # Vertex's own answer (GetCustomJob, ListCustomJobs). A log line or a forged message is only
-    # a hint: it may move a job forward, never end it (one live job per run depends on it).
+    # a hint: it changes nothing by itself; it makes spotorch ask Vertex (one live job per run
+    # and every attempt state depend on it).
     confirmed: bool = True
 
 

@@ -336,7 +336,8 @@ def _job_line(body: bytes, attributes: Mapping[str, str], event_id: str) -> None
     except NotAJobStateChange:
         return  # a job's log line that reports no state: nothing to do, nothing wrong
     try:
-        run = job_line_reported(d, line.job_id, line.phase, line.message, event_id=event_id)
+        run = job_line_reported(d, line.job_id, line.phase, line.message, event_id=event_id,
+                                project=line.project)
     except NotOurJob:
         _not_ours(line.job_id, event_id)
         return

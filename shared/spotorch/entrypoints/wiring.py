@@ -46,6 +46,7 @@ def production_deps(settings: Settings | None = None) -> Deps:
         pipelines=pipelines,
         objects=GcsObjectStore(project=settings.project),
         events_topic=settings.topic_path(settings.trainer_events_topic),
+        project=settings.project,
         shards=PubSubShardDispatcher(settings.topic_path(TOPIC_TICK)),
         # Clients on first use: only pipelines with a `model` section ever call them.
         models=VertexModelRegistry(settings.project, endpoint=settings.vertex_endpoint,

@@ -21,8 +21,9 @@ EXITED = ("The replica workerpool0-0 exited with a non-zero status of {}. Termin
      FailureClass.OUT_OF_MEMORY, 137),
     (3, EXITED.format(137, "Error") + " Memory cgroup out of memory", FailureClass.OUT_OF_MEMORY,
      137),
-    # 137 alone is a SIGKILL (e.g. the grace-period kill after a preemption): not OOM
-    (3, EXITED.format(137, "Error"), FailureClass.USER_ERROR, 137),
+    # 137 alone is a SIGKILL (e.g. the grace-period kill after a preemption): not OOM, and not
+    # the training code's doing either: infrastructure (issue 27)
+    (3, EXITED.format(137, "Error"), FailureClass.INFRA, 137),
     # CUDA (its message speaks of "total capacity": must not read as a stockout)
     (3, EXITED.format(1, "Error") + " torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to "
      "allocate 2.00 GiB (GPU 0; 15.78 GiB total capacity; 13.1 GiB already allocated)",

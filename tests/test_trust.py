@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from fakes import PROJECT
+from fakes import PROJECT, fake_deps
 from spotorch.adapters.memory.twins import InMemoryLauncher, ManualClock
 from spotorch.app.deps import Deps
 from spotorch.app.runs import start_run
@@ -153,3 +153,109 @@ def test_a_forward_line_is_not_applied_before_vertex_says_so(
     after = load(deps, run.run_id)
     assert after.current is not None and after.current.state is AttemptState.QUEUED
     assert after.current.started_at is None
+
+
+# --- precedence of endings --------------------------------------------------------------------------
+
+
+def _reporting(deps: Deps) -> tuple[Run, str]:
+    """A running attempt whose trainer reports (so the hang rule watches it)."""
+    from spotorch.app.job_events import trainer_reported
+    from spotorch.core.observations import TrainerReported
+
+    launcher, clock = parts(deps)
+    run = started(deps)
+    job = launcher.job_of(run.run_id, 1)
+    launcher.set_status(job, JobPhase.RUNNING, start_time=clock.t)
+    tick(deps)
+    trainer_reported(deps, run.run_id, TrainerReported(1, "started", clock.t, step=0,
+                                                       report_interval_s=1.0))
+    clock.advance(1.0)
+    trainer_reported(deps, run.run_id, TrainerReported(1, "progress", clock.t, step=5))
+    return load(deps, run.run_id), job
+
+
+def _health_pipeline() -> Pipeline:
+    import dataclasses
+
+    from spotorch.core.health import HealthPolicy
+
+    return dataclasses.replace(pipeline(), health=HealthPolicy(hang_after_s=30.0))
+
+
+def test_a_vanished_job_ends_lost_not_hung() -> None:
+    """Finding: a job Vertex no longer knows ended as `hung` (the hang rule fired first), so the
+    hang budget paid for an infrastructure loss."""
+    from spotorch.core.model import FailureClass
+
+    deps = fake_deps(_health_pipeline())
+    launcher, clock = parts(deps)
+    _, job = _reporting(deps)
+    del launcher.jobs[job]  # Vertex forgets the job: NOT_FOUND from now on
+    for _ in range(8):
+        clock.advance(45.0)  # each tick is past hang_after (30 s) since the last report
+        tick(deps)
+        if len(load(deps).attempts) > 1:
+            break
+    after = load(deps)
+    first = after.attempts[0]
+    assert first.failure is FailureClass.LOST and first.end_reason.startswith("lost")  # type: ignore[union-attr]
+    assert after.counters.lost == 1 and after.counters.hangs == 0
+    assert not any("hung" in h.what for h in after.history)
+    assert len(after.attempts) == 2 and launcher.cancelled == []
+
+
+def test_not_found_after_a_hang_cancel_still_counts_as_lost() -> None:
+    """The hang rule fired and asked for a cancel; then Vertex answered NOT_FOUND: lost wins."""
+    from spotorch.core.model import CANCEL_HUNG, FailureClass
+
+    deps = fake_deps(_health_pipeline())
+    launcher, clock = parts(deps)
+    _, job = _reporting(deps)
+    launcher.cancel = lambda name: None  # type: ignore[method-assign]  (the cancel never lands)
+    clock.advance(45.0)
+    tick(deps)  # hung: cancel asked
+    assert load(deps).current.cancel_reason == CANCEL_HUNG  # type: ignore[union-attr]
+    del launcher.jobs[job]
+    for _ in range(8):
+        clock.advance(45.0)
+        tick(deps)
+    after = load(deps)
+    assert after.attempts[0].failure is FailureClass.LOST
+    assert after.counters.lost == 1 and after.counters.hangs == 0
+
+
+@pytest.mark.parametrize(("message", "failure"), [
+    ("The replica workerpool0-0 exited with a non-zero status of 137. Termination reason: "
+     "Error.", "infra"),
+    ("The replica workerpool0-0 exited with a non-zero status of 137. Termination reason: "
+     "OOMKilled.", "out_of_memory"),
+    ("The replica workerpool0-0 exited with a non-zero status of 1. Termination reason: "
+     "Error.", "user_error"),
+    ("The replica workerpool0-0 exited with a non-zero status of 143.", "preempted"),
+])
+def test_exit_137_without_an_out_of_memory_signal_is_infrastructure(message: str,
+                                                                     failure: str) -> None:
+    """Finding: a worker killed with exit 137 (SIGKILL: the VM, the kernel) counted as a user
+    error, the smallest budget."""
+    from spotorch.adapters.gcp.vertex import classify
+
+    phase, found, _ = classify("JOB_STATE_FAILED", 3, message)
+    assert phase is JobPhase.FAILED and str(found) == failure
+
+
+def test_exit_137_the_trainer_chose_is_a_user_error() -> None:
+    from spotorch.core.model import FailureClass
+    from spotorch.core.observations import TrainerReported
+
+    p = pipeline()
+    run = new_run(run_id="r", pipeline=p, now=T0, data_uri="gs://b/", snapshot_id=None)
+    ctx = Context(p, T0 + 1)
+    job = "projects/p/locations/us-central1/customJobs/1"
+    run = decide(run, JobObserved(1, JobStatus(job, JobPhase.RUNNING)), ctx)
+    killed = JobStatus(job, JobPhase.FAILED, failure=FailureClass.INFRA, exit_code=137)
+    infra = decide(run, JobObserved(1, killed), ctx)
+    assert infra.attempts[0].failure is FailureClass.INFRA and infra.counters.user_errors == 0
+    said = decide(run, TrainerReported(1, "failed", T0 + 1, step=3, exit_code=137), ctx)
+    user = decide(said, JobObserved(1, killed), ctx)
+    assert user.attempts[0].failure is FailureClass.USER_ERROR and user.counters.user_errors == 1

@@ -50,6 +50,10 @@ def parse_checkpoint_step(name: str) -> int | None:
 # Exit codes the trainer uses and spotorch recognises.
 EXIT_PREEMPTED = 143  # 128 + SIGTERM: wrote a final checkpoint after SIGTERM and stopped
 EXIT_USER_ERROR = 1
+# 128 + SIGKILL: the kernel (out of memory), the VM going away or the runtime killed the process.
+# Never what a Python exception exits with: spotorch counts it as infrastructure unless an
+# out-of-memory signal says otherwise, or the trainer itself reported exiting with it.
+EXIT_KILLED = 137
 
 # Trainer event kinds (data field "kind"; also the Pub/Sub attribute "kind").
 EVENT_STARTED = "started"

@@ -163,6 +163,9 @@ def _on_trainer(run: Run, obs: Observation, ctx: Context) -> Run:
         run = with_attempt(run, replace(attempt, progress_step=obs.step))
     if obs.checkpoint_uri and obs.step is not None:
         run = _newer_checkpoint(run, Checkpoint(obs.step, obs.checkpoint_uri))
+    if obs.kind == "failed" and obs.exit_code is not None:
+        run = with_attempt(run, replace(run.attempt(obs.attempt) or attempt,
+                                        reported_exit=obs.exit_code))
     if obs.kind == "started" and attempt.started_at is None:
         run = with_attempt(run, replace(run.attempt(obs.attempt) or attempt, started_at=obs.at))
     return _sweep_curve(trainer_health(run, obs, ctx, fresh_rate), obs, ctx)

@@ -202,6 +202,7 @@ class Attempt:
     machine_type: str | None = None  # None: the pipeline's own machine (health.fallback_machines)
     last_report_at: float | None = None  # the attempt's latest trainer report (hang detection)
     cancel_detail: str | None = None  # what a health rule found, when it cancelled the attempt
+    reported_exit: int | None = None  # the exit code the trainer said it exits with ("failed")
 
     @property
     def live(self) -> bool:

@@ -26,6 +26,7 @@ from spotorch.core.pipeline import Capacity, EscalationKind, RecoveryPolicy
 from spotorch.core.quotas import on_quota
 from spotorch.core.regions import AVOID_PREEMPTED, AVOID_STOCKOUT, mark
 from spotorch.core.training_health import recover_out_of_memory, roll_back
+from spotorch_trainer.contract import EXIT_KILLED
 
 
 def _jitter(run_id: str, n: int) -> float:
@@ -52,10 +53,22 @@ _CANCEL_FAILURES: Mapping[str, FailureClass] = {
 }
 
 
+# A health rule's cancel that NOT_FOUND evidence overtook: the job is gone (a cancel never
+# landed on it), so the attempt is lost and the lost budget pays, not the hang budget.
+_LOST_OVERTAKES = frozenset({CANCEL_HUNG, CANCEL_SLOW})
+
+
 def failure_of(attempt: Attempt, status: JobStatus) -> FailureClass:
+    """How an ended attempt counts; the first rule that applies wins."""
+    if status.failure is FailureClass.LOST and attempt.cancel_reason in _LOST_OVERTAKES:
+        return FailureClass.LOST
     if attempt.state is AttemptState.CANCELLED or attempt.cancel_reason is not None:
         return _CANCEL_FAILURES.get(attempt.cancel_reason or "", FailureClass.CANCELLED)
-    return status.failure or FailureClass.INFRA
+    failure = status.failure or FailureClass.INFRA
+    if failure is FailureClass.INFRA and status.exit_code == EXIT_KILLED \
+            and attempt.reported_exit == EXIT_KILLED:
+        return FailureClass.USER_ERROR  # killed, but the trainer said it exits so itself
+    return failure
 
 
 END_REASONS: Mapping[FailureClass, Callable[[Attempt, JobStatus], str]] = {

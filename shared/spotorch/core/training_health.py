@@ -194,6 +194,10 @@ def tick_health(run: Run, ctx: Context, current: Attempt) -> Run:
     if run.status is not RunStatus.RUNNING or current.state is not AttemptState.RUNNING \
             or run.health.reports == 0 or not _watched(run, current):
         return run
+    if current.missing_polls:
+        # Vertex answered NOT_FOUND: the job may be gone, and a silent trainer is what a gone
+        # job looks like. The lost rule decides (its own budget), not the hang rule.
+        return run
     health = run.health
     silent_since = current.last_report_at or current.started_at or ctx.now
     starting = (current.progress_step or 0) <= (current.resumed_from_step or 0)

@@ -31,7 +31,7 @@ from spotorch.ports.jobs import (
     LaunchSpec,
     label_value,
 )
-from spotorch_trainer.contract import EXIT_PREEMPTED
+from spotorch_trainer.contract import EXIT_KILLED, EXIT_PREEMPTED
 
 if TYPE_CHECKING:
     from google.cloud import aiplatform_v1
@@ -112,6 +112,9 @@ ERROR_CODE_FAILURES: Mapping[int, FailureClass] = {
     14: FailureClass.INFRA,  # UNAVAILABLE
 }
 
+# Exit statuses of a replica killed by SIGKILL (as a shell and as a signal number report it).
+KILLED_EXIT_CODES = frozenset({EXIT_KILLED, -9})
+
 # "The replica workerpool0-0 exited with a non-zero status of 1." and the older wordings.
 _EXIT_CODE = re.compile(r"(?i)non-zero (?:exit )?status(?: code)?(?: of)?:? (-?\d+)")
 # Links and resource names say where, not why; "projects/spotorch-x" must not read as "spot".
@@ -184,6 +187,11 @@ def _failure_of(state: JobState, error_code: int, message: str, exit_code: int |
         # The trainer exits 143 after writing its last checkpoint on SIGTERM: a preemption.
         if exit_code in classifier.preempted_exit_codes:
             return FailureClass.PREEMPTED
+        if exit_code in KILLED_EXIT_CODES:
+            # SIGKILL without an out-of-memory message: the VM, the kernel or the runtime, not
+            # the training code (the core turns it back into a user error if the trainer said
+            # it exits so itself).
+            return FailureClass.INFRA
         return FailureClass.USER_ERROR
     text = _NAMES.sub(" ", message or "")
     if classifier._any(classifier.resource_quota, message or ""):

@@ -259,3 +259,77 @@ def test_exit_137_the_trainer_chose_is_a_user_error() -> None:
     said = decide(run, TrainerReported(1, "failed", T0 + 1, step=3, exit_code=137), ctx)
     user = decide(said, JobObserved(1, killed), ctx)
     assert user.attempts[0].failure is FailureClass.USER_ERROR and user.counters.user_errors == 1
+
+
+# --- relaunch after a Vertex outage -------------------------------------------------------------------
+
+
+class Outage:
+    """Vertex AI down: every call of the in-memory launcher answers UNAVAILABLE while `down`."""
+
+    def __init__(self, launcher: InMemoryLauncher) -> None:
+        from spotorch.ports.jobs import LaunchError
+
+        self.down = False
+        self.calls = 0
+        real_get, real_launch = launcher.get, launcher.launch
+
+        def unavailable() -> LaunchError:
+            self.calls += 1
+            return LaunchError("503 Vertex AI is unavailable", permanent=False,
+                               code="UNAVAILABLE")
+
+        def get(name: str) -> JobStatus:
+            if self.down:
+                raise unavailable()
+            return real_get(name)
+
+        def launch(spec: Any) -> str:
+            if self.down:
+                raise unavailable()
+            return real_launch(spec)
+
+        launcher.get = get  # type: ignore[method-assign]
+        launcher.launch = launch  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("outage_from", ["confirm", "create"])
+def test_the_relaunch_after_an_outage_goes_within_one_tick_of_vertex_answering(
+        outage_from: str) -> None:
+    """Finding: after Vertex came back the relaunch waited 122 s for a claim to expire.
+
+    confirm: the preemption is known, then Vertex cannot confirm that attempt 1's job ended;
+    create: Vertex confirms it, then refuses the creation (UNAVAILABLE)."""
+    from spotorch.app.job_events import job_changed
+    from spotorch.core.model import FailureClass
+    from spotorch.core.moves import LAUNCH_LEASE_S
+
+    deps = fake_deps(pipeline())
+    launcher, clock = parts(deps)
+    run = started(deps)
+    job = launcher.job_of(run.run_id, 1)
+    launcher.set_status(job, JobPhase.RUNNING, start_time=clock.t)
+    tick(deps)
+    preempted = launcher.set_status(job, JobPhase.FAILED, failure=FailureClass.PREEMPTED,
+                                    message="The Spot VM was preempted.")
+    outage = Outage(launcher)
+    if outage_from == "create":
+        original_get = launcher.get
+        launcher.get = lambda name: (preempted if name == job  # type: ignore[method-assign]
+                                     else original_get(name))
+    outage.down = True
+    after = job_changed(deps, run.run_id, 1, preempted)  # a confirmed line, then the outage
+    assert len(after.attempts) == 2 and launcher.created == 1 and outage.calls >= 1
+    for _ in range(3):  # ticks during the outage: nothing launched, nothing broken
+        clock.advance(5.0)
+        tick(deps)
+    assert launcher.created == 1
+    outage.down = False  # Vertex answers again
+    clock.advance(5.0)  # one tick period: far less than a claim (LAUNCH_LEASE_S)
+    tick(deps)
+    assert launcher.created == 2, "the relaunch waited for a claim to expire"
+    assert clock.t - after.attempts[1].created_at < LAUNCH_LEASE_S
+    relaunched = load(deps)
+    assert relaunched.current is not None and relaunched.current.job_name is not None
+    assert any(h.what == "launch of attempt 2 waits" or "failed, will retry" in h.what
+               for h in relaunched.history)

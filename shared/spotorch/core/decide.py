@@ -11,7 +11,13 @@ from spotorch.core import hardware as hw
 from spotorch.core.context import Context
 from spotorch.core.escalation import deadline_warning, policy_capacity, spot_cooldown_until, spot_cooling
 from spotorch.core.intents import RegisterModelIntent
-from spotorch.core.launching import announce_hardware, first_launch, launch, on_launch_done
+from spotorch.core.launching import (
+    announce_hardware,
+    first_launch,
+    launch,
+    on_intent_deferred,
+    on_launch_done,
+)
 from spotorch.core.model import (
     CANCEL_ORPHAN,
     CANCEL_STOCKOUT,
@@ -47,6 +53,7 @@ from spotorch.core.moves import (
 from spotorch.core.observations import (
     CancelRequested,
     CheckpointsDeleted,
+    IntentDeferred,
     IntentDone,
     JobMissing,
     JobObserved,
@@ -130,7 +137,8 @@ def new_run(*, run_id: str, pipeline: Pipeline, now: float, data_uri: str,
 
 def decide(run: Run, obs: Observation, ctx: Context) -> Run:
     """Apply one observation: the new run, with any new intents in its outbox."""
-    if run.status.terminal and not isinstance(obs, IntentDone | LaunchDone | JobObserved | JobMissing
+    if run.status.terminal and not isinstance(obs, IntentDone | IntentDeferred | LaunchDone
+                                              | JobObserved | JobMissing
                                               | CheckpointsDeleted | ProbeLaunched
                                               | ProbeLaunchFailed | ProbeObserved | ProbeMissing):
         return run
@@ -415,6 +423,7 @@ def _on_tick(run: Run, obs: Observation, ctx: Context) -> Run:
 
 _HANDLERS: Mapping[type, Callable[[Run, Observation, Context], Run]] = {
     IntentDone: _on_intent_done,
+    IntentDeferred: on_intent_deferred,
     ModelRegistered: _on_model_registered,
     LaunchDone: on_launch_done,
     LaunchFailed: on_launch_refused,

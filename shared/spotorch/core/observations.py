@@ -89,6 +89,15 @@ class IntentDone:
 
 
 @dataclass(frozen=True)
+class IntentDeferred:
+    """An intent was not carried out this time (a launch waits for an earlier job to be
+    confirmed ended, or a call failed): its claim is given up, so the next tick takes it."""
+
+    intent_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class ModelRegistered:
     """The register-model intent was carried out (model_name) or refused for good (error)."""
 
@@ -150,6 +159,7 @@ class CancelRequested:
     reason: str
 
 
-Observation = (JobObserved | JobMissing | TrainerReported | LaunchDone | LaunchFailed | IntentDone | Tick
+Observation = (JobObserved | JobMissing | TrainerReported | LaunchDone | LaunchFailed | IntentDone
+               | IntentDeferred | Tick
                | Promote | CancelRequested | CheckpointsDeleted | ModelRegistered
                | ProbeLaunched | ProbeLaunchFailed | ProbeObserved | ProbeMissing)

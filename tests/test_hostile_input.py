@@ -21,7 +21,7 @@ from spotorch.adapters.memory.twins import InMemoryLauncher
 from spotorch.app.deps import Deps
 from spotorch.core.model import RunStatus
 from test_functions import deps as functions_deps  # noqa: F401  (the "deps" fixture)
-from test_functions import landed, post, pubsub_event, sink_line, storage_event
+from test_functions import landed, post, pubsub_event, signed, sink_line, storage_event
 
 BIG = 2 ** 63
 
@@ -266,8 +266,7 @@ def test_the_run_still_works_after_the_attacks(running: tuple[Deps, str]) -> Non
     deps, run_id = running
     for i, payload in enumerate(TRAINER_ATTACKS + NOT_OURS + JOB_ATTACKS):
         post("on_job_event", pubsub_event(payload, {"spotorch_source": "trainer"}, f"a{i}"))
-    report = trainer(run_id=run_id, step=5, total_steps=100)
-    assert post("on_job_event", pubsub_event(report, {"spotorch_source": "trainer"},
-                                             "real")).status_code == 200
+    report = json.loads(trainer(run_id=run_id, step=5, total_steps=100))
+    assert post("on_job_event", pubsub_event(*signed(deps, report), "real")).status_code == 200
     after, _ = deps.runs.load(run_id)
     assert after is not None and after.progress.step == 5 and after.status is RunStatus.STARTING

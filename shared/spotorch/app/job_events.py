@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from spotorch.app.deps import (
     ContradictedLine,
     Deps,
+    ForgedReport,
     ImplausibleReport,
     NotOurJob,
     OtherProject,
@@ -19,7 +20,7 @@ from spotorch.app.launch_specs import hardware_result
 from spotorch.app.unit_of_work import apply
 from spotorch.core.model import Checkpoint, JobPhase, JobStatus, Run
 from spotorch.core.observations import JobObserved, Observation, ProbeMissing, ProbeObserved, TrainerReported
-from spotorch.core.trust import implausible
+from spotorch.core.trust import SignedMessage, checkpoint_outside, implausible, unproven
 from spotorch.ports.jobs import LaunchError
 
 log = logging.getLogger("spotorch.app.job_events")
@@ -98,17 +99,62 @@ def checkpoint_if_ended(deps: Deps, run: Run, status: JobStatus) -> Checkpoint |
         return None
 
 
+def trainer_message(deps: Deps, run_id: str, report: TrainerReported, message: SignedMessage,
+                    event_id: str | None = None) -> Run:
+    """A trainer event from Pub/Sub: applied only if its attempt's key signed it.
+
+    Anyone who may publish to the trainer-events topic (every job of every pipeline) can send
+    any JSON: an unsigned, mis-signed or other-attempt message is refused (ForgedReport) and
+    recorded by the entry point, whatever it says."""
+    verified: list[bool] = []  # a conflict re-reads the run; the attempt's key never changes
+
+    def observe(run: Run) -> Sequence[Observation]:
+        if not verified:
+            why = unproven(run, report, message)
+            if why is not None:
+                raise ForgedReport(f"run {run_id}: {why}")
+            verified.append(True)
+        return _believed(deps, run, report)
+    return _apply_known(deps, run_id, observe, event_id)
+
+
 def trainer_reported(deps: Deps, run_id: str, report: TrainerReported,
                      event_id: str | None = None) -> Run:
-    """The trainer of an attempt reported progress, a checkpoint, or its end."""
-    def observe(run: Run) -> Sequence[Observation]:
-        if run.attempt(report.attempt) is None:
-            raise UnknownAttempt(f"run {run_id} has no attempt {report.attempt}")
-        why = implausible(run, report, deps.clock.now())
-        if why is not None:
-            raise ImplausibleReport(f"run {run_id} attempt {report.attempt}: {why}")
-        return [] if _coalesced(run, report) else [report]
-    return _apply_known(deps, run_id, observe, event_id)
+    """The trainer of an attempt reported progress, a checkpoint, or its end; for a report whose
+    origin is already proven (trainer_message checks the signature of one from Pub/Sub)."""
+    return _apply_known(deps, run_id, lambda run: _believed(deps, run, report), event_id)
+
+
+def _believed(deps: Deps, run: Run, report: TrainerReported) -> Sequence[Observation]:
+    """The report as an observation, if it may be true of this run: its attempt exists, its
+    progress is plausible, and a checkpoint it names is the run's own and complete."""
+    if run.attempt(report.attempt) is None:
+        raise UnknownAttempt(f"run {run.run_id} has no attempt {report.attempt}")
+    why = implausible(run, report, deps.clock.now())
+    if why is None and report.checkpoint_uri:
+        why = _checkpoint_problem(deps, run, report)
+    if why is not None:
+        raise ImplausibleReport(f"run {run.run_id} attempt {report.attempt}: {why}")
+    return [] if _coalesced(run, report) else [report]
+
+
+def _checkpoint_problem(deps: Deps, run: Run, report: TrainerReported) -> str | None:
+    """Why the checkpoint a report names may not become the run's (None: it may): it must be
+    the run's own checkpoint of the reported step, complete in storage now."""
+    uri, step = report.checkpoint_uri or "", report.step
+    if step is None:
+        return f"checkpoint {uri[:200]!r} reported without its step"
+    outside = checkpoint_outside(run, uri, step)
+    if outside is not None:
+        return outside
+    known = run.latest_checkpoint
+    if known is not None and known.step == step and known.uri.rstrip("/") == uri.rstrip("/"):
+        return None  # already checked (a repeated report of the latest checkpoint)
+    found = deps.checkpoints.complete_step(uri)  # a transient storage error raises: redelivered
+    if found != step:
+        return (f"no complete checkpoint of step {step} at {uri[:200]!r}"
+                + (f" (its marker says step {found})" if found is not None else ""))
+    return None
 
 
 def _apply_known(deps: Deps, run_id: str, observe: Callable[[Run], Sequence[Observation]],

@@ -132,6 +132,9 @@ def launch_spec(deps: Deps, run: Run, intent: LaunchIntent) -> LaunchSpec:
         env[contract.ENV_PARAMS] = json.dumps(dict(run.params), sort_keys=True)
     if intent.resume_exact:
         env[contract.ENV_RESUME_EXACT] = "1"
+    attempt = run.attempt(number)
+    if attempt is not None and attempt.report_key:  # the job's environment only: never logged
+        env[contract.ENV_REPORT_KEY] = attempt.report_key
     labels = {LABEL_RUN: run.run_id, LABEL_ATTEMPT: str(number), LABEL_PIPELINE: run.pipeline,
               LABEL_BUCKET: str(run.bucket)}
     return LaunchSpec(run_id=run.run_id, pipeline=run.pipeline, attempt=number,

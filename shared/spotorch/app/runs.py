@@ -8,7 +8,15 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from spotorch.app.deps import Deps, NotRetryable, UnknownRun, hardware_outlook, probe_cache, region_order
+from spotorch.app.deps import (
+    Deps,
+    NotRetryable,
+    UnknownRun,
+    hardware_outlook,
+    key_seed,
+    probe_cache,
+    region_order,
+)
 from spotorch.app.spot_record import shape_of
 from spotorch.app.unit_of_work import apply, carry_out
 from spotorch.core.decide import new_run
@@ -53,7 +61,7 @@ def start_run(deps: Deps, pipeline_name: str, *, run_id: str, data_uri: str,
                                                    now),
                          hardware_cache=cache,
                          outlook=hardware_outlook(deps, pipeline, now) if cache else None,
-                         prices=deps.prices)
+                         prices=deps.prices, key_seed=key_seed())
     try:
         version = deps.runs.save(run, None)
     except ConflictError:

@@ -94,6 +94,8 @@ from spotorch.core.recovery import (
     recover,
 )
 from spotorch.core.training_health import on_checkpoints_deleted, retention, tick_health, trainer_health
+from spotorch.core.trust import rate_sample
+from spotorch_trainer.contract import EVENT_COMPLETED
 
 # ---------------------------------------------------------------- creating a run
 
@@ -106,13 +108,14 @@ def new_run(*, run_id: str, pipeline: Pipeline, now: float, data_uri: str,
             region_order: tuple[str, ...] | None = None,
             hardware_cache: Mapping[str, hw.ProbeResult] | None = None,
             outlook: hw.Outlook | None = None,
-            prices: PriceTable = LIST_PRICES) -> Run:
+            prices: PriceTable = LIST_PRICES, key_seed: bytes = b"") -> Run:
     """A new run: created, announced, and (unless queued) its first attempt launched.
 
     hardware: the choice among the pipeline's hardware candidates (issue 19), if one was made;
     region_order: the regions ranked by the shared Spot record (Context.region_order);
     hardware_cache: the pipeline's cached probe results: with candidates and no choice made,
-    the run probes those without a fresh result first (status PROBING)."""
+    the run probes those without a fresh result first (status PROBING);
+    key_seed: the shell's random bytes the first attempt's report key derives from."""
     deadline = now + pipeline.deadline_s if pipeline.deadline_s else None
     run = Run(run_id=run_id, pipeline=pipeline.name, status=RunStatus.PENDING, created_at=now,
               updated_at=now, data_uri=data_uri, snapshot_id=snapshot_id, deadline_at=deadline,
@@ -120,7 +123,8 @@ def new_run(*, run_id: str, pipeline: Pipeline, now: float, data_uri: str,
               output_uri=pipeline.run_output_uri(run_id), latest_checkpoint=resume_from,
               retry_of=retry_of, sweep_id=sweep_id, params=dict(params or {}),
               hardware=hardware)
-    ctx = Context(pipeline, now, region_order=region_order, outlook=outlook, prices=prices)
+    ctx = Context(pipeline, now, region_order=region_order, outlook=outlook, prices=prices,
+                  key_seed=key_seed)
     run = note(run, ctx, "created", reason)
     run = publish(run, ctx, "run.created", status=str(RunStatus.PENDING), data_uri=data_uri,
                    snapshot_id=snapshot_id, deadline=iso(deadline), reason=reason)
@@ -159,15 +163,26 @@ def _on_trainer(run: Run, obs: Observation, ctx: Context) -> Run:
         return run
     progress = run.progress
     fresh_rate: float | None = None
-    if obs.step is not None and obs.step >= progress.step:
+    # "completed" is a hint: only Vertex's SUCCEEDED ends an attempt and moves progress to it.
+    hint = obs.kind == EVENT_COMPLETED
+    # The attempt's newest report (or one of its newest step): an older step of the same
+    # attempt is a reordered or replayed message, which says nothing new about its loss (a
+    # replay of the newest one is a seen event id).
+    newest = obs.step is not None and obs.step >= (attempt.progress_step or -1)
+    if obs.step is not None and obs.step >= progress.step and not hint:
         rate = progress.rate
-        if progress.at is not None and obs.at > progress.at and obs.step > progress.step \
-                and attempt.started_at is not None and progress.at >= attempt.started_at:
-            rate = fresh_rate = (obs.step - progress.step) / (obs.at - progress.at)
+        if progress.at is not None and attempt.started_at is not None \
+                and progress.at >= attempt.started_at:
+            sample = rate_sample(obs.step - progress.step, obs.at - progress.at)
+            rate = fresh_rate = sample if sample is not None else rate
         progress = Progress(step=obs.step, total_steps=obs.total_steps or progress.total_steps,
                             at=obs.at, rate=rate, metrics=dict(obs.metrics) or progress.metrics)
+    elif hint and obs.metrics:
+        progress = replace(progress, metrics=dict(obs.metrics))  # the final metrics
     run = replace(run, progress=progress)
-    if obs.step is not None and (attempt.progress_step or -1) < obs.step:
+    if hint:
+        run = with_attempt(run, replace(attempt, reported_done_step=obs.step))
+    elif obs.step is not None and obs.step > (attempt.progress_step or -1):
         run = with_attempt(run, replace(attempt, progress_step=obs.step))
     if obs.checkpoint_uri and obs.step is not None:
         run = _newer_checkpoint(run, Checkpoint(obs.step, obs.checkpoint_uri))
@@ -176,7 +191,8 @@ def _on_trainer(run: Run, obs: Observation, ctx: Context) -> Run:
                                         reported_exit=obs.exit_code))
     if obs.kind == "started" and attempt.started_at is None:
         run = with_attempt(run, replace(run.attempt(obs.attempt) or attempt, started_at=obs.at))
-    return _sweep_curve(trainer_health(run, obs, ctx, fresh_rate), obs, ctx)
+    return _sweep_curve(trainer_health(run, obs, ctx, fresh_rate, newest=newest and not hint),
+                        obs, ctx)
 
 
 # ---------------------------------------------------------------- Model Registry
@@ -297,6 +313,9 @@ def _end_attempt(attempt: Attempt, ctx: Context, status: JobStatus, reason: str,
 
 def _attempt_ended(run: Run, ctx: Context, attempt: Attempt, status: JobStatus) -> Run:
     if attempt.state is AttemptState.SUCCEEDED:
+        final = attempt.reported_done_step
+        if final is not None and final > run.progress.step:  # Vertex confirms the trainer's end
+            run = replace(run, progress=replace(run.progress, step=final))
         attempt = _end_attempt(attempt, ctx, status, "succeeded", None)
         run = _announce_end(with_attempt(run, attempt), ctx, attempt)
         done = replace(run, status=RunStatus.SUCCEEDED)  # the ledger of the run as it ends

@@ -33,6 +33,7 @@ from spotorch.core.moves import (
 from spotorch.core.observations import IntentDeferred, LaunchDone, LaunchFailed, Observation
 from spotorch.core.pipeline import Capacity
 from spotorch.core.regions import choose_region
+from spotorch.core.trust import attempt_key
 
 
 def first_launch(run: Run, ctx: Context, reason: str) -> Run:
@@ -59,7 +60,8 @@ def launch(run: Run, ctx: Context, capacity: Capacity, reason: str) -> Run:
     machine = run.health.machine_type
     attempt = Attempt(number=number, capacity=capacity, region=region, created_at=ctx.now,
                       resumed_from_step=ckpt.step if ckpt else None,
-                      resumed_from_uri=ckpt.uri if ckpt else None, machine_type=machine)
+                      resumed_from_uri=ckpt.uri if ckpt else None, machine_type=machine,
+                      report_key=attempt_key(ctx.key_seed, run.run_id, number))
     run = replace(run, attempts=(*run.attempts, attempt), next_action_at=None, next_capacity=None,
                   next_reason=None, next_region=None)
     if previous is not None and previous.capacity != capacity:

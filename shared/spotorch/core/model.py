@@ -203,6 +203,11 @@ class Attempt:
     last_report_at: float | None = None  # the attempt's latest trainer report (hang detection)
     cancel_detail: str | None = None  # what a health rule found, when it cancelled the attempt
     reported_exit: int | None = None  # the exit code the trainer said it exits with ("failed")
+    reported_done_step: int | None = None  # the step a "completed" report claimed: a hint that
+    # only Vertex's SUCCEEDED confirms (then progress moves there)
+    # The attempt's own key for signed trainer reports (spotorch.core.trust): random, in its
+    # job's environment and in the run document only; never in repr, logs, events or views.
+    report_key: str = field(default="", repr=False)
 
     @property
     def live(self) -> bool:

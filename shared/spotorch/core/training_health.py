@@ -59,7 +59,7 @@ def _loss_of(obs: TrainerReported, metric: str) -> float | None:
 
 
 def trainer_health(run: Run, obs: TrainerReported, ctx: Context,
-                    fresh_rate: float | None) -> Run:
+                    fresh_rate: float | None, *, newest: bool = True) -> Run:
     attempt = run.attempt(obs.attempt)
     if attempt is None or not _watched(run, attempt):
         return run
@@ -70,7 +70,7 @@ def trainer_health(run: Run, obs: TrainerReported, ctx: Context,
         rate, slow = hp.rate_sample(policy, health.rate, fresh_rate, obs.step)
     loss, diverged = health.loss, None
     value = _loss_of(obs, policy.loss_metric)
-    if value is not None and obs.step is not None and obs.kind == "progress":
+    if value is not None and obs.step is not None and obs.kind == "progress" and newest:
         loss, diverged = hp.loss_sample(policy, health.loss, obs.step, value)
     health = replace(health, reports=health.reports + 1,
                      longest_gap_s=max(health.longest_gap_s, gap),

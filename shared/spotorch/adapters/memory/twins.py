@@ -205,6 +205,15 @@ class InMemoryCheckpoints:
         self.stored.setdefault(checkpoint_uri.rstrip("/"), {})[step] = (complete, size)
         return contract.checkpoint_uri(checkpoint_uri, step)
 
+    def complete_step(self, uri: str) -> int | None:
+        root, _, name = uri.rstrip("/").rpartition("/")
+        step = contract.parse_checkpoint_step(name)
+        if step is not None and self.stored.get(root, {}).get(step, (False, 0))[0] \
+                and uri.rstrip("/") == contract.checkpoint_uri(root, step):
+            return step
+        named = [c.step for c in self.latest_by_uri.values() if c.uri.rstrip("/") == uri.rstrip("/")]
+        return named[0] if named else None
+
     def latest(self, checkpoint_uri: str) -> Checkpoint | None:
         root = checkpoint_uri.rstrip("/")
         if root in self.latest_by_uri:

@@ -39,6 +39,7 @@ from spotorch.local._stack_procs import (
     stop_groups,
     wait_ready,
 )
+from spotorch.local._stack_pubsub import pushed_routes, subscription_name
 
 EMULATORS = tuple(HEALTH_PATHS)  # firestore, pubsub, gcs
 EnvOf = Callable[[Mapping[str, str] | None], dict[str, str]]
@@ -109,7 +110,7 @@ class StackProcesses:
 
     def reserve_ports(self) -> None:
         cfg = self.config
-        need_adapter = cfg.push == "eventarc" and bool(self.pushed_functions())
+        need_adapter = bool(self.pushed_functions())  # it delivers every subscription
         self.emulator_ports = {name: emulators.free_port() for name in EMULATORS}
         self.function_ports = {name: emulators.free_port() for name in cfg.functions}
         self.adapter_port = emulators.free_port() if need_adapter else None
@@ -153,13 +154,23 @@ class StackProcesses:
                                                           _not_found))
 
     def spawn_adapter(self) -> tuple[Child, Probe]:
+        """The push adapter: it delivers each function's subscription as Pub/Sub push does,
+        with the subscriptions' retry policy (spotorch.local._push_adapter)."""
+        cfg = self.config
         port = self.adapter_port
         assert port is not None
         argv = [sys.executable, "-m", "spotorch.local._push_adapter", "--host", HOST,
-                "--port", str(port)]
-        for name in self.pushed_functions():
-            argv += ["--route", f"{name}={self.function_url(name)}"]
-        if self.config.gcs_events == "storage":
+                "--port", str(port), "--pubsub", f"{HOST}:{self.emulator_ports['pubsub']}",
+                "--project", cfg.project, "--mode", cfg.push,
+                "--max-backoff", str(cfg.max_backoff_s),
+                "--max-delivery-attempts", str(cfg.max_delivery_attempts),
+                "--ack-deadline", str(cfg.ack_deadline_s)]
+        if cfg.min_backoff_s is not None:
+            argv += ["--min-backoff", str(cfg.min_backoff_s)]
+        for topic, function in pushed_routes(cfg):
+            argv += ["--deliver", f"{subscription_name(topic, function)}={topic}={function}="
+                                  f"{self.function_url(function)}"]
+        if cfg.gcs_events == "storage":
             argv += ["--storage-topic", S.TOPIC_GCS_NOTIFICATIONS]
         child = spawn("push adapter", argv, self.run_dir / "push-adapter.log",
                       self._child_env(None), port=port)

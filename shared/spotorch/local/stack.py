@@ -249,6 +249,23 @@ class DevStack:
         self._note(f"restarted {key}")
         return key
 
+    def stop_piece(self, piece: str) -> str:
+        """Stop one piece (a function, the adapter, vertex) and leave it down; returns its name.
+        Messages for a stopped function wait in its subscription (retried, then dead-lettered)."""
+        key = self.processes.piece(piece)
+        if key.startswith("emulator:"):
+            raise StackError("an emulator is restarted, not stopped: use restart()")
+        self.processes.stop([key])
+        self._note(f"stopped {key}")
+        return key
+
+    def start_piece(self, piece: str) -> str:
+        """Start a piece stop_piece stopped, on its port; returns its name."""
+        key = self.processes.piece(piece)
+        self.processes.respawn(key)
+        self._note(f"started {key}")
+        return key
+
     # -------------------------------------------------------------- pipelines
 
     def _activate(self, pipelines: PipelineSet) -> PipelineSet:
@@ -342,12 +359,11 @@ class DevStack:
 
     def push_endpoint(self, topic: str, function: str) -> str:
         """Where the push subscription of topic -> function delivers."""
+        # The push adapter pulls the subscription and posts here (spotorch.local._push_adapter).
         topic_path = f"projects/{self.config.project}/topics/{topic}"
         if self.config.push == "direct":
             return f"{self.function_url(function)}{topic_path}"
-        if self.processes.adapter_port is None:
-            raise StackError("the push adapter is not running")
-        return f"http://{HOST}:{self.processes.adapter_port}/{function}/{topic_path}"
+        return self.function_url(function)
 
     def subscription_name(self, topic: str, function: str) -> str:
         return subscription_name(topic, function)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -118,8 +119,21 @@ def replica_env(job_spec: Any, job_id: str, pool: int, index: int,
     return env
 
 
+SHIM = Path(__file__).with_name("_vertex_shim.py")
+
+
+def _shimmed(argv: list[str], name: str) -> list[str]:
+    """The replica's command under the shim that dies with the emulator (_vertex_shim)."""
+    if not argv or (shutil.which(argv[0]) is None):
+        raise SpawnError(name, f"cannot start {argv[:1]}: no such executable")
+    return [sys.executable, "-I", str(SHIM), str(os.getpid()), "--", *argv]
+
+
 def spawn(job_spec: Any, job_id: str, log_dir: Path, base_env: Mapping[str, str]) -> list[Replica]:
-    """Start every replica of every pool; on failure, kill those started and raise SpawnError."""
+    """Start every replica of every pool; on failure, kill those started and raise SpawnError.
+
+    Each replica is a process group of its own whose leader (the shim) SIGKILLs the group when
+    the emulator dies: no worker outlives its job's VM, not even after a kill -9."""
     log_dir.mkdir(parents=True, exist_ok=True)
     replicas: list[Replica] = []
     try:
@@ -129,11 +143,13 @@ def spawn(job_spec: Any, job_id: str, log_dir: Path, base_env: Mapping[str, str]
                 name = f"workerpool{p}-{i}"
                 log_path = log_dir / f"{name}.log"
                 try:
+                    command = _shimmed(argv, name)
                     with log_path.open("ab") as log:
                         # A session of its own: the emulator's Ctrl-C does not reach workers,
                         # and a stop signals the whole process tree.
                         process = subprocess.Popen(
-                            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            command, stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL,
                             env=replica_env(job_spec, job_id, p, i, base_env),
                             start_new_session=True)
                 except OSError as exc:

@@ -94,7 +94,10 @@ def on_standard(deps: Deps) -> Run:
     run = load(deps)
     assert [a.capacity for a in run.attempts] == [Capacity.SPOT, Capacity.STANDARD]
     launcher.set_status(launcher.job_of("r1", 2), JobPhase.RUNNING, start_time=clock.t)
-    clock.advance(60.0)
+    tick(deps)
+    # No probe within the minimum dwell of the move to standard (a yes could not be acted on).
+    assert load(deps).counters.probes == 0
+    clock.advance(600.0)  # the minimum dwell: one restart overhead (RecoveryPolicy's 600 s)
     tick(deps)
     return load(deps)
 
@@ -157,7 +160,7 @@ def test_a_probe_that_runs_moves_the_run_back_to_spot_in_its_region() -> None:
     standard = run.current
     assert standard is not None
     launcher.set_status(standard.job_name or "", JobPhase.RUNNING, start_time=clock.t)
-    clock.advance(60.0)
+    clock.advance(600.0)  # past the minimum dwell of the move to standard
     tick(deps)
     (name,) = live_probe_jobs(launcher)
     probe_region = load(deps).probes[0].region

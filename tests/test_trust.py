@@ -3,6 +3,7 @@ claims, hysteresis). Trainer signatures and checkpoints: tests/test_trainer_auth
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -333,3 +334,113 @@ def test_the_relaunch_after_an_outage_goes_within_one_tick_of_vertex_answering(
     assert relaunched.current is not None and relaunched.current.job_name is not None
     assert any(h.what == "launch of attempt 2 waits" or "failed, will retry" in h.what
                for h in relaunched.history)
+
+
+# --- hysteresis: the minimum dwell ------------------------------------------------------------------
+
+
+def _flapping_pipeline() -> Pipeline:
+    """A deadline run whose Spot attempts never get capacity while every probe finds it: the
+    policy leaves a Spot queue for standard (little slack to wait with) and leaves standard
+    whenever a probe says Spot is back (slack enough for a round trip)."""
+    import dataclasses
+
+    from spotorch.core.pipeline import SpotProbes
+
+    base = pipeline(escalation=EscalationKind.DEADLINE, expected_compute_s=10 * 3600.0,
+                    restart_overhead_s=600.0, decision_interval_s=300.0,
+                    stockout_wait_s=10 * 3600.0, spot_cooldown_s=0.0,
+                    spot_probes=SpotProbes(enabled=True, wait_s=600.0))
+    return dataclasses.replace(base, deadline_s=12 * 3600.0)
+
+
+def _changes(run: Run) -> list[float]:
+    """When the run moved between capacities: launches of attempts on another capacity."""
+    return [b.created_at for a, b in itertools.pairwise(run.attempts) if a.capacity != b.capacity]
+
+
+def test_a_run_never_switches_capacity_within_the_minimum_dwell() -> None:
+    """Finding: under load one run flapped Spot -> standard -> Spot 8 times in 58 s (4 switches,
+    4 probes); each switch costs a restart. Now a move is never reversed within the policy's
+    minimum dwell (policy.min_dwell_s: one restart overhead, at least one decision interval)."""
+    from spotorch.core.pipeline import Capacity
+    from spotorch.core.policy import PolicyView, min_dwell_s
+    from spotorch.ports.jobs import LABEL_PROBE
+
+    deps = fake_deps(_flapping_pipeline())
+    launcher, clock = parts(deps)
+    started(deps)
+    t0 = clock.t
+    while clock.t - t0 < 4 * 3600:
+        for name, job in list(launcher.jobs.items()):
+            probe = bool(job.spec.labels.get(LABEL_PROBE))
+            if job.status.phase is JobPhase.QUEUED and (
+                    probe or job.spec.capacity is Capacity.STANDARD):
+                launcher.set_status(name, JobPhase.RUNNING, start_time=clock.t)
+        clock.advance(30.0)
+        tick(deps)
+    run = load(deps)
+    dwell = min_dwell_s(PolicyView(now_s=0, deadline_s=None, work_total_s=None, work_done_s=0,
+                                   restart_overhead_s=600.0, current=None,
+                                   spot_available=True, preemptions=0, tick_s=300.0))
+    changes = _changes(run)
+    assert dwell == 600.0 and len(changes) >= 4, changes  # it does switch, back and forth
+    gaps = [b - a for a, b in itertools.pairwise(changes)]
+    assert min(gaps) >= dwell, gaps
+    assert len(changes) <= 4 * 3600 / dwell + 1
+
+
+def test_the_deadline_forces_standard_through_the_dwell() -> None:
+    from spotorch.core.pipeline import Capacity
+    from spotorch.core.policy import PolicyView, may_switch
+
+    view = PolicyView(now_s=3000.0, deadline_s=20_000.0, work_total_s=9_000.0, work_done_s=2000.0,
+                      restart_overhead_s=600.0, current=Capacity.SPOT, spot_available=False,
+                      preemptions=0, tick_s=300.0, changed_at_s=2900.0)
+    assert not may_switch(view, Capacity.STANDARD)  # 100 s after the last move: not yet
+    tight = PolicyView(**{**vars(view), "deadline_s": 10_700.0})  # slack 700 s
+    assert may_switch(tight, Capacity.STANDARD)  # slack - overhead < tick: must run standard
+    assert not may_switch(tight, Capacity.SPOT)
+    assert may_switch(PolicyView(**{**vars(view), "now_s": 3500.0}), Capacity.SPOT)
+    assert may_switch(PolicyView(**{**vars(view), "changed_at_s": None}), Capacity.SPOT)
+
+
+def test_the_simulator_applies_the_same_dwell_in_the_production_view() -> None:
+    """Both call policy.may_switch: in production's view no two moves are closer than the
+    minimum dwell; without it (min_dwell=False: only to measure its cost) they are."""
+    import dataclasses
+
+    import numpy as np
+
+    from spotorch.core.pipeline import Capacity
+    from spotorch.core.policy import PolicyView, min_dwell_s
+    from spotorch.sim.simulate import Probes, Scenario, View, Window, run_online
+
+    def flapper(view: PolicyView) -> Capacity:  # the worst a policy could ask: always move
+        return Capacity.STANDARD if view.current is Capacity.SPOT else Capacity.SPOT
+
+    always = np.ones(600, dtype=bool)
+    win = Window("t.json", "fam", 0.0, always, np.ones(len(always)), 3.0)
+    sc = Scenario(task_s=36 * 3600, deadline_s=50 * 3600, overhead_s=900, step_s=300,
+                  view=View.PRODUCTION, spot_cooldown_s=0.0, probes=Probes(latency_s=0.0))
+    moves: dict[bool, list[float]] = {}
+    outcomes = {}
+    for dwell in (True, False):
+        seen: list[PolicyView] = []
+
+        def policy(view: PolicyView, seen: list[PolicyView] = seen) -> Capacity:
+            seen.append(view)
+            return flapper(view)
+        outcomes[dwell] = run_online(win, dataclasses.replace(sc, min_dwell=dwell), policy)
+        # The first 10 h: later the flapping has eaten the slack, and the deadline forces
+        # standard through the dwell (test_the_deadline_forces_standard_through_the_dwell).
+        moves[dwell] = sorted({v.changed_at_s for v in seen
+                               if v.changed_at_s is not None and v.changed_at_s < 10 * 3600})
+    limit = min_dwell_s(PolicyView(now_s=0, deadline_s=None, work_total_s=None, work_done_s=0,
+                                   restart_overhead_s=900.0, current=None, spot_available=True,
+                                   preemptions=0, tick_s=300.0))
+    gaps_with = [b - a for a, b in itertools.pairwise(moves[True])]
+    gaps_without = [b - a for a, b in itertools.pairwise(moves[False])]
+    assert gaps_with and min(gaps_with) >= limit, gaps_with
+    assert gaps_without and min(gaps_without) < limit, gaps_without
+    assert outcomes[True].changeovers < outcomes[False].changeovers

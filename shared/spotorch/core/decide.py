@@ -9,7 +9,7 @@ from typing import Any
 
 from spotorch.core import hardware as hw
 from spotorch.core.context import Context
-from spotorch.core.escalation import deadline_warning, policy_capacity, spot_cooldown_until, spot_cooling
+from spotorch.core.escalation import deadline_warning, policy_view, spot_cooldown_until, spot_cooling
 from spotorch.core.intents import RegisterModelIntent
 from spotorch.core.launching import (
     announce_hardware,
@@ -70,6 +70,7 @@ from spotorch.core.observations import (
     TrainerReported,
 )
 from spotorch.core.pipeline import Capacity, Pipeline
+from spotorch.core.policy import choose_capacity, may_switch
 from spotorch.core.price_list import LIST_PRICES
 from spotorch.core.prices import PriceTable
 from spotorch.core.probes import (
@@ -425,11 +426,14 @@ def _on_tick(run: Run, obs: Observation, ctx: Context) -> Run:
         return tick_probe(run, ctx, current)  # on standard, Spot is seen only through probes
     spot_waiting = current.capacity is Capacity.SPOT and waiting and queued_for > 60.0
     cooling = spot_cooling(ctx.now, run.spot_unavailable_until)
-    wanted = policy_capacity(run, ctx, current=current.capacity,
-                              spot_available=not (spot_waiting or cooling))
+    view = policy_view(run, ctx, current=current.capacity,
+                       spot_available=not (spot_waiting or cooling))
+    wanted = choose_capacity(view, ctx.recovery)
     run = deadline_warning(run, ctx, wanted, current)
     if wanted == current.capacity or (wanted is Capacity.SPOT and cooling):
         return run  # back to Spot only once it may have capacity again
+    if not may_switch(view, wanted):
+        return run  # within the minimum dwell of the last move (policy.may_switch)
     reason = (f"deadline policy: switch {current.capacity} -> {wanted} "
               f"(time left {fmt_s((run.deadline_at or ctx.now) - ctx.now)})")
     if spot_waiting:  # giving up on a Spot queue is evidence too: don't come straight back

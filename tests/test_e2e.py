@@ -195,6 +195,81 @@ class TestDefaultStory:
         finally:
             server.close()
 
+    def test_forged_reports_and_an_unconfirmed_cancel_line_change_nothing_and_are_recorded(
+            self, default_story: DefaultStory,
+            stack_run: tuple[dict[str, str], Path, Run]) -> None:
+        """Issue 27's "done when", on the local stack: a forged checkpoint report naming another
+        run's checkpoint, a forged `completed` and a real-shaped cancel line for a job Vertex
+        runs change nothing and are recorded; the trainer's own signed reports are applied."""
+        from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
+        from spotorch.app.run_store import DocumentRunStore
+        from spotorch.settings import TOPIC_JOB_EVENTS, TOPIC_TRAINER_EVENTS
+        from spotorch_trainer import contract
+
+        env, state, story = stack_run
+        stack = default_story.demo.stack
+        docs = FirestoreDocumentStore(project=stack.project)
+        runs = DocumentRunStore(docs)
+        submitted = spotorch(env, state, "submit", "demo", story.data_uri, "--request-id",
+                             "forged", "--json")
+        assert submitted.returncode == 0, submitted.stderr
+        run_id = json.loads(submitted.stdout)["run_id"]
+        deadline = time.monotonic() + 60
+        while True:  # running, and its trainer's signed reports believed
+            live, _ = runs.load(run_id)
+            assert live is not None and time.monotonic() < deadline, live
+            if live.current and live.current.state == "RUNNING" and live.progress.step > 0:
+                break
+            time.sleep(0.2)
+        assert story.latest_checkpoint is not None
+        job_id = (live.current.job_name or "").rsplit("/", 1)[1]
+        stamp = contract.rfc3339(time.time())
+
+        def trainer(kind: str, step: int, **extra: Any) -> bytes:
+            return json.dumps({"event_id": f"{run_id}/1/{kind}/forged-{step}", "kind": kind,
+                               "run_id": run_id, "attempt": 1, "pipeline": "demo",
+                               "step": step, "total_steps": 600, "time": stamp,
+                               **extra}).encode()
+
+        trainer_attrs = {"spotorch_source": "trainer", "attempt": "1"}
+        forged = {
+            "checkpoint": stack.publish(TOPIC_TRAINER_EVENTS, trainer(
+                "checkpoint", story.latest_checkpoint.step,
+                checkpoint_uri=story.latest_checkpoint.uri), **trainer_attrs),
+            "completed": stack.publish(TOPIC_TRAINER_EVENTS, trainer("completed", 600),
+                                       **trainer_attrs),
+            "cancel line": stack.publish(TOPIC_JOB_EVENTS, json.dumps({
+                "logName": f"projects/{stack.project}/logs/ml.googleapis.com%2F{job_id}",
+                "resource": {"type": "ml_job", "labels": {"job_id": job_id,
+                                                          "project_id": stack.project,
+                                                          "task_name": "service"}},
+                "textPayload": "Job is being cancelled.", "timestamp": stamp,
+                "severity": "INFO", "insertId": "forged-1"}).encode(),
+                **{"logging.googleapis.com/timestamp": stamp}),
+        }
+        reasons: dict[str, str] = {}
+        deadline = time.monotonic() + 30
+        while len(reasons) < len(forged) and time.monotonic() < deadline:
+            for what, message_id in forged.items():
+                record, _ = docs.get("rejected_events", message_id)
+                if record is not None:
+                    reasons[what] = str(record["reason"])
+            time.sleep(0.2)
+        assert set(reasons) == set(forged), reasons
+        assert "unsigned" in reasons["checkpoint"] and "unsigned" in reasons["completed"]
+        assert "the line says CANCELLING" in reasons["cancel line"], reasons
+        after, _ = runs.load(run_id)
+        assert after is not None
+        assert after.latest_checkpoint is None or \
+            after.latest_checkpoint.uri.startswith(after.checkpoint_uri + "/")
+        assert after.progress.step < 600 and after.status != "CANCELLING"
+        assert after.attempts[0].state != "CANCELLING" or after.attempts[0].cancel_reason
+        cancelled = spotorch(env, state, "cancel", run_id, "--json")  # done with it
+        assert cancelled.returncode == 0, cancelled.stderr
+        for attempt in runs.load(run_id)[0].attempts:  # type: ignore[union-attr]
+            assert attempt.resumed_from_uri is None or \
+                attempt.resumed_from_uri.startswith(after.checkpoint_uri + "/")
+
     def test_actions_through_the_stacks_api_function(
             self, stack_run: tuple[dict[str, str], Path, Run]) -> None:
         env, state, story_run = stack_run

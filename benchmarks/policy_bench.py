@@ -33,7 +33,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "shared"))
 
-from spotorch.core.policy import DeadlineTuning, deadline_policy, uniform_progress
+from spotorch.core.pipeline import Capacity
+from spotorch.core.policy import DeadlineTuning, PolicyView, deadline_policy, uniform_progress
 from spotorch.sim.simulate import (
     POLICIES,
     Flex,
@@ -73,7 +74,7 @@ PROBE_BILLED_S = (300.0, 900.0)  # billed time of a probe that found capacity
 DEFAULT_PROBE = Probes()  # 300 s billed, 300 s latency, 600 s wait
 PRODUCTION = "@production"  # suffix of the production-view replays' names
 # (name, policy, view, probes, flex[, min_dwell]): every replay beside the visible-view POLICIES.
-Replay = tuple[str, Callable[..., object], View, Probes | None, Flex | None, bool]
+Replay = tuple[str, Callable[[PolicyView], Capacity], View, Probes | None, Flex | None, bool]
 REPLAYS: list[Replay] = (
     [(f"{name} {PRODUCTION}", policy, View.PRODUCTION, DEFAULT_PROBE, None, True)
      for name, policy in (("deadline", deadline_policy), ("uniform_progress", uniform_progress))]

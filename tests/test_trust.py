@@ -213,7 +213,10 @@ def test_not_found_after_a_hang_cancel_still_counts_as_lost() -> None:
     deps = fake_deps(_health_pipeline())
     launcher, clock = parts(deps)
     _, job = _reporting(deps)
-    launcher.cancel = lambda name: None  # type: ignore[method-assign]  (the cancel never lands)
+    def never(job_name: str) -> None:  # the cancel never lands
+        pass
+
+    launcher.cancel = never  # type: ignore[method-assign]
     clock.advance(45.0)
     tick(deps)  # hung: cancel asked
     assert load(deps).current.cancel_reason == CANCEL_HUNG  # type: ignore[union-attr]
@@ -280,10 +283,10 @@ class Outage:
             return LaunchError("503 Vertex AI is unavailable", permanent=False,
                                code="UNAVAILABLE")
 
-        def get(name: str) -> JobStatus:
+        def get(job_name: str) -> JobStatus:
             if self.down:
                 raise unavailable()
-            return real_get(name)
+            return real_get(job_name)
 
         def launch(spec: Any) -> str:
             if self.down:
@@ -316,8 +319,11 @@ def test_the_relaunch_after_an_outage_goes_within_one_tick_of_vertex_answering(
     outage = Outage(launcher)
     if outage_from == "create":
         original_get = launcher.get
-        launcher.get = lambda name: (preempted if name == job  # type: ignore[method-assign]
-                                     else original_get(name))
+
+        def confirmed(job_name: str) -> JobStatus:  # Vertex answers for attempt 1's job
+            return preempted if job_name == job else original_get(job_name)
+
+        launcher.get = confirmed  # type: ignore[method-assign]
     outage.down = True
     after = job_changed(deps, run.run_id, 1, preempted)  # a confirmed line, then the outage
     assert len(after.attempts) == 2 and launcher.created == 1 and outage.calls >= 1

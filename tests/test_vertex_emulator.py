@@ -648,10 +648,12 @@ def test_workers_die_with_their_job_and_with_the_emulator(tmp_path: Path, how: s
                   f"echo $$ > {tmp_path}/worker; wait")
         name = launcher.launch(spec("r-orphan", 1, "sh", "-c", worker,
                                     capacity=Capacity.STANDARD))
-        pids = wait_for(lambda: all((tmp_path / f).exists() and (tmp_path / f).read_text().strip()
-                                    for f in ("child", "worker"))
-                        and [int((tmp_path / f).read_text()) for f in ("child", "worker")],
-                        what="worker and its child")
+        def written() -> list[int] | None:
+            texts = [(tmp_path / f).read_text().strip() if (tmp_path / f).exists() else ""
+                     for f in ("child", "worker")]
+            return [int(t) for t in texts] if all(texts) else None
+
+        pids = wait_for(written, what="worker and its child")
         group = os.getpgid(pids[1])
         assert group != os.getpgrp() and set(pids) <= set(group_members(group))
         if how == "the job ends":

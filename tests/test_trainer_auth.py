@@ -295,8 +295,10 @@ def test_a_replayed_signed_message_cannot_move_anything(deps: Deps) -> None:
     ("gs://ckpt/victim/v1/../o1/step-0000000100", "'..'"),
     ("gs://ckpt/victim/v1//step-0000000100", "empty"),
     ("gs://ckpt/victim/v1/./step-0000000100", "'.'"),
-    ("gs://ckpt/victim/v1/step-0000000200", "not the run's checkpoint of step 100"),
-    ("gs://ckpt/victim/v1/step-0000000100/sub", "not the run's checkpoint of step 100"),
+    ("gs://ckpt/victim/v1/step-0000000200", "newer than the report's step 100"),
+    ("gs://ckpt/victim/v1/step-0000000040", None),  # `completed`, `preempting`: the last one
+    ("gs://ckpt/victim/v1/step-0000000100/sub", "not a checkpoint directory of the run"),
+    ("gs://ckpt/victim/v1/step-100", "not a checkpoint directory of the run"),
     ("gs://ckpt/victim/v10/step-0000000100", "not under"),
 ])
 def test_a_checkpoint_must_be_the_runs_own_of_its_step(uri: str, words: str | None) -> None:
@@ -305,6 +307,20 @@ def test_a_checkpoint_must_be_the_runs_own_of_its_step(uri: str, words: str | No
     assert run.checkpoint_uri == "gs://ckpt/victim/v1"
     why = checkpoint_outside(run, uri, 100)
     assert (why is None) if words is None else (why is not None and words in why), why
+
+
+def test_completed_and_preempting_name_the_last_checkpoint_at_its_own_step(deps: Deps) -> None:
+    """The helper's `preempting` and `completed` carry the attempt's step and the last
+    checkpoint it wrote, which may be older: the checkpoint counts at its own step."""
+    _, store, clock = parts(deps)
+    run = running(deps, "victim", "v1")
+    last = store.put(run.checkpoint_uri, 200)
+    clock.advance(30)
+    data = body(run, "preempting", 240, checkpoint_uri=last, exit_code=143, at=clock.t)
+    assert send(data, attrs(data, key_of(run)), "preempting") == 200
+    after = load(deps, "v1")
+    assert after.latest_checkpoint == Checkpoint(200, last)
+    assert [c.step for c in after.health.checkpoints] == [200]
 
 
 def test_a_checkpoint_that_is_not_complete_is_refused(deps: Deps) -> None:

@@ -141,18 +141,17 @@ def _believed(deps: Deps, run: Run, report: TrainerReported) -> Sequence[Observa
 def _checkpoint_problem(deps: Deps, run: Run, report: TrainerReported) -> str | None:
     """Why the checkpoint a report names may not become the run's (None: it may): it must be
     the run's own checkpoint of the reported step, complete in storage now."""
-    uri, step = report.checkpoint_uri or "", report.step
+    uri, step, named = report.checkpoint_uri or "", report.step, report.checkpoint
     if step is None:
         return f"checkpoint {uri[:200]!r} reported without its step"
     outside = checkpoint_outside(run, uri, step)
-    if outside is not None:
-        return outside
-    known = run.latest_checkpoint
-    if known is not None and known.step == step and known.uri.rstrip("/") == uri.rstrip("/"):
+    if outside is not None or named is None:
+        return outside or f"checkpoint {uri[:200]!r} names no checkpoint directory"
+    if run.latest_checkpoint == named:
         return None  # already checked (a repeated report of the latest checkpoint)
     found = deps.checkpoints.complete_step(uri)  # a transient storage error raises: redelivered
-    if found != step:
-        return (f"no complete checkpoint of step {step} at {uri[:200]!r}"
+    if found != named.step:
+        return (f"no complete checkpoint of step {named.step} at {uri[:200]!r}"
                 + (f" (its marker says step {found})" if found is not None else ""))
     return None
 

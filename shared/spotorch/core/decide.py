@@ -185,8 +185,9 @@ def _on_trainer(run: Run, obs: Observation, ctx: Context) -> Run:
         run = with_attempt(run, replace(attempt, reported_done_step=obs.step))
     elif obs.step is not None and obs.step > (attempt.progress_step or -1):
         run = with_attempt(run, replace(attempt, progress_step=obs.step))
-    if obs.checkpoint_uri and obs.step is not None:
-        run = _newer_checkpoint(run, Checkpoint(obs.step, obs.checkpoint_uri))
+    reported = obs.checkpoint
+    if reported is not None:
+        run = _newer_checkpoint(run, reported)
     if obs.kind == "failed" and obs.exit_code is not None:
         run = with_attempt(run, replace(run.attempt(obs.attempt) or attempt,
                                         reported_exit=obs.exit_code))

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spotorch.core.model import Checkpoint, JobStatus
+from spotorch_trainer.contract import parse_checkpoint_step
 
 # ---------------------------------------------------------------- observations
 
@@ -46,6 +47,16 @@ class TrainerReported:
     nonfinite: tuple[str, ...] = ()  # metrics whose value was NaN or infinite (not in metrics)
     report_interval_s: float | None = None  # the trainer's progress interval (on "started")
     checkpoint_s: float | None = None  # how long the reported checkpoint took to write
+
+    @property
+    def checkpoint(self) -> Checkpoint | None:
+        """The checkpoint the report names, at its own step (its directory's name): a
+        `completed` or `preempting` report names the last checkpoint, taken at or before the
+        report's step; None when there is none, or the URI names no checkpoint directory."""
+        if not self.checkpoint_uri:
+            return None
+        step = parse_checkpoint_step(self.checkpoint_uri)
+        return None if step is None else Checkpoint(step, self.checkpoint_uri.rstrip("/"))
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ def trainer_health(run: Run, obs: TrainerReported, ctx: Context,
     attempts[attempt.number - 1] = replace(attempt, last_report_at=max(
         obs.at, attempt.last_report_at or obs.at))
     run = replace(run, attempts=tuple(attempts), health=health)
-    if obs.checkpoint_uri and obs.step is not None:
+    if obs.checkpoint is not None:
         run = _known_checkpoint(run, ctx, obs)
     if slow is not None:
         run = _on_slow(run, ctx, slow)
@@ -92,14 +92,15 @@ def trainer_health(run: Run, obs: TrainerReported, ctx: Context,
 
 def _known_checkpoint(run: Run, ctx: Context, obs: TrainerReported) -> Run:
     """Remember a reported checkpoint (with its metric, for keep-best) and when it arrived."""
-    assert obs.step is not None and obs.checkpoint_uri
+    reported = obs.checkpoint
+    assert reported is not None
     metric_name = ctx.health.keep_best_metric
     metric = obs.metrics.get(metric_name) if metric_name else None
-    known = hp.KnownCheckpoint(obs.step, obs.checkpoint_uri, obs.at, metric, obs.checkpoint_s)
-    others = tuple(c for c in run.health.checkpoints if c.step != obs.step)
+    known = hp.KnownCheckpoint(reported.step, reported.uri, obs.at, metric, obs.checkpoint_s)
+    others = tuple(c for c in run.health.checkpoints if c.step != reported.step)
     checkpoints = tuple(sorted((*others, known), key=lambda c: c.step))[-KNOWN_CHECKPOINTS_LIMIT:]
     health = replace(run.health, checkpoints=checkpoints)
-    if run.latest_checkpoint is not None and run.latest_checkpoint.step == obs.step:
+    if run.latest_checkpoint is not None and run.latest_checkpoint.step == reported.step:
         health = replace(health, checkpoint_at=obs.at)
     return replace(run, health=health)
 

@@ -66,22 +66,26 @@ def unproven(run: Run, report: TrainerReported, message: SignedMessage) -> str |
 # ---------------------------------------------------------------- checkpoints
 
 def checkpoint_outside(run: Run, uri: str, step: int) -> str | None:
-    """Why a reported checkpoint is not the run's own checkpoint of that step; None when it is.
+    """Why a checkpoint a report of `step` names is not one of the run's own; None when it is.
 
-    It must be exactly {the run's checkpoint root}/step-{step:010d} (trailing '/' aside): no
-    other bucket, no other run's prefix, no '.' or '..' or empty path segment. Whether it exists
-    complete is the shell's to check (CheckpointStore.complete_step)."""
+    It must be exactly {the run's checkpoint root}/step-{N:010d} (trailing '/' aside) for an N
+    at most the reported step (`completed` and `preempting` name the last checkpoint): no other
+    bucket, no other run's prefix, no '.' or '..' or empty path segment. Whether it exists
+    complete at N is the shell's to check (CheckpointStore.complete_step)."""
     root = run.checkpoint_uri.rstrip("/")
     given = uri.rstrip("/")
     _, sep, path = given.partition("://")
     segments = (path if sep else given.removeprefix("/")).split("/")
     if any(s in ("", ".", "..") for s in segments) or "\\" in given:
         return f"checkpoint URI {uri[:200]!r} has an empty, '.' or '..' segment"
-    expected = contract.checkpoint_uri(root, step)
     if not given.startswith(root + "/"):
         return f"checkpoint {uri[:200]!r} is not under the run's checkpoint root {root!r}"
-    if given != expected:
-        return f"checkpoint {uri[:200]!r} is not the run's checkpoint of step {step} ({expected})"
+    named = contract.parse_checkpoint_step(given)
+    if named is None or given != contract.checkpoint_uri(root, named):
+        return (f"checkpoint {uri[:200]!r} is not a checkpoint directory of the run "
+                f"({contract.checkpoint_uri(root, step)} for step {step})")
+    if named > step:
+        return f"checkpoint of step {named} is newer than the report's step {step}"
     return None
 
 

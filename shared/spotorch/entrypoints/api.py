@@ -2,6 +2,10 @@
 
 Times are ISO 8601 (UTC). GET /runs lists every run newest first: ?status=active,FAILED
 &pipeline=NAME&since=6h|ISO&limit=N&page_token=T; the reply carries next_page_token.
+
+Ids that name documents (run, pipeline, request ids) are checked before anything reads: a
+request the API cannot act on answers 400 with the reason and is recorded in rejected_events
+(event type "api METHOD /action"), never a 5xx; an unknown run or pipeline answers 409.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ Times are ISO 8601 (UTC). GET /runs lists every run newest first: ?status=active
 
 Ids that name documents (run, pipeline, request ids) are checked before anything reads: a
 request the API cannot act on answers 400 with the reason and is recorded in rejected_events
-(event type "api METHOD /action"), never a 5xx; an unknown run or pipeline answers 409.
+(event type "api METHOD /action"), never a 5xx; an unknown run answers 404 on GET /run and
+409 on the actions, as an unknown pipeline does.
 """
 
 from __future__ import annotations

@@ -98,8 +98,10 @@ SCENARIOS: Mapping[str, Scenario] = {
                   "decision_interval": "2s", "spot_cooldown": "10m",
                   "spot_probes": {"enabled": True, "wait": "4s", "billed_estimate": "2s"}},
         # Spot is back 34 s after the emulator starts: after both stockouts, while on standard.
+        # The standard attempt trains long enough (about 32 s) for a probe to follow the
+        # minimum dwell of the move (one restart overhead) and the run to go back to Spot.
         vertex_schedule={"stockouts": [{"from_s": 0, "for_s": 34}]},
-        trainer_env={**_TRAINER_ENV, "EXAMPLE_TOTAL_STEPS": "400", "EXAMPLE_STEP_SLEEP": "0.06"},
+        trainer_env={**_TRAINER_ENV, "EXAMPLE_TOTAL_STEPS": "400", "EXAMPLE_STEP_SLEEP": "0.08"},
         regions=("us-central1", "europe-west4"),
     ),
     "user-error": Scenario(

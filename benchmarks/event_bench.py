@@ -51,11 +51,16 @@ def message(payload: dict[str, Any], attributes: dict[str, str], event_id: str) 
                        "subscription": "projects/p/subscriptions/s"})
 
 
-def progress_event(run_id: str, step: int) -> CloudEvent:
+def progress_event(run_id: str, step: int, key: str) -> CloudEvent:
+    """A progress report as spotorch_trainer publishes it, signed with its attempt's key."""
+    from spotorch_trainer import contract
+
     report = {"event_id": f"{run_id}/1/progress/{step}", "kind": "progress", "run_id": run_id,
               "attempt": 1, "step": step, "total_steps": 100000,
               "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    return message(report, {"spotorch_source": "trainer"}, f"m-{run_id}-{step}")
+    signature = contract.sign_report(key, json.dumps(report).encode())  # message() dumps alike
+    return message(report, {"spotorch_source": "trainer", "attempt": "1",
+                            contract.ATTR_SIGNATURE: signature}, f"m-{run_id}-{step}")
 
 
 def build(project: str) -> tuple[Deps, FirestoreDocumentStore, InMemoryLauncher]:
@@ -81,8 +86,13 @@ def bench_throughput(deps: Deps, docs: FirestoreDocumentStore, runs: int, events
     for run_id in run_ids:
         start_run(deps, "bench", run_id=run_id, data_uri="gs://b/x/", snapshot_id=run_id,
                   reason="benchmark")
+    keys = {}
+    for run_id in run_ids:  # what each run's job finds in its environment
+        run, _ = deps.runs.load(run_id)
+        keys[run_id] = run.attempts[0].report_key if run is not None else ""
     # Spread progress reports over the runs, as many trainers reporting at once would.
-    work = [progress_event(run_ids[i % runs], i + 1) for i in range(events)]
+    work = [progress_event(run_ids[i % runs], i + 1, keys[run_ids[i % runs]])
+            for i in range(events)]
     latencies: list[float] = []
     lock = threading.Lock()
     docs.round_trips = 0

@@ -33,7 +33,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "shared"))
 
-from spotorch.core.policy import DeadlineTuning, deadline_policy, uniform_progress
+from spotorch.core.pipeline import Capacity
+from spotorch.core.policy import DeadlineTuning, PolicyView, deadline_policy, uniform_progress
 from spotorch.sim.simulate import (
     POLICIES,
     Flex,
@@ -72,23 +73,29 @@ COOLDOWN_S = 7200.0  # RecoveryPolicy.spot_cooldown_s, the domain's default
 PROBE_BILLED_S = (300.0, 900.0)  # billed time of a probe that found capacity
 DEFAULT_PROBE = Probes()  # 300 s billed, 300 s latency, 600 s wait
 PRODUCTION = "@production"  # suffix of the production-view replays' names
-# (name, policy, view, probes, flex): every replay beside the visible-view POLICIES.
-REPLAYS = (
-    [(f"{name} {PRODUCTION}", policy, View.PRODUCTION, DEFAULT_PROBE, None)
+# (name, policy, view, probes, flex[, min_dwell]): every replay beside the visible-view POLICIES.
+Replay = tuple[str, Callable[[PolicyView], Capacity], View, Probes | None, Flex | None, bool]
+REPLAYS: list[Replay] = (
+    [(f"{name} {PRODUCTION}", policy, View.PRODUCTION, DEFAULT_PROBE, None, True)
      for name, policy in (("deadline", deadline_policy), ("uniform_progress", uniform_progress))]
-    + [(f"deadline {PRODUCTION} no probes", deadline_policy, View.PRODUCTION, None, None)]
+    + [(f"deadline {PRODUCTION} no probes", deadline_policy, View.PRODUCTION, None, None, True)]
     + [(f"deadline {PRODUCTION} probe {billed:.0f} s", deadline_policy, View.PRODUCTION,
-        Probes(billed_s=billed), None) for billed in PROBE_BILLED_S if billed != DEFAULT_PROBE.billed_s]
-    + [(f"deadline {PRODUCTION} flex", deadline_policy, View.PRODUCTION, DEFAULT_PROBE, Flex())])
+        Probes(billed_s=billed), None, True)
+       for billed in PROBE_BILLED_S if billed != DEFAULT_PROBE.billed_s]
+    + [(f"deadline {PRODUCTION} flex", deadline_policy, View.PRODUCTION, DEFAULT_PROBE, Flex(),
+        True)])
 DEADLINE_PRODUCTION = f"deadline {PRODUCTION}"
+# Production's minimum dwell between moves (policy.may_switch), replayed off to measure it.
+NO_DWELL = f"deadline {PRODUCTION} no dwell"
 # The switch-back hysteresis, off by default, replayed beside it in both views.
 HYSTERESIS = DeadlineTuning(switch_after_overheads=0.5)
 HYST, HYST_PRODUCTION = "deadline hysteresis", f"deadline hysteresis {PRODUCTION}"
 REPLAYS = [
     *REPLAYS,
-    (HYST, functools.partial(deadline_policy, tuning=HYSTERESIS), View.VISIBLE, None, None),
+    (HYST, functools.partial(deadline_policy, tuning=HYSTERESIS), View.VISIBLE, None, None, True),
     (HYST_PRODUCTION, functools.partial(deadline_policy, tuning=HYSTERESIS), View.PRODUCTION,
-     DEFAULT_PROBE, None)]
+     DEFAULT_PROBE, None, True),
+    (NO_DWELL, deadline_policy, View.PRODUCTION, DEFAULT_PROBE, None, False)]
 UP_PRODUCTION = f"uniform_progress {PRODUCTION}"
 
 
@@ -156,8 +163,8 @@ def run_job(job: Job) -> list[tuple[Cell, RunRecord]]:
         keys = [k for k in starts if k in by_deadline[d]]
         wins = [by_deadline[d][k] for k in keys]
         views = {name: (policy, dataclasses.replace(sc, view=view, spot_cooldown_s=COOLDOWN_S,
-                                                    probes=probes, flex=flex))
-                 for name, policy, view, probes, flex in REPLAYS}
+                                                    probes=probes, flex=flex, min_dwell=dwell))
+                 for name, policy, view, probes, flex, dwell in REPLAYS}
         for key, win, record in zip(keys, wins, evaluate(wins, sc, ONLINE), strict=True):
             extra: dict[str, Outcome] = {name: run_online(win, replay_sc, policy)
                                          for name, (policy, replay_sc) in views.items()}
@@ -393,6 +400,27 @@ def hysteresis_table(cells: Cells, hours: dict[str, float]) -> str:
                   "production: default", "production: hysteresis",
                   "production / visible: default", "production / visible: hysteresis",
                   "hysteresis: probe cost per run"], rows)
+
+
+def dwell_table(cells: Cells) -> str:
+    """Production's view with and without the minimum dwell between moves, every cell."""
+    if not all(NO_DWELL in r.outcomes for recs in cells.values() for r in recs):
+        return "(not replayed in these saved results)"
+    rows = []
+    for (o, d), recs in sorted(cells.items()):
+        rows.append([f"{o:g}", f"{d:g}", f"{ratio(recs, DEADLINE_PRODUCTION):.3f}",
+                     f"{ratio(recs, NO_DWELL):.3f}",
+                     f"{dwell_cost(recs):.4f}",
+                     f"{mean_of(recs, DEADLINE_PRODUCTION, 'changeovers'):.2f}",
+                     f"{mean_of(recs, NO_DWELL, 'changeovers'):.2f}",
+                     f"{met(recs, DEADLINE_PRODUCTION):.3f}", f"{met(recs, NO_DWELL):.3f}"])
+    return table(["overhead h", "deadline h", "with the dwell", "without", "with / without",
+                  "moves per run, with", "without", "deadline met, with", "without"], rows)
+
+
+def dwell_cost(recs: Sequence[RunRecord]) -> float:
+    """Mean cost of production's view with the minimum dwell over the same without it."""
+    return float(costs(recs, DEADLINE_PRODUCTION).mean() / costs(recs, NO_DWELL).mean())
 
 
 def held_out(cells: Cells, hours: dict[str, float]) -> str:
@@ -723,15 +751,16 @@ def report(args: argparse.Namespace, paths: tuple[str, ...], cells: Cells,
     fam_table, worse, prod_misses = families(cells)
     both_s = times["grid"].wall_s + times["regions"].wall_s
     parts = {"headline": headline(cells), "families": fam_table, "held_out": held_out(cells, hours),
-             "hysteresis": hysteresis_table(cells, hours),
+             "hysteresis": hysteresis_table(cells, hours), "dwell": dwell_table(cells),
              "assessment": assessment(cells, worse, prod_misses, both_s,
                                       times["grid"].cpu_s + times["regions"].cpu_s),
              "production": production(cells), "flex": flex_table(cells),
              "regions": region_table(regions)}
     if rows:
         parts["bound"] = bound_table(rows)
-    print(parts["headline"], parts["assessment"], parts["production"], parts["flex"],
-          parts["regions"], parts["families"], parts["held_out"], parts.get("bound", ""),
+    print(parts["headline"], parts["assessment"], parts["production"], parts["dwell"],
+          parts["flex"], parts["regions"], parts["families"], parts["held_out"],
+          parts.get("bound", ""),
           sep="\n\n", flush=True)
     parts["why"] = why(cells, rows)
     print("\n" + parts["why"])
@@ -749,6 +778,10 @@ def render(parts: dict[str, str], cells: Cells, traces: list[Trace], skipped: li
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     bound = parts.get("bound", "(skipped: --markov-runs 0)")
     replays = len(POLICIES) + len(REPLAYS)
+    measured = [dwell_cost(recs) for recs in cells.values()
+                if all(NO_DWELL in r.outcomes for r in recs)]
+    dwell_range = (f"{min(measured):.4f} to {max(measured):.4f} times the cost without it"
+                   if measured else "not replayed")
     return f"""# Escalation policy benchmark
 
 Generated by `benchmarks/policy_bench.py` on {now}; do not edit the figures by hand. Reproduce:
@@ -770,30 +803,19 @@ line, in either view:
 
 ## What changed since the previous version of this page
 
-- **Runtime.** The offline optimum is computed once per window start, at the longest deadline
-  whose window fits, and read off at every shorter deadline (`optimal_at`: the forward DP's
-  values do not depend on the deadline; tests/test_simulate.py checks equality with separate
-  runs); its batches are sized to the L2 cache; the replay builds its PolicyView per tick without
-  the frozen dataclass's per-field `__setattr__`. Checked before the policy change: every
-  outcome of every policy, view and window in the grid, and the region table, identical to the
-  previous code's (`--save` of both, compared window by window), and the grid's CPU time fell
-  from 449 s to 285 s for the same 11 replays (two hysteresis replays, below, were added
-  since; "Time" above is with them).
-- **Policy: a switch-back hysteresis, measured and left off.** On standard, the deadline
-  policy can wait until Spot's return is some restart overheads old before leaving
-  (`DeadlineTuning.switch_after_overheads`, `PolicyView.spot_up_s`): on the public traces a
-  quarter to a third of Spot's returns last 15 min or less, and a return that ends inside the
-  launch overhead costs two launches and buys nothing. The simulator reports the age in both
-  views (visible: the trace's; production: since a probe found capacity, across probes
-  launched back to back, whose VMs each saw capacity without a break). Tuned on the tuning half
-  (half an overhead: one tick at 0.1 h, two at 0.2 h), it is replayed beside the default in
-  every cell (section "Switch-back hysteresis"): it gains at 0.2 h and on the held-out half
-  too, but loses at 0.1 h, loses up to 3% on memoryless (Markov) availability, raises
-  production's ratio to the visible view, and meets no target the default misses. So the
-  default is 0 (off) and every other figure on this page is the default policy, unchanged from
-  the previous page.
-- Everything else (the published Uniform Progress, both views, probes and their default
-  prices, FLEX_START, regions by history) is as on the previous page.
+- **Production: a minimum dwell between moves (issue 27).** A run on the live service no
+  longer moves between Spot and standard within one restart overhead (and one decision
+  interval) of its last move, unless the deadline forces standard (`policy.MIN_DWELL_OVERHEADS`,
+  `policy.may_switch`): a move reversed sooner buys nothing, its attempt had not done useful
+  work, and each move costs a restart (one run had flapped Spot -> standard -> Spot 8 times in
+  58 s). decide.py's tick switch, a probe's answer and the launch of a probe apply it, and so
+  does the simulator's production view, through the same function; the visible view is the
+  papers' setting and has no such rule, like the cooldown. Its cost, against the same replay
+  without it (section "Minimum dwell"): {dwell_range}, by cell. Every production-view figure
+  on this page is with the dwell; the visible-view figures are unchanged.
+- Everything else (the policies and their knobs, the published Uniform Progress, probes and
+  their default prices, FLEX_START, regions by history, the switch-back hysteresis measured and
+  left off) is as on the previous page.
 
 ## Setup
 
@@ -824,9 +846,10 @@ line, in either view:
   is queued). Without probes, standard assumes Spot back once the core's cooldown
   ({COOLDOWN_S / 60:.0f} min, `RecoveryPolicy.spot_cooldown_s`) has passed, as production does
   without probes. Both views run the same policy functions and the core's cooldown rules
-  (`core.escalation.spot_cooling`, `spot_cooldown_until`). The live service probes the same way
-  (`recovery.spot_probes`, on by default with the deadline policy; docs/pipelines.md "Spot
-  probes"): each tick on standard asks `policy.probe_worth`, a probe's RUNNING is its yes (seen
+  (`core.escalation.spot_cooling`, `spot_cooldown_until`); production's view also applies the
+  service's minimum dwell between moves (`core.policy.may_switch`). The live service probes the
+  same way (`recovery.spot_probes`, on by default with the deadline policy; docs/pipelines.md
+  "Spot probes"): each tick on standard asks `policy.probe_worth`, a probe's RUNNING is its yes (seen
   by the next listing or its job-state line: the latency above), and the deadline policy is
   asked again with Spot seen; `tests/test_e2e.py`'s stockout story runs it on the local stack.
 
@@ -856,6 +879,15 @@ visible-view deadline policy's). "Probes per run": probes launched (most find no
 cost nothing); their cost is in every figure.
 
 {parts["production"]}
+
+## Minimum dwell
+
+Production's view with probes, the deadline policy with the service's minimum dwell between
+moves (one restart overhead, at least one tick; the deadline may force standard through it)
+and without it: mean cost over the optimum's, their ratio, moves between capacities per run
+(`changeovers`), and the share of deadlines met.
+
+{parts["dwell"]}
 
 ## FLEX_START
 

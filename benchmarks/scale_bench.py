@@ -281,12 +281,26 @@ def _iso(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e6):06d}Z"
 
 
-def report_event(run_id: str, step: int, at: float) -> CloudEvent:
+def report_event(run_id: str, step: int, at: float, key: str) -> CloudEvent:
+    """A progress report as spotorch_trainer publishes it, signed with its attempt's key."""
+    from spotorch_trainer import contract
+
     report = {"event_id": f"{run_id}/1/progress/{step}", "kind": "progress", "run_id": run_id,
               "attempt": 1, "step": step, "total_steps": 1_000_000, "time": _iso(at),
               "report_interval_s": REPORT_INTERVAL_S}
-    return pubsub_event(json.dumps(report).encode(), {"spotorch_source": "trainer"},
+    data = json.dumps(report).encode()
+    return pubsub_event(data, {"spotorch_source": "trainer", "attempt": "1",
+                               contract.ATTR_SIGNATURE: contract.sign_report(key, data)},
                         f"m-{run_id}-{step}")
+
+
+def attempt_keys(w: World, run_ids: Sequence[str]) -> dict[str, str]:
+    """Each run's first attempt's report key: what its job finds in its environment."""
+    keys: dict[str, str] = {}
+    for run_id in run_ids:
+        run, _ = w.deps.runs.load(run_id)
+        keys[run_id] = run.attempts[0].report_key if run is not None and run.attempts else ""
+    return keys
 
 
 def trainer_reports(w: World, run_ids: Sequence[str]) -> dict[str, Any]:
@@ -312,12 +326,13 @@ def trainer_reports(w: World, run_ids: Sequence[str]) -> dict[str, Any]:
         return len(w.docs.inner.client.collection(COLLECTION_REJECTED).get())
 
     rejected_before = rejected()
+    keys = attempt_keys(w, run_ids)
     alone_ids = run_ids[: min(100, len(run_ids))]
     w.docs.reset()
-    alone = [post(report_event(r, 10, time.time())) for r in alone_ids]  # one at a time
+    alone = [post(report_event(r, 10, time.time(), keys[r])) for r in alone_ids]  # one by one
     time.sleep(1.1)  # past the coalescing interval: the burst's reports are all written
     w.docs.reset()
-    burst = [report_event(r, 20, time.time()) for r in run_ids]
+    burst = [report_event(r, 20, time.time(), keys[r]) for r in run_ids]
     t0 = time.perf_counter()
     with ThreadPoolExecutor(EVENT_THREADS) as pool:
         latencies = sorted(pool.map(post, burst))

@@ -155,6 +155,16 @@ resource "google_storage_bucket_iam_member" "functions_checkpoints" {
   member   = local.functions_member
 }
 
+# Python packages (python_package pools): before a launch the functions upload the built packages
+# the staging bucket lacks (create-if-absent: names are content hashes, nothing is overwritten,
+# so creating is all it takes).
+resource "google_storage_bucket_iam_member" "functions_staging" {
+  for_each = local.staging_buckets
+  bucket   = each.value
+  role     = "roles/storage.objectCreator"
+  member   = local.functions_member
+}
+
 # Snapshot completion: read marker / manifest objects and list a snapshot's prefix.
 resource "google_storage_bucket_iam_member" "functions_read_landing" {
   for_each = local.landing_buckets
@@ -181,6 +191,14 @@ resource "google_storage_bucket_iam_member" "training_read_data" {
 
 # Write, overwrite and prune checkpoints and models. objectUser is objectAdmin without the
 # right to change object ACLs/IAM, which a trainer never needs.
+# Vertex's prebuilt container downloads the job's package_uris as the job's account.
+resource "google_storage_bucket_iam_member" "training_read_staging" {
+  for_each = local.staging_buckets
+  bucket   = each.value
+  role     = "roles/storage.objectViewer"
+  member   = local.training_member
+}
+
 resource "google_storage_bucket_iam_member" "training_write" {
   for_each = local.training_buckets
   bucket   = each.value

@@ -36,6 +36,7 @@ locals {
   checkpoint_buckets = toset(concat(var.checkpoint_buckets, var.pipeline_checkpoint_buckets))
   model_buckets      = toset(concat(var.model_buckets, var.pipeline_model_buckets))
   training_buckets   = setunion(local.checkpoint_buckets, local.model_buckets)
+  staging_buckets    = toset(var.pipeline_staging_buckets)
 
   # The topics a dead letter can come from (those our push subscriptions read): operators may
   # replay to each of them.

@@ -8,8 +8,10 @@ import argparse
 import importlib
 import json
 import modulefinder
+import py_compile
 import re
 import sys
+import tempfile
 import tomllib
 import zipfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -61,6 +63,7 @@ class Needs:
     service_accounts: tuple[str, ...] = ()  # job.service_account: the functions launch as them
     route_env: tuple[str, ...] = ()  # route targets naming env variables: notifier secrets
     route_secrets: tuple[str, ...] = ()  # sm:// route targets: the notifier reads them
+    staging: tuple[str, ...] = ()  # job.staging_uri buckets: functions upload packages, jobs read
     # (account, bucket) of pipelines with their own job.service_account: the data it reads, the
     # checkpoints and models it writes (the training account's grants, for that pipeline only)
     account_data: tuple[tuple[str, str], ...] = ()
@@ -76,6 +79,7 @@ class Needs:
                 "pipeline_service_accounts": list(self.service_accounts),
                 "pipeline_route_env": list(self.route_env),
                 "pipeline_route_secrets": list(self.route_secrets),
+                "pipeline_staging_buckets": list(self.staging),
                 "pipeline_account_data_buckets": pairs(self.account_data),
                 "pipeline_account_output_buckets": pairs(self.account_output)}
 
@@ -262,7 +266,8 @@ def _bucket(uri: Any) -> str | None:
 
 
 # Where a pipeline names a bucket: key in the YAML -> which kind of bucket it is.
-_URI_KEYS = {"checkpoint_uri": "checkpoint", "output_uri": "model", "base_output_uri": "model"}
+_URI_KEYS = {"checkpoint_uri": "checkpoint", "output_uri": "model", "base_output_uri": "model",
+             "staging_uri": "staging"}
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")  # what the notifier takes for an env variable
 _SECRET_REF = re.compile(r"^sm://(projects/[^/]+/secrets/[^/]+)(/versions/[^/]+)?$")
 # sm:// route targets are resolved by the notifier at run time with this optional client.
@@ -305,7 +310,8 @@ def _walk(node: Any) -> Iterator[tuple[str, str]]:
 
 def pipeline_needs(files: Iterable[Path]) -> Needs:
     """What pipeline files need; a file that is not valid YAML stops the build."""
-    kinds = ("landing", "checkpoint", "model", "service_accounts", "route_env", "route_secrets")
+    kinds = ("landing", "checkpoint", "model", "service_accounts", "route_env", "route_secrets",
+             "staging")
     found: dict[str, set[str]] = {kind: set() for kind in kinds}
     data: set[tuple[str, str]] = set()
     output: set[tuple[str, str]] = set()
@@ -320,7 +326,7 @@ def pipeline_needs(files: Iterable[Path]) -> Needs:
                 found[kind].add(value)
                 mine[kind].add(value)
             for account in mine["service_accounts"]:
-                data |= {(account, b) for b in mine["landing"]}
+                data |= {(account, b) for b in mine["landing"] | mine["staging"]}
                 output |= {(account, b) for b in mine["checkpoint"] | mine["model"]}
     return Needs(**{kind: tuple(sorted(found[kind])) for kind in kinds},
                  account_data=tuple(sorted(data)), account_output=tuple(sorted(output)))
@@ -379,6 +385,51 @@ def check_with_loader(root: Path, pipelines: Path) -> int | None:
         raise PackageError(f"pipelines in {pipelines} do not load: {exc}") from exc
 
 
+def compiled_pipelines(root: Path, pipelines: Path) -> dict[str, bytes]:
+    """pipelines/pipelines.json: the validated pipelines in the form the functions read without
+    pydantic or YAML (spotorch.spec.compiled), with the hashes of the YAML files it came from;
+    and pipelines/packages/...: the Python packages built for them (spotorch.spec.packages)."""
+    check_with_loader(root, pipelines)  # puts shared/ on the path; PackageError if invalid
+    loader = importlib.import_module("spotorch.spec.loader")
+    compiled = importlib.import_module("spotorch.spec.compiled")
+    packages = importlib.import_module("spotorch.spec.packages")
+    with tempfile.TemporaryDirectory(prefix="spotorch-bundle-") as tmp:
+        try:
+            staged = packages.stage(loader.load_pipelines(str(pipelines)), Path(tmp))
+        except Exception as exc:  # a package that does not build would not run either
+            raise PackageError(f"the pipelines' Python packages do not build: {exc}") from exc
+        doc = compiled.compiled_document(staged, pipelines)
+        out = {f"{BUNDLE_PIPELINES}/{p.relative_to(tmp).as_posix()}": p.read_bytes()
+               for p in sorted(Path(tmp).rglob("*")) if p.is_file()}
+    out[f"{BUNDLE_PIPELINES}/pipelines.json"] = json.dumps(doc, sort_keys=True).encode()
+    return out
+
+
+RUNTIME_PYTHON = (3, 11)  # var.python_runtime's default (python311): the bytecode is for it
+
+
+def bytecode(files: Mapping[str, Path]) -> dict[str, bytes]:
+    """__pycache__/*.pyc of every Python file in the bundle, hash-checked (valid whatever mtime
+    the build gives the sources; recompiled by Python if a source differs): a cold instance
+    loads spotorch's modules instead of compiling them, as it does for pip-installed clients.
+    Nothing when this Python is not the runtime's (its bytecode would be ignored)."""
+    if sys.version_info[:2] != RUNTIME_PYTHON:
+        return {}
+    tag = sys.implementation.cache_tag
+    out: dict[str, bytes] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, path in files.items():
+            if not name.endswith(".py"):
+                continue
+            folder, _, stem = name.rpartition("/")
+            target = f"{folder + '/' if folder else ''}__pycache__/{stem[:-3]}.{tag}.pyc"
+            cfile = Path(tmp) / target
+            py_compile.compile(str(path), cfile=str(cfile), dfile=name, doraise=True,
+                               invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+            out[target] = cfile.read_bytes()
+    return out
+
+
 def write_zip(out: Path, files: Mapping[str, Path], extra: Mapping[str, bytes]) -> None:
     """A deterministic zip: sorted names, fixed dates, fixed permissions."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -401,9 +452,9 @@ def build(root: Path, pipelines: Path, out: Path, tfvars: Path | None = None,
     check_placeholders(root, pipeline_paths)
     needs = pipeline_needs(pipeline_paths)
     requirements = bundle_requirements(locked_requirements(root), needs)
-    if validate:
-        check_with_loader(root, pipelines)
-    extra = {"requirements.txt": ("\n".join(requirements) + "\n").encode()}
+    extra = {"requirements.txt": ("\n".join(requirements) + "\n").encode(), **bytecode(files)}
+    if validate:  # validated here, read cold by the functions (docs/architecture.md, cold start)
+        extra.update(compiled_pipelines(root, pipelines))
     if prices is not None:
         extra[BUNDLE_PRICES] = check_prices(root, prices)
     write_zip(out, files, extra)

@@ -60,8 +60,14 @@ variable "pipeline_service_accounts" {
   default     = []
 }
 
+variable "pipeline_staging_buckets" {
+  description = "Generated: buckets of the bundled pipelines' job.staging_uri (their built Python packages)."
+  type        = list(string)
+  default     = []
+}
+
 variable "pipeline_account_data_buckets" {
-  description = "Generated: \"account bucket\" -> {account, bucket} for the trigger bucket of each pipeline with its own job.service_account (read)."
+  description = "Generated: \"account bucket\" -> {account, bucket} for the trigger and staging buckets of each pipeline with its own job.service_account (read)."
   type        = map(object({ account = string, bucket = string }))
   default     = {}
 }

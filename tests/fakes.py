@@ -16,6 +16,8 @@ from spotorch.app.deps import Deps
 from spotorch.app.run_store import DocumentRunStore
 from spotorch.core.pipeline import Pipeline
 
+PROJECT = "spotorch-test"  # the project of the fake deployment (log entries name it)
+
 
 def fake_deps(*pipelines: Pipeline, events_topic: str = "") -> Deps:
     """Deps on fresh in-memory adapters, knowing the given pipelines."""
@@ -24,4 +26,4 @@ def fake_deps(*pipelines: Pipeline, events_topic: str = "") -> Deps:
                 checkpoints=InMemoryCheckpoints(), publisher=InMemoryPublisher(),
                 clock=ManualClock(), pipelines={p.name: p for p in pipelines},
                 objects=InMemoryObjectStore(), job_logs=InMemoryJobLogs(),
-                events_topic=events_topic)
+                events_topic=events_topic, project=PROJECT)

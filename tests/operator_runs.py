@@ -76,7 +76,7 @@ def _attempt_runs(deps: Deps, run_id: str, n: int, *, until_step: int, checkpoin
     clock.advance(30)
     job_changed(deps, run_id, n, launcher.set_status(job, JobPhase.RUNNING))
     clock.advance(run_s / 2)
-    ckpt_uri = f"gs://ckpt/ops/{run_id}/step-{checkpoint:07d}"
+    ckpt_uri = deps.checkpoints.put(f"gs://ckpt/ops/{run_id}", checkpoint)  # written, complete
     trainer_reported(deps, run_id, TrainerReported(n, "checkpoint", clock.now(), step=checkpoint,
                                                    total_steps=TOTAL_STEPS,
                                                    checkpoint_uri=ckpt_uri,

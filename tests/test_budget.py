@@ -267,7 +267,7 @@ def test_the_setting_chooses_the_shared_budget(monkeypatch: pytest.MonkeyPatch) 
     assert not Settings.from_env({}).shared_budget
     from spotorch.entrypoints import wiring
 
-    monkeypatch.setattr("spotorch.spec.loader.cached_pipelines", lambda path: ())
+    monkeypatch.setattr("spotorch.spec.compiled.function_pipelines", lambda path: ())
     shared = wiring.production_deps(Settings(project="p", shared_budget=True)).launcher
     own = wiring.production_deps(Settings(project="p")).launcher
     assert isinstance(getattr(shared, "budget", None), SharedRequestBudget)

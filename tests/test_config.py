@@ -65,7 +65,9 @@ def test_the_examples_load() -> None:
     demo = pipelines["demo"]
     assert (demo.trigger.bucket, demo.trigger.prefix) == ("spotorch-landing", "datasets/demo/")
     assert (demo.trigger.batch, demo.trigger.marker) == (BatchMode.MARKER, "_SUCCESS")
-    assert demo.job.worker_pools[0].command == ("python", "examples/train.py")
+    package = demo.job.worker_pools[0].python_package  # the example code, no image
+    assert package is not None and package.python_module == "spotorch_example.train"
+    assert (package.source, demo.job.staging_uri) == ("../trainer", "gs://spotorch-staging/demo")
     assert (demo.checkpoint_uri, demo.output_uri) == ("gs://spotorch-checkpoints/demo",
                                                       "gs://spotorch-models/demo")
     assert demo.deadline_s and demo.recovery.escalation is EscalationKind.DEADLINE
@@ -160,7 +162,7 @@ def test_every_problem_in_a_file_is_reported_with_its_path_and_line(tmp_path: Pa
         "trigger.marker": "ignore rule",
         "trigger.bukcet": "did you mean 'bucket'",
         "job.regions[0]": "not a zone",
-        "job.worker_pools[0].image_uri": "is required",
+        "job.worker_pools[0]": "needs image_uri or python_package",
         "job.worker_pools[0].accelerator_type": "required when accelerator_count",
         "job.worker_pools[0].env.DEBUG": "quote it",
         "output_uri": "is required",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -69,6 +70,17 @@ class ObjectStoreContract:
         (listed,) = store.list_page(bucket, "o/", None, 10).objects
         assert listed.generation == new and listed.size == 5
         assert store.read(bucket, "o/x.csv", new, 100) == b"newer"
+
+    def test_ensure_file_uploads_once_and_never_overwrites(
+            self, store: ObjectStore, bucket: str, tmp_path: Path) -> None:
+        first, second = tmp_path / "a.tar.gz", tmp_path / "b.tar.gz"
+        first.write_bytes(b"package one")
+        second.write_bytes(b"something else")
+        uri = f"gs://{bucket}/packages/0123456789abcdef/a.tar.gz"
+        assert store.ensure_file(uri, str(first))
+        assert not store.ensure_file(uri, str(second))  # there already: left as it was
+        (listed,) = store.list_page(bucket, "packages/", None, 10).objects
+        assert store.read(bucket, listed.name, listed.generation, 100) == b"package one"
 
 
 class TestInMemoryObjectStore(ObjectStoreContract):

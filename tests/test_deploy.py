@@ -1042,7 +1042,14 @@ def test_bundle_contents(pipelines: Path, tmp_path: Path) -> None:
                      "pipelines/demo.yaml"):
         assert required in names, required
     assert "pipelines/notes.txt" not in names
-    assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+    # The only bytecode is the bundle's own: hash-checked, one per bundled module (cold starts).
+    pycs = {n for n in names if "__pycache__" in n or n.endswith(".pyc")}
+    tag = sys.implementation.cache_tag
+    assert pycs == ({f"{n.rpartition('/')[0] + '/' if '/' in n else ''}__pycache__/"
+                     f"{n.rpartition('/')[2][:-3]}.{tag}.pyc" for n in names if n.endswith(".py")}
+                    if sys.version_info[:2] == package.RUNTIME_PYTHON else set())
+    flags = {int.from_bytes(zipfile.ZipFile(out).read(n)[4:8], "little") for n in pycs}
+    assert flags <= {0b11}  # hash-based, checked against the source
     if (ROOT / "schemas" / "events" / "envelope.schema.json").exists():
         assert "schemas/events/envelope.schema.json" in names
     requirements = zipfile.ZipFile(out).read("requirements.txt").decode().splitlines()
@@ -1056,6 +1063,7 @@ def test_bundle_contents(pipelines: Path, tmp_path: Path) -> None:
         "pipeline_service_accounts": ["trainer@p.iam.gserviceaccount.com"],
         "pipeline_route_env": ["TEAM_CHAT_URL"],
         "pipeline_route_secrets": ["projects/p/secrets/oncall"],
+        "pipeline_staging_buckets": [],
         "pipeline_account_data_buckets": {
             "trainer@p.iam.gserviceaccount.com landing-a": {
                 "account": "trainer@p.iam.gserviceaccount.com", "bucket": "landing-a"}},

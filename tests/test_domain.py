@@ -214,12 +214,15 @@ def test_permanent_launch_rejection_fails_the_run() -> None:
     run = new_run(run_id="r1", pipeline=p, now=T0, data_uri="d", snapshot_id=None)
     intent = run.outbox[-1]
     transient = decide(run, LaunchFailed(intent.id, 1, "unavailable", False), Context(p, T0 + 5))
-    assert transient.status is RunStatus.STARTING and intent in transient.outbox
+    # transient: kept, its claim given up, so the next tick tries again (issue 27)
+    again = [i for i in transient.outbox if i.id == intent.id]
+    assert transient.status is RunStatus.STARTING and again and again[0].claimed_until == T0 + 5
     quota = decide(run, LaunchFailed(intent.id, 1, "spent", False, "RESOURCE_EXHAUSTED"),
                    Context(p, T0 + 5))
     kept = [i for i in quota.outbox if i.id == intent.id]
     # refused for quota: kept, its claim given up, so the tick's retry pass may take it now
     assert quota.status is RunStatus.STARTING and kept and kept[0].claimed_until == T0 + 5
+    assert isinstance(kept[0], LaunchIntent) and kept[0].deferred == "RESOURCE_EXHAUSTED"
     run = decide(run, LaunchFailed(intent.id, 1, "PERMISSION_DENIED", True), Context(p, T0))
     assert run.status is RunStatus.FAILED_LAUNCH and "PERMISSION_DENIED" in (run.end_reason or "")
 

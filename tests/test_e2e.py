@@ -104,6 +104,21 @@ class TestDefaultStory:
         assert kinds(r)[0] == "run.created" and kinds(r)[-1] == "run.succeeded"
         assert kinds(r).count("attempt.preempted") == 2 and "run.escalated" in kinds(r)
 
+    def test_the_default_story_runs_its_code_as_a_python_package_on_a_prebuilt_container(
+            self, default_story: DefaultStory) -> None:
+        codes = [a["code"] for a in default_story.report["attempts"]]
+        assert codes[0] == codes[1] == codes[2]  # every attempt ran the same built package
+        code = codes[0]
+        assert code["python_module"] == "spotorch_example.train"
+        assert code["executor_image_uri"] == \
+            "us-docker.pkg.dev/vertex-ai/training/sklearn-cpu.1-0:latest"
+        trainer, example = code["package_uris"]  # content-addressed, spotorch_trainer first
+        assert trainer.startswith("gs://spotorch-staging/demo/packages/")
+        assert trainer.endswith("/spotorch_trainer-0.1.0.tar.gz")
+        assert example.endswith("/spotorch_example-0.1.0.tar.gz")
+        log = next((default_story.demo.work_dir / "stack" / "vertex").glob("*/workerpool0-0.log"))
+        assert "running python -m spotorch_example.train" in log.read_text()
+
     def test_every_published_event_validates_against_its_schema(
             self, default_story: DefaultStory) -> None:
         r = default_story.report
@@ -179,6 +194,81 @@ class TestDefaultStory:
                 browser.close()
         finally:
             server.close()
+
+    def test_forged_reports_and_an_unconfirmed_cancel_line_change_nothing_and_are_recorded(
+            self, default_story: DefaultStory,
+            stack_run: tuple[dict[str, str], Path, Run]) -> None:
+        """Issue 27's "done when", on the local stack: a forged checkpoint report naming another
+        run's checkpoint, a forged `completed` and a real-shaped cancel line for a job Vertex
+        runs change nothing and are recorded; the trainer's own signed reports are applied."""
+        from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
+        from spotorch.app.run_store import DocumentRunStore
+        from spotorch.settings import TOPIC_JOB_EVENTS, TOPIC_TRAINER_EVENTS
+        from spotorch_trainer import contract
+
+        env, state, story = stack_run
+        stack = default_story.demo.stack
+        docs = FirestoreDocumentStore(project=stack.project)
+        runs = DocumentRunStore(docs)
+        submitted = spotorch(env, state, "submit", "demo", story.data_uri, "--request-id",
+                             "forged", "--json")
+        assert submitted.returncode == 0, submitted.stderr
+        run_id = json.loads(submitted.stdout)["run_id"]
+        deadline = time.monotonic() + 60
+        while True:  # running, and its trainer's signed reports believed
+            live, _ = runs.load(run_id)
+            assert live is not None and time.monotonic() < deadline, live
+            if live.current and live.current.state == "RUNNING" and live.progress.step > 0:
+                break
+            time.sleep(0.2)
+        assert story.latest_checkpoint is not None
+        job_id = (live.current.job_name or "").rsplit("/", 1)[1]
+        stamp = contract.rfc3339(time.time())
+
+        def trainer(kind: str, step: int, **extra: Any) -> bytes:
+            return json.dumps({"event_id": f"{run_id}/1/{kind}/forged-{step}", "kind": kind,
+                               "run_id": run_id, "attempt": 1, "pipeline": "demo",
+                               "step": step, "total_steps": 600, "time": stamp,
+                               **extra}).encode()
+
+        trainer_attrs = {"spotorch_source": "trainer", "attempt": "1"}
+        forged = {
+            "checkpoint": stack.publish(TOPIC_TRAINER_EVENTS, trainer(
+                "checkpoint", story.latest_checkpoint.step,
+                checkpoint_uri=story.latest_checkpoint.uri), **trainer_attrs),
+            "completed": stack.publish(TOPIC_TRAINER_EVENTS, trainer("completed", 600),
+                                       **trainer_attrs),
+            "cancel line": stack.publish(TOPIC_JOB_EVENTS, json.dumps({
+                "logName": f"projects/{stack.project}/logs/ml.googleapis.com%2F{job_id}",
+                "resource": {"type": "ml_job", "labels": {"job_id": job_id,
+                                                          "project_id": stack.project,
+                                                          "task_name": "service"}},
+                "textPayload": "Job is being cancelled.", "timestamp": stamp,
+                "severity": "INFO", "insertId": "forged-1"}).encode(),
+                **{"logging.googleapis.com/timestamp": stamp}),
+        }
+        reasons: dict[str, str] = {}
+        deadline = time.monotonic() + 30
+        while len(reasons) < len(forged) and time.monotonic() < deadline:
+            for what, message_id in forged.items():
+                record, _ = docs.get("rejected_events", message_id)
+                if record is not None:
+                    reasons[what] = str(record["reason"])
+            time.sleep(0.2)
+        assert set(reasons) == set(forged), reasons
+        assert "unsigned" in reasons["checkpoint"] and "unsigned" in reasons["completed"]
+        assert "the line says CANCELLING" in reasons["cancel line"], reasons
+        after, _ = runs.load(run_id)
+        assert after is not None
+        assert after.latest_checkpoint is None or \
+            after.latest_checkpoint.uri.startswith(after.checkpoint_uri + "/")
+        assert after.progress.step < 600 and after.status != "CANCELLING"
+        assert after.attempts[0].state != "CANCELLING" or after.attempts[0].cancel_reason
+        cancelled = spotorch(env, state, "cancel", run_id, "--json")  # done with it
+        assert cancelled.returncode == 0, cancelled.stderr
+        for attempt in runs.load(run_id)[0].attempts:  # type: ignore[union-attr]
+            assert attempt.resumed_from_uri is None or \
+                attempt.resumed_from_uri.startswith(after.checkpoint_uri + "/")
 
     def test_actions_through_the_stacks_api_function(
             self, stack_run: tuple[dict[str, str], Path, Run]) -> None:
@@ -309,3 +399,12 @@ def test_sweep_scenario_stops_one_trial_resumes_preempted_ones_and_registers_the
     assert best["status"] == "SUCCEEDED" and best["metric"] is not None
     assert r["model_name"].startswith("projects/") and "/models/" in r["model_name"]
     assert all(t["experiment_run"] for t in trials)
+
+
+def test_quota_scenario_moves_to_another_region_and_never_retries_the_refusal() -> None:
+    r = report("quota")
+    assert r["status"] == "SUCCEEDED", r.get("end_reason")
+    refused, trained = r["attempts"]  # one refusal, never tried again
+    assert (refused["region"], refused["failure_class"]) == ("us-central1", "quota")
+    assert "custom_model_training_preemptible_nvidia_l4_gpus" in refused["end_reason"]
+    assert (trained["region"], trained["state"]) == ("europe-west4", "SUCCEEDED")

@@ -14,16 +14,19 @@ from typing import Any
 
 import pytest
 
+from spotorch.adapters.gcp.checkpoints import StorageCheckpointStore
 from spotorch.adapters.gcp.vertex_calls import RetryPolicy
-from spotorch.adapters.memory.twins import InMemoryCheckpoints, InMemoryObjectStore, InMemoryPublisher
+from spotorch.adapters.memory.twins import InMemoryObjectStore, InMemoryPublisher
 from spotorch.app import bootstrap
-from spotorch.app.job_events import trainer_reported
+from spotorch.app.job_events import trainer_message
 from spotorch.app.sweeps import load_sweep, start_sweep, sweep_summary
 from spotorch.app.tick import tick
 from spotorch.core.pipeline import EscalationKind, JobTemplate, Pipeline, RecoveryPolicy, Trigger, WorkerPool
 from spotorch.core.sweep_spec import Goal, MedianStopping, ModelRegistration, Parameter, SweepSpec
 from spotorch.core.sweeps import SweepStatus, TrialStatus, trial_run_id
+from spotorch.core.trust import SignedMessage
 from spotorch.entrypoints.functions import parse_trainer_message
+from spotorch_trainer import contract
 
 pytestmark = [pytest.mark.emulator, pytest.mark.slow, pytest.mark.extended]
 
@@ -86,7 +89,7 @@ def test_a_sweep_runs_its_trials_stops_one_early_resumes_a_preempted_one_and_reg
     deps = bootstrap.deps(
         runs=DocumentRunStore(docs), docs=docs,
         launcher=VertexJobLauncher(project, endpoint=address, retry=retry),
-        checkpoints=InMemoryCheckpoints(), publisher=InMemoryPublisher(),
+        checkpoints=StorageCheckpointStore(), publisher=InMemoryPublisher(),
         clock=SystemClock(), pipelines={pipeline.name: pipeline},
         objects=InMemoryObjectStore(), events_topic=topic,
         models=VertexModelRegistry(project, endpoint=address, retry=retry),
@@ -96,14 +99,19 @@ def test_a_sweep_runs_its_trials_stops_one_early_resumes_a_preempted_one_and_reg
     deadline = time.monotonic() + 150
     sw = None
     next_tick = 0.0
+    rejected: list[str] = []
     while time.monotonic() < deadline:
         response = subscriber.pull(subscription=subscription, max_messages=100, timeout=2)
         for received in response.received_messages:
-            try:
-                report, run_id, event_id = parse_trainer_message(received.message.data)
-                trainer_reported(deps, run_id, report, event_id=event_id or None)
+            try:  # as on_job_event does: the trainer's signature is checked
+                data, attributes = received.message.data, dict(received.message.attributes)
+                report, run_id, event_id = parse_trainer_message(data)
+                signed = SignedMessage(data, attributes.get(contract.ATTR_SIGNATURE, ""),
+                                       attributes.get(contract.ATTR_ATTEMPT, ""))
+                trainer_message(deps, run_id, report, signed, event_id=event_id or None)
             except Exception as exc:  # what entry.guarded would record as rejected
                 print("rejected trainer event:", exc)
+                rejected.append(str(exc))
         if response.received_messages:
             subscriber.acknowledge(subscription=subscription,
                                    ack_ids=[m.ack_id for m in response.received_messages])
@@ -122,6 +130,7 @@ def test_a_sweep_runs_its_trials_stops_one_early_resumes_a_preempted_one_and_reg
     run, _ = deps.runs.load(preempted)
     assert run is not None and run.counters.preemptions >= 1 and len(run.attempts) >= 2
     assert run.attempts[1].resumed_from_step is not None  # resumed from its checkpoint
+    assert not any("sign" in r or "checkpoint" in r for r in rejected), rejected
     assert sw.best is not None and sw.trial(sw.best).status is TrialStatus.SUCCEEDED
     assert sw.model_name and re.fullmatch(
         rf"projects/{project}/locations/{REGION}/models/sweepdemo@\d+", sw.model_name)

@@ -15,6 +15,7 @@ from cloudevents.http import CloudEvent
 
 from fakes import fake_deps
 from spotorch.adapters.memory.twins import (
+    InMemoryCheckpoints,
     InMemoryDocumentStore,
     InMemoryLauncher,
     InMemoryObjectStore,
@@ -79,6 +80,19 @@ def sink_line(job_name: str, text: str, insert_id: str = "i1") -> bytes:
         "insertId": insert_id}).encode()
 
 
+def signed(deps: Deps, report: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
+    """A trainer report as spotorch_trainer publishes it: signed with its attempt's key."""
+    from spotorch_trainer import contract
+
+    run, _ = deps.runs.load(str(report["run_id"]))
+    assert run is not None
+    attempt = run.attempt(int(report["attempt"]))
+    assert attempt is not None and attempt.report_key
+    body = json.dumps(report).encode()
+    return body, {"spotorch_source": "trainer", "attempt": str(report["attempt"]),
+                  contract.ATTR_SIGNATURE: contract.sign_report(attempt.report_key, body)}
+
+
 def landed(deps: Deps, name: str, generation: int = 1) -> None:
     """The object really exists (an event for one that does not is rejected)."""
     assert isinstance(deps.objects, InMemoryObjectStore)
@@ -100,12 +114,12 @@ def test_job_events_and_trainer_reports_drive_the_run(deps: Deps) -> None:
     run = deps.runs.active()[0]
     assert isinstance(deps.launcher, InMemoryLauncher)
     job = deps.launcher.job_of(run.run_id, 1)
+    assert isinstance(deps.checkpoints, InMemoryCheckpoints)
     report = {"event_id": f"{run.run_id}/1/checkpoint/20", "kind": "checkpoint",
               "run_id": run.run_id, "attempt": 1, "step": 20, "total_steps": 100,
-              "checkpoint_uri": "gs://ckpt/demo/x/step-0000000020",
+              "checkpoint_uri": deps.checkpoints.put(run.checkpoint_uri, 20),
               "time": "2026-11-29T10:00:05Z"}
-    resp = post("on_job_event", pubsub_event(json.dumps(report).encode(),
-                                             {"spotorch_source": "trainer"}, "m2"))
+    resp = post("on_job_event", pubsub_event(*signed(deps, report), "m2"))
     assert resp.status_code == 200
     assert isinstance(deps.launcher, InMemoryLauncher)
     deps.launcher.set_status(job, JobPhase.FAILED, failure=FailureClass.PREEMPTED,
@@ -150,6 +164,7 @@ def test_a_log_sink_entry_without_run_labels_is_attributed_through_the_job(deps:
     run = deps.runs.active()[0]
     assert isinstance(deps.launcher, InMemoryLauncher)
     job = deps.launcher.job_of(run.run_id, 1)
+    deps.launcher.set_status(job, JobPhase.RUNNING)  # what Vertex answers when asked
     assert post("on_job_event", pubsub_event(sink_line(job, "Job is running."), {},
                                              "m8")).status_code == 200
     running, _ = deps.runs.load(run.run_id)
@@ -217,7 +232,7 @@ def test_a_transient_failure_is_redelivered_and_its_reason_kept_for_dead_letters
 
     def unavailable(*args: Any, **kwargs: Any) -> Any:
         raise gexc.ServiceUnavailable("firestore is down")
-    monkeypatch.setattr(job_events, "trainer_reported", unavailable)
+    monkeypatch.setattr(job_events, "trainer_message", unavailable)
     body = json.dumps({"kind": "progress", "run_id": "demo-x", "attempt": 1, "step": 1}).encode()
     attributes = {"spotorch_source": "trainer"}
     resp = post("on_job_event", pubsub_event(body, attributes, "flaky"))

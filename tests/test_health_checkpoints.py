@@ -1,4 +1,4 @@
-"""CheckpointStore contract (latest, list, delete): in-memory, local files, and GCS on fake-gcs-server.
+"""CheckpointStore contract (latest, list, delete, complete_step): in memory, local files, GCS.
 
 The service's retention and rollback passes run on top of it (test_health_domain.py); here the
 adapters must agree on what is listed, what is complete, what a delete removes and its bytes.
@@ -83,6 +83,20 @@ def test_delete_removes_one_checkpoint_and_reports_its_bytes(
     assert [c.step for c in checkpoints.list(root)] == [200]
     assert checkpoints.delete(contract.checkpoint_uri(root, 100)) == 0  # already gone: fine
     assert checkpoints.latest(root) == Checkpoint(200, contract.checkpoint_uri(root, 200))
+
+
+def test_complete_step_reads_the_marker_of_one_checkpoint(
+        store: tuple[CheckpointStore, str, Put]) -> None:
+    """What a reported checkpoint is checked against (issue 27): complete at that step, here."""
+    checkpoints, root, put = store
+    put(100, 10, True)
+    put(200, 10, False)  # files, no marker yet
+    assert checkpoints.complete_step(contract.checkpoint_uri(root, 100)) == 100
+    assert checkpoints.complete_step(contract.checkpoint_uri(root, 100) + "/") == 100
+    assert checkpoints.complete_step(contract.checkpoint_uri(root, 200)) is None
+    assert checkpoints.complete_step(contract.checkpoint_uri(root, 300)) is None  # not there
+    checkpoints.delete(contract.checkpoint_uri(root, 100))
+    assert checkpoints.complete_step(contract.checkpoint_uri(root, 100)) is None
 
 
 def test_gcs_sizes_match_the_objects(emulators: Any) -> None:

@@ -21,8 +21,9 @@ EXITED = ("The replica workerpool0-0 exited with a non-zero status of {}. Termin
      FailureClass.OUT_OF_MEMORY, 137),
     (3, EXITED.format(137, "Error") + " Memory cgroup out of memory", FailureClass.OUT_OF_MEMORY,
      137),
-    # 137 alone is a SIGKILL (e.g. the grace-period kill after a preemption): not OOM
-    (3, EXITED.format(137, "Error"), FailureClass.USER_ERROR, 137),
+    # 137 alone is a SIGKILL (e.g. the grace-period kill after a preemption): not OOM, and not
+    # the training code's doing either: infrastructure (issue 27)
+    (3, EXITED.format(137, "Error"), FailureClass.INFRA, 137),
     # CUDA (its message speaks of "total capacity": must not read as a stockout)
     (3, EXITED.format(1, "Error") + " torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to "
      "allocate 2.00 GiB (GPU 0; 15.78 GiB total capacity; 13.1 GiB already allocated)",
@@ -37,9 +38,10 @@ EXITED = ("The replica workerpool0-0 exited with a non-zero status of {}. Termin
     (3, EXITED.format(1, "Error") + " MemoryError", FailureClass.OUT_OF_MEMORY, 1),
     (3, EXITED.format(1, "Error") + " OSError: [Errno 12] Cannot allocate memory",
      FailureClass.OUT_OF_MEMORY, 1),
-    # not memory: quota RESOURCE_EXHAUSTED and the trainer's preempted exit stay what they were
+    # not memory: a resource quota's RESOURCE_EXHAUSTED is a quota (spotorch.core.quotas), and
+    # the trainer's preempted exit stays what it was
     (8, "The following quota metrics exceed quota limits: aiplatform.googleapis.com/"
-        "custom_model_training_nvidia_a100_gpus", FailureClass.INFRA, None),
+        "custom_model_training_nvidia_a100_gpus", FailureClass.QUOTA, None),
     (3, EXITED.format(143, "Error") + " out of memory", FailureClass.PREEMPTED, 143),
 ])
 def test_out_of_memory_errors_are_classified(code: int, message: str, failure: FailureClass,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import urllib.parse
 from dataclasses import replace
 from typing import Any
 
@@ -20,7 +21,7 @@ from spotorch.adapters.memory.twins import InMemoryLauncher
 from spotorch.app.deps import Deps
 from spotorch.core.model import RunStatus
 from test_functions import deps as functions_deps  # noqa: F401  (the "deps" fixture)
-from test_functions import landed, post, pubsub_event, sink_line, storage_event
+from test_functions import landed, post, pubsub_event, signed, sink_line, storage_event
 
 BIG = 2 ** 63
 
@@ -208,12 +209,64 @@ def test_generated_job_entries_never_answer_5xx(memory_deps: Deps,
     assert resp.status_code < 500, (body, resp.data[:300])
 
 
+# --- the operator api (function `api`): ids checked before they name a document ------------------
+
+HOSTILE_IDS = ("a/b", "../x", "__x__", ".", "..", "runs/../x", "x" * 2000, "a b", "é", "-x",
+               "x.", "a..b")
+API_ATTACKS: list[tuple[str, str, Any]] = [
+    *((method, path, body) for rid in HOSTILE_IDS for method, path, body in (
+        ("GET", f"/run?run_id={urllib.parse.quote(rid)}", None),
+        ("POST", "/cancel", {"run_id": rid}),
+        ("POST", "/retry", {"run_id": rid}),
+        ("POST", "/submit", {"pipeline": rid, "data_uri": "gs://landing/x/"}),
+        ("GET", f"/runs?pipeline={urllib.parse.quote(rid)}", None))),
+    *(("POST", "/cancel", {"run_id": v}) for v in (["a"], {"a": 1}, True, 1e400, None)),
+    ("POST", "/retry", {"run_id": "demo-x", "request_id": "a/b"}),
+    ("POST", "/retry", {"run_id": "demo-x", "request_id": "__x__"}),
+    ("POST", "/submit", {"pipeline": "demo", "data_uri": "gs://landing/x/",
+                         "request_id": "../../x"}),
+    ("POST", "/submit", {"pipeline": "demo", "data_uri": "x" * 5000}),
+    ("POST", "/submit", {"pipeline": "demo", "data_uri": {"a": 1}}),
+    ("POST", "/cancel", {"run_id": "demo-x", "reason": "x" * 5000}),
+    ("GET", "/runs?page_token=../../x", None), ("GET", "/runs?limit=1e400", None),
+    ("GET", "/runs?limit=-1", None), ("GET", "/runs?since=9999-99-99", None),
+    ("GET", "/runs?status=__x__", None),
+]
+
+
+def api_client() -> Any:
+    import functions_framework
+
+    from test_functions import MAIN
+
+    return functions_framework.create_app("api", MAIN, "http").test_client()
+
+
+@pytest.mark.parametrize(("method", "path", "body"), API_ATTACKS,
+                         ids=lambda v: repr(v)[:50] if not isinstance(v, str) else v[:50])
+def test_hostile_api_requests(running: tuple[Deps, str], method: str, path: str,
+                              body: Any) -> None:
+    """Finding: the api answered 500 for run ids a/b, ../x, __x__ on /cancel, /retry, GET /run
+    (Firestore: "A document must have an even number of path elements", "Resource id __x__ is
+    reserved"). Now: 4xx with a message, a refused request recorded, no run changed."""
+    deps, run_id = running
+    before, _ = deps.runs.load(run_id)
+    resp = api_client().open(path, method=method, json=body)
+    assert 400 <= resp.status_code < 500, (resp.status_code, resp.data[:300])
+    assert resp.get_json()["error"]
+    if resp.status_code == 400:
+        action = path.split("?")[0].strip("/")
+        records = deps.docs.query("rejected_events", "event_type", f"api {method} /{action}")
+        assert records and records[0]["reason"], (method, path)
+    assert deps.runs.load(run_id)[0] == before
+    assert isinstance(deps.launcher, InMemoryLauncher) and deps.launcher.created == 1
+
+
 def test_the_run_still_works_after_the_attacks(running: tuple[Deps, str]) -> None:
     deps, run_id = running
     for i, payload in enumerate(TRAINER_ATTACKS + NOT_OURS + JOB_ATTACKS):
         post("on_job_event", pubsub_event(payload, {"spotorch_source": "trainer"}, f"a{i}"))
-    report = trainer(run_id=run_id, step=5, total_steps=100)
-    assert post("on_job_event", pubsub_event(report, {"spotorch_source": "trainer"},
-                                             "real")).status_code == 200
+    report = json.loads(trainer(run_id=run_id, step=5, total_steps=100))
+    assert post("on_job_event", pubsub_event(*signed(deps, report), "real")).status_code == 200
     after, _ = deps.runs.load(run_id)
     assert after is not None and after.progress.step == 5 and after.status is RunStatus.STARTING

@@ -37,6 +37,7 @@ from spotorch.local._stack_procs import (
 )
 from spotorch.local.dev import alerts_main, down_main, reload_main, restart_main, up_main
 from spotorch.local.stack import DevStack
+from spotorch.spec.compiled import read_compiled
 
 ROOT = Path(__file__).resolve().parent.parent
 ECHO = ROOT / "tests" / "fixtures" / "echo_functions.py"
@@ -61,6 +62,8 @@ def pipeline(name: str, bucket: str, **changes: Any) -> str:
     doc["trigger"]["bucket"] = f"{bucket}-landing"
     doc["checkpoint_uri"] = f"gs://{bucket}-ckpt/{name}"
     doc["output_uri"] = f"gs://{bucket}-models/{name}"
+    package = doc["job"]["worker_pools"][0]["python_package"]  # written elsewhere: absolute
+    package["source"] = str((DEMO.parent / package["source"]).resolve())
     doc["routes"] = [{"channel": "chat", "events": ["*"]},
                      {"channel": "slack", "events": ["run.failed"], "target": "TEAM_SLACK_URL"}]
     doc.update(changes)
@@ -111,7 +114,7 @@ def test_each_pipeline_file_is_checked_alone_and_only_valid_ones_are_served(
     assert len(broken) >= 2 and all(str(source / "broken.yaml") in p for p in broken)
     assert "already defined" in found.rejected[str(source / "dupe.yml")][0]
     assert found.buckets == ("aa-ckpt", "aa-landing", "aa-models", "bb-ckpt", "bb-landing",
-                             "bb-models")
+                             "bb-models", "spotorch-staging")
     active = tmp_path / "active"
     activate(found, active)
     served = sorted(str(p.relative_to(active)) for p in active.rglob("*.y*ml"))
@@ -235,7 +238,10 @@ def test_the_stack_serves_the_valid_pipelines_and_creates_their_buckets(
     assert {"ops-landing", "ops-ckpt", "ops-models"} <= bucket_names(stack)
     env = api_env(stack)
     active = Path(env[S.ENV_PIPELINES])
-    assert active != source and [p.name for p in active.iterdir()] == ["alpha.yaml"]
+    assert active != source and [p.name for p in active.glob("*.yaml")] == ["alpha.yaml"]
+    # validated: the functions read pipelines.json, the package built beside it
+    assert [p.name for p in read_compiled(active) or ()] == ["alpha"]
+    assert {"ops-landing", "ops-ckpt", "ops-models", "spotorch-staging"} <= bucket_names(stack)
 
 
 @pytest.mark.emulator
@@ -298,7 +304,7 @@ def test_pipeline_files_reload_when_they_change(stack: DevStack, source: Path) -
     assert "ops2-landing" in wait_for(lambda: "ops2-landing" in bucket_names(stack)
                                       and bucket_names(stack), what="the new bucket")
     active = Path(wait_for(lambda: _answers(stack), what="the api again")[S.ENV_PIPELINES])
-    assert sorted(p.name for p in active.iterdir()) == ["alpha.yaml", "broken.yaml"]
+    assert sorted(p.name for p in active.glob("*.yaml")) == ["alpha.yaml", "broken.yaml"]
     (source / "alpha.yaml").write_text("name: [")  # broken now: beta keeps working
     wait_for(lambda: [p["name"] for p in stack.describe()["pipelines"]["loaded"]] == ["beta"],
              what="the second reload")
@@ -328,14 +334,15 @@ def _has_doc(stack: DevStack, doc_id: str) -> bool:
 
 
 def _vertex_jobs(stack: DevStack) -> list[Any]:
-    import grpc
     from google.cloud.aiplatform_v1 import JobServiceClient
     from google.cloud.aiplatform_v1.services.job_service.transports.grpc import (
         JobServiceGrpcTransport,
     )
 
-    client = JobServiceClient(transport=JobServiceGrpcTransport(
-        channel=grpc.insecure_channel(stack.env[S.ENV_VERTEX_ENDPOINT])))
+    from spotorch.adapters.gcp.vertex_calls import emulator_channel
+
+    client = JobServiceClient(transport=JobServiceGrpcTransport(channel=emulator_channel(
+        stack.env[S.ENV_VERTEX_ENDPOINT], stack.env[S.ENV_VERTEX_TOKEN])))
     return list(client.list_custom_jobs(parent=f"projects/{PROJECT}/locations/us-central1"))
 
 
@@ -344,7 +351,8 @@ def _create_job(stack: DevStack) -> str:
     from spotorch.core.pipeline import Capacity, JobTemplate, WorkerPool
     from spotorch.ports.jobs import LaunchSpec
 
-    launcher = VertexJobLauncher(PROJECT, endpoint=stack.env[S.ENV_VERTEX_ENDPOINT])
+    launcher = VertexJobLauncher(PROJECT, endpoint=stack.env[S.ENV_VERTEX_ENDPOINT],
+                                 token=stack.env[S.ENV_VERTEX_TOKEN])
     template = JobTemplate(worker_pools=(WorkerPool(command=("sleep", "60")),))
     return launcher.launch(LaunchSpec(run_id="r-durable", pipeline="p", attempt=1,
                                       capacity=Capacity.STANDARD, region="us-central1",
@@ -448,10 +456,11 @@ def test_nothing_is_left_in_a_copied_tree(tmp_path: Path) -> None:
     activate(check_pipelines(source), active)
     (source / "b.yaml").unlink()
     activate(check_pipelines(source), active)
-    assert [p.name for p in active.iterdir()] == ["a.yaml"]
+    assert [p.name for p in active.glob("*.yaml")] == ["a.yaml"]
+    assert [p.name for p in read_compiled(active) or ()] == ["alpha"]
     shutil.rmtree(source)
     activate(check_pipelines(source), active)
-    assert list(active.iterdir()) == []
+    assert list(active.glob("*.yaml")) == [] and read_compiled(active) == ()
 
 
 def test_port_helper_sees_no_owner_for_a_closed_port() -> None:

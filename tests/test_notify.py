@@ -572,7 +572,7 @@ def test_malformed_messages_raise_invalid_event(payload: str) -> None:
 def test_handle_pubsub_cloudevent_builds_everything_from_env(
         web: WebhookReceiver, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Routes come from the pipeline files at $SPOTORCH_PIPELINES, channels from env."""
-    from spotorch.spec.loader import clear_pipeline_cache
+    from spotorch.spec.compiled import clear_cache as clear_pipeline_cache
 
     demo = (Path(__file__).resolve().parent.parent / "examples/pipelines/demo.yaml").read_text()
     (tmp_path / "churn.yaml").write_text(

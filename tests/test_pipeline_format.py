@@ -129,7 +129,8 @@ def test_attribute_names_are_unchanged() -> None:
                               "manifest", "quiet_period_s", "min_objects", "snapshot_depth",
                               "on_active_run"]
     assert names[JobTemplate] == ["worker_pools", "regions", "service_account", "network",
-                                  "labels", "timeout_s", "flex_max_wait_s", "base_output_uri"]
+                                  "labels", "timeout_s", "flex_max_wait_s", "base_output_uri",
+                                  "staging_uri"]
     assert "escalate_after_preemptions" in names[RecoveryPolicy]
     assert {"spot_cooldown_s", "decision_interval_s", "restart_overhead_s"} <= set(
         names[RecoveryPolicy])

@@ -27,6 +27,7 @@ from spotorch.app.arrivals import (
     list_landing,
 )
 from spotorch.app.deps import (
+    ContradictedLine,
     Deps,
     ImplausibleReport,
     JobOwner,
@@ -84,8 +85,9 @@ def test_a_failed_hint_for_a_running_job_ends_nothing_and_launches_nothing() -> 
     launcher.set_status(job, JobPhase.RUNNING)
     tick(deps)
     for i in range(60):  # the attack: 60 forged FAILED lines under 20 ids, job still running
-        job_line_reported(deps, job.rsplit("/", 1)[1], JobPhase.FAILED, "boom",
-                                  event_id=f"forged-{i % 20}")
+        with pytest.raises(ContradictedLine, match="Vertex says RUNNING"):
+            job_line_reported(deps, job.rsplit("/", 1)[1], JobPhase.FAILED, "boom",
+                              event_id=f"forged-{i % 20}")
         assert len(live_jobs(launcher, run.run_id)) == 1
     after, _ = deps.runs.load(run.run_id)
     assert after is not None and after.status is RunStatus.RUNNING and len(after.attempts) == 1

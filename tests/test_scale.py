@@ -9,7 +9,12 @@ import time
 import pytest
 
 from fakes import fake_deps
-from spotorch.adapters.memory.twins import InMemoryLauncher, InMemoryShardDispatcher, ManualClock
+from spotorch.adapters.memory.twins import (
+    InMemoryCheckpoints,
+    InMemoryLauncher,
+    InMemoryShardDispatcher,
+    ManualClock,
+)
 from spotorch.app import tick as reconcile_tick
 from spotorch.app.deps import Deps
 from spotorch.app.job_events import trainer_reported
@@ -103,8 +108,10 @@ def test_progress_reports_closer_than_a_second_are_acknowledged_without_a_write(
     trainer_reported(deps, "r0000", TrainerReported(1, "progress", t + 0.3, step=11))
     run, same = deps.runs.load("r0000")
     assert same == version and run is not None and run.progress.step == 10
+    assert isinstance(deps.checkpoints, InMemoryCheckpoints)
+    written = deps.checkpoints.put(run.checkpoint_uri, 11)
     trainer_reported(deps, "r0000", TrainerReported(1, "checkpoint", t + 0.4, step=11,
-                                                            checkpoint_uri="gs://c/p/r/11"))
+                                                    checkpoint_uri=written))
     run, _ = deps.runs.load("r0000")
     assert run is not None and run.latest_checkpoint is not None  # never coalesced away
     trainer_reported(deps, "r0000", TrainerReported(1, "progress", t + 1.5, step=12))

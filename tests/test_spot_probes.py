@@ -10,7 +10,7 @@ import pytest
 
 from fakes import fake_deps
 from spotorch.adapters.memory.twins import InMemoryLauncher, InMemoryPublisher, ManualClock
-from spotorch.app.deps import Deps
+from spotorch.app.deps import ContradictedLine, Deps
 from spotorch.app.job_events import job_line_reported
 from spotorch.app.runs import cancel_run, start_run
 from spotorch.app.tick import tick
@@ -94,7 +94,10 @@ def on_standard(deps: Deps) -> Run:
     run = load(deps)
     assert [a.capacity for a in run.attempts] == [Capacity.SPOT, Capacity.STANDARD]
     launcher.set_status(launcher.job_of("r1", 2), JobPhase.RUNNING, start_time=clock.t)
-    clock.advance(60.0)
+    tick(deps)
+    # No probe within the minimum dwell of the move to standard (a yes could not be acted on).
+    assert load(deps).counters.probes == 0
+    clock.advance(600.0)  # the minimum dwell: one restart overhead (RecoveryPolicy's 600 s)
     tick(deps)
     return load(deps)
 
@@ -157,7 +160,7 @@ def test_a_probe_that_runs_moves_the_run_back_to_spot_in_its_region() -> None:
     standard = run.current
     assert standard is not None
     launcher.set_status(standard.job_name or "", JobPhase.RUNNING, start_time=clock.t)
-    clock.advance(60.0)
+    clock.advance(600.0)  # past the minimum dwell of the move to standard
     tick(deps)
     (name,) = live_probe_jobs(launcher)
     probe_region = load(deps).probes[0].region
@@ -235,7 +238,8 @@ def test_a_probe_job_line_is_confirmed_with_vertex_before_it_moves_the_run() -> 
     (name,) = probe_jobs(launcher)
     job_id = name.rsplit("/", 1)[-1]
     # A forged (or early) RUNNING line: Vertex still says QUEUED, so nothing moves.
-    job_line_reported(deps, job_id, JobPhase.RUNNING, "Job is running.")
+    with pytest.raises(ContradictedLine):
+        job_line_reported(deps, job_id, JobPhase.RUNNING, "Job is running.")
     run = load(deps)
     assert run.probes[0].found is None and run.current is not None
     assert run.current.cancel_reason is None

@@ -7,7 +7,12 @@ import json
 
 from fakes import fake_deps
 from spotorch.adapters.memory.registry import MemoryExperimentTracker, MemoryModelRegistry
-from spotorch.adapters.memory.twins import InMemoryLauncher, InMemoryPublisher, ManualClock
+from spotorch.adapters.memory.twins import (
+    InMemoryCheckpoints,
+    InMemoryLauncher,
+    InMemoryPublisher,
+    ManualClock,
+)
 from spotorch.app import sweeps as sweep_service
 from spotorch.app.deps import Deps
 from spotorch.app.job_events import job_changed, trainer_reported
@@ -105,8 +110,11 @@ def test_a_preempted_trial_resumes_as_a_run_does_and_stays_in_its_sweep() -> Non
     deps = make()
     launcher, _, clock = parts(deps)
     start_sweep(deps, "p", sweep_id="sw", data_uri="gs://b/d/", snapshot_id="d")
+    trial = deps.runs.load("sw-t1")[0]
+    assert trial is not None and isinstance(deps.checkpoints, InMemoryCheckpoints)
+    written = deps.checkpoints.put(trial.checkpoint_uri, 10)
     trainer_reported(deps, "sw-t1", TrainerReported(1, "checkpoint", clock.now(), step=10,
-                                                    checkpoint_uri="gs://c/p/sw-t1/10"))
+                                                    checkpoint_uri=written))
     job = launcher.job_of("sw-t1", 1)
     job_changed(deps, "sw-t1", 1, launcher.set_status(job, JobPhase.FAILED,
                                                       failure=FailureClass.PREEMPTED))

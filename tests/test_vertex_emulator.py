@@ -626,3 +626,49 @@ def _live_workers(marker: Path) -> Iterator[int]:
                 cmdline = (entry / "cmdline").read_bytes().split(b"\0")
                 if str(marker).encode() in cmdline:
                     yield int(entry.name)
+
+
+@pytest.mark.parametrize("how", ["kill -9 of the emulator", "the job ends"])
+def test_workers_die_with_their_job_and_with_the_emulator(tmp_path: Path, how: str) -> None:
+    """Issue 27: after kill -9 of the emulator its worker trained on and wrote checkpoints
+    while the run recovered; a real VM is gone with its job. Each replica is a process group
+    whose leader (the shim) has a parent-death signal: the whole group goes, children too."""
+    from spotorch.local._stack_procs import group_members
+
+    env = {k: v for k, v in os.environ.items() if k != "PUBSUB_EMULATOR_HOST"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spotorch.local.vertex_emulator", "--port", "0", "--project",
+         PROJECT, "--job-events-topic", "", "--grace-s", "0.5", "--queued-s", "0.05",
+         "--pending-s", "0.05", "--workdir", str(tmp_path / "work")],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
+    try:
+        stdout = proc.stdout
+        assert stdout is not None
+        address = stdout.readline().strip().rsplit(" ", 1)[1]
+        launcher = VertexJobLauncher(PROJECT, endpoint=address)
+        # A worker with a child of its own (a data loader, a shell's job), both deaf to SIGTERM.
+        worker = (f"trap '' TERM; sleep 300 & echo $! > {tmp_path}/child; "
+                  f"echo $$ > {tmp_path}/worker; wait")
+        name = launcher.launch(spec("r-orphan", 1, "sh", "-c", worker,
+                                    capacity=Capacity.STANDARD))
+        def written() -> list[int] | None:
+            texts = [(tmp_path / f).read_text().strip() if (tmp_path / f).exists() else ""
+                     for f in ("child", "worker")]
+            return [int(t) for t in texts] if all(texts) else None
+
+        pids = wait_for(written, what="worker and its child")
+        group = os.getpgid(pids[1])
+        assert group != os.getpgrp() and set(pids) <= set(group_members(group))
+        if how == "the job ends":
+            launcher.cancel(name)
+        else:
+            proc.kill()  # SIGKILL: the emulator has no chance to stop anything
+            proc.wait(timeout=10)
+        wait_for(lambda: not group_members(group), timeout=10, what="the replica's group gone")
+        assert all(not Path(f"/proc/{pid}").exists() or
+                   Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
+                   for pid in pids)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

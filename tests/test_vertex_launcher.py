@@ -208,7 +208,8 @@ NONZERO = ("The replica workerpool0-0 exited with a non-zero status of {}. Termi
 
 @pytest.mark.parametrize(("code", "message", "started", "failure", "exit_code"), [
     (3, NONZERO.format(1), True, FailureClass.USER_ERROR, 1),
-    (3, NONZERO.format(137), True, FailureClass.USER_ERROR, 137),
+    # SIGKILL without an out-of-memory signal: the VM or the kernel, not the code (issue 27)
+    (3, NONZERO.format(137), True, FailureClass.INFRA, 137),
     (3, NONZERO.format(143), True, FailureClass.PREEMPTED, 143),  # trainer's EXIT_PREEMPTED
     (3, "Replica exited with a non-zero status code 2", None, FailureClass.USER_ERROR, 2),
     (8, "Job failed due to STOCKOUT: the Spot VMs were preempted", True,
@@ -219,7 +220,7 @@ NONZERO = ("The replica workerpool0-0 exited with a non-zero status of {}. Termi
     (8, "Job failed due to STOCKOUT.", False, FailureClass.STOCKOUT, None),
     (8, "Job failed due to STOCKOUT.", True, FailureClass.PREEMPTED, None),
     (8, "The following quota metrics exceed quota limits: aiplatform.googleapis.com/"
-        "custom_model_training_nvidia_a100_gpus", False, FailureClass.INFRA, None),
+        "custom_model_training_nvidia_a100_gpus", False, FailureClass.QUOTA, None),
     (13, "Internal error occurred for the current attempt.", True, FailureClass.INFRA, None),
     # The project name must not make an internal error look like a Spot problem.
     (13, "Internal error in projects/spotorch-prod/locations/us-central1/customJobs/1", True,

@@ -14,6 +14,9 @@ ENV_TRAINER_EVENTS_TOPIC = "SPOTORCH_TRAINER_EVENTS_TOPIC"
 ENV_PIPELINES = "SPOTORCH_PIPELINES"
 ENV_TRAINING_SERVICE_ACCOUNT = "SPOTORCH_TRAINING_SERVICE_ACCOUNT"
 ENV_VERTEX_ENDPOINT = "SPOTORCH_VERTEX_ENDPOINT"
+# The access token sent to an emulator endpoint (the local stack's Vertex emulator knows the
+# caller by it); never set in production, where clients use Application Default Credentials.
+ENV_VERTEX_TOKEN = "SPOTORCH_VERTEX_TOKEN"
 ENV_FIRESTORE_DATABASE = "SPOTORCH_FIRESTORE_DATABASE"
 # "1": Vertex request budgets shared by all instances through Firestore (spotorch.adapters.budget);
 # unset or "0": each instance keeps its own. deploy/ sets it (var.shared_request_budget).
@@ -91,6 +94,7 @@ class Settings:
     pipelines: str = "pipelines"
     training_service_account: str | None = None
     vertex_endpoint: str | None = None
+    vertex_token: str | None = None  # with vertex_endpoint only (the local stack)
     firestore_database: str = "(default)"
     shared_budget: bool = False
     logging_endpoint: str | None = None
@@ -110,6 +114,7 @@ class Settings:
             pipelines=env.get(ENV_PIPELINES, cls.pipelines),
             training_service_account=env.get(ENV_TRAINING_SERVICE_ACCOUNT) or None,
             vertex_endpoint=env.get(ENV_VERTEX_ENDPOINT) or None,
+            vertex_token=env.get(ENV_VERTEX_TOKEN) or None,
             firestore_database=env.get(ENV_FIRESTORE_DATABASE, cls.firestore_database),
             shared_budget=env.get(ENV_SHARED_BUDGET, "").strip().lower() in ("1", "true", "yes"),
             logging_endpoint=env.get(ENV_LOGGING_ENDPOINT) or None,

@@ -72,6 +72,20 @@ def _is_complete(root: str, step: int, storage: Storage) -> bool:
     return storage.exists(join(contract.checkpoint_uri(root, step), contract.COMPLETION_MARKER))
 
 
+def marker_step(uri: str, *, storage: Storage | None = None) -> int | None:
+    """The step the completion marker of the checkpoint directory at `uri` records; None when
+    there is no marker (or it is not one). Other storage errors raise."""
+    storage = storage or storage_for(uri)
+    try:
+        marker = json.loads(storage.read(join(uri.rstrip("/"), contract.COMPLETION_MARKER)))
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        return None  # not JSON: not a marker this helper wrote
+    step = marker.get(contract.MARKER_STEP) if isinstance(marker, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
 def list_checkpoints(root: str, *, storage: Storage | None = None) -> list[CheckpointRef]:
     """Every complete checkpoint under a run's checkpoint root, oldest first."""
     storage = storage or storage_for(root)

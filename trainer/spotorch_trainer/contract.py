@@ -5,6 +5,8 @@ Pure constants and tiny pure helpers, importable by both the trainer helper and 
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import re
 from datetime import UTC, datetime
 
@@ -50,6 +52,10 @@ def parse_checkpoint_step(name: str) -> int | None:
 # Exit codes the trainer uses and spotorch recognises.
 EXIT_PREEMPTED = 143  # 128 + SIGTERM: wrote a final checkpoint after SIGTERM and stopped
 EXIT_USER_ERROR = 1
+# 128 + SIGKILL: the kernel (out of memory), the VM going away or the runtime killed the process.
+# Never what a Python exception exits with: spotorch counts it as infrastructure unless an
+# out-of-memory signal says otherwise, or the trainer itself reported exiting with it.
+EXIT_KILLED = 137
 
 # Trainer event kinds (data field "kind"; also the Pub/Sub attribute "kind").
 EVENT_STARTED = "started"
@@ -83,6 +89,39 @@ MARKER_TIME = "time"
 ATTR_RUN_ID = "run_id"
 ATTR_ATTEMPT = "attempt"
 ATTR_KIND = "kind"
+
+# --- Signed reports (format v1) ---
+# Every attempt has a key of its own: random, set by spotorch in SPOTORCH_REPORT_KEY on the
+# attempt's workers only (never in a log line, an event or an operator view). A report is signed
+# with HMAC-SHA256 over the exact bytes of the message data, keyed with the key's UTF-8 bytes;
+# the signature travels in the attribute ATTR_SIGNATURE as "v1=<64 lowercase hex digits>", and
+# the attribute ATTR_ATTEMPT names the attempt whose key signed it (it must match the data's
+# "attempt"). spotorch refuses a report that is unsigned, signed with another key, or of an
+# unknown version; a later format gets a new version name and is accepted alongside.
+ENV_REPORT_KEY = "SPOTORCH_REPORT_KEY"
+ATTR_SIGNATURE = "spotorch_signature"
+SIGNATURE_VERSION = "v1"
+
+
+def _digest(key: str, data: bytes) -> str:
+    return hmac.new(key.encode(), data, hashlib.sha256).hexdigest()
+
+
+def sign_report(key: str, data: bytes) -> str:
+    """The ATTR_SIGNATURE value of a report whose message data is `data`."""
+    return f"{SIGNATURE_VERSION}={_digest(key, data)}"
+
+
+def signature_problem(key: str, data: bytes, signature: str) -> str | None:
+    """Why `signature` does not prove that the holder of `key` sent `data`; None when it does.
+
+    The comparison takes the same time whatever the signature (hmac.compare_digest)."""
+    version, sep, digest = signature.partition("=")
+    if not sep or version != SIGNATURE_VERSION:
+        return f"unknown signature format {signature[:12]!r} (expected {SIGNATURE_VERSION}=...)"
+    if not hmac.compare_digest(_digest(key, data).encode(), digest.encode()):
+        return "the signature does not match the data"
+    return None
 
 # Keys of a trainer event's JSON data; absent values are JSON null.
 EVENT_DATA_FIELDS = ("event_id", "kind", "run_id", "attempt", "pipeline", "step", "total_steps",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from spotorch_trainer import contract
 
@@ -67,6 +67,8 @@ class TrainerEnv:
     chief: bool = True  # only the chief replica writes checkpoints and reports events
     probe_steps: int | None = None  # a probe: run this many steps, report the rate, exit 0
     resume_exact: bool = False  # resume from resume_from only (spotorch sets it after divergence)
+    # The attempt's key for signing reports (SPOTORCH_REPORT_KEY); kept out of repr and logs.
+    report_key: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> TrainerEnv:
@@ -96,6 +98,7 @@ class TrainerEnv:
             chief=is_chief(env),
             probe_steps=_int(env, contract.ENV_PROBE_STEPS),
             resume_exact=_get(env, contract.ENV_RESUME_EXACT) in ("1", "true", "yes"),
+            report_key=_get(env, contract.ENV_REPORT_KEY),
         )
 
 

@@ -35,7 +35,8 @@ def event_message(env: TrainerEnv, kind: str, *, now: float, step: int | None = 
                   checkpoint_uri: str | None = None,
                   exit_code: int | None = None, report_interval_s: float | None = None,
                   checkpoint_s: float | None = None) -> tuple[bytes, dict[str, str]]:
-    """The Pub/Sub data (JSON bytes) and attributes of one trainer event.
+    """The Pub/Sub data (JSON bytes) and attributes of one trainer event, signed with the
+    attempt's key when spotorch gave one (contract.sign_report).
 
     A NaN or infinite metric is null in "metrics" and named in "nonfinite" (a diverging loss is
     news, not a malformed message). The health fields appear only when they have a value.
@@ -61,7 +62,10 @@ def event_message(env: TrainerEnv, kind: str, *, now: float, step: int | None = 
     data.update({k: v for k, v in health.items() if v is not None})
     attributes = {contract.ATTR_SOURCE: contract.SOURCE_TRAINER, contract.ATTR_RUN_ID: env.run_id,
                   contract.ATTR_ATTEMPT: str(env.attempt), contract.ATTR_KIND: kind}
-    return json.dumps(data, sort_keys=True).encode(), attributes
+    body = json.dumps(data, sort_keys=True).encode()
+    if env.report_key:  # signed over these exact bytes: nothing may re-encode them on the way
+        attributes[contract.ATTR_SIGNATURE] = contract.sign_report(env.report_key, body)
+    return body, attributes
 
 
 class Reporter(Protocol):

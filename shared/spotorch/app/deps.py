@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -55,6 +56,18 @@ class ImplausibleReport(SpotorchError):
     """A trainer report that cannot be true of this run (progress past the end, too fast)."""
 
 
+class ForgedReport(SpotorchError):
+    """A trainer message its attempt's key did not sign (unsigned, mis-signed, another attempt)."""
+
+
+class OtherProject(SpotorchError):
+    """A log entry of another project's job: never attributed to one of ours."""
+
+
+class ContradictedLine(SpotorchError):
+    """A job-state line Vertex's own answer contradicts (applied: Vertex's answer; recorded)."""
+
+
 @dataclass
 class Deps:
     """What the service layer talks to; adapters are real in production and fakes in unit tests."""
@@ -68,6 +81,9 @@ class Deps:
     pipelines: Mapping[str, Pipeline]
     objects: ObjectStore  # the landing buckets: manifests, existence checks, listings
     events_topic: str = ""  # trainer events topic handed to jobs (projects/P/topics/T)
+    # The project whose jobs these are: a log entry naming another is not ours. "": not checked
+    # (unit tests); production sets SPOTORCH_PROJECT.
+    project: str = ""
     shards: ShardDispatcher | None = None  # None: the tick reconciles every run itself
     models: ModelRegistry | None = None  # Vertex AI Model Registry (pipelines with `model`)
     experiments: ExperimentTracker | None = None  # Vertex AI Experiments (sweep trials)
@@ -99,12 +115,17 @@ def context(deps: Deps, run: Run, now: float) -> Context:
     pipeline = deps.pipeline(run.pipeline)
     ctx = Context(pipeline, now, region_order=region_order(deps, pipeline,
                                                            shape_key(pipeline, run), now),
-                  prices=deps.prices)
+                  prices=deps.prices, key_seed=key_seed())
     if pipeline.hardware is None or run.hardware is not None or \
             run.status not in (RunStatus.QUEUED, RunStatus.PROBING):
         return ctx
     cache = probe_cache(deps, pipeline) if run.status is RunStatus.QUEUED else None
     return replace(ctx, outlook=hardware_outlook(deps, pipeline, now), hardware_cache=cache)
+
+
+def key_seed() -> bytes:
+    """Fresh random bytes for one decision: the report keys of the attempts it launches."""
+    return secrets.token_bytes(32)
 
 
 def probe_cache(deps: Deps, pipeline: Pipeline) -> dict[str, hardware.ProbeResult] | None:

@@ -5,7 +5,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from spotorch.app.deps import Deps, ImplausibleReport, NotOurJob, UnknownAttempt, UnknownRun, job_owner
+from spotorch.app.deps import (
+    ContradictedLine,
+    Deps,
+    ForgedReport,
+    ImplausibleReport,
+    NotOurJob,
+    OtherProject,
+    UnknownAttempt,
+    UnknownRun,
+    job_owner,
+)
 from spotorch.app.launch_specs import hardware_result
 from spotorch.app.unit_of_work import apply
 from spotorch.core.model import Checkpoint, FailureClass, JobPhase, JobStatus, Run
@@ -18,7 +28,7 @@ from spotorch.core.observations import (
     TrainerReported,
 )
 from spotorch.core.recovery import WORKER_FAILURES
-from spotorch.core.trust import implausible
+from spotorch.core.trust import SignedMessage, checkpoint_outside, implausible, unproven
 from spotorch.ports.jobs import LaunchError
 
 log = logging.getLogger("spotorch.app.job_events")
@@ -52,39 +62,41 @@ def probe_changed(deps: Deps, run_id: str, probe: int, status: JobStatus,
 
 
 def job_line_reported(deps: Deps, job_id: str, phase: JobPhase, message: str,
-                      event_id: str | None = None) -> Run:
-    """A job's service log line (log sink): attribute it by the job record, confirm an ending.
+                      event_id: str | None = None, *, project: str | None = None) -> Run:
+    """A job's service log line (log sink): a hint that makes spotorch ask Vertex.
 
-    A line is a hint: a terminal one is checked with GetCustomJob (the record holds the job's
-    region) and only Vertex's answer is applied. A transient failure of that check raises, so
-    the message comes back; NOT_FOUND is left to the tick's polling.
+    The line names only a job (and a project); the job record says whose it is and where
+    (region). Whatever the line says, only Vertex's answer (GetCustomJob) is applied: anyone who
+    may write log entries in the project can write such a line. A line that says more than
+    Vertex (CANCELLING, an ending, of a job Vertex runs) is recorded as contradicted once
+    Vertex's answer is applied. A transient failure of the check raises, so the message comes
+    back; NOT_FOUND is left to the tick's polling (lost after polls and time).
     """
+    if project is not None and deps.project and project != deps.project:
+        raise OtherProject(f"job {job_id} is a job of project {project!r}, not {deps.project!r}")
     owner = job_owner(deps, job_id)
     if owner is None:
         raise NotOurJob(f"job {job_id} is not one spotorch created (no job record)")
-    if owner.probe:
-        # A probe's RUNNING moves a run off standard: only Vertex's own answer is applied.
-        try:
-            confirmed = deps.launcher.get(owner.job_name)
-        except LaunchError as exc:
-            if exc.code != "NOT_FOUND":
-                raise
-            gone = ProbeMissing(owner.probe, owner.job_name)
-            return _apply_known(deps, owner.run_id, lambda _run: [gone], event_id)
-        return probe_changed(deps, owner.run_id, owner.probe, confirmed, event_id)
-    if not phase.terminal:
-        hint = JobStatus(owner.job_name, phase, message=message)
-        return job_changed(deps, owner.run_id, owner.attempt, hint, event_id, confirmed=False)
     try:
         status = deps.launcher.get(owner.job_name)
     except LaunchError as exc:
         if exc.code != "NOT_FOUND":
             raise
+        if owner.probe:
+            gone = ProbeMissing(owner.probe, owner.job_name)
+            return _apply_known(deps, owner.run_id, lambda _run: [gone], event_id)
         run, _ = deps.runs.load(owner.run_id)
         if run is None:
             raise UnknownRun(f"no run {owner.run_id!r}") from None
         return run  # the tick counts it as missing and, in time, as lost
-    return job_changed(deps, owner.run_id, owner.attempt, status, event_id)
+    if owner.probe:
+        run = probe_changed(deps, owner.run_id, owner.probe, status, event_id)
+    else:
+        run = job_changed(deps, owner.run_id, owner.attempt, status, event_id)
+    if phase != status.phase and phase.rank >= status.phase.rank:
+        raise ContradictedLine(f"job {job_id}: the line says {phase}, Vertex says "
+                               f"{status.phase} (Vertex's answer applied)")
+    return run
 
 
 def checkpoint_if_ended(deps: Deps, run: Run, status: JobStatus) -> Checkpoint | None:
@@ -119,17 +131,61 @@ def error_tail_if_failed(deps: Deps, run: Run, number: int, status: JobStatus) -
         return ()
 
 
+def trainer_message(deps: Deps, run_id: str, report: TrainerReported, message: SignedMessage,
+                    event_id: str | None = None) -> Run:
+    """A trainer event from Pub/Sub: applied only if its attempt's key signed it.
+
+    Anyone who may publish to the trainer-events topic (every job of every pipeline) can send
+    any JSON: an unsigned, mis-signed or other-attempt message is refused (ForgedReport) and
+    recorded by the entry point, whatever it says."""
+    verified: list[bool] = []  # a conflict re-reads the run; the attempt's key never changes
+
+    def observe(run: Run) -> Sequence[Observation]:
+        if not verified:
+            why = unproven(run, report, message)
+            if why is not None:
+                raise ForgedReport(f"run {run_id}: {why}")
+            verified.append(True)
+        return _believed(deps, run, report)
+    return _apply_known(deps, run_id, observe, event_id)
+
+
 def trainer_reported(deps: Deps, run_id: str, report: TrainerReported,
                      event_id: str | None = None) -> Run:
-    """The trainer of an attempt reported progress, a checkpoint, or its end."""
-    def observe(run: Run) -> Sequence[Observation]:
-        if run.attempt(report.attempt) is None:
-            raise UnknownAttempt(f"run {run_id} has no attempt {report.attempt}")
-        why = implausible(run, report, deps.clock.now())
-        if why is not None:
-            raise ImplausibleReport(f"run {run_id} attempt {report.attempt}: {why}")
-        return [] if _coalesced(run, report) else [report]
-    return _apply_known(deps, run_id, observe, event_id)
+    """The trainer of an attempt reported progress, a checkpoint, or its end; for a report whose
+    origin is already proven (trainer_message checks the signature of one from Pub/Sub)."""
+    return _apply_known(deps, run_id, lambda run: _believed(deps, run, report), event_id)
+
+
+def _believed(deps: Deps, run: Run, report: TrainerReported) -> Sequence[Observation]:
+    """The report as an observation, if it may be true of this run: its attempt exists, its
+    progress is plausible, and a checkpoint it names is the run's own and complete."""
+    if run.attempt(report.attempt) is None:
+        raise UnknownAttempt(f"run {run.run_id} has no attempt {report.attempt}")
+    why = implausible(run, report, deps.clock.now())
+    if why is None and report.checkpoint_uri:
+        why = _checkpoint_problem(deps, run, report)
+    if why is not None:
+        raise ImplausibleReport(f"run {run.run_id} attempt {report.attempt}: {why}")
+    return [] if _coalesced(run, report) else [report]
+
+
+def _checkpoint_problem(deps: Deps, run: Run, report: TrainerReported) -> str | None:
+    """Why the checkpoint a report names may not become the run's (None: it may): it must be
+    the run's own checkpoint of the reported step, complete in storage now."""
+    uri, step, named = report.checkpoint_uri or "", report.step, report.checkpoint
+    if step is None:
+        return f"checkpoint {uri[:200]!r} reported without its step"
+    outside = checkpoint_outside(run, uri, step)
+    if outside is not None or named is None:
+        return outside or f"checkpoint {uri[:200]!r} names no checkpoint directory"
+    if run.latest_checkpoint == named:
+        return None  # already checked (a repeated report of the latest checkpoint)
+    found = deps.checkpoints.complete_step(uri)  # a transient storage error raises: redelivered
+    if found != named.step:
+        return (f"no complete checkpoint of step {named.step} at {uri[:200]!r}"
+                + (f" (its marker says step {found})" if found is not None else ""))
+    return None
 
 
 def _apply_known(deps: Deps, run_id: str, observe: Callable[[Run], Sequence[Observation]],

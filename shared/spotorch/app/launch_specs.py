@@ -132,6 +132,9 @@ def launch_spec(deps: Deps, run: Run, intent: LaunchIntent) -> LaunchSpec:
         env[contract.ENV_PARAMS] = json.dumps(dict(run.params), sort_keys=True)
     if intent.resume_exact:
         env[contract.ENV_RESUME_EXACT] = "1"
+    attempt = run.attempt(number)
+    if attempt is not None and attempt.report_key:  # the job's environment only: never logged
+        env[contract.ENV_REPORT_KEY] = attempt.report_key
     labels = {LABEL_RUN: run.run_id, LABEL_ATTEMPT: str(number), LABEL_PIPELINE: run.pipeline,
               LABEL_BUCKET: str(run.bucket)}
     return LaunchSpec(run_id=run.run_id, pipeline=run.pipeline, attempt=number,
@@ -148,3 +151,13 @@ def with_machine(template: JobTemplate, machine_type: str | None) -> JobTemplate
         return template
     first, *rest = template.worker_pools
     return replace(template, worker_pools=(replace(first, machine_type=machine_type), *rest))
+
+
+def stage_packages(deps: Deps, spec: LaunchSpec) -> None:
+    """Upload the built Python packages a job runs that the staging bucket lacks (the pipeline
+    was validated and its packages built where it was deployed: spotorch.spec.packages)."""
+    for pool in spec.template.worker_pools:
+        package = pool.python_package
+        if package is not None:
+            for uri, path in zip(package.package_uris, package.staged_files, strict=False):
+                deps.objects.ensure_file(uri, path)

@@ -8,10 +8,19 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from spotorch.app.deps import Deps, NotRetryable, UnknownRun, hardware_outlook, probe_cache, region_order
+from spotorch.app.deps import (
+    Deps,
+    NotRetryable,
+    UnknownRun,
+    hardware_outlook,
+    key_seed,
+    probe_cache,
+    region_order,
+)
 from spotorch.app.spot_record import shape_of
 from spotorch.app.unit_of_work import apply, carry_out
 from spotorch.core.decide import new_run
+from spotorch.core.ids import check_id
 from spotorch.core.model import Checkpoint, Run, RunStatus
 from spotorch.core.observations import CancelRequested, error_line
 from spotorch.logs import shorten
@@ -52,7 +61,7 @@ def start_run(deps: Deps, pipeline_name: str, *, run_id: str, data_uri: str,
                                                    now),
                          hardware_cache=cache,
                          outlook=hardware_outlook(deps, pipeline, now) if cache else None,
-                         prices=deps.prices)
+                         prices=deps.prices, key_seed=key_seed())
     try:
         version = deps.runs.save(run, None)
     except ConflictError:
@@ -83,7 +92,7 @@ def retry_run(deps: Deps, run_id: str, request_id: str = "1") -> Run:
         raise NotRetryable(f"run {run_id} is {old.status}; only a run that failed or was "
                            "cancelled can be retried")
     resume = deps.checkpoints.latest(old.checkpoint_uri) or old.latest_checkpoint
-    new_id = f"{run_id}-retry-{request_id}"[:63]
+    new_id = check_id(f"{run_id}-retry-{request_id}"[:63].rstrip("."), "retry run id")
     run = start_run(deps, old.pipeline, run_id=new_id, data_uri=old.data_uri,
                     snapshot_id=old.snapshot_id, reason=f"retry of {run_id}",
                     resume_from=resume, retry_of=old.retry_of or run_id)

@@ -26,7 +26,15 @@ from spotorch.core.model import (
     RunStatus,
     probe_key,
 )
-from spotorch.core.observations import JobMissing, JobObserved, Observation, ProbeMissing, ProbeObserved, Tick
+from spotorch.core.observations import (
+    QUOTA_REFUSED,
+    JobMissing,
+    JobObserved,
+    Observation,
+    ProbeMissing,
+    ProbeObserved,
+    Tick,
+)
 from spotorch.ports.jobs import LABEL_ATTEMPT, LABEL_BUCKET, LABEL_PROBE, LABEL_RUN, LaunchError, label_value
 
 log = logging.getLogger("spotorch.app.tick")
@@ -101,7 +109,7 @@ def _retry_deferred_launches(deps: Deps, runs: Sequence[Run]) -> None:
     def deferred(run: Run) -> bool:  # a launch refused for quota (its claim given up)
         now = deps.clock.now()
         return run.active and any(isinstance(i, LaunchIntent) and i.claimed_until <= now
-                                  for i in run.outbox)
+                                  and i.deferred == QUOTA_REFUSED for i in run.outbox)
 
     waiting = [r.run_id for r in runs if deferred(r)]
     # Bounded in real time (the invocation's), whatever clock the decisions use.

@@ -13,7 +13,7 @@ from typing import Any, assert_never
 from spotorch.app import hardware_probes as probes
 from spotorch.app import run_log
 from spotorch.app.deps import Deps, JobOwner, ObservationSource, context, job_id_of
-from spotorch.app.launch_specs import hardware_probe_spec, launch_spec, probe_spec
+from spotorch.app.launch_specs import hardware_probe_spec, launch_spec, probe_spec, stage_packages
 from spotorch.app.spot_record import seen_between, shape_key
 from spotorch.core import hardware
 from spotorch.core import health as hp
@@ -32,6 +32,7 @@ from spotorch.core.model import PROBE_HARDWARE, Run, RunStatus
 from spotorch.core.moves import claim, claimable, remember, spent
 from spotorch.core.observations import (
     CheckpointsDeleted,
+    IntentDeferred,
     IntentDone,
     LaunchDone,
     LaunchFailed,
@@ -201,10 +202,10 @@ def _perform(deps: Deps, run: Run, intent: Intent) -> Observation | None:
                 return _perform_probe_launch(deps, run, intent)
             case _:
                 assert_never(intent)
-    except Exception as exc:  # a failed side effect stays in the outbox; the tick retries it
+    except Exception as exc:  # a failed side effect stays in the outbox; the next tick retries it
         log.warning("intent %s (%s) of run %s failed: %s", intent.id, intent.kind, run.run_id, exc,
                     extra={"run_id": run.run_id})
-        return None
+        return IntentDeferred(intent.id, f"{type(exc).__name__}: {str(exc)[:300]}")
 
 
 def _perform_delete(deps: Deps, intent: DeleteCheckpointsIntent) -> Observation:
@@ -231,10 +232,13 @@ def _perform_launch(deps: Deps, run: Run, intent: LaunchIntent) -> Observation |
         return None  # our claim is nearly over: let the tick re-claim it rather than race it
     if any(isinstance(i, DeleteCheckpointsIntent) and i.above is not None for i in run.outbox):
         return None  # diverged checkpoints first: the new attempt must not find them
-    if not _earlier_jobs_ended(deps, run, intent.attempt):
-        return None  # the launch waits in the outbox; the tick tries again
+    waits = _earlier_job_alive(deps, run, intent.attempt)
+    if waits is not None:
+        return IntentDeferred(intent.id, waits)  # the next tick tries again, its claim given up
     try:
-        job_name = deps.launcher.launch(launch_spec(deps, run, intent))
+        spec = launch_spec(deps, run, intent)
+        stage_packages(deps, spec)  # the packages it runs, in the staging bucket first
+        job_name = deps.launcher.launch(spec)
     except LaunchError as exc:
         return LaunchFailed(intent.id, intent.attempt, str(exc), exc.permanent, exc.code)
     record_job(deps, job_name, run.run_id, intent.attempt, run.pipeline)
@@ -250,6 +254,7 @@ def _perform_probe_launch(deps: Deps, run: Run, intent: LaunchProbeIntent) -> Ob
     try:
         spec = hardware_probe_spec(deps, run, probe) if probe.kind == PROBE_HARDWARE \
             else probe_spec(deps, run, intent)
+        stage_packages(deps, spec)
         job_name = deps.launcher.launch(spec)
     except (LaunchError, ValueError) as exc:
         permanent = not isinstance(exc, LaunchError) or exc.permanent
@@ -299,13 +304,14 @@ def _log_experiment(deps: Deps, run: Run, *, region: str) -> None:
                     extra={"run_id": run.run_id})
 
 
-def _earlier_jobs_ended(deps: Deps, run: Run, attempt: int) -> bool:
-    """One live job per run: every earlier attempt's job is confirmed ended by Vertex itself.
+def _earlier_job_alive(deps: Deps, run: Run, attempt: int) -> str | None:
+    """One live job per run: why the launch must wait (None: every earlier attempt's job is
+    confirmed ended by Vertex itself).
 
     A job still alive (the attempt was ended by a message that lied, or a cancel has not landed)
     is cancelled now and the launch waits; NOT_FOUND means there is no job to fear.
     """
-    ended = True
+    waits: str | None = None
     for earlier in run.attempts[:attempt - 1]:
         if earlier.job_name is None:
             continue
@@ -316,15 +322,15 @@ def _earlier_jobs_ended(deps: Deps, run: Run, attempt: int) -> bool:
                 continue
             log.warning("launch of %s attempt %d waits: cannot confirm %s ended: %s",
                         run.run_id, attempt, earlier.job_name, exc, extra={"run_id": run.run_id})
-            return False
+            return f"cannot confirm that {earlier.job_name} ended: {str(exc)[:200]}"
         if not status.phase.terminal:
             log.warning("launch of %s attempt %d waits: %s is still %s; cancelling it",
                         run.run_id, attempt, earlier.job_name, status.phase,
                         extra={"run_id": run.run_id})
             with contextlib.suppress(LaunchError):
                 deps.launcher.cancel(earlier.job_name)
-            ended = False
-    return ended
+            waits = f"{earlier.job_name} is still {status.phase}; cancelled"
+    return waits
 
 
 def record_job(deps: Deps, job_name: str, run_id: str, attempt: int, pipeline: str, *,

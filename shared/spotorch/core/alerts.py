@@ -101,6 +101,18 @@ def _because(d: Mapping[str, Any]) -> str:
     return f": {d['reason']}" if d.get("reason") else ""
 
 
+def _failed(d: Mapping[str, Any]) -> str:
+    """run.failed; one refused for a resource quota says which quota to request, and where."""
+    quota = d.get("quota")
+    if not isinstance(quota, Mapping):
+        return f"Run failed{_because(d)}{_error(d)}"
+    metrics = quota.get("metrics") or ["a resource quota"]
+    regions = quota.get("regions") or [quota.get("region", "?")]
+    return (f"Run failed: quota {', '.join(map(str, metrics))} exceeded in "
+            f"{', '.join(map(str, regions))} ({_get(quota, 'capacity')} VMs); request an "
+            f"increase at {_get(quota, 'request_url')}")
+
+
 def _resumed(d: Mapping[str, Any]) -> str:
     step = d.get("resumed_from_step")
     return f", resuming from step {step}" if step is not None else ""
@@ -138,7 +150,7 @@ _HEADLINES: Mapping[str, tuple[Severity, Callable[[Mapping[str, Any]], str]]] = 
     "sweep.cancelled": (Severity.WARNING, _sweep_end),
     "sweep.trial_stopped": (Severity.INFO, lambda d: (
         f"Trial {_get(d, 'trial')} stopped early{_because(d)}")),
-    "run.failed": (Severity.ERROR, lambda d: f"Run failed{_because(d)}{_error(d)}"),
+    "run.failed": (Severity.ERROR, _failed),
     "run.cancelled": (Severity.WARNING, lambda d: f"Run cancelled{_because(d)}"),
     "run.budget_exceeded": (Severity.ERROR, lambda d: (
         f"Budget exceeded: {_get(d, 'budget')} used {_get(d, 'used')} of {_get(d, 'limit')}")),

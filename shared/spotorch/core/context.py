@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from spotorch.core import hardware as hw
 from spotorch.core import health as hp
@@ -25,6 +25,10 @@ class Context:
     outlook: hw.Outlook | None = None
     hardware_cache: Mapping[str, hw.ProbeResult] | None = None  # a queued run's, at its promotion
     prices: PriceTable = LIST_PRICES  # what the ledger prices with (SPOTORCH_PRICES, if set)
+    # Random bytes minted by the shell for this decision (spotorch.app.deps.context): the keys
+    # of the attempts it launches derive from them. Empty: launched attempts get no key, so no
+    # trainer report is ever believed for them (fail closed).
+    key_seed: bytes = field(default=b"", repr=False)
 
     @property
     def regions(self) -> tuple[str, ...]:

@@ -9,9 +9,15 @@ from typing import Any
 
 from spotorch.core import hardware as hw
 from spotorch.core.context import Context
-from spotorch.core.escalation import deadline_warning, policy_capacity, spot_cooldown_until, spot_cooling
+from spotorch.core.escalation import deadline_warning, policy_view, spot_cooldown_until, spot_cooling
 from spotorch.core.intents import RegisterModelIntent
-from spotorch.core.launching import announce_hardware, first_launch, launch, on_launch_done, on_launch_failed
+from spotorch.core.launching import (
+    announce_hardware,
+    first_launch,
+    launch,
+    on_intent_deferred,
+    on_launch_done,
+)
 from spotorch.core.model import (
     CANCEL_ORPHAN,
     CANCEL_STOCKOUT,
@@ -50,6 +56,7 @@ from spotorch.core.moves import (
 from spotorch.core.observations import (
     CancelRequested,
     CheckpointsDeleted,
+    IntentDeferred,
     IntentDone,
     JobMissing,
     JobObserved,
@@ -68,6 +75,7 @@ from spotorch.core.observations import (
     error_line,
 )
 from spotorch.core.pipeline import Capacity, Pipeline
+from spotorch.core.policy import choose_capacity, may_switch
 from spotorch.core.price_list import LIST_PRICES
 from spotorch.core.prices import PriceTable
 from spotorch.core.probes import (
@@ -82,6 +90,7 @@ from spotorch.core.probes import (
     tick_hardware,
     tick_probe,
 )
+from spotorch.core.quotas import on_launch_refused
 from spotorch.core.recovery import (
     END_REASONS,
     LOST_AFTER_POLLS,
@@ -91,6 +100,8 @@ from spotorch.core.recovery import (
     recover,
 )
 from spotorch.core.training_health import on_checkpoints_deleted, retention, tick_health, trainer_health
+from spotorch.core.trust import rate_sample
+from spotorch_trainer.contract import EVENT_COMPLETED
 
 # ---------------------------------------------------------------- creating a run
 
@@ -103,13 +114,14 @@ def new_run(*, run_id: str, pipeline: Pipeline, now: float, data_uri: str,
             region_order: tuple[str, ...] | None = None,
             hardware_cache: Mapping[str, hw.ProbeResult] | None = None,
             outlook: hw.Outlook | None = None,
-            prices: PriceTable = LIST_PRICES) -> Run:
+            prices: PriceTable = LIST_PRICES, key_seed: bytes = b"") -> Run:
     """A new run: created, announced, and (unless queued) its first attempt launched.
 
     hardware: the choice among the pipeline's hardware candidates (issue 19), if one was made;
     region_order: the regions ranked by the shared Spot record (Context.region_order);
     hardware_cache: the pipeline's cached probe results: with candidates and no choice made,
-    the run probes those without a fresh result first (status PROBING)."""
+    the run probes those without a fresh result first (status PROBING);
+    key_seed: the shell's random bytes the first attempt's report key derives from."""
     deadline = now + pipeline.deadline_s if pipeline.deadline_s else None
     run = Run(run_id=run_id, pipeline=pipeline.name, status=RunStatus.PENDING, created_at=now,
               updated_at=now, data_uri=data_uri, snapshot_id=snapshot_id, deadline_at=deadline,
@@ -117,7 +129,8 @@ def new_run(*, run_id: str, pipeline: Pipeline, now: float, data_uri: str,
               output_uri=pipeline.run_output_uri(run_id), latest_checkpoint=resume_from,
               retry_of=retry_of, sweep_id=sweep_id, params=dict(params or {}),
               hardware=hardware)
-    ctx = Context(pipeline, now, region_order=region_order, outlook=outlook, prices=prices)
+    ctx = Context(pipeline, now, region_order=region_order, outlook=outlook, prices=prices,
+                  key_seed=key_seed)
     run = note(run, ctx, "created", reason)
     run = publish(run, ctx, "run.created", status=str(RunStatus.PENDING), data_uri=data_uri,
                    snapshot_id=snapshot_id, deadline=iso(deadline), reason=reason)
@@ -134,7 +147,8 @@ def new_run(*, run_id: str, pipeline: Pipeline, now: float, data_uri: str,
 
 def decide(run: Run, obs: Observation, ctx: Context) -> Run:
     """Apply one observation: the new run, with any new intents in its outbox."""
-    if run.status.terminal and not isinstance(obs, IntentDone | LaunchDone | JobObserved | JobMissing
+    if run.status.terminal and not isinstance(obs, IntentDone | IntentDeferred | LaunchDone
+                                              | JobObserved | JobMissing
                                               | CheckpointsDeleted | ProbeLaunched
                                               | ProbeLaunchFailed | ProbeObserved | ProbeMissing):
         return run
@@ -155,22 +169,38 @@ def _on_trainer(run: Run, obs: Observation, ctx: Context) -> Run:
         return run
     progress = run.progress
     fresh_rate: float | None = None
-    if obs.step is not None and obs.step >= progress.step:
+    # "completed" is a hint: only Vertex's SUCCEEDED ends an attempt and moves progress to it.
+    hint = obs.kind == EVENT_COMPLETED
+    # The attempt's newest report (or one of its newest step): an older step of the same
+    # attempt is a reordered or replayed message, which says nothing new about its loss (a
+    # replay of the newest one is a seen event id).
+    newest = obs.step is not None and obs.step >= (attempt.progress_step or -1)
+    if obs.step is not None and obs.step >= progress.step and not hint:
         rate = progress.rate
-        if progress.at is not None and obs.at > progress.at and obs.step > progress.step \
-                and attempt.started_at is not None and progress.at >= attempt.started_at:
-            rate = fresh_rate = (obs.step - progress.step) / (obs.at - progress.at)
+        if progress.at is not None and attempt.started_at is not None \
+                and progress.at >= attempt.started_at:
+            sample = rate_sample(obs.step - progress.step, obs.at - progress.at)
+            rate = fresh_rate = sample if sample is not None else rate
         progress = Progress(step=obs.step, total_steps=obs.total_steps or progress.total_steps,
                             at=obs.at, rate=rate, metrics=dict(obs.metrics) or progress.metrics)
+    elif hint and obs.metrics:
+        progress = replace(progress, metrics=dict(obs.metrics))  # the final metrics
     run = replace(run, progress=progress)
-    if obs.step is not None and (attempt.progress_step or -1) < obs.step:
+    if hint:
+        run = with_attempt(run, replace(attempt, reported_done_step=obs.step))
+    elif obs.step is not None and obs.step > (attempt.progress_step or -1):
         run = with_attempt(run, replace(attempt, progress_step=obs.step))
-    if obs.checkpoint_uri and obs.step is not None:
-        run = _newer_checkpoint(run, Checkpoint(obs.step, obs.checkpoint_uri))
+    reported = obs.checkpoint
+    if reported is not None:
+        run = _newer_checkpoint(run, reported)
+    if obs.kind == "failed" and obs.exit_code is not None:
+        run = with_attempt(run, replace(run.attempt(obs.attempt) or attempt,
+                                        reported_exit=obs.exit_code))
     if obs.kind == "started" and attempt.started_at is None:
         run = with_attempt(run, replace(run.attempt(obs.attempt) or attempt, started_at=obs.at))
     run = _metric_history(run, obs)
-    return _sweep_curve(trainer_health(run, obs, ctx, fresh_rate), obs, ctx)
+    return _sweep_curve(trainer_health(run, obs, ctx, fresh_rate, newest=newest and not hint),
+                        obs, ctx)
 
 
 # ---------------------------------------------------------------- Model Registry
@@ -278,13 +308,15 @@ def _on_job(run: Run, obs: Observation, ctx: Context) -> Run:
         return run
     if attempt.job_name is not None and obs.status.job_name not in ("", attempt.job_name):
         return run  # news of another job (a forged or crossed message) says nothing of this one
+    if not obs.confirmed:
+        # Only Vertex's own answer moves an attempt: a line that says CANCELLING or FAILED of a
+        # job Vertex runs would otherwise hold the attempt there (a later RUNNING is "older").
+        return run
     state = PHASE_TO_STATE[obs.status.phase]
-    if state.ended and not obs.confirmed:
-        return run  # only Vertex's own terminal state ends an attempt
     run = _newer_checkpoint(run, obs.checkpoint, looked_up=True)
     if attempt.job_name is None:
         attempt = replace(attempt, job_name=obs.status.job_name)
-    if attempt.missing_polls and obs.confirmed:
+    if attempt.missing_polls:
         attempt = replace(attempt, missing_polls=0, missing_since=None)  # Vertex knows it again
     if state.rank <= attempt.state.rank or attempt.state.ended:
         return with_attempt(run, attempt)  # late or repeated news never moves an attempt back
@@ -317,6 +349,9 @@ def _end_attempt(attempt: Attempt, ctx: Context, status: JobStatus, reason: str,
 def _attempt_ended(run: Run, ctx: Context, attempt: Attempt, status: JobStatus,
                    error_tail: tuple[str, ...] = ()) -> Run:
     if attempt.state is AttemptState.SUCCEEDED:
+        final = attempt.reported_done_step
+        if final is not None and final > run.progress.step:  # Vertex confirms the trainer's end
+            run = replace(run, progress=replace(run.progress, step=final))
         attempt = _end_attempt(attempt, ctx, status, "succeeded", None)
         run = _announce_end(with_attempt(run, attempt), ctx, attempt)
         done = replace(run, status=RunStatus.SUCCEEDED)  # the ledger of the run as it ends
@@ -427,11 +462,14 @@ def _on_tick(run: Run, obs: Observation, ctx: Context) -> Run:
         return tick_probe(run, ctx, current)  # on standard, Spot is seen only through probes
     spot_waiting = current.capacity is Capacity.SPOT and waiting and queued_for > 60.0
     cooling = spot_cooling(ctx.now, run.spot_unavailable_until)
-    wanted = policy_capacity(run, ctx, current=current.capacity,
-                              spot_available=not (spot_waiting or cooling))
+    view = policy_view(run, ctx, current=current.capacity,
+                       spot_available=not (spot_waiting or cooling))
+    wanted = choose_capacity(view, ctx.recovery)
     run = deadline_warning(run, ctx, wanted, current)
     if wanted == current.capacity or (wanted is Capacity.SPOT and cooling):
         return run  # back to Spot only once it may have capacity again
+    if not may_switch(view, wanted):
+        return run  # within the minimum dwell of the last move (policy.may_switch)
     reason = (f"deadline policy: switch {current.capacity} -> {wanted} "
               f"(time left {fmt_s((run.deadline_at or ctx.now) - ctx.now)})")
     if spot_waiting:  # giving up on a Spot queue is evidence too: don't come straight back
@@ -444,9 +482,10 @@ def _on_tick(run: Run, obs: Observation, ctx: Context) -> Run:
 
 _HANDLERS: Mapping[type, Callable[[Run, Observation, Context], Run]] = {
     IntentDone: _on_intent_done,
+    IntentDeferred: on_intent_deferred,
     ModelRegistered: _on_model_registered,
     LaunchDone: on_launch_done,
-    LaunchFailed: on_launch_failed,
+    LaunchFailed: on_launch_refused,
     TrainerReported: _on_trainer,
     JobObserved: _on_job,
     JobMissing: _on_job_missing,

@@ -35,6 +35,7 @@ def policy_view(run: Run, ctx: Context, *, current: Capacity | None,
     changeovers = sum(1 for a, b in zip(run.attempts, run.attempts[1:], strict=False)
                       if a.capacity != b.capacity)
     history = spot_history(run, ctx.now)
+    changed = (run.escalated or {}).get("at")  # set by launching when the capacity changed
     return PolicyView(now_s=ctx.now - run.created_at, deadline_s=deadline_s,
                       work_total_s=total_s, work_done_s=done_s,
                       restart_overhead_s=ctx.recovery.restart_overhead_s, current=current,
@@ -44,7 +45,9 @@ def policy_view(run: Run, ctx: Context, *, current: Capacity | None,
                       spot_waits=history.waits,
                       spot_down_at_s=None if history.down_at is None
                       else history.down_at - run.created_at,
-                      spot_assumed=current is Capacity.STANDARD if assumed is None else assumed)
+                      spot_assumed=current is Capacity.STANDARD if assumed is None else assumed,
+                      changed_at_s=float(changed) - run.created_at
+                      if isinstance(changed, int | float) else None)
 
 
 # A Spot attempt queued longer than this is waiting for capacity, not just being provisioned.

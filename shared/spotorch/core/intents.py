@@ -22,6 +22,9 @@ class LaunchIntent:
     claimed_until: float = 0.0  # an executor owns it until then; afterwards the tick may take it
     machine_type: str | None = None  # overrides the first worker pool's (out-of-memory fallback)
     resume_exact: bool = False  # resume from resume_uri only, never a newer one (after divergence)
+    # Why its claim was given up ("": it was not): the quota (QUOTA_REFUSED: the tick's retry
+    # pass tries it again as the budget refills), or a Vertex that could not answer.
+    deferred: str = ""
     kind: ClassVar[str] = "launch"
 
 

@@ -27,11 +27,13 @@ from spotorch.core.moves import (
     next_intent_id,
     note,
     publish,
+    release,
     with_attempt,
 )
-from spotorch.core.observations import QUOTA_REFUSED, LaunchDone, LaunchFailed, Observation
+from spotorch.core.observations import IntentDeferred, LaunchDone, LaunchFailed, Observation
 from spotorch.core.pipeline import Capacity
 from spotorch.core.regions import choose_region
+from spotorch.core.trust import attempt_key
 
 
 def first_launch(run: Run, ctx: Context, reason: str) -> Run:
@@ -58,7 +60,8 @@ def launch(run: Run, ctx: Context, capacity: Capacity, reason: str) -> Run:
     machine = run.health.machine_type
     attempt = Attempt(number=number, capacity=capacity, region=region, created_at=ctx.now,
                       resumed_from_step=ckpt.step if ckpt else None,
-                      resumed_from_uri=ckpt.uri if ckpt else None, machine_type=machine)
+                      resumed_from_uri=ckpt.uri if ckpt else None, machine_type=machine,
+                      report_key=attempt_key(ctx.key_seed, run.run_id, number))
     run = replace(run, attempts=(*run.attempts, attempt), next_action_at=None, next_capacity=None,
                   next_reason=None, next_region=None)
     if previous is not None and previous.capacity != capacity:
@@ -103,16 +106,30 @@ def on_launch_done(run: Run, obs: Observation, ctx: Context) -> Run:
     return note(run, ctx, f"attempt {attempt.number} job created", obs.job_name)
 
 
+def on_intent_deferred(run: Run, obs: Observation, ctx: Context) -> Run:
+    """An intent not carried out this time: give up its claim; a launch notes why it waits."""
+    assert isinstance(obs, IntentDeferred)
+    intent = next((i for i in run.outbox if i.id == obs.intent_id), None)
+    if intent is None:
+        return run
+    run = release(run, obs.intent_id, ctx.now, "waiting" if isinstance(intent, LaunchIntent)
+                  else "")
+    if not isinstance(intent, LaunchIntent):
+        return run
+    line = f"launch of attempt {intent.attempt} waits"
+    if run.history and run.history[-1].what == line:
+        return run  # one line in the history, not one per try
+    return note(run, ctx, line, obs.reason)
+
+
 def on_launch_failed(run: Run, obs: Observation, ctx: Context) -> Run:
     assert isinstance(obs, LaunchFailed)
     attempt = run.attempt(obs.attempt)
     if not obs.permanent or attempt is None or not attempt.live:
-        # Transient: the intent stays in the outbox. Refused for quota, its claim is given up so
-        # that the tick's retry pass (or another instance) takes it again as the budget refills;
-        # otherwise the tick retries it once its claim expires.
-        if obs.code == QUOTA_REFUSED:
-            run = replace(run, outbox=tuple(replace(i, claimed_until=ctx.now)
-                                            if i.id == obs.intent_id else i for i in run.outbox))
+        # Transient: the intent stays in the outbox and its claim is given up, so the next tick
+        # tries again (a Vertex that answers again is used within one tick); refused for quota,
+        # the tick's retry pass takes it again as the budget refills.
+        run = release(run, obs.intent_id, ctx.now, obs.code or "transient")
         line = f"launch of attempt {obs.attempt} failed, will retry"
         if run.history and run.history[-1].what == line:
             return run  # retried until it goes: one line in the history, not one per try

@@ -56,6 +56,7 @@ class FailureClass(StrEnum):
     HUNG = "hung"  # the trainer went silent while its job ran (or crawled): cancelled, relaunched
     OUT_OF_MEMORY = "out_of_memory"  # OOM-killed or an out-of-memory error: never the same machine
     DIVERGED = "diverged"  # a divergence rule fired and the pipeline relaunches from before it
+    QUOTA = "quota"  # a resource quota refused the job (region x capacity): waiting never helps
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,7 @@ class RunStatus(StrEnum):
     FAILED_HUNG = "FAILED_HUNG"  # attempts kept hanging (no trainer report) beyond the hung budget
     FAILED_DIVERGED = "FAILED_DIVERGED"  # a divergence rule fired (NaN, spike, plateau); job stopped
     FAILED_OUT_OF_MEMORY = "FAILED_OUT_OF_MEMORY"  # out of memory with no larger machine to move to
+    FAILED_QUOTA = "FAILED_QUOTA"  # a resource quota refused it in every region, capacity and shape
 
     @property
     def terminal(self) -> bool:
@@ -203,6 +205,12 @@ class Attempt:
     # The last lines its replicas wrote to stderr when it failed (bounded: core.observations
     # bounded_tail); empty when none were found or the failure was not the code's.
     error_tail: tuple[str, ...] = ()
+    reported_exit: int | None = None  # the exit code the trainer said it exits with ("failed")
+    reported_done_step: int | None = None  # the step a "completed" report claimed: a hint that
+    # only Vertex's SUCCEEDED confirms (then progress moves there)
+    # The attempt's own key for signed trainer reports (spotorch.core.trust): random, in its
+    # job's environment and in the run document only; never in repr, logs, events or views.
+    report_key: str = field(default="", repr=False)
 
     @property
     def live(self) -> bool:

@@ -8,7 +8,7 @@ from typing import Any
 from spotorch.core.context import Context
 from spotorch.core.cost import ledger, ledger_dict
 from spotorch.core.events import build_event
-from spotorch.core.intents import CancelIntent, Intent, PublishIntent
+from spotorch.core.intents import CancelIntent, Intent, LaunchIntent, PublishIntent
 from spotorch.core.model import (
     CANCEL_BY_OPERATOR,
     PROBES_LIMIT,
@@ -76,13 +76,14 @@ def fmt_s(seconds: float) -> str:
 
 
 def fail(run: Run, ctx: Context, status: RunStatus, reason: str,
-          failure: FailureClass | None) -> Run:
+          failure: FailureClass | None, **extra: Any) -> Run:
+    """End the run failed and publish run.failed (extra: more fields, e.g. `quota`)."""
     run = move_to(run, status, ctx, reason)
     tail = next((a.error_tail for a in reversed(run.attempts) if a.error_tail), ())
     return publish(run, ctx, "run.failed", status=str(status), reason=reason,
                     failure_class=str(failure) if failure else None, attempts=len(run.attempts),
                     preemptions=run.counters.preemptions, cost=cost_of(run, ctx),
-                    error=error_line(tail), error_tail=list(tail))
+                    error=error_line(tail), error_tail=list(tail), **extra)
 
 
 def cancel_attempt(run: Run, ctx: Context, attempt: Attempt, why: str) -> Run:
@@ -146,6 +147,17 @@ def spent(run: Run, ctx: Context) -> float:
 def claimable(run: Run, now: float) -> tuple[Intent, ...]:
     """Intents whose executor's claim has expired (crashed or lost): the tick may carry them out."""
     return tuple(i for i in run.outbox if i.claimed_until <= now)
+
+
+def release(run: Run, intent_id: str, now: float, why: str = "") -> Run:
+    """Give up the claim on an intent (its executor stopped trying): the next tick takes it
+    at once rather than when the claim would have expired."""
+    def released(intent: Intent) -> Intent:
+        if isinstance(intent, LaunchIntent):
+            return replace(intent, claimed_until=min(intent.claimed_until, now), deferred=why)
+        return replace(intent, claimed_until=min(intent.claimed_until, now))
+    return replace(run, outbox=tuple(released(i) if i.id == intent_id else i
+                                     for i in run.outbox))
 
 
 def claim(run: Run, intents: tuple[Intent, ...], now: float) -> Run:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spotorch.core.model import Checkpoint, JobStatus
+from spotorch_trainer.contract import parse_checkpoint_step
 
 # ---------------------------------------------------------------- observations
 
@@ -18,7 +19,8 @@ class JobObserved:
     status: JobStatus
     checkpoint: Checkpoint | None = None  # latest complete checkpoint, looked up when the job ended
     # Vertex's own answer (GetCustomJob, ListCustomJobs). A log line or a forged message is only
-    # a hint: it may move a job forward, never end it (one live job per run depends on it).
+    # a hint: it changes nothing by itself; it makes spotorch ask Vertex (one live job per run
+    # and every attempt state depend on it).
     confirmed: bool = True
     # A failed job's replicas' last stderr lines (ports.job_logs), looked up when it failed.
     error_tail: tuple[str, ...] = ()
@@ -70,6 +72,16 @@ class TrainerReported:
     report_interval_s: float | None = None  # the trainer's progress interval (on "started")
     checkpoint_s: float | None = None  # how long the reported checkpoint took to write
 
+    @property
+    def checkpoint(self) -> Checkpoint | None:
+        """The checkpoint the report names, at its own step (its directory's name): a
+        `completed` or `preempting` report names the last checkpoint, taken at or before the
+        report's step; None when there is none, or the URI names no checkpoint directory."""
+        if not self.checkpoint_uri:
+            return None
+        step = parse_checkpoint_step(self.checkpoint_uri)
+        return None if step is None else Checkpoint(step, self.checkpoint_uri.rstrip("/"))
+
 
 @dataclass(frozen=True)
 class LaunchDone:
@@ -109,6 +121,15 @@ class IntentDone:
     """A publish or cancel intent was carried out."""
 
     intent_id: str
+
+
+@dataclass(frozen=True)
+class IntentDeferred:
+    """An intent was not carried out this time (a launch waits for an earlier job to be
+    confirmed ended, or a call failed): its claim is given up, so the next tick takes it."""
+
+    intent_id: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -173,6 +194,7 @@ class CancelRequested:
     reason: str
 
 
-Observation = (JobObserved | JobMissing | TrainerReported | LaunchDone | LaunchFailed | IntentDone | Tick
+Observation = (JobObserved | JobMissing | TrainerReported | LaunchDone | LaunchFailed | IntentDone
+               | IntentDeferred | Tick
                | Promote | CancelRequested | CheckpointsDeleted | ModelRegistered
                | ProbeLaunched | ProbeLaunchFailed | ProbeObserved | ProbeMissing)

@@ -56,10 +56,42 @@ _LABEL_VALUE = Annotated[str, Matches(r"^[a-z0-9_-]{0,63}$",
 
 
 @dataclass(frozen=True)
+class PythonPackage(FileSection):
+    """Your code without an image: a Python package Vertex AI installs on one of its prebuilt
+    training containers and runs as `python -m python_module` (python_package_spec)."""
+
+    FILE_REQUIRES: ClassVar[tuple[str, ...]] = ("executor_image_uri", "python_module")
+    FILE_OMITS: ClassVar[tuple[str, ...]] = ("package_uris", "staged_files")
+
+    source: Annotated[str | None, Field(
+        min_length=1, description="A folder with your package's pyproject.toml (relative to the "
+                                  "pipeline file): spotorch builds its source distribution "
+                                  "when the pipeline is deployed.")] = None
+    package: Annotated[str | None, Field(
+        min_length=1, description="A source distribution or wheel you built (relative to the "
+                                  "pipeline file).")] = None
+    package_uri: Annotated[GcsUri | None, Field(
+        description="A built package already in Cloud Storage, used as it is.")] = None
+    executor_image_uri: Annotated[str, Field(
+        min_length=1, description="One of Vertex AI's prebuilt training containers, e.g. "
+                                  "us-docker.pkg.dev/vertex-ai/training/sklearn-cpu.1-0:latest "
+                                  "(spotorch/spec/training_containers.json).")] = ""
+    python_module: Annotated[str, Matches(
+        r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$",
+        "must be a Python module name like trainer.task"),
+        Field(description="The entry point, run as `python -m MODULE ARGS`.")] = ""
+    # Filled where the pipeline is validated (deploy, the local stack): the gs:// URIs of the
+    # built packages by content hash (spotorch_trainer's first), and the bundled files they are
+    # uploaded from when missing.
+    package_uris: tuple[str, ...] = ()
+    staged_files: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class WorkerPool(FileSection):
     """One worker pool of a Vertex AI custom job."""
 
-    FILE_REQUIRES: ClassVar[tuple[str, ...]] = ("machine_type", "image_uri")
+    FILE_REQUIRES: ClassVar[tuple[str, ...]] = ("machine_type",)
 
     machine_type: Annotated[str, Matches(
         r"^[a-z][a-z0-9]*(-[a-z0-9]+)+$",
@@ -74,7 +106,11 @@ class WorkerPool(FileSection):
     boot_disk_type: Annotated[str, OneOf(("pd-ssd", "pd-standard", "pd-balanced",
                                           "hyperdisk-balanced"))] = "pd-ssd"
     boot_disk_size_gb: Annotated[int, Field(ge=100, le=64000)] = 100
-    image_uri: NonEmpty = ""
+    image_uri: Annotated[str, Field(
+        min_length=1, description="Your training image (container_spec); or python_package.")] = ""
+    python_package: Annotated[PythonPackage | None, Field(
+        description="Your code as a Python package on a prebuilt container, instead of an "
+                    "image.")] = None
     command: tuple[str, ...] = ()
     args: tuple[str, ...] = ()
     env: Annotated[tuple[tuple[str, str], ...], Pairs(_ENV_NAME, Annotated[str, StringOrNumber()]),
@@ -115,6 +151,10 @@ class JobTemplate(FileSection):
     # Vertex's base_output_directory; AIP_MODEL_DIR lives below
     base_output_uri: Annotated[GcsUri | None, Field(
         description="Vertex AI base_output_directory.")] = None
+    staging_uri: Annotated[GcsUri | None, Field(
+        description="Where spotorch stores the Python packages it builds (python_package.source "
+                    "or package), under their content hash; the functions read and write it.")] \
+        = None
 
 
 class EscalationKind(StrEnum):
@@ -203,6 +243,12 @@ class RecoveryPolicy(FileSection):
                                      "(?i)capacity")
     infra_patterns: Patterns = ("(?i)internal error", "(?i)unavailable", "(?i)quota")
     timeout_patterns: Patterns = ("(?i)timeout", "(?i)deadline exceeded", "(?i)timed out")
+    # A RESOURCE_EXHAUSTED (or a failed job) whose message matches is a resource quota, which
+    # waiting never lifts (spotorch.core.quotas); any other RESOURCE_EXHAUSTED is a request rate.
+    quota_patterns: Annotated[tuple[NonEmpty, ...], Field(
+        description="Regular expressions (Python re) that tell a resource quota's "
+                    "RESOURCE_EXHAUSTED from a request rate's.")] = (
+        "(?i)quota metrics exceed quota limits", "(?i)exceeds the allowed maximum of")
 
 
 class OnActiveRun(StrEnum):

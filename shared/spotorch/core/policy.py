@@ -63,6 +63,10 @@ class PolicyView:
     # simulator's visible view, since the trace shows it gone. None: not known (production
     # does not pass it: an outage's start is seen only by a Spot attempt that was running).
     spot_down_s: float | None = None
+    # When the run last moved between capacities (seconds since it started): the launch of the
+    # first attempt on its current capacity after one on another. None: never (the minimum
+    # dwell, may_switch, does not hold it back).
+    changed_at_s: float | None = None
 
 
 class Slack(NamedTuple):
@@ -275,6 +279,33 @@ def flex_max_wait_s(view: PolicyView, configured_s: float) -> float:
         return configured_s
     guard = 2.0 * slack.overhead_s + slack.tick_s
     return max(min(configured_s, slack.slack_s - guard), slack.tick_s)
+
+
+# ---------------------------------------------------------------------------------------------
+# The minimum dwell: how often a run may switch capacity
+
+
+# A run stays on a capacity it moved to for at least one restart overhead (and one decision
+# interval) before it switches again, unless the deadline forces standard. A switch reversed
+# sooner buys nothing: its attempt had not done useful work yet, and each switch costs a
+# restart. (Issue 27: one run flapped Spot -> standard -> Spot 8 times in 58 s.) Production
+# (decide's tick switch, a probe's answer, launching a probe) and the simulator's production
+# view apply it through may_switch; docs/policy-benchmark.md measures what it costs.
+MIN_DWELL_OVERHEADS = 1.0
+
+
+def min_dwell_s(view: PolicyView) -> float:
+    """The shortest time a run stays on a capacity it moved to (see MIN_DWELL_OVERHEADS)."""
+    return max(MIN_DWELL_OVERHEADS * view.restart_overhead_s, view.tick_s)
+
+
+def may_switch(view: PolicyView, wanted: Capacity) -> bool:
+    """Whether the live attempt may be switched to `wanted` now: the minimum dwell since the
+    run's last move has passed, or the deadline forces standard."""
+    if view.changed_at_s is None or view.now_s - view.changed_at_s >= min_dwell_s(view):
+        return True
+    slack = slack_of(view)
+    return wanted is Capacity.STANDARD and slack is not None and slack.must_run_standard
 
 
 # ---------------------------------------------------------------------------------------------

@@ -46,8 +46,8 @@ from spotorch.core.observations import (
     ProbeObserved,
 )
 from spotorch.core.pipeline import Capacity, EscalationKind
-from spotorch.core.policy import ProbeTerms, choose_capacity, probe_worth, slack_of
-from spotorch.core.regions import choose_region
+from spotorch.core.policy import ProbeTerms, choose_capacity, may_switch, probe_worth, slack_of
+from spotorch.core.regions import AVOID_QUOTA, choose_region
 from spotorch.core.shapes import run_pipeline
 
 # ---------------------------------------------------------------- Spot probes
@@ -103,7 +103,12 @@ def tick_probe(run: Run, ctx: Context, current: Attempt) -> Run:
     if current.state is not AttemptState.RUNNING or current.cancel_reason is not None:
         return run
     region = choose_region(ctx.regions, run.avoid_regions, Capacity.SPOT, ctx.now)
+    if any(m.region == region and m.capacity is Capacity.SPOT and m.why == AVOID_QUOTA
+           and m.until > ctx.now for m in run.avoid_regions):
+        return run  # Spot's quota refused it in every region: a probe would be refused too
     view = policy_view(run, ctx, current=Capacity.STANDARD, spot_available=False, assumed=False)
+    if not may_switch(view, Capacity.SPOT):
+        return run  # a yes could not be acted on yet (the minimum dwell): no probe to pay for
     if not probe_worth(view, probe_terms(run, ctx, region),
                        lambda seen: choose_capacity(seen, ctx.recovery)):
         return run
@@ -233,6 +238,8 @@ def _spot_found(run: Run, ctx: Context, probe: Probe) -> Run:
         view = policy_view(run, ctx, current=Capacity.STANDARD, spot_available=True,
                            assumed=False)
         wanted = choose_capacity(view, ctx.recovery)
+        if not may_switch(view, wanted):
+            wanted = Capacity.STANDARD  # within the minimum dwell of the last move
     switching = on_standard and wanted is Capacity.SPOT
     time_left = fmt_s((run.deadline_at or ctx.now) - ctx.now)
     why = (f"probe {probe.number} found Spot capacity in {probe.region}: switch standard -> spot "

@@ -23,8 +23,10 @@ from spotorch.core.model import (
 )
 from spotorch.core.moves import fail, move_to, publish
 from spotorch.core.pipeline import Capacity, EscalationKind, RecoveryPolicy
+from spotorch.core.quotas import on_quota
 from spotorch.core.regions import AVOID_PREEMPTED, AVOID_STOCKOUT, mark
 from spotorch.core.training_health import recover_out_of_memory, roll_back
+from spotorch_trainer.contract import EXIT_KILLED
 
 
 def _jitter(run_id: str, n: int) -> float:
@@ -55,12 +57,22 @@ _CANCEL_FAILURES: Mapping[str, FailureClass] = {
 # with the attempt); Spot preemptions and stockouts are Vertex's doing, not the code's.
 WORKER_FAILURES = frozenset({FailureClass.USER_ERROR, FailureClass.INFRA,
                              FailureClass.OUT_OF_MEMORY})
+# A health rule's cancel that NOT_FOUND evidence overtook: the job is gone (a cancel never
+# landed on it), so the attempt is lost and the lost budget pays, not the hang budget.
+_LOST_OVERTAKES = frozenset({CANCEL_HUNG, CANCEL_SLOW})
 
 
 def failure_of(attempt: Attempt, status: JobStatus) -> FailureClass:
+    """How an ended attempt counts; the first rule that applies wins."""
+    if status.failure is FailureClass.LOST and attempt.cancel_reason in _LOST_OVERTAKES:
+        return FailureClass.LOST
     if attempt.state is AttemptState.CANCELLED or attempt.cancel_reason is not None:
         return _CANCEL_FAILURES.get(attempt.cancel_reason or "", FailureClass.CANCELLED)
-    return status.failure or FailureClass.INFRA
+    failure = status.failure or FailureClass.INFRA
+    if failure is FailureClass.INFRA and status.exit_code == EXIT_KILLED \
+            and attempt.reported_exit == EXIT_KILLED:
+        return FailureClass.USER_ERROR  # killed, but the trainer said it exits so itself
+    return failure
 
 
 END_REASONS: Mapping[FailureClass, Callable[[Attempt, JobStatus], str]] = {
@@ -79,6 +91,7 @@ END_REASONS: Mapping[FailureClass, Callable[[Attempt, JobStatus], str]] = {
         f" (exit code {s.exit_code})" if s.exit_code is not None else "")
     + (f": {s.message}" if s.message else ""),
     FailureClass.DIVERGED: lambda a, s: f"diverged: {a.cancel_detail or 'a divergence rule fired'}",
+    FailureClass.QUOTA: lambda a, s: f"quota: {s.message or 'a resource quota refused the job'}",
 }
 
 # Failure class -> (counter field, budget field, status when the budget runs out, budget name).
@@ -119,6 +132,8 @@ def recover(run: Run, ctx: Context, attempt: Attempt, failure: FailureClass) -> 
         failure = FailureClass.INFRA  # declared retryable: counts against the infra budget
     if failure is FailureClass.OUT_OF_MEMORY:
         return recover_out_of_memory(run, ctx, attempt)
+    if failure is FailureClass.QUOTA:  # no budget: each region, capacity and shape once
+        return on_quota(run, ctx, attempt, attempt.end_reason or "")
     counter, limit_field, failed_status, budget = _BUDGETS[failure]
     used = getattr(run.counters, counter) + 1
     progressed = (run.latest_checkpoint is not None
@@ -184,7 +199,7 @@ _BRIEF: Mapping[FailureClass, str] = {
     FailureClass.TIMEOUT: "timeout", FailureClass.CANCELLED: "cancel",
     FailureClass.LAUNCH_REJECTED: "launch rejection", FailureClass.LOST: "lost job",
     FailureClass.HUNG: "hang", FailureClass.OUT_OF_MEMORY: "out of memory",
-    FailureClass.DIVERGED: "divergence",
+    FailureClass.DIVERGED: "divergence", FailureClass.QUOTA: "quota",
 }
 
 

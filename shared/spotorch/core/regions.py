@@ -18,6 +18,7 @@ from spotorch.core.pipeline import Capacity
 # Why a run avoids a region for a while (RegionMark.why).
 AVOID_STOCKOUT = "stockout"
 AVOID_PREEMPTED = "preempted"
+AVOID_QUOTA = "quota"  # a resource quota refused the job there (spotorch.core.quotas)
 
 
 @dataclass(frozen=True)

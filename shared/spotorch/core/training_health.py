@@ -59,7 +59,7 @@ def _loss_of(obs: TrainerReported, metric: str) -> float | None:
 
 
 def trainer_health(run: Run, obs: TrainerReported, ctx: Context,
-                    fresh_rate: float | None) -> Run:
+                    fresh_rate: float | None, *, newest: bool = True) -> Run:
     attempt = run.attempt(obs.attempt)
     if attempt is None or not _watched(run, attempt):
         return run
@@ -70,7 +70,7 @@ def trainer_health(run: Run, obs: TrainerReported, ctx: Context,
         rate, slow = hp.rate_sample(policy, health.rate, fresh_rate, obs.step)
     loss, diverged = health.loss, None
     value = _loss_of(obs, policy.loss_metric)
-    if value is not None and obs.step is not None and obs.kind == "progress":
+    if value is not None and obs.step is not None and obs.kind == "progress" and newest:
         loss, diverged = hp.loss_sample(policy, health.loss, obs.step, value)
     health = replace(health, reports=health.reports + 1,
                      longest_gap_s=max(health.longest_gap_s, gap),
@@ -80,7 +80,7 @@ def trainer_health(run: Run, obs: TrainerReported, ctx: Context,
     attempts[attempt.number - 1] = replace(attempt, last_report_at=max(
         obs.at, attempt.last_report_at or obs.at))
     run = replace(run, attempts=tuple(attempts), health=health)
-    if obs.checkpoint_uri and obs.step is not None:
+    if obs.checkpoint is not None:
         run = _known_checkpoint(run, ctx, obs)
     if slow is not None:
         run = _on_slow(run, ctx, slow)
@@ -92,14 +92,15 @@ def trainer_health(run: Run, obs: TrainerReported, ctx: Context,
 
 def _known_checkpoint(run: Run, ctx: Context, obs: TrainerReported) -> Run:
     """Remember a reported checkpoint (with its metric, for keep-best) and when it arrived."""
-    assert obs.step is not None and obs.checkpoint_uri
+    reported = obs.checkpoint
+    assert reported is not None
     metric_name = ctx.health.keep_best_metric
     metric = obs.metrics.get(metric_name) if metric_name else None
-    known = hp.KnownCheckpoint(obs.step, obs.checkpoint_uri, obs.at, metric, obs.checkpoint_s)
-    others = tuple(c for c in run.health.checkpoints if c.step != obs.step)
+    known = hp.KnownCheckpoint(reported.step, reported.uri, obs.at, metric, obs.checkpoint_s)
+    others = tuple(c for c in run.health.checkpoints if c.step != reported.step)
     checkpoints = tuple(sorted((*others, known), key=lambda c: c.step))[-KNOWN_CHECKPOINTS_LIMIT:]
     health = replace(run.health, checkpoints=checkpoints)
-    if run.latest_checkpoint is not None and run.latest_checkpoint.step == obs.step:
+    if run.latest_checkpoint is not None and run.latest_checkpoint.step == reported.step:
         health = replace(health, checkpoint_at=obs.at)
     return replace(run, health=health)
 
@@ -193,6 +194,10 @@ def tick_health(run: Run, ctx: Context, current: Attempt) -> Run:
     """Time-based rules: hung attempts, stale checkpoints (runs that use the trainer helper)."""
     if run.status is not RunStatus.RUNNING or current.state is not AttemptState.RUNNING \
             or run.health.reports == 0 or not _watched(run, current):
+        return run
+    if current.missing_polls:
+        # Vertex answered NOT_FOUND: the job may be gone, and a silent trainer is what a gone
+        # job looks like. The lost rule decides (its own budget), not the hang rule.
         return run
     health = run.health
     silent_since = current.last_report_at or current.started_at or ctx.now

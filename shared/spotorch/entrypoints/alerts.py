@@ -86,12 +86,12 @@ def decode_pubsub_cloudevent(cloud_event: Any) -> dict[str, Any]:
 
 
 def routes_from_pipelines(path: str) -> Callable[[str], Sequence[Route]]:
-    """Routes of each pipeline, from the pipelines loaded once per process (spotorch.spec.loader)."""
+    """Routes of each pipeline, from the pipelines loaded once per process (spotorch.spec.compiled)."""
 
     def routes_for(pipeline: str) -> Sequence[Route]:
-        from spotorch.spec.loader import cached_pipelines
+        from spotorch.spec.compiled import function_pipelines
 
-        routes = {p.name: p.routes for p in cached_pipelines(Path(path))}.get(pipeline)
+        routes = {p.name: p.routes for p in function_pipelines(Path(path))}.get(pipeline)
         if routes is None:
             log_json("WARNING", "event of an unknown pipeline: no alert routes",
                       pipeline=pipeline)

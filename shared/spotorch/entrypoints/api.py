@@ -5,6 +5,11 @@ Times are ISO 8601 (UTC). GET /runs lists every run newest first: ?status=active
 &pipeline=NAME&since=6h|ISO&limit=N&page_token=T; the reply carries next_page_token. GET /sweeps
 takes the same (sweep statuses), GET /sweep?sweep_id=S one sweep; POST /submit-sweep
 {pipeline, data_uri, request_id} and POST /cancel-sweep {sweep_id, reason}.
+
+Ids that name documents (run, pipeline, request, sweep ids) are checked before anything reads: a
+request the API cannot act on answers 400 with the reason and is recorded in rejected_events
+(event type "api METHOD /action"), never a 5xx; an unknown run answers 404 on GET /run and
+409 on the actions, as an unknown pipeline does.
 """
 
 from __future__ import annotations
@@ -64,15 +69,29 @@ def _view(deps: Deps, run: Run) -> dict[str, Any]:
     return run_view(run, deps.pipelines.get(run.pipeline), deps.clock.now(), deps.prices)
 
 
+MAX_TEXT = 2048  # a data URI, a reason: longer is not something an operator typed
+
+
 def _field(body: Mapping[str, Any], name: str) -> str:
     value = body.get(name)
     if value in (None, ""):
         raise BadRequest(f"missing field {name!r}")
+    if not isinstance(value, str | int) or isinstance(value, bool) or len(str(value)) > MAX_TEXT:
+        raise BadRequest(f"field {name!r} is not a string of at most {MAX_TEXT} characters")
     return str(value)
 
 
+def _id(body: Mapping[str, Any], name: str, *, required: bool = True) -> str:
+    """A field that names a document (a run, a pipeline, a request): checked before any read."""
+    from spotorch.core.ids import check_id
+
+    if not required and body.get(name) in (None, ""):
+        return ""
+    return check_id(_field(body, name), name)
+
+
 def _get(deps: Deps, body: Mapping[str, Any]) -> Response:
-    run_id = _field(body, "run_id")
+    run_id = _id(body, "run_id")
     run = reader_of(deps).get(run_id)
     return _reply(_view(deps, run)) if run else _reply({"error": f"no such run {run_id!r}"}, 404)
 
@@ -87,7 +106,7 @@ def _list(deps: Deps, body: Mapping[str, Any]) -> Response:
         raise BadRequest(f"limit must be a whole number, not {body.get('limit')!r}") from None
     now = deps.clock.now()
     query = RunQuery(statuses=parse_statuses([str(body.get("status") or "")]),
-                     pipeline=str(body["pipeline"]) if body.get("pipeline") else None,
+                     pipeline=_id(body, "pipeline", required=False) or None,
                      since=parse_since(str(body["since"]), now) if body.get("since") else None,
                      limit=limit, page_token=str(body.get("page_token") or "") or None)
     page = reader_of(deps).list(query)
@@ -99,22 +118,23 @@ def _list(deps: Deps, body: Mapping[str, Any]) -> Response:
 def _cancel(deps: Deps, body: Mapping[str, Any]) -> Response:
     from spotorch.app.runs import cancel_run
 
-    run = cancel_run(deps, _field(body, "run_id"), str(body.get("reason") or "cancelled via API"))
+    reason = str(body.get("reason") or "cancelled via API")[:500]
+    run = cancel_run(deps, _id(body, "run_id"), reason)
     return _reply(_view(deps, run))
 
 
 def _retry(deps: Deps, body: Mapping[str, Any]) -> Response:
     from spotorch.app.runs import retry_run
 
-    run = retry_run(deps, _field(body, "run_id"), str(body.get("request_id") or "1"))
+    run = retry_run(deps, _id(body, "run_id"), _id(body, "request_id", required=False) or "1")
     return _reply(_view(deps, run), 201)
 
 
 def _submit(deps: Deps, body: Mapping[str, Any]) -> Response:
     from spotorch.app.runs import submit
 
-    run = submit(deps, _field(body, "pipeline"), _field(body, "data_uri"),
-                 request_id=str(body.get("request_id") or ""))
+    run = submit(deps, _id(body, "pipeline"), _field(body, "data_uri"),
+                 request_id=_id(body, "request_id", required=False))
     return _reply(_view(deps, run) if run else {"skipped": True}, 201 if run else 200)
 
 
@@ -187,9 +207,29 @@ ROUTES: Mapping[tuple[str, str], Route] = {
 }
 
 
+def _record(deps: Deps, method: str, action: str, body: Mapping[str, Any], reason: str) -> None:
+    """Keep a refused request in rejected_events, as the event functions keep bad events."""
+    import hashlib
+    import logging
+    import time
+
+    from spotorch.app.runs import record_rejected
+
+    what = json.dumps([method, action, body], sort_keys=True, default=str)
+    key = "api-" + hashlib.sha256(what.encode()).hexdigest()[:32]
+    logging.getLogger("spotorch.entrypoints.api").warning("api: refused %s /%s: %s", method,
+                                                          action[:60], reason[:300])
+    try:
+        record_rejected(deps.docs, event_id=key, event_type=f"api {method} /{action[:60]}",
+                        reason=reason, now=time.time(), payload=dict(body))
+    except Exception as exc:  # best effort: the answer says what was wrong either way
+        logging.getLogger("spotorch.entrypoints.api").error("could not record: %s", exc)
+
+
 def handle_request(request: HttpRequest, deps: Deps | None = None) -> Response:
     """Route /<action> to the service layer; errors come back as JSON with a clear message."""
     # Imported per request, not with functions/main.py: the event functions' cold starts stay light.
+    from spotorch.core.errors import InvalidEvent
     from spotorch.ports.reads import BadQuery
 
     action = request.path.strip("/").split("/")[-1]
@@ -211,7 +251,8 @@ def handle_request(request: HttpRequest, deps: Deps | None = None) -> Response:
         deps = production()
     try:
         return route(deps, body)
-    except (BadRequest, BadQuery) as exc:
+    except (BadRequest, BadQuery, InvalidEvent) as exc:
+        _record(deps, request.method, action, body, str(exc))
         return _reply({"error": str(exc)}, 400)
     except SpotorchError as exc:
         return _reply({"error": str(exc), "kind": type(exc).__name__}, 409)

@@ -336,7 +336,8 @@ def _job_line(body: bytes, attributes: Mapping[str, str], event_id: str) -> None
     except NotAJobStateChange:
         return  # a job's log line that reports no state: nothing to do, nothing wrong
     try:
-        run = job_line_reported(d, line.job_id, line.phase, line.message, event_id=event_id)
+        run = job_line_reported(d, line.job_id, line.phase, line.message, event_id=event_id,
+                                project=line.project)
     except NotOurJob:
         _not_ours(line.job_id, event_id)
         return
@@ -345,10 +346,14 @@ def _job_line(body: bytes, attributes: Mapping[str, str], event_id: str) -> None
 
 
 def _trainer(body: bytes, attributes: Mapping[str, str], event_id: str) -> None:
-    from spotorch.app.job_events import trainer_reported
+    from spotorch.app.job_events import trainer_message
+    from spotorch.core.trust import SignedMessage
+    from spotorch_trainer import contract
 
     report, run_id, trainer_event_id = parse_trainer_message(body)
-    run = trainer_reported(deps(), run_id, report, event_id=trainer_event_id or event_id)
+    signed = SignedMessage(body, attributes.get(contract.ATTR_SIGNATURE, ""),
+                           attributes.get(contract.ATTR_ATTEMPT, ""))
+    run = trainer_message(deps(), run_id, report, signed, event_id=trainer_event_id or event_id)
     log.debug("trainer %s step %s", report.kind, report.step,
               extra={"run_id": run_id, "event_id": event_id, "status": str(run.status)})
 

@@ -25,12 +25,13 @@ def production_deps(settings: Settings | None = None) -> Deps:
     from spotorch.adapters.gcp.vertex import VertexJobLauncher
     from spotorch.adapters.gcp.vertex_budgets import RequestBudget, SharedRequestBudget
     from spotorch.app.run_store import DocumentRunStore
-    from spotorch.spec.loader import cached_pipelines
+    from spotorch.spec.compiled import function_pipelines
     from spotorch.spec.prices import price_table
 
     settings = settings or Settings.from_env()
     docs = FirestoreDocumentStore(project=settings.project, database=settings.firestore_database)
-    pipelines = {p.name: p for p in cached_pipelines(settings.pipelines)}
+    # Validated at deploy time: read from pipelines.json without pydantic (cold starts).
+    pipelines = {p.name: p for p in function_pipelines(settings.pipelines)}
     regions = tuple(sorted({r for p in pipelines.values() for r in p.job.regions}))
     budget = SharedRequestBudget(docs) if settings.shared_budget else RequestBudget()
     return bootstrap.deps(
@@ -38,17 +39,21 @@ def production_deps(settings: Settings | None = None) -> Deps:
         runs=DocumentRunStore(docs),
         docs=docs,
         launcher=VertexJobLauncher(settings.project, endpoint=settings.vertex_endpoint,
-                                   regions=regions or (settings.region,), budget=budget),
+                                   regions=regions or (settings.region,), budget=budget,
+                                   token=settings.vertex_token),
         checkpoints=StorageCheckpointStore(),
         publisher=PubSubPublisher(settings.topic_path(settings.events_topic)),
         clock=SystemClock(),
         pipelines=pipelines,
         objects=GcsObjectStore(project=settings.project),
         events_topic=settings.topic_path(settings.trainer_events_topic),
+        project=settings.project,
         shards=PubSubShardDispatcher(settings.topic_path(TOPIC_TICK)),
         # Clients on first use: only pipelines with a `model` section ever call them.
-        models=VertexModelRegistry(settings.project, endpoint=settings.vertex_endpoint),
-        experiments=VertexExperimentTracker(settings.project, endpoint=settings.vertex_endpoint),
+        models=VertexModelRegistry(settings.project, endpoint=settings.vertex_endpoint,
+                                   token=settings.vertex_token),
+        experiments=VertexExperimentTracker(settings.project, endpoint=settings.vertex_endpoint,
+                                            token=settings.vertex_token),
         # A failed attempt's stderr tail: Cloud Logging (the Vertex emulator locally).
         job_logs=CloudLoggingJobLogs(settings.project, endpoint=settings.logging_endpoint),
         unmatched_alert_after_s=settings.unmatched_alert_after_s,

@@ -106,6 +106,10 @@ class StackConfig:
     vertex_grace_s: float | None = None
     vertex_workdir: Path | None = None  # None: run_dir/vertex
     vertex_args: Sequence[str] = ()  # more options, e.g. ("--every-spot-job-after-s", "20")
+    # The Vertex emulator checks every caller against deploy/'s grants (docs/local-stack.md,
+    # "IAM"); deploy_dir: the Terraform whose grants count (a copy with a grant removed, in tests).
+    vertex_iam: bool = True
+    deploy_dir: Path = field(default_factory=lambda: repo_file("deploy"))
     # Keep state across stops: Firestore exported at stop and imported at start, GCS on disk,
     # the Vertex emulator's jobs in a file (RUN_DIR/data/); docs/local-stack.md says what cannot.
     durable: bool = False

@@ -27,6 +27,7 @@ from spotorch.local._stack_config import (
     StackError,
 )
 from spotorch.local._stack_emulators import HEALTH_ANSWERS, HEALTH_PATHS
+from spotorch.local._stack_iam import IAM_FILE, StackIdentities
 from spotorch.local._stack_procs import (
     Child,
     Probe,
@@ -38,6 +39,7 @@ from spotorch.local._stack_procs import (
     stop_groups,
     wait_ready,
 )
+from spotorch.local._stack_pubsub import pushed_routes, subscription_name
 
 EMULATORS = tuple(HEALTH_PATHS)  # firestore, pubsub, gcs
 EnvOf = Callable[[Mapping[str, str] | None], dict[str, str]]
@@ -56,10 +58,12 @@ def _adapter_ok(status: int, body: bytes) -> bool:
 class StackProcesses:
     """The stack's child processes by name: emulator:NAME, function:NAME, push-adapter, vertex."""
 
-    def __init__(self, config: StackConfig, run_dir: Path, child_env: EnvOf) -> None:
+    def __init__(self, config: StackConfig, run_dir: Path, child_env: EnvOf,
+                 identities: StackIdentities | None = None) -> None:
         self.config = config
         self.run_dir = run_dir
         self._child_env = child_env
+        self.identities = identities or StackIdentities()
         self.children: dict[str, Child] = {}
         self.emulator_ports: dict[str, int] = {}
         self.function_ports: dict[str, int] = {}
@@ -106,7 +110,7 @@ class StackProcesses:
 
     def reserve_ports(self) -> None:
         cfg = self.config
-        need_adapter = cfg.push == "eventarc" and bool(self.pushed_functions())
+        need_adapter = bool(self.pushed_functions())  # it delivers every subscription
         self.emulator_ports = {name: emulators.free_port() for name in EMULATORS}
         self.function_ports = {name: emulators.free_port() for name in cfg.functions}
         self.adapter_port = emulators.free_port() if need_adapter else None
@@ -139,20 +143,34 @@ class StackProcesses:
         argv = [str(self.ff_binary()), "--target", name, "--source",
                 str(cfg.functions_source.resolve()), "--signature-type", cfg.functions[name],
                 "--port", str(port), "--host", HOST]
+        env = self._child_env(cfg.extra_env)
+        env.pop(S.ENV_VERTEX_TOKEN, None)
+        if cfg.vertex_iam:  # every function runs as the functions' service account of deploy/
+            env.update(self.identities.function_env())
         child = spawn(f"function {name}", argv, self.run_dir / f"function-{name}.log",
-                      self._child_env(cfg.extra_env), cwd=cfg.cwd, port=port)
+                      env, cwd=cfg.cwd, port=port)
         self.children[f"function:{name}"] = child
         return child, owned_probe(child, port, http_probe(f"http://{HOST}:{port}/robots.txt",
                                                           _not_found))
 
     def spawn_adapter(self) -> tuple[Child, Probe]:
+        """The push adapter: it delivers each function's subscription as Pub/Sub push does,
+        with the subscriptions' retry policy (spotorch.local._push_adapter)."""
+        cfg = self.config
         port = self.adapter_port
         assert port is not None
         argv = [sys.executable, "-m", "spotorch.local._push_adapter", "--host", HOST,
-                "--port", str(port)]
-        for name in self.pushed_functions():
-            argv += ["--route", f"{name}={self.function_url(name)}"]
-        if self.config.gcs_events == "storage":
+                "--port", str(port), "--pubsub", f"{HOST}:{self.emulator_ports['pubsub']}",
+                "--project", cfg.project, "--mode", cfg.push,
+                "--max-backoff", str(cfg.max_backoff_s),
+                "--max-delivery-attempts", str(cfg.max_delivery_attempts),
+                "--ack-deadline", str(cfg.ack_deadline_s)]
+        if cfg.min_backoff_s is not None:
+            argv += ["--min-backoff", str(cfg.min_backoff_s)]
+        for topic, function in pushed_routes(cfg):
+            argv += ["--deliver", f"{subscription_name(topic, function)}={topic}={function}="
+                                  f"{self.function_url(function)}"]
+        if cfg.gcs_events == "storage":
             argv += ["--storage-topic", S.TOPIC_GCS_NOTIFICATIONS]
         child = spawn("push adapter", argv, self.run_dir / "push-adapter.log",
                       self._child_env(None), port=port)
@@ -176,11 +194,16 @@ class StackProcesses:
                 argv += [flag, str(value.resolve() if isinstance(value, Path) else value)]
         if cfg.durable:
             argv.append("--persist")
+        if cfg.vertex_iam:
+            argv += ["--iam", str(self.identities.write_policy(
+                self.run_dir / IAM_FILE, cfg.deploy_dir.resolve(), cfg.project))]
         argv += list(cfg.vertex_args)
         log_path = self.run_dir / "vertex.log"
-        # Its workers inherit this env: they publish trainer events and write checkpoints.
-        child = spawn("vertex emulator", argv, log_path, self._child_env(cfg.extra_env),
-                      cwd=cfg.cwd, port=port)
+        # Its workers inherit this env: they publish trainer events and write checkpoints (as
+        # the job's account: no token of the operator's).
+        env = self._child_env(cfg.extra_env)
+        env.pop(S.ENV_VERTEX_TOKEN, None)
+        child = spawn("vertex emulator", argv, log_path, env, cwd=cfg.cwd, port=port)
         self.children["vertex"] = child
         ready = log_probe(log_path, f"{VERTEX_READY_LINE} {HOST}:{port}\n")
         return child, owned_probe(child, port, ready)

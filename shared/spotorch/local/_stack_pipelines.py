@@ -10,11 +10,13 @@ from __future__ import annotations
 import re
 import shutil
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from spotorch.core.pipeline import Pipeline
 from spotorch.local._stack_config import repo_file
+from spotorch.spec.compiled import write_compiled
 
 # Environment variable names a route target may name (the notifier's own rule).
 _ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
@@ -37,6 +39,7 @@ class LoadedPipeline:
     trigger: str  # gs://bucket/prefix
     buckets: tuple[str, ...]
     routes: tuple[RouteInfo, ...]
+    pipeline: Pipeline | None = field(default=None, compare=False, repr=False)  # as validated
 
 
 @dataclass(frozen=True)
@@ -77,13 +80,14 @@ def _bucket(uri: str | None) -> str | None:
 
 
 def _describe(pipeline: Any, file: Path) -> LoadedPipeline:
-    uris = (pipeline.checkpoint_uri, pipeline.output_uri, pipeline.job.base_output_uri)
+    uris = (pipeline.checkpoint_uri, pipeline.output_uri, pipeline.job.base_output_uri,
+            pipeline.job.staging_uri)
     buckets = [pipeline.trigger.bucket, *(b for u in uris if (b := _bucket(u)))]
     return LoadedPipeline(
         name=pipeline.name, file=file,
         trigger=f"gs://{pipeline.trigger.bucket}/{pipeline.trigger.prefix}",
         buckets=tuple(dict.fromkeys(buckets)),
-        routes=tuple(RouteInfo(r.channel, r.target) for r in pipeline.routes))
+        routes=tuple(RouteInfo(r.channel, r.target) for r in pipeline.routes), pipeline=pipeline)
 
 
 def check_pipelines(source: Path) -> PipelineSet:
@@ -107,15 +111,32 @@ def check_pipelines(source: Path) -> PipelineSet:
     return PipelineSet(source, tuple(loaded.values()), rejected)
 
 
-def activate(pipelines: PipelineSet, active_dir: Path) -> None:
-    """Make active_dir hold exactly the valid files (the functions read it)."""
+def activate(pipelines: PipelineSet, active_dir: Path) -> PipelineSet:
+    """Make active_dir hold exactly the valid files (the functions read it), their Python
+    packages built and pipelines.json written; a pipeline whose package does not build is left
+    out like an invalid file. Returns what is served."""
+    from spotorch.core.errors import ConfigError
+    from spotorch.spec.packages import stage
+
     shutil.rmtree(active_dir, ignore_errors=True)
     active_dir.mkdir(parents=True)
     root = pipelines.source if pipelines.source.is_dir() else pipelines.source.parent
+    served: list[LoadedPipeline] = []
+    rejected = dict(pipelines.rejected)
     for p in pipelines.loaded:
+        try:
+            staged = stage((p.pipeline,), active_dir) if p.pipeline is not None else ()
+        except ConfigError as exc:
+            rejected[str(p.file)] = tuple(str(problem) for problem in exc.problems)
+            continue
+        served.append(replace(p, pipeline=staged[0] if staged else None))
         target = active_dir / p.file.relative_to(root)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(p.file, target)
+    # What the functions read at their first event, as deploy/package.py writes it for the
+    # bundle: the validated pipelines, readable without pydantic or YAML.
+    write_compiled([p.pipeline for p in served if p.pipeline is not None], active_dir)
+    return PipelineSet(pipelines.source, tuple(served), rejected)
 
 
 def fingerprint(source: Path) -> tuple[tuple[str, int, int], ...]:

@@ -42,6 +42,12 @@ def subscription_name(topic: str, function: str) -> str:
     return f"{topic}--{function.replace('_', '-')}--push"
 
 
+def pushed_routes(config: StackConfig) -> list[tuple[str, str]]:
+    """(topic, function) of every subscription that feeds a function started here."""
+    return [(topic, function) for topic, functions in config.routes.items()
+            for function in functions if config.functions.get(function) == CLOUDEVENT]
+
+
 class PubSubAdmin:
     """GAPIC clients on a channel to the stack's emulator (never os.environ's) and what they do."""
 
@@ -103,40 +109,27 @@ class PubSubAdmin:
                                                       retry=Retry(timeout=30), timeout=10)
 
     def create_subscriptions(self, push_endpoint: Callable[[str, str], str]) -> None:
-        """Push subscriptions to the functions, with retry backoff and dead letters; observers."""
+        """The functions' subscriptions, with dead letters (the push adapter delivers them, with
+        the retry policy: see spotorch.local._push_adapter); the observers'."""
         from google.api_core.exceptions import AlreadyExists
-        from google.protobuf import duration_pb2
-        from google.pubsub_v1.types import DeadLetterPolicy, PushConfig, RetryPolicy
+        from google.pubsub_v1.types import DeadLetterPolicy
 
         cfg = self.config
-
-        def duration(seconds: float) -> duration_pb2.Duration:
-            return duration_pb2.Duration(seconds=int(seconds),
-                                         nanos=round(seconds % 1 * 1e9))
-
         sub = self.client("subscriber")
-        for topic, functions in cfg.routes.items():
-            for function in functions:
-                if cfg.functions.get(function) != CLOUDEVENT:
-                    continue  # not started here (or HTTP): nothing to push to
-                name = subscription_name(topic, function)
-                endpoint = push_endpoint(topic, function)
-                with contextlib.suppress(AlreadyExists):
-                    sub.create_subscription(request={
-                        "name": self.subscription_path(name),
-                        "topic": self.topic_path(topic),
-                        "push_config": PushConfig(push_endpoint=endpoint),
-                        "ack_deadline_seconds": cfg.ack_deadline_s,
-                        "enable_message_ordering": topic in cfg.ordered_topics,
-                        "dead_letter_policy": DeadLetterPolicy(
-                            dead_letter_topic=self.topic_path(S.TOPIC_DEAD_LETTER),
-                            max_delivery_attempts=cfg.max_delivery_attempts),
-                        "retry_policy": None if cfg.min_backoff_s is None else RetryPolicy(
-                            minimum_backoff=duration(cfg.min_backoff_s),
-                            maximum_backoff=duration(cfg.max_backoff_s)),
-                    })
-                self.subscriptions[name] = {"topic": topic, "function": function,
-                                            "push_endpoint": endpoint}
+        for topic, function in pushed_routes(cfg):
+            name = subscription_name(topic, function)
+            with contextlib.suppress(AlreadyExists):
+                sub.create_subscription(request={
+                    "name": self.subscription_path(name),
+                    "topic": self.topic_path(topic),
+                    "ack_deadline_seconds": cfg.ack_deadline_s,
+                    "enable_message_ordering": topic in cfg.ordered_topics,
+                    "dead_letter_policy": DeadLetterPolicy(
+                        dead_letter_topic=self.topic_path(S.TOPIC_DEAD_LETTER),
+                        max_delivery_attempts=cfg.max_delivery_attempts),
+                })
+            self.subscriptions[name] = {"topic": topic, "function": function,
+                                        "push_endpoint": push_endpoint(topic, function)}
         for name, topic in ((OBSERVER_SUBSCRIPTION, S.TOPIC_EVENTS),
                             (DEAD_LETTER_SUBSCRIPTION, S.TOPIC_DEAD_LETTER)):
             with contextlib.suppress(AlreadyExists):

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from spotorch.local._vertex_iam import IamPolicy
 from spotorch.local._vertex_jobs import Invalid, utc
 from spotorch.local._vertex_service import _validate_labels, copy, parse_parent
 
@@ -64,8 +65,10 @@ class RegistryServices:
     contexts) and Operations (GetOperation) over one in-memory state."""
 
     def __init__(self, project: str | None, *, operation_s: float = 0.3,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 iam: IamPolicy | None = None) -> None:
         self.project = project
+        self.iam = iam  # None: callers are not checked
         self.operation_s = operation_s
         self.state = RegistryState()
         self._clock = clock
@@ -331,9 +334,12 @@ class RegistryServices:
         from google.cloud import aiplatform_v1 as v1
         from google.longrunning import operations_pb2
 
-        def rpc(fn: Callable[[Any], Any], request_type: Any, serialize: Any) -> Any:
+        def rpc(fn: Callable[[Any], Any], request_type: Any, serialize: Any,
+                method: str) -> Any:
             def handle(request: Any, context: Any) -> Any:
                 try:
+                    if self.iam is not None:
+                        self.iam.check(method, context.invocation_metadata(), request)
                     return fn(request)
                 except Invalid as exc:
                     context.abort(getattr(grpc.StatusCode, exc.code), str(exc))
@@ -344,26 +350,30 @@ class RegistryServices:
         def op_out(message: Any) -> bytes:
             return bytes(message.SerializeToString())
 
-        models = grpc.method_handlers_generic_handler(MODEL_SERVICE, {
-            "UploadModel": rpc(self.upload_model, v1.UploadModelRequest, op_out),
-            "GetModel": rpc(self.get_model, v1.GetModelRequest, v1.Model.serialize),
-            "ListModelVersions": rpc(self.list_model_versions, v1.ListModelVersionsRequest,
-                                     v1.ListModelVersionsResponse.serialize),
+        def service(name: str, methods: dict[str, tuple[Callable[[Any], Any], Any, Any]]) -> Any:
+            short = name.rsplit(".", 1)[1]
+            return grpc.method_handlers_generic_handler(name, {
+                method: rpc(fn, request_type, out, f"{short}/{method}")
+                for method, (fn, request_type, out) in methods.items()})
+
+        models = service(MODEL_SERVICE, {
+            "UploadModel": (self.upload_model, v1.UploadModelRequest, op_out),
+            "GetModel": (self.get_model, v1.GetModelRequest, v1.Model.serialize),
+            "ListModelVersions": (self.list_model_versions, v1.ListModelVersionsRequest,
+                                  v1.ListModelVersionsResponse.serialize),
         })
-        metadata = grpc.method_handlers_generic_handler(METADATA_SERVICE, {
-            "GetMetadataStore": rpc(self.get_metadata_store, v1.GetMetadataStoreRequest,
-                                    v1.MetadataStore.serialize),
-            "CreateMetadataStore": rpc(self.create_metadata_store,
-                                       v1.CreateMetadataStoreRequest, op_out),
-            "CreateContext": rpc(self.create_context, v1.CreateContextRequest,
-                                 v1.Context.serialize),
-            "GetContext": rpc(self.get_context, v1.GetContextRequest, v1.Context.serialize),
-            "UpdateContext": rpc(self.update_context, v1.UpdateContextRequest,
-                                 v1.Context.serialize),
-            "AddContextChildren": rpc(self.add_context_children, v1.AddContextChildrenRequest,
-                                      v1.AddContextChildrenResponse.serialize),
-            "ListContexts": rpc(self.list_contexts, v1.ListContextsRequest,
-                                v1.ListContextsResponse.serialize),
+        metadata = service(METADATA_SERVICE, {
+            "GetMetadataStore": (self.get_metadata_store, v1.GetMetadataStoreRequest,
+                                 v1.MetadataStore.serialize),
+            "CreateMetadataStore": (self.create_metadata_store, v1.CreateMetadataStoreRequest,
+                                    op_out),
+            "CreateContext": (self.create_context, v1.CreateContextRequest, v1.Context.serialize),
+            "GetContext": (self.get_context, v1.GetContextRequest, v1.Context.serialize),
+            "UpdateContext": (self.update_context, v1.UpdateContextRequest, v1.Context.serialize),
+            "AddContextChildren": (self.add_context_children, v1.AddContextChildrenRequest,
+                                   v1.AddContextChildrenResponse.serialize),
+            "ListContexts": (self.list_contexts, v1.ListContextsRequest,
+                             v1.ListContextsResponse.serialize),
         })
         operations = grpc.method_handlers_generic_handler(OPERATIONS_SERVICE, {
             "GetOperation": grpc.unary_unary_rpc_method_handler(
@@ -377,6 +387,8 @@ class RegistryServices:
         import grpc
 
         try:
+            if self.iam is not None:
+                self.iam.check("Operations/GetOperation", context.invocation_metadata(), request)
             return self.get_operation(request)
         except Invalid as exc:
             context.abort(getattr(grpc.StatusCode, exc.code), str(exc))

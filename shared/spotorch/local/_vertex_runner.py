@@ -32,19 +32,22 @@ from spotorch.local._vertex_workers import SpawnError, kill, spawn
 log = logging.getLogger("spotorch.local.vertex_emulator")
 
 
-def resident_mb(pid: int) -> float:
-    """Resident memory of a process and its children (MiB), from /proc; 0 when gone."""
+def resident_mb(leader: int) -> float:
+    """Resident memory of a replica (MiB), from /proc: every process of its group but the
+    leader (the shim that starts it, _vertex_shim); 0 when gone."""
     total = 0.0
     for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
+        if not proc.name.isdigit() or proc.name == str(leader):
             continue
         try:
+            group = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2])
+            if group != leader:
+                continue
             fields = dict(line.split(":", 1) for line in (proc / "status").read_text().splitlines()
                           if ":" in line)
-        except OSError:
+        except (OSError, ValueError, IndexError):
             continue
-        if proc.name == str(pid) or fields.get("PPid", "").strip() == str(pid):
-            total += int(fields.get("VmRSS", "0 kB").split()[0]) / 1024
+        total += int(fields.get("VmRSS", "0 kB").split()[0]) / 1024
     return total
 
 

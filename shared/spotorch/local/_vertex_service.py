@@ -12,8 +12,10 @@ from typing import Any
 
 from spotorch.adapters.gcp.vertex import JobState
 from spotorch.local._vertex_filter import FilterError, matches, parse_filter
+from spotorch.local._vertex_iam import IamPolicy
 from spotorch.local._vertex_jobs import DEFAULT_TIMEOUT_S, TERMINAL, Invalid, JobRecord, JobStore, utc
 from spotorch.local._vertex_quota import QuotaExceeded, QuotaMeter
+from spotorch.local._vertex_resources import ResourceQuotas, usage
 from spotorch.local._vertex_runner import JobRunner
 
 log = logging.getLogger("spotorch.local.vertex_emulator")
@@ -60,8 +62,11 @@ class JobService:
     """CreateCustomJob, GetCustomJob, CancelCustomJob and ListCustomJobs on the store."""
 
     def __init__(self, project: str | None, store: JobStore, runner: JobRunner,
-                 quota: QuotaMeter, workdir: Callable[[], Path]) -> None:
+                 quota: QuotaMeter, workdir: Callable[[], Path],
+                 iam: IamPolicy | None = None, resources: ResourceQuotas | None = None) -> None:
         self.project = project
+        self.resources = resources  # GPUs, TPUs, CPUs per region (None: unlimited)
+        self.iam = iam  # None: no caller is checked (in-process tests that do not ask for IAM)
         self.store = store
         self.runner = runner
         self.quota = quota
@@ -87,6 +92,11 @@ class JobService:
             if pool.replica_count and not pool.machine_spec.machine_type:
                 raise Invalid("INVALID_ARGUMENT", f"worker_pool_specs[{i}].machine_spec."
                               "machine_type is required")
+            package = pool.python_package_spec
+            if package.python_module and not (package.executor_image_uri
+                                              and package.package_uris):
+                raise Invalid("INVALID_ARGUMENT", f"worker_pool_specs[{i}].python_package_spec "
+                              "needs executor_image_uri and package_uris")
             if pool.replica_count and not (pool.container_spec.command
                                            or pool.container_spec.args
                                            or pool.python_package_spec.python_module):
@@ -117,12 +127,29 @@ class JobService:
                            log_dir=self._workdir() / job_id, since=time.monotonic(),
                            states=[JobState.QUEUED])
         with self.store.lock:
+            self._check_resources(project, region, job)
             self.store.add(record)
             self.runner.record(record, JobState.QUEUED, now)
             self.store.save()
             log.info("%s: created (%s) %s", proto.name, "SPOT" if record.spot else "not spot",
                      dict(proto.labels))
             return copy(proto)
+
+    def _check_resources(self, project: str, region: str, job: Any) -> None:
+        """Refuse a job the region's resource quotas cannot hold (under the store's lock)."""
+        if self.resources is None or not self.resources.limits:
+            return
+        from google.cloud import aiplatform_v1 as v1
+
+        preemptible = (v1.Scheduling.Strategy.SPOT, v1.Scheduling.Strategy.FLEX_START)
+        in_use = [usage(r.proto.job_spec, r.proto.job_spec.scheduling.strategy in preemptible)
+                  for r in self.store.records()
+                  if r.project == project and r.region == region and r.state not in TERMINAL]
+        wanted = usage(job.job_spec, job.job_spec.scheduling.strategy in preemptible)
+        over = self.resources.exceeded(region, wanted, in_use)
+        if over:
+            log.info("projects/%s/locations/%s: refused, over quota %s", project, region, over)
+            raise Invalid("RESOURCE_EXHAUSTED", self.resources.refusal(over))
 
     def get(self, request: Any) -> Any:
         """GetCustomJob."""
@@ -178,7 +205,7 @@ class JobService:
             raise Invalid("RESOURCE_EXHAUSTED", str(exc)) from None
 
     def handlers(self) -> Any:
-        """The generic gRPC handler of the service: quota first, then the method."""
+        """The generic gRPC handler of the service: the caller's permission, quota, the method."""
         import grpc
         from google.cloud import aiplatform_v1 as v1
         from google.protobuf import empty_pb2
@@ -187,6 +214,9 @@ class JobService:
                 serialize: Any) -> Any:
             def handle(request: Any, context: Any) -> Any:
                 try:
+                    if self.iam is not None:
+                        self.iam.check(f"JobService/{method}", context.invocation_metadata(),
+                                       request)
                     self._charge(method, request)
                     return fn(request)
                 except Invalid as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,15 +59,19 @@ class Replica:
             os.killpg(self.process.pid, sig)
 
 
-def argv_of(pool: Any) -> list[str]:
+def argv_of(pool: Any, packages: Path | None = None) -> list[str]:
     """The command line of a worker pool (container or python package); [] when it has none.
 
     The image is ignored: the command runs on this machine. "python"/"python3" as the command
-    becomes this interpreter, so workers see the same installed packages as the emulator.
+    becomes this interpreter, so workers see the same installed packages as the emulator. A
+    python package is installed first (cached under `packages`; spotorch.local._vertex_packages).
     """
     if pool.python_package_spec and pool.python_package_spec.python_module:
+        from spotorch.local import _vertex_packages
+
         spec = pool.python_package_spec
-        return [sys.executable, "-m", spec.python_module, *spec.args]
+        return _vertex_packages.argv(packages or Path("packages"), spec.python_module,
+                                     list(spec.package_uris), list(spec.args))
     argv = [*pool.container_spec.command, *pool.container_spec.args]
     if argv and argv[0] in PYTHON_NAMES:
         argv[0] = sys.executable
@@ -108,21 +113,38 @@ def replica_env(job_spec: Any, job_id: str, pool: int, index: int,
     spec = cluster_spec(job_spec.worker_pool_specs, pool, index)
     env.update(CLOUD_ML_JOB_ID=job_id, CLUSTER_SPEC=json.dumps(spec),
                TF_CONFIG=json.dumps(tf_config(spec)), PYTHONUNBUFFERED="1")
-    env.update({e.name: e.value for e in job_spec.worker_pool_specs[pool].container_spec.env})
+    code = job_spec.worker_pool_specs[pool]
+    code_env = code.python_package_spec.env if code.python_package_spec.python_module \
+        else code.container_spec.env
+    env.update({e.name: e.value for e in code_env})
     return env
 
 
+SHIM = Path(__file__).with_name("_vertex_shim.py")
+
+
+def _shimmed(argv: list[str], name: str) -> list[str]:
+    """The replica's command under the shim that dies with the emulator (_vertex_shim)."""
+    if not argv or (shutil.which(argv[0]) is None):
+        raise SpawnError(name, f"cannot start {argv[:1]}: no such executable")
+    return [sys.executable, "-I", str(SHIM), str(os.getpid()), "--", *argv]
+
+
 def spawn(job_spec: Any, job_id: str, log_dir: Path, base_env: Mapping[str, str]) -> list[Replica]:
-    """Start every replica of every pool; on failure, kill those started and raise SpawnError."""
+    """Start every replica of every pool; on failure, kill those started and raise SpawnError.
+
+    Each replica is a process group of its own whose leader (the shim) SIGKILLs the group when
+    the emulator dies: no worker outlives its job's VM, not even after a kill -9."""
     log_dir.mkdir(parents=True, exist_ok=True)
     replicas: list[Replica] = []
     try:
         for p, pool in enumerate(job_spec.worker_pool_specs):
-            argv = argv_of(pool)
+            argv = argv_of(pool, log_dir.parent / "packages")
             for i in range(pool.replica_count):
                 name = f"workerpool{p}-{i}"
                 log_path = log_dir / f"{name}.log"
                 try:
+                    command = _shimmed(argv, name)
                     # stdout and stderr apart, as Vertex logs them (INFO and ERROR entries): the
                     # error tail of a failed job is its stderr (ListLogEntries, _vertex_logging).
                     with log_path.open("ab") as log, \
@@ -130,7 +152,7 @@ def spawn(job_spec: Any, job_id: str, log_dir: Path, base_env: Mapping[str, str]
                         # A session of its own: the emulator's Ctrl-C does not reach workers,
                         # and a stop signals the whole process tree.
                         process = subprocess.Popen(
-                            argv, stdout=log, stderr=err, stdin=subprocess.DEVNULL,
+                            command, stdout=log, stderr=err, stdin=subprocess.DEVNULL,
                             env=replica_env(job_spec, job_id, p, i, base_env),
                             start_new_session=True)
                 except OSError as exc:

@@ -248,16 +248,44 @@ def _upload_and_follow(stack: Any, docs: Any, timeout_s: float, say: Callable[[s
     if run is None:
         return {"run_id": None, "status": "NO_RUN", "attempts": [], "timings_ms": {},
                 "preemptions": 0, "escalated": None, "model_uri": None, "metrics": None}
-    return _report(run, uploaded_at)
+    return _report(run, uploaded_at, lambda name: _job_code(stack, name))
 
 
-def _report(run: Any, uploaded_at: float) -> dict[str, Any]:
+def _job_code(stack: Any, job_name: str | None) -> dict[str, Any] | None:
+    """What Vertex ran for a job, as GetCustomJob answers: the package URIs, the executor image
+    and the module of a python_package_spec, or the image and command of a container_spec."""
+    if not job_name:
+        return None  # never created (e.g. refused for quota)
+    from google.cloud.aiplatform_v1 import JobServiceClient
+    from google.cloud.aiplatform_v1.services.job_service.transports.grpc import (
+        JobServiceGrpcTransport,
+    )
+
+    from spotorch import settings as S
+    from spotorch.adapters.gcp.vertex_calls import emulator_channel
+
+    client = JobServiceClient(transport=JobServiceGrpcTransport(channel=emulator_channel(
+        stack.env[S.ENV_VERTEX_ENDPOINT], stack.env.get(S.ENV_VERTEX_TOKEN))))
+    pool = client.get_custom_job(name=job_name).job_spec.worker_pool_specs[0]
+    package = pool.python_package_spec
+    if package.python_module:
+        return {"package_uris": list(package.package_uris),
+                "executor_image_uri": package.executor_image_uri,
+                "python_module": package.python_module}
+    return {"image_uri": pool.container_spec.image_uri,
+            "command": list(pool.container_spec.command)}
+
+
+def _report(run: Any, uploaded_at: float,
+            code_of: Callable[[str | None], dict[str, Any] | None] = lambda name: None
+            ) -> dict[str, Any]:
     from spotorch.app.runs import run_summary
 
     summary = run_summary(run)
     for a in summary["attempts"]:
         for key in ("created_at", "started_at", "ended_at"):
             a[key] = _iso(a[key])
+        a["code"] = code_of(a.get("job_name"))
     first = run.attempts[0] if run.attempts else None
     timings: dict[str, float | list[int] | None] = {
         "upload_to_launch": None if first is None else round((first.created_at - uploaded_at) * 1000),

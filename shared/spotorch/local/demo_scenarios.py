@@ -35,6 +35,7 @@ class Scenario:
     vertex_args: tuple[str, ...] = ()  # extra options of the Vertex emulator
     sweep: Mapping[str, Any] | None = None  # the pipeline's sweep: (docs/sweeps.md)
     model: Mapping[str, Any] | None = None  # the pipeline's model: registration
+    pool: Mapping[str, Any] = field(default_factory=dict)  # overrides of the first worker pool
 
 
 _UNHEALTHY = ("python", "examples/unhealthy.py")
@@ -52,14 +53,17 @@ SCENARIOS: Mapping[str, Scenario] = {
     "default": Scenario(
         name="default",
         title="preempted twice, escalated to standard",
-        setup="Spot preempts attempt 1 after 7 s of running and attempt 2 after 6 s; every "
+        setup="Spot preempts attempt 1 after 11 s of running and attempt 2 after 8 s; every "
               "job-state message of attempt 2 is lost, so only the tick's polling can see its "
               "job; the pipeline escalates to standard VMs after 2 preemptions.",
         expected_status="SUCCEEDED",
         recovery={"escalation": "count", "escalate_after_preemptions": 2,
                   "restart_overhead": "5s", "backoff_base": "1s", "stockout_wait": "60s",
                   "decision_interval": "2s"},
-        vertex_schedule={"preempt": [{"attempt": 1, "after_s": 7.0}, {"attempt": 2, "after_s": 6.0}],
+        # From RUNNING: a replica first installs its package (the first attempt builds the
+        # emulator's environment for it, seconds on a busy machine), then trains and checkpoints.
+        vertex_schedule={"preempt": [{"attempt": 1, "after_s": 11.0},
+                                     {"attempt": 2, "after_s": 8.0}],
                          # the first preemption is heard from its job-state line, the second
                          # only through polling (timings_ms: preemption_to_relaunch_each)
                          "drop_events": [{"attempt": 2}]},
@@ -78,7 +82,9 @@ SCENARIOS: Mapping[str, Scenario] = {
                   "spot_probes": {"enabled": True, "wait": "4s", "billed_estimate": "2s"}},
         # Spot is back 34 s after the emulator starts: after both stockouts, while on standard.
         vertex_schedule={"stockouts": [{"from_s": 0, "for_s": 34}]},
-        trainer_env={**_TRAINER_ENV, "EXAMPLE_TOTAL_STEPS": "400", "EXAMPLE_STEP_SLEEP": "0.06"},
+        # The standard attempt trains long enough (about 32 s) for a probe to follow the
+        # minimum dwell of the move (one restart overhead) and the run to go back to Spot.
+        trainer_env={**_TRAINER_ENV, "EXAMPLE_TOTAL_STEPS": "400", "EXAMPLE_STEP_SLEEP": "0.08"},
         regions=("us-central1", "europe-west4"),
     ),
     "user-error": Scenario(
@@ -126,11 +132,12 @@ SCENARIOS: Mapping[str, Scenario] = {
         name="sweep",
         title="a sweep of four trials, preempted, median-stopped",
         setup="A sweep over four learning rates (0.3, 0.1, 0.00001, 0.03), four trials at once on "
-              "Spot; Spot preempts every trial's attempt 1 after 5 s; the median rule may stop "
+              "Spot; Spot preempts every trial's attempt 1 after 9 s; the median rule may stop "
               "trials from step 40 once 2 have reported; the best trial's model is registered.",
         expected_status="SUCCEEDED",
         recovery={"escalation": "never", "backoff_base": "1s", "decision_interval": "2s"},
-        vertex_schedule={"preempt": [{"attempt": 1, "after_s": 5.0}]},
+        # From RUNNING: four replicas share the first install of their package, then train.
+        vertex_schedule={"preempt": [{"attempt": 1, "after_s": 9.0}]},
         trainer_env={**_TRAINER_ENV, "EXAMPLE_TOTAL_STEPS": "240", "OPENBLAS_NUM_THREADS": "1",
                      "OMP_NUM_THREADS": "1"},
         sweep={"parameters": [{"name": "lr", "values": [0.3, 0.1, 0.00001, 0.03]}],
@@ -174,6 +181,21 @@ SCENARIOS: Mapping[str, Scenario] = {
                      "EXAMPLE_OOM_AT_STEP": "10", "EXAMPLE_BAD_ATTEMPTS": "99"},
         vertex_args=("--memory-limits-mb", _DEMO_MEMORY),
     ),
+    "quota": Scenario(
+        name="quota",
+        title="no Spot GPU quota in the first region",
+        setup="The project has no Spot L4 GPU quota in us-central1 (as new projects often have "
+              "none): the Vertex emulator refuses the job there with RESOURCE_EXHAUSTED naming "
+              "custom_model_training_preemptible_nvidia_l4_gpus; europe-west4 has quota.",
+        expected_status="SUCCEEDED",
+        recovery={"escalation": "never", "backoff_base": "1s", "decision_interval": "2s"},
+        trainer_env={**_TRAINER_ENV, "EXAMPLE_TOTAL_STEPS": "150"},
+        regions=("us-central1", "europe-west4"),
+        pool={"machine_type": "g2-standard-8", "accelerator_type": "NVIDIA_L4",
+              "accelerator_count": 1},
+        vertex_args=("--resource-quotas", json.dumps(
+            {"us-central1": {"custom_model_training_preemptible_nvidia_l4_gpus": 0}})),
+    ),
 }
 
 
@@ -187,10 +209,16 @@ def pipeline_document(scenario: Scenario) -> dict[str, Any]:
     env = dict(pools[0].get("env") or {})
     env.update(scenario.trainer_env)
     pools[0]["env"] = env
+    package = pools[0].get("python_package")
+    if package and package.get("source"):  # the file is written elsewhere: an absolute folder
+        package["source"] = str((REPO / "examples" / "pipelines" / package["source"]).resolve())
     if scenario.hardware is not None:
         base["hardware"] = dict(scenario.hardware)
-    if scenario.command:
+    if scenario.command:  # a command of its own: on an image, not the example package
+        pools[0].pop("python_package", None)
+        pools[0]["image_uri"] = "python:3.11-slim"
         pools[0]["command"] = list(scenario.command)
+    pools[0].update(scenario.pool)
     if scenario.health:
         base["health"] = dict(scenario.health)
     for key, value in (("sweep", scenario.sweep), ("model", scenario.model)):

@@ -50,6 +50,7 @@ from spotorch.local._stack_config import (
     vertex_available,
 )
 from spotorch.local._stack_gcs import GcsAdmin
+from spotorch.local._stack_iam import StackIdentities
 from spotorch.local._stack_launch import StackProcesses
 from spotorch.local._stack_pipelines import PipelineSet, activate, check_pipelines, fingerprint
 from spotorch.local._stack_pubsub import PubSubAdmin, PulledMessage, subscription_name
@@ -78,7 +79,7 @@ class DevStack:
     def __init__(self, config: StackConfig | None = None, /, **overrides: Any) -> None:
         base = config or StackConfig()
         for key in ("run_dir", "pipelines_dir", "functions_source", "cwd", "vertex_schedule",
-                    "vertex_trace", "vertex_workdir", "bin_dir"):
+                    "vertex_trace", "vertex_workdir", "bin_dir", "deploy_dir"):
             if isinstance(overrides.get(key), str):
                 overrides[key] = Path(overrides[key])
         try:
@@ -86,7 +87,9 @@ class DevStack:
         except TypeError as exc:
             raise StackError(f"DevStack: {exc}") from exc
         self.run_dir = self.config.run_dir.resolve()
-        self.processes = StackProcesses(self.config, self.run_dir, self._child_env)
+        self.identities = StackIdentities()
+        self.processes = StackProcesses(self.config, self.run_dir, self._child_env,
+                                        self.identities)
         self._pubsub_admin = PubSubAdmin(self.config,
                                          lambda: self.emulator_address("pubsub"))
         self._gcs = GcsAdmin(self.config.project, lambda: self.emulator_address("gcs"))
@@ -246,16 +249,34 @@ class DevStack:
         self._note(f"restarted {key}")
         return key
 
+    def stop_piece(self, piece: str) -> str:
+        """Stop one piece (a function, the adapter, vertex) and leave it down; returns its name.
+        Messages for a stopped function wait in its subscription (retried, then dead-lettered)."""
+        key = self.processes.piece(piece)
+        if key.startswith("emulator:"):
+            raise StackError("an emulator is restarted, not stopped: use restart()")
+        self.processes.stop([key])
+        self._note(f"stopped {key}")
+        return key
+
+    def start_piece(self, piece: str) -> str:
+        """Start a piece stop_piece stopped, on its port; returns its name."""
+        key = self.processes.piece(piece)
+        self.processes.respawn(key)
+        self._note(f"started {key}")
+        return key
+
     # -------------------------------------------------------------- pipelines
 
-    def _activate(self, pipelines: PipelineSet) -> None:
-        activate(pipelines, self.run_dir / ACTIVE_PIPELINES)
+    def _activate(self, pipelines: PipelineSet) -> PipelineSet:
+        pipelines = activate(pipelines, self.run_dir / ACTIVE_PIPELINES)
         self.pipelines = pipelines
         lines = [f"pipelines from {pipelines.source}: "
                  f"{', '.join(p.name for p in pipelines.loaded) or 'none loaded'}"]
         for file, problems in pipelines.rejected.items():
             lines.append(f"left out {file}: " + "; ".join(problems))
         self._note("\n".join(lines))
+        return pipelines
 
     def reload_pipelines(self, source: Path | None = None) -> PipelineSet:
         """Check the pipeline files again (from source, if given, from now on), serve the valid
@@ -265,8 +286,7 @@ class DevStack:
                 self._pipelines_source = source.resolve()
             if self._pipelines_source is None:
                 raise StackError("this stack serves no pipelines directory")
-            pipelines = check_pipelines(self._pipelines_source)
-            self._activate(pipelines)
+            pipelines = self._activate(check_pipelines(self._pipelines_source))
             self._gcs.create_buckets(pipelines.buckets)
             self.processes.respawn(*[k for k in self.processes.children
                                      if k.startswith("function:")])
@@ -329,6 +349,8 @@ class DevStack:
             env[S.ENV_VERTEX_ENDPOINT] = f"{HOST}:{procs.vertex_port}"
             # The Vertex emulator also answers Cloud Logging's ListLogEntries for its jobs.
             env[S.ENV_LOGGING_ENDPOINT] = f"{HOST}:{procs.vertex_port}"
+            if self.config.vertex_iam:  # this process and the CLI call as the operator
+                env.update(self.identities.operator_env())
         if "api" in procs.function_ports:
             env["SPOTORCH_API_URL"] = self.function_url("api")
         return env
@@ -339,12 +361,11 @@ class DevStack:
 
     def push_endpoint(self, topic: str, function: str) -> str:
         """Where the push subscription of topic -> function delivers."""
+        # The push adapter pulls the subscription and posts here (spotorch.local._push_adapter).
         topic_path = f"projects/{self.config.project}/topics/{topic}"
         if self.config.push == "direct":
             return f"{self.function_url(function)}{topic_path}"
-        if self.processes.adapter_port is None:
-            raise StackError("the push adapter is not running")
-        return f"http://{HOST}:{self.processes.adapter_port}/{function}/{topic_path}"
+        return self.function_url(function)
 
     def subscription_name(self, topic: str, function: str) -> str:
         return subscription_name(topic, function)

@@ -23,12 +23,14 @@ import click
 from spotorch.adapters.gcp.vertex import JobState
 from spotorch.commandline import CONTEXT, run
 from spotorch.local import _vertex_logs as logs
+from spotorch.local._vertex_iam import IamPolicy
 from spotorch.local._vertex_jobs import JobStore
 from spotorch.local._vertex_logging import LoggingService
 from spotorch.local._vertex_logs import LogFormat, LogFormatError
 from spotorch.local._vertex_publisher import LogPublisher
 from spotorch.local._vertex_quota import QuotaLimits, QuotaMeter
 from spotorch.local._vertex_registry import RegistryServices
+from spotorch.local._vertex_resources import ResourceQuotas
 from spotorch.local._vertex_runner import JobRunner
 from spotorch.local._vertex_schedule import (
     ScheduleError,
@@ -44,7 +46,7 @@ from spotorch.settings import TOPIC_JOB_EVENTS
 
 log = logging.getLogger("spotorch.local.vertex_emulator")
 
-__all__ = ["READY_LINE", "SERVICE", "EmulatorError", "LogFormat", "QuotaLimits",
+__all__ = ["READY_LINE", "SERVICE", "EmulatorError", "IamPolicy", "LogFormat", "QuotaLimits",
            "VertexEmulator", "main"]
 
 READY_LINE = "vertex emulator listening on {address}"
@@ -75,7 +77,9 @@ class VertexEmulator:
                  listener: Callable[[Mapping[str, Any]], None] | None = None,
                  log_format: LogFormat | None = None, quotas: QuotaLimits | None = None,
                  persist: bool = False, synthetic_run_s: float | None = None,
-                 memory_limits_mb: Mapping[str, float] | None = None) -> None:
+                 memory_limits_mb: Mapping[str, float] | None = None,
+                 iam: IamPolicy | None = None,
+                 resource_quotas: ResourceQuotas | Mapping[str, Any] | None = None) -> None:
         """project None: serve any project. schedule: a SpotSchedule, its JSON form or a JSON file.
 
         trace: a spot trace file replayed at trace_speed from trace_offset; stockout_from_s /
@@ -87,6 +91,10 @@ class VertexEmulator:
         synthetic_run_s: run no worker processes; each job runs this long and succeeds (unless
         preempted). For scale benchmarks: thousands of jobs on two cores.
         memory_limits_mb: machine type -> MiB; a replica past its machine's memory is OOM-killed.
+        iam: callers' tokens and grants; every call is then checked as Vertex checks it
+        (UNAUTHENTICATED, PERMISSION_DENIED). None: nobody is checked.
+        resource_quotas: GPUs, TPUs and CPUs per region ({"us-central1": {"custom_model_training_
+        nvidia_l4_gpus": 0}, "*": {...}}); CreateCustomJob past one is RESOURCE_EXHAUSTED.
         """
         if not 0.0 <= drop_events <= 1.0:
             raise EmulatorError("drop_events is a fraction between 0 and 1")
@@ -110,15 +118,24 @@ class VertexEmulator:
                                  memory_limits_mb=memory_limits_mb)
         self._service = JobService(project, self._store, self._runner,
                                    QuotaMeter(quotas or QuotaLimits()),
-                                   lambda: self.workdir or Path("."))
+                                   lambda: self.workdir or Path("."), iam=iam,
+                                   resources=self._resources(resource_quotas))
         # Model Registry and Experiments (ModelService, MetadataService, operations): in memory.
-        self.registry = RegistryServices(project)
+        self.registry = RegistryServices(project, iam=iam)
         # Cloud Logging's ListLogEntries over the jobs' output (the error tail of a failed job).
         self.logging = LoggingService(project, lambda: self.workdir or Path("."))
         self._t0 = time.monotonic()
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+
+    @staticmethod
+    def _resources(quotas: ResourceQuotas | Mapping[str, Any] | None) -> ResourceQuotas | None:
+        try:
+            return quotas if quotas is None or isinstance(quotas, ResourceQuotas) \
+                else ResourceQuotas.parse(quotas)
+        except ValueError as exc:
+            raise EmulatorError(str(exc)) from exc
 
     @staticmethod
     def _schedule(schedule: Any, trace: Any, speed: float, offset: int,
@@ -167,6 +184,15 @@ class VertexEmulator:
     def quotas(self, limits: QuotaLimits) -> None:
         """Change the limits while serving (a benchmark sets up without them, measures with)."""
         self._service.quota.limits = limits
+
+    @property
+    def resource_quotas(self) -> ResourceQuotas | None:
+        return self._service.resources
+
+    @resource_quotas.setter
+    def resource_quotas(self, quotas: ResourceQuotas | None) -> None:
+        """Change the resource quotas while serving (raise one, as an operator would)."""
+        self._service.resources = quotas
 
     def start(self) -> str:
         """Serve on host:port (port 0: a free one) and return the address."""
@@ -335,6 +361,12 @@ _DEFAULT_QUOTAS = QuotaLimits()
 @click.option("--no-quotas", is_flag=True, help="No request quotas at all.")
 @click.option("--memory-limits-mb", default=None, metavar="JSON",
               help='{"MACHINE_TYPE": MiB}: replicas past it are OOM-killed (exit 137).')
+@click.option("--resource-quotas", default=None, metavar="JSON|FILE",
+              help='GPUs, TPUs, CPUs per region: JSON or a JSON file, '
+                   '{"us-central1": {"custom_model_training_nvidia_l4_gpus": 0}, "*": {...}}.')
+@click.option("--iam", type=click.Path(dir_okay=False),
+              help="JSON file of callers' tokens and grants: every call is checked "
+                   "(UNAUTHENTICATED, PERMISSION_DENIED)  [default: none is]")
 @click.option("--persist", is_flag=True,
               help=f"Keep jobs in WORKDIR/{JOBS_FILE}; at start, take up the saved ones.")
 def vertex(**options: Any) -> None:
@@ -383,9 +415,12 @@ def _serve(args: SimpleNamespace) -> int:
             grace_s=args.grace_s, workdir=args.workdir, job_events_topic=args.job_events_topic,
             drop_events=args.drop_events, seed=args.seed, queued_s=args.queued_s,
             pending_s=args.pending_s, log_format=_log_format(args), quotas=_quotas(args),
-            persist=args.persist, memory_limits_mb=memory)
+            persist=args.persist, memory_limits_mb=memory,
+            iam=IamPolicy.load(args.iam) if args.iam else None,
+            resource_quotas=ResourceQuotas.load(args.resource_quotas)
+            if args.resource_quotas else None)
         address = emulator.start()
-    except (EmulatorError, ScheduleError, LogFormatError) as exc:
+    except (EmulatorError, ScheduleError, LogFormatError, OSError, ValueError) as exc:
         print(f"vertex emulator: {exc}", file=sys.stderr)
         return 2
     done = threading.Event()

@@ -71,7 +71,7 @@ def _probe(pipeline: Pipeline, docs: DocumentStore, data_uri: str, now: float) -
     settings = Settings.from_env()
     region = pipeline.job.regions[0]
     launcher = VertexJobLauncher(settings.project, endpoint=settings.vertex_endpoint,
-                                 regions=(region,))
+                                 regions=(region,), token=settings.vertex_token)
     stamp = time.strftime("%Y%m%dt%H%M%S", time.gmtime(now))
     session = ProbeSession(f"probe-{pipeline.name}-{stamp}", pipeline.checkpoint_uri, data_uri,
                            region)

@@ -59,6 +59,13 @@ PREDEFINED_ROLES: Mapping[str, frozenset[str]] = {
         "storage.folders.list", "storage.managedFolders.get", "storage.managedFolders.list",
         "storage.objects.get", "storage.objects.list",
     }),
+    "roles/storage.objectCreator": frozenset({
+        "orgpolicy.policy.get", "resourcemanager.projects.get", "resourcemanager.projects.list",
+        "storage.folders.create", "storage.managedFolders.create",
+        "storage.multipartUploads.abort", "storage.multipartUploads.create",
+        "storage.multipartUploads.list", "storage.multipartUploads.listParts",
+        "storage.objects.create",
+    }),
     "roles/storage.objectUser": frozenset({
         "monitoring.timeSeries.create", "orgpolicy.policy.get", "resourcemanager.projects.get",
         "resourcemanager.projects.list", "storage.folders.create", "storage.folders.delete",

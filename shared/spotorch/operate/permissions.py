@@ -49,6 +49,7 @@ class Scope(StrEnum):
     LANDING = "buckets:landing"  # trigger buckets: snapshots arrive here
     CHECKPOINT = "buckets:checkpoint"  # checkpoint_uri buckets
     MODEL = "buckets:model"  # output_uri / base_output_uri buckets
+    STAGING = "buckets:staging"  # job.staging_uri buckets: built Python packages
     ALERT_SECRETS = "secrets:alert"  # spotorch-* secrets mounted on the notifier
     ROUTE_SECRETS = "secrets:route"  # sm:// secrets pipeline routes name
     TRAINING_ACCOUNT = "service-account:training"  # actAs: jobs that run as spotorch-training
@@ -235,6 +236,13 @@ CALLS: tuple[Call, ...] = (
     # --- Cloud Storage: snapshots (functions) ---------------------------------------------------
     Call("Blob.download_as_bytes", "objects.get", _on(S.LANDING, GET_OBJECT), (F,),
          (f"{OBJECTS}.read",), STORAGE_IAM, "a snapshot's marker or manifest"),
+    Call("Blob.upload_from_filename", "objects.insert", _on(S.STAGING, "storage.objects.create"),
+         (F,), (f"{OBJECTS}.ensure_file",), STORAGE_IAM,
+         "a built Python package the staging bucket lacks, before the launch that runs it"),
+    Call("python_package_spec.package_uris", "objects.get", _on(S.STAGING, GET_OBJECT), TRAINER,
+         source=STORAGE_IAM, kind=Kind.PLATFORM,
+         why="Vertex's prebuilt container downloads the packages as the job's account (our "
+             "reading: Google names no other identity for it)"),
     Call("Blob.exists", "objects.get", _on(S.LANDING, GET_OBJECT), (F,), (f"{OBJECTS}.exists",),
          STORAGE_IAM, "is a snapshot's object still there"),
     Call("Client.list_blobs", "objects.list", _on(S.LANDING, LIST_OBJECTS), (F,),

@@ -34,6 +34,11 @@ class CheckpointStore(Protocol):
         """Delete one checkpoint (its marker first, so no reader sees it half gone); its bytes."""
         ...
 
+    def complete_step(self, uri: str) -> int | None:
+        """The step the completion marker of the checkpoint directory at `uri` records; None
+        when it has none (not complete, or not there). Transient storage errors raise."""
+        ...
+
     def read_report(self, uri: str, max_bytes: int) -> bytes | None:
         """A small file under a checkpoint root (a probe's report); None when it is not there.
         More than max_bytes is an error (ValueError): a report is never that large."""
@@ -66,6 +71,11 @@ class ObjectStore(Protocol):
 
     def read(self, bucket: str, name: str, generation: int, max_bytes: int) -> bytes:
         """Up to max_bytes of one generation; ObjectNotFound when that generation is gone."""
+        ...
+
+    def ensure_file(self, uri: str, path: str) -> bool:
+        """Upload a local file to gs:// uri unless an object is there already (the names of
+        built packages are content hashes: one there holds these bytes); True if it uploaded."""
         ...
 
     def exists(self, bucket: str, name: str, generation: int) -> bool:

@@ -162,6 +162,9 @@ class Scenario:
     # (None: none; then standard assumes Spot back once the cooldown has passed, as the core does).
     spot_cooldown_s: float = 7200.0
     probes: Probes | None = None
+    # Production view: the minimum dwell between moves (policy.may_switch), as decide.py; off
+    # only to measure what it costs (docs/policy-benchmark.md).
+    min_dwell: bool = True
     flex: Flex | None = None  # FLEX_START offered to the policies; None: not allowed
     # Multi-zone windows only: how Spot regions are chosen, the record's TTL, and how long a
     # Spot attempt waits for capacity before it counts as a stockout (RecoveryPolicy's).

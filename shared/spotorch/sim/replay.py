@@ -50,6 +50,7 @@ from spotorch.core.policy import (
     choose_capacity,
     flex_max_wait_s,
     greedy,
+    may_switch,
     probe_worth,
     rank_regions,
     uniform_progress,
@@ -151,6 +152,7 @@ def run_online(window: Window, scenario: Scenario, policy: OnlinePolicy) -> Outc
     od = window.od_price
     n = len(avail)
     production = scenario.view is View.PRODUCTION
+    dwell = production and scenario.min_dwell  # decide.py's minimum dwell (policy.may_switch)
     cooldown = scenario.spot_cooldown_s
     probes = scenario.probes if production else None
     flex = scenario.flex
@@ -161,6 +163,7 @@ def run_online(window: Window, scenario: Scenario, policy: OnlinePolicy) -> Outc
     done = safe = cost = probe_cost = 0.0
     current: Capacity | None = None
     last: Capacity | None = None
+    changed_at: float | None = None  # when the run last moved between capacities (the dwell)
     running = False
     overhead_left = 0.0
     preemptions = changeovers = probes_sent = 0
@@ -250,17 +253,21 @@ def run_online(window: Window, scenario: Scenario, policy: OnlinePolicy) -> Outc
                 spot_run_s=spot_run_s, spot_wait_s=spot_wait_s, spot_waits=spot_waits,
                 spot_down_at_s=last_down, spot_assumed=assumed,
                 spot_queued=current is SPOT and not running, flex_wait_s=flex_wait,
-                spot_up_s=up_s, spot_down_s=down_s))
+                spot_up_s=up_s, spot_down_s=down_s, changed_at_s=changed_at))
             want = policy(view)
             if want is FLEX and flex is None:
                 want = STANDARD  # not offered: a policy asking for it gets standard
             if production:
+                if dwell and current is not None and want is not current \
+                        and not may_switch(view, want):
+                    want = current  # as decide.py: not within the minimum dwell of the last move
                 if current is SPOT and not running and not up and want is not SPOT:
                     cool_until = spot_cooldown_until(now, cooldown)  # gave up a Spot queue
                 if current is STANDARD and want is SPOT and spot_cooling(now, cool_until):
                     want = STANDARD  # as the core: back to Spot only once it may have capacity
         if probes is not None and view is not None and current is STANDARD \
-                and want is STANDARD and probe_due is None:
+                and want is STANDARD and probe_due is None \
+                and (not dwell or may_switch(view, SPOT)):  # as probes.tick_probe
             terms = ProbeTerms(hit_cost=probes.billed_s * prices[i] * per_s,
                                saving_per_s=(od - prices[i]) * per_s, wait_s=probes.wait_s)
             if probe_worth(view, terms, policy):
@@ -283,6 +290,7 @@ def run_online(window: Window, scenario: Scenario, policy: OnlinePolicy) -> Outc
         if want is not current:
             if last is not None and want is not last:
                 changeovers += 1
+                changed_at = now
             current, last, running = want, want, False
             safe = done  # a requested switch is a graceful cancel: checkpoint first
             if want is SPOT and multizone:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from spotorch.core.events import EVENT_KINDS, TYPE_PREFIX
@@ -145,7 +148,7 @@ def _check_overlap(doc: Any) -> _Found:
                          "pipeline's own writes out of the folder it watches")
 
 
-_PATTERN_LISTS = ("preemption_patterns", "infra_patterns", "timeout_patterns")
+_PATTERN_LISTS = ("preemption_patterns", "infra_patterns", "timeout_patterns", "quota_patterns")
 
 
 def _check_regexes(doc: Any) -> _Found:
@@ -171,11 +174,56 @@ def _check_pools(doc: Any) -> _Found:
             yield f"{where}.accelerator_count", "must be at least 1 when accelerator_type is set"
         if count and not kind:
             yield f"{where}.accelerator_type", "is required when accelerator_count is set"
+        yield from _check_code(doc, where, pool)
         env = pool.get("env")
         for key in env if isinstance(env, Mapping) else ():
             if str(key).startswith(RESERVED_ENV_PREFIXES):
                 reserved = " and ".join(f"{p}*" for p in RESERVED_ENV_PREFIXES)
                 yield f"{where}.env.{key}", f"is reserved: spotorch and Vertex AI set {reserved}"
+
+
+_PACKAGE_FROM = ("source", "package", "package_uri")
+
+
+def _check_code(doc: Any, where: str, pool: Mapping[str, Any]) -> _Found:
+    """A pool runs an image or a Python package on a prebuilt container: one of the two."""
+    package = pool.get("python_package")
+    if bool(pool.get("image_uri")) == bool(package):
+        yield where, ("needs image_uri (your image) or python_package (your code on a prebuilt "
+                      "container), not both" if package else "needs image_uri or python_package")
+    if not isinstance(package, Mapping):
+        return
+    given = [k for k in _PACKAGE_FROM if package.get(k)]
+    if len(given) != 1:
+        yield f"{where}.python_package", ("needs exactly one of source, package, package_uri"
+                                          + (f" (got {', '.join(given)})" if given else ""))
+    if given and given[0] != "package_uri" and not _str(doc, "job.staging_uri"):
+        yield "job.staging_uri", (f"is required by {where}.python_package.{given[0]}: spotorch "
+                                  "stores the packages it builds there")
+    image = package.get("executor_image_uri")
+    if isinstance(image, str) and image and not training_container(image):
+        yield f"{where}.python_package.executor_image_uri", (
+            f"{image!r} is not one of Vertex AI's prebuilt training containers this spotorch "
+            f"knows ({TRAINING_CONTAINERS_FILE.name}), e.g. "
+            f"us-docker.pkg.dev/vertex-ai/training/{_containers()['images'][0]}")
+
+
+TRAINING_CONTAINERS_FILE = Path(__file__).resolve().parent / "training_containers.json"
+
+
+@functools.cache
+def _containers() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(TRAINING_CONTAINERS_FILE.read_text())
+    return loaded
+
+
+def training_container(uri: str) -> bool:
+    """Whether uri is a Vertex AI prebuilt training container of the shipped list."""
+    table = _containers()
+    host, _, rest = uri.partition("/")
+    repository = str(table["repository"]) + "/"
+    return host in table["hosts"] and rest.startswith(repository) \
+        and rest.removeprefix(repository) in table["images"]
 
 
 def _check_candidates(doc: Any) -> _Found:

@@ -26,6 +26,11 @@ class StorageCheckpointStore:
 
         return delete_checkpoint(uri)
 
+    def complete_step(self, uri: str) -> int | None:
+        from spotorch_trainer.checkpoints import marker_step
+
+        return marker_step(uri)
+
     def read_report(self, uri: str, max_bytes: int) -> bytes | None:
         from spotorch_trainer.storage import read_bytes
 

@@ -12,7 +12,12 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from spotorch.adapters.gcp.vertex_budgets import RequestBudget
-from spotorch.adapters.gcp.vertex_calls import RetryPolicy, classify_failure, label_key
+from spotorch.adapters.gcp.vertex_calls import (
+    RetryPolicy,
+    classify_failure,
+    emulator_channel,
+    label_key,
+)
 from spotorch.ports.budget import CRUD, SUBMIT, Budget
 from spotorch.ports.jobs import label_value
 from spotorch.ports.registry import (
@@ -78,24 +83,19 @@ class _Clients:
                             permanent=False, code=code) from last
 
 
-def _channel(endpoint: str) -> Any:
-    import grpc
-
-    return grpc.insecure_channel(endpoint)
-
-
-def _model_service(endpoint: str | None, region: str) -> Any:
+def _model_service(endpoint: str | None, region: str, token: str | None = None) -> Any:
     from google.cloud import aiplatform_v1 as v1
 
     if endpoint:
         from google.cloud.aiplatform_v1.services.model_service.transports.grpc import (
             ModelServiceGrpcTransport,
         )
-        return v1.ModelServiceClient(transport=ModelServiceGrpcTransport(channel=_channel(endpoint)))
+        return v1.ModelServiceClient(transport=ModelServiceGrpcTransport(
+            channel=emulator_channel(endpoint, token)))
     return v1.ModelServiceClient(client_options={"api_endpoint": f"{region}-aiplatform.googleapis.com"})
 
 
-def _metadata_service(endpoint: str | None, region: str) -> Any:
+def _metadata_service(endpoint: str | None, region: str, token: str | None = None) -> Any:
     from google.cloud import aiplatform_v1 as v1
 
     if endpoint:
@@ -103,7 +103,7 @@ def _metadata_service(endpoint: str | None, region: str) -> Any:
             MetadataServiceGrpcTransport,
         )
         return v1.MetadataServiceClient(
-            transport=MetadataServiceGrpcTransport(channel=_channel(endpoint)))
+            transport=MetadataServiceGrpcTransport(channel=emulator_channel(endpoint, token)))
     return v1.MetadataServiceClient(
         client_options={"api_endpoint": f"{region}-aiplatform.googleapis.com"})
 
@@ -122,9 +122,11 @@ class VertexModelRegistry:
     def __init__(self, project: str, *, endpoint: str | None = None,
                  retry: RetryPolicy | None = None, budget: Budget | None = None,
                  call_timeout_s: float = 60.0, upload_timeout_s: float = UPLOAD_TIMEOUT_S,
-                 client_factory: Callable[[str], Any] | None = None) -> None:
+                 client_factory: Callable[[str], Any] | None = None,
+                 token: str | None = None) -> None:
         self.upload_timeout_s = upload_timeout_s
-        self._c = _Clients(project, client_factory or (lambda r: _model_service(endpoint, r)),
+        self._c = _Clients(project,
+                           client_factory or (lambda r: _model_service(endpoint, r, token)),
                            endpoint=endpoint, retry=retry, budget=budget,
                            call_timeout_s=call_timeout_s)
 
@@ -193,8 +195,10 @@ class VertexExperimentTracker:
     def __init__(self, project: str, *, endpoint: str | None = None,
                  retry: RetryPolicy | None = None, budget: Budget | None = None,
                  call_timeout_s: float = 60.0,
-                 client_factory: Callable[[str], Any] | None = None) -> None:
-        self._c = _Clients(project, client_factory or (lambda r: _metadata_service(endpoint, r)),
+                 client_factory: Callable[[str], Any] | None = None,
+                 token: str | None = None) -> None:
+        self._c = _Clients(project,
+                           client_factory or (lambda r: _metadata_service(endpoint, r, token)),
                            endpoint=endpoint, retry=retry, budget=budget,
                            call_timeout_s=call_timeout_s)
         self._stores: set[str] = set()

@@ -32,6 +32,17 @@ class GcsObjectStore:
             raise ObjectNotFound(f"gs://{bucket}/{name}#{generation}") from None
         return data
 
+    def ensure_file(self, uri: str, path: str) -> bool:
+        from google.api_core import exceptions
+
+        bucket, _, name = uri.removeprefix("gs://").partition("/")
+        blob = self._storage().bucket(bucket).blob(name)
+        try:  # only if absent: two instances uploading the same package at once is harmless
+            blob.upload_from_filename(path, if_generation_match=0)
+        except exceptions.PreconditionFailed:
+            return False
+        return True
+
     def exists(self, bucket: str, name: str, generation: int) -> bool:
         blob = self._storage().bucket(bucket).blob(name, generation=generation)
         return bool(blob.exists())

@@ -12,7 +12,12 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from spotorch.adapters.gcp.vertex_budgets import RequestBudget
-from spotorch.adapters.gcp.vertex_calls import RetryPolicy, classify_failure, label_key
+from spotorch.adapters.gcp.vertex_calls import (
+    RetryPolicy,
+    classify_failure,
+    emulator_channel,
+    label_key,
+)
 from spotorch.core.health import HealthPolicy
 from spotorch.core.model import FailureClass, JobPhase, JobStatus
 from spotorch.core.pipeline import Capacity, RecoveryPolicy, WorkerPool
@@ -26,7 +31,7 @@ from spotorch.ports.jobs import (
     LaunchSpec,
     label_value,
 )
-from spotorch_trainer.contract import EXIT_PREEMPTED
+from spotorch_trainer.contract import EXIT_KILLED, EXIT_PREEMPTED
 
 if TYPE_CHECKING:
     from google.cloud import aiplatform_v1
@@ -100,12 +105,15 @@ ERROR_CODE_FAILURES: Mapping[int, FailureClass] = {
     4: FailureClass.TIMEOUT,  # DEADLINE_EXCEEDED
     5: FailureClass.USER_ERROR,  # NOT_FOUND: e.g. an image or bucket that does not exist
     7: FailureClass.USER_ERROR,  # PERMISSION_DENIED: the service account lacks a role
-    8: FailureClass.STOCKOUT,  # RESOURCE_EXHAUSTED: no capacity (quota messages match infra first)
+    8: FailureClass.STOCKOUT,  # RESOURCE_EXHAUSTED: no capacity (quota messages match QUOTA first)
     9: FailureClass.USER_ERROR,  # FAILED_PRECONDITION
     10: FailureClass.INFRA,  # ABORTED
     13: FailureClass.INFRA,  # INTERNAL
     14: FailureClass.INFRA,  # UNAVAILABLE
 }
+
+# Exit statuses of a replica killed by SIGKILL (as a shell and as a signal number report it).
+KILLED_EXIT_CODES = frozenset({EXIT_KILLED, -9})
 
 # "The replica workerpool0-0 exited with a non-zero status of 1." and the older wordings.
 _EXIT_CODE = re.compile(r"(?i)non-zero (?:exit )?status(?: code)?(?: of)?:? (-?\d+)")
@@ -131,6 +139,8 @@ class Classifier:
     # Out of memory (training health): checked before everything else that reads the message,
     # since a CUDA OOM message speaks of "total capacity" and would read as a stockout.
     out_of_memory: tuple[re.Pattern[str], ...] = ()
+    # A resource quota's RESOURCE_EXHAUSTED (never lifted by waiting), not a request rate's.
+    resource_quota: tuple[re.Pattern[str], ...] = ()
 
     @classmethod
     def from_policy(cls, policy: RecoveryPolicy,
@@ -139,7 +149,12 @@ class Classifier:
         return cls(preemption=_compile(policy.preemption_patterns),
                    infra=_compile(policy.infra_patterns),
                    timeout=_compile(policy.timeout_patterns),
-                   out_of_memory=_compile((health or HealthPolicy()).oom_patterns))
+                   out_of_memory=_compile((health or HealthPolicy()).oom_patterns),
+                   resource_quota=_compile(policy.quota_patterns))
+
+    def is_resource_quota(self, message: str) -> bool:
+        """A RESOURCE_EXHAUSTED that names a resource quota (retrying never helps)."""
+        return self._any(self.resource_quota, message or "")
 
     @classmethod
     def default(cls) -> Classifier:
@@ -172,8 +187,15 @@ def _failure_of(state: JobState, error_code: int, message: str, exit_code: int |
         # The trainer exits 143 after writing its last checkpoint on SIGTERM: a preemption.
         if exit_code in classifier.preempted_exit_codes:
             return FailureClass.PREEMPTED
+        if exit_code in KILLED_EXIT_CODES:
+            # SIGKILL without an out-of-memory message: the VM, the kernel or the runtime, not
+            # the training code (the core turns it back into a user error if the trainer said
+            # it exits so itself).
+            return FailureClass.INFRA
         return FailureClass.USER_ERROR
     text = _NAMES.sub(" ", message or "")
+    if classifier._any(classifier.resource_quota, message or ""):
+        return FailureClass.QUOTA  # before "timeout"/"spot": the metric names either
     if classifier._any(classifier.timeout, text):
         return FailureClass.TIMEOUT
     if classifier._any(classifier.preemption, text):
@@ -258,13 +280,26 @@ def _worker_pool(v1: Any, pool: WorkerPool, spec_env: Mapping[str, str]) -> Any:
         machine["accelerator_count"] = pool.accelerator_count
     if pool.tpu_topology:  # MachineSpec.tpu_topology, e.g. "2x2" for a TPU slice
         machine["tpu_topology"] = pool.tpu_topology
+    code: dict[str, Any]
+    package = pool.python_package
+    if package is not None:  # your code on a prebuilt container: no image of yours
+        if not package.package_uris:
+            raise ValueError("python_package has no package_uris: the pipeline's packages were "
+                             "not built where it was deployed (spotorch.spec.packages)")
+        code = {"python_package_spec": v1.PythonPackageSpec(
+            executor_image_uri=package.executor_image_uri, package_uris=list(package.package_uris),
+            python_module=package.python_module, args=list(pool.args),
+            env=_env(pool, spec_env))}
+    else:
+        code = {"container_spec": v1.ContainerSpec(
+            image_uri=pool.image_uri, command=list(pool.command), args=list(pool.args),
+            env=_env(pool, spec_env))}
     return v1.WorkerPoolSpec(
         machine_spec=v1.MachineSpec(**machine),
         replica_count=pool.replica_count,
         disk_spec=v1.DiskSpec(boot_disk_type=pool.boot_disk_type,
                               boot_disk_size_gb=pool.boot_disk_size_gb),
-        container_spec=v1.ContainerSpec(image_uri=pool.image_uri, command=list(pool.command),
-                                        args=list(pool.args), env=_env(pool, spec_env)),
+        **code,
     )
 
 
@@ -342,8 +377,10 @@ class VertexJobLauncher:
                  classify: Classifier | None = None, retry: RetryPolicy | None = None,
                  client_factory: ClientFactory | None = None,
                  regions: Sequence[str] = ("us-central1",), call_timeout_s: float = 60.0,
-                 budget: Budget | None = None) -> None:
-        """endpoint: None for {region}-aiplatform.googleapis.com, or host:port of the emulator.
+                 budget: Budget | None = None, token: str | None = None) -> None:
+        """endpoint: None for {region}-aiplatform.googleapis.com, or host:port of the emulator
+        (token: the local access token sent to it; production uses Application Default
+        Credentials).
 
         regions: where find() looks (with every region this launcher has used); client_factory:
         region -> JobServiceClient-like object, for tests; budget: what each call takes first
@@ -351,6 +388,7 @@ class VertexJobLauncher:
         """
         self.project = project
         self.endpoint = endpoint
+        self._token = token
         self.classifier = classify or Classifier.default()
         self.retry = retry or RetryPolicy()
         self.call_timeout_s = call_timeout_s
@@ -364,12 +402,11 @@ class VertexJobLauncher:
         from google.cloud import aiplatform_v1 as v1
 
         if self.endpoint:
-            import grpc
             from google.cloud.aiplatform_v1.services.job_service.transports.grpc import (
                 JobServiceGrpcTransport,
             )
 
-            channel = grpc.insecure_channel(self.endpoint)
+            channel = emulator_channel(self.endpoint, self._token)
             return v1.JobServiceClient(transport=JobServiceGrpcTransport(channel=channel))
         return v1.JobServiceClient(
             client_options={"api_endpoint": f"{region}-aiplatform.googleapis.com"})
@@ -397,6 +434,8 @@ class VertexJobLauncher:
                 return fn()
             except Exception as exc:
                 code, transient = classify_failure(exc)
+                if code == "RESOURCE_EXHAUSTED" and self.classifier.is_resource_quota(str(exc)):
+                    transient = False  # a resource quota: the next try is refused the same way
                 if not transient:
                     raise LaunchError(f"{what}: {code}: {exc}", permanent=True, code=code) from exc
                 last = exc

@@ -6,6 +6,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from spotorch.ports.jobs import label_value
 
@@ -53,3 +54,30 @@ def label_key(key: str) -> str:
     if not clean[:1].isalpha() or not clean[:1].islower():
         clean = label_value(f"k{key}")
     return clean
+
+
+def emulator_channel(endpoint: str, token: str | None = None) -> Any:
+    """An insecure gRPC channel to a local emulator at host:port. With a token, every call
+    carries it as `authorization: Bearer TOKEN`, as google-auth's credentials do on a real
+    channel: the local stack's Vertex emulator knows the caller by it (docs/local-stack.md)."""
+    import grpc
+
+    channel = grpc.insecure_channel(endpoint)
+    if not token:
+        return channel
+    header = ("authorization", f"Bearer {token}")
+
+    class _Bearer(grpc.UnaryUnaryClientInterceptor,  # type: ignore[misc]
+                  grpc.UnaryStreamClientInterceptor):  # type: ignore[misc]
+        def _with_token(self, details: Any) -> Any:
+            # grpc hands interceptors its call details as a namedtuple
+            return details._replace(metadata=[*(details.metadata or ()), header])
+
+        def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+            return continuation(self._with_token(details), request)
+
+        def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+            return continuation(self._with_token(details), request)
+
+    return grpc.intercept_channel(channel, _Bearer())
+

@@ -206,6 +206,15 @@ class InMemoryCheckpoints:
         self.stored.setdefault(checkpoint_uri.rstrip("/"), {})[step] = (complete, size)
         return contract.checkpoint_uri(checkpoint_uri, step)
 
+    def complete_step(self, uri: str) -> int | None:
+        root, _, name = uri.rstrip("/").rpartition("/")
+        step = contract.parse_checkpoint_step(name)
+        if step is not None and self.stored.get(root, {}).get(step, (False, 0))[0] \
+                and uri.rstrip("/") == contract.checkpoint_uri(root, step):
+            return step
+        named = [c.step for c in self.latest_by_uri.values() if c.uri.rstrip("/") == uri.rstrip("/")]
+        return named[0] if named else None
+
     def latest(self, checkpoint_uri: str) -> Checkpoint | None:
         root = checkpoint_uri.rstrip("/")
         if root in self.latest_by_uri:
@@ -263,6 +272,14 @@ class InMemoryObjectStore:
     def exists(self, bucket: str, name: str, generation: int) -> bool:
         self.stats += 1
         return (bucket, name, generation) in self.objects
+
+    def ensure_file(self, uri: str, path: str) -> bool:
+        bucket, _, name = uri.removeprefix("gs://").partition("/")
+        if any(b == bucket and n == name for b, n, _ in self.objects):
+            return False
+        with open(path, "rb") as fh:
+            self.put(bucket, name, 1, fh.read())
+        return True
 
     def list_page(self, bucket: str, prefix: str, page_token: str | None,
                   page_size: int) -> ObjectPage:

@@ -1,0 +1,140 @@
+"""IAM in the local stack: deploy/'s grants, read from its Terraform, decide what the Vertex
+emulator lets each caller do; a grant removed from a copy of deploy/ makes the real aiplatform_v1
+client's call fail with Vertex's PERMISSION_DENIED."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from spotorch.adapters.gcp.registry import VertexModelRegistry
+from spotorch.adapters.gcp.vertex import VertexJobLauncher
+from spotorch.adapters.gcp.vertex_calls import RetryPolicy
+from spotorch.core.pipeline import Capacity, JobTemplate, WorkerPool
+from spotorch.local._deploy_iam import functions_member, read_grants
+from spotorch.local._stack_iam import StackIdentities
+from spotorch.local._vertex_quota import QuotaLimits
+from spotorch.local.vertex_emulator import IamPolicy, VertexEmulator
+from spotorch.ports.jobs import LABEL_ATTEMPT, LABEL_RUN, LaunchError, LaunchSpec
+from spotorch.ports.registry import RegistryError
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT = "spotorch-test"
+REGION = "us-central1"
+FUNCTIONS = f"serviceAccount:spotorch-functions@{PROJECT}.iam.gserviceaccount.com"
+NO_RETRY = RetryPolicy(attempts=1)
+
+
+def spec(run: str = "iam-run") -> LaunchSpec:
+    template = JobTemplate(worker_pools=(WorkerPool(command=("python", "-c", "pass")),))
+    return LaunchSpec(run_id=run, pipeline="demo", attempt=1, capacity=Capacity.SPOT,
+                      region=REGION, template=template, env={},
+                      labels={LABEL_RUN: run, LABEL_ATTEMPT: "1"}, display_name=run)
+
+
+def deploy_copy(tmp: Path, *, without: str | None = None) -> Path:
+    """deploy/ copied, with one permission taken out of the functions' custom Vertex role."""
+    target = tmp / "deploy"
+    shutil.copytree(ROOT / "deploy", target)
+    if without is not None:
+        iam = target / "iam.tf"
+        text = iam.read_text()
+        assert f'"{without}",' in text
+        iam.write_text(text.replace(f'"{without}",', ""))
+    return target
+
+
+StartEmulator = Callable[[Path], tuple[str, StackIdentities]]
+
+
+@pytest.fixture
+def emulator_for(tmp_path: Path) -> Iterator[StartEmulator]:
+    started: list[VertexEmulator] = []
+
+    def start(deploy: Path) -> tuple[str, StackIdentities]:
+        identities = StackIdentities()
+        policy = identities.write_policy(tmp_path / "iam.json", deploy, PROJECT)
+        emulator = VertexEmulator(PROJECT, job_events_topic=None, queued_s=0.05, pending_s=0.05,
+                                  quotas=QuotaLimits.unlimited(), iam=IamPolicy.load(policy))
+        started.append(emulator)
+        return emulator.start(), identities
+
+    yield start
+    for emulator in started:
+        emulator.stop()
+
+
+def test_deploy_grants_the_functions_account_the_custom_jobs_permissions() -> None:
+    grants = read_grants(ROOT / "deploy", PROJECT)
+    assert functions_member(ROOT / "deploy", PROJECT) == FUNCTIONS
+    assert {"aiplatform.customJobs.create", "aiplatform.customJobs.get",
+            "aiplatform.customJobs.list", "aiplatform.customJobs.cancel"} <= set(grants.of(FUNCTIONS))
+    # The training account launches nothing: no Vertex permission at project level.
+    assert not [p for p in grants.of(f"serviceAccount:spotorch-training@{PROJECT}"
+                                     ".iam.gserviceaccount.com") if p.startswith("aiplatform")]
+
+
+def test_the_predefined_vertex_role_is_read_when_the_custom_one_is_off() -> None:
+    grants = read_grants(ROOT / "deploy", PROJECT, {"use_custom_vertex_role": False})
+    assert {"aiplatform.customJobs.create", "aiplatform.models.upload"} <= set(grants.of(FUNCTIONS))
+
+
+def test_a_grant_removed_from_deploy_makes_create_fail_with_vertex_permission_denied(
+        tmp_path: Path, emulator_for: StartEmulator) -> None:
+    address, ids = emulator_for(deploy_copy(tmp_path, without="aiplatform.customJobs.create"))
+    launcher = VertexJobLauncher(PROJECT, endpoint=address, token=ids.functions_token,
+                                 retry=NO_RETRY)
+    with pytest.raises(LaunchError) as refused:
+        launcher.launch(spec())
+    assert refused.value.code == "PERMISSION_DENIED" and refused.value.permanent
+    assert ("Permission 'aiplatform.customJobs.create' denied on resource "
+            f"'//aiplatform.googleapis.com/projects/{PROJECT}/locations/{REGION}' "
+            "(or it may not exist).") in str(refused.value)
+    assert launcher.find("iam-run", 1) is None  # list is still granted: it found no job
+
+
+def test_with_deploys_grants_the_functions_launch_and_the_operator_may_do_anything(
+        tmp_path: Path, emulator_for: StartEmulator) -> None:
+    address, ids = emulator_for(ROOT / "deploy")
+    launcher = VertexJobLauncher(PROJECT, endpoint=address, token=ids.functions_token,
+                                 retry=NO_RETRY)
+    name = launcher.launch(spec())
+    assert launcher.get(name).job_name == name
+    launcher.cancel(name)
+    operator = VertexJobLauncher(PROJECT, endpoint=address, token=ids.operator_token,
+                                 retry=NO_RETRY)
+    assert operator.get(name).job_name == name
+
+
+def test_a_call_without_credentials_or_with_unknown_ones_is_unauthenticated(
+        tmp_path: Path, emulator_for: StartEmulator) -> None:
+    address, _ = emulator_for(ROOT / "deploy")
+    for token in (None, "not-a-token"):
+        launcher = VertexJobLauncher(PROJECT, endpoint=address, token=token, retry=NO_RETRY)
+        with pytest.raises(LaunchError) as refused:
+            launcher.launch(spec(f"iam-{token or 'none'}"))
+        assert refused.value.code == "UNAUTHENTICATED"
+        assert "authentication credential" in str(refused.value)
+
+
+def test_model_registry_calls_need_their_own_permissions(tmp_path: Path) -> None:
+    policy = IamPolicy({"jobs-only": FUNCTIONS, "registry": "serviceAccount:r@p"},
+                       {FUNCTIONS: ("aiplatform.customJobs.*",),
+                        "serviceAccount:r@p": ("aiplatform.models.*",)})
+    with VertexEmulator(PROJECT, job_events_topic=None, quotas=QuotaLimits.unlimited(),
+                        iam=policy) as emulator:
+        from spotorch.ports.registry import ModelUpload
+
+        upload = ModelUpload(pipeline="demo", run_id="r1", region=REGION, display_name="demo",
+                             artifact_uri="gs://b/m", serving_image="us-docker.pkg.dev/x/y:1")
+        denied = VertexModelRegistry(PROJECT, endpoint=emulator.address, token="jobs-only",
+                                     retry=NO_RETRY)
+        with pytest.raises(RegistryError) as refused:
+            denied.upload(upload)
+        assert "Permission 'aiplatform.models." in str(refused.value)
+        allowed = VertexModelRegistry(PROJECT, endpoint=emulator.address, token="registry",
+                                      retry=NO_RETRY, upload_timeout_s=10)
+        assert allowed.upload(upload).startswith(f"projects/{PROJECT}/locations/")

@@ -4,7 +4,6 @@ reconcile period: the tick lists the landing prefix (issue 13, finding 3), on th
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -26,7 +25,10 @@ def test_a_snapshot_whose_events_were_lost_starts_one_run_at_the_next_tick(
     from google.cloud import pubsub_v1
 
     (tmp_path / "pipelines").mkdir()
-    shutil.copy(ROOT / "examples" / "pipelines" / "demo.yaml", tmp_path / "pipelines")
+    # The demo pipeline in another folder: its package source as an absolute path.
+    (tmp_path / "pipelines" / "demo.yaml").write_text(
+        (ROOT / "examples" / "pipelines" / "demo.yaml").read_text().replace(
+            "source: ../trainer", f"source: {ROOT / 'examples' / 'trainer'}"))
     with DevStack(pipelines_dir=tmp_path / "pipelines", run_dir=tmp_path / "stack",
                   tick_seconds=TICK_S) as stack:
         saved = dict(os.environ)

@@ -317,12 +317,15 @@ def back_reason(r: dict[str, Any]) -> str:
     return str(r["escalated"]["reason"]) if r["escalated"] else ""
 
 
-@pytest.mark.extended  # budgets: tests/test_service.py; alerts: the default scenario
+# The only stack run of a failed attempt's error: the worker's stderr through the emulator's
+# ListLogEntries (with deploy's logging grant) into the run, its alert and the report.
 def test_user_error_scenario_fails_with_its_budget_and_says_why() -> None:
     r = report("user-error")
     assert r["status"] == "FAILED"
     assert "user_errors budget exhausted" in r["end_reason"]
     assert [a["exit_code"] for a in r["attempts"]] == [1, 1]
+    errors = [a.get("error") or "" for a in r["attempts"]]
+    assert errors == ["DeliberateFailure: failing at step 120 as asked (--fail-at-step)"] * 2
     assert kinds(r)[-2:] == ["run.budget_exceeded", "run.failed"]
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from spotorch.adapters.gcp.job_logs import CloudLoggingJobLogs
 from spotorch.adapters.gcp.registry import VertexModelRegistry
 from spotorch.adapters.gcp.vertex import VertexJobLauncher
 from spotorch.adapters.gcp.vertex_calls import RetryPolicy
@@ -18,6 +19,7 @@ from spotorch.local._deploy_iam import functions_member, read_grants
 from spotorch.local._stack_iam import StackIdentities
 from spotorch.local._vertex_quota import QuotaLimits
 from spotorch.local.vertex_emulator import IamPolicy, VertexEmulator
+from spotorch.ports.job_logs import LogReadError
 from spotorch.ports.jobs import LABEL_ATTEMPT, LABEL_RUN, LaunchError, LaunchSpec
 from spotorch.ports.registry import RegistryError
 
@@ -118,6 +120,29 @@ def test_a_call_without_credentials_or_with_unknown_ones_is_unauthenticated(
             launcher.launch(spec(f"iam-{token or 'none'}"))
         assert refused.value.code == "UNAUTHENTICATED"
         assert "authentication credential" in str(refused.value)
+
+
+def test_reading_a_jobs_error_lines_needs_deploys_log_viewer_grant(
+        tmp_path: Path, emulator_for: StartEmulator) -> None:
+    job = f"projects/{PROJECT}/locations/{REGION}/customJobs/1"
+    address, ids = emulator_for(ROOT / "deploy")
+    granted = CloudLoggingJobLogs(PROJECT, endpoint=address, token=ids.functions_token)
+    assert granted.error_tail(job, since=None, limit=5) == ()  # allowed: no lines yet
+    without = tmp_path / "without"
+    without.mkdir()
+    copy = deploy_copy(without)
+    iam = copy / "iam.tf"
+    grant = ('resource "google_project_iam_member" "functions_log_reader" {\n'
+             '  project = var.project_id\n  role    = "roles/logging.viewer"\n')
+    assert grant in iam.read_text()
+    iam.write_text(iam.read_text().replace(grant, grant.replace("logging.viewer",
+                                                                "logging.logWriter")))
+    address, ids = emulator_for(copy)
+    for token in (ids.functions_token, None):
+        refused = CloudLoggingJobLogs(PROJECT, endpoint=address, token=token)
+        with pytest.raises(LogReadError, match=r"PermissionDenied|Unauthenticated") as caught:
+            refused.error_tail(job, since=None, limit=5)
+        assert ("logging.logEntries.list" in str(caught.value)) == (token is not None)
 
 
 def test_model_registry_calls_need_their_own_permissions(tmp_path: Path) -> None:

@@ -55,6 +55,7 @@ def production_deps(settings: Settings | None = None) -> Deps:
         experiments=VertexExperimentTracker(settings.project, endpoint=settings.vertex_endpoint,
                                             token=settings.vertex_token),
         # A failed attempt's stderr tail: Cloud Logging (the Vertex emulator locally).
-        job_logs=CloudLoggingJobLogs(settings.project, endpoint=settings.logging_endpoint),
+        job_logs=CloudLoggingJobLogs(settings.project, endpoint=settings.logging_endpoint,
+                                     token=settings.vertex_token),
         unmatched_alert_after_s=settings.unmatched_alert_after_s,
     )

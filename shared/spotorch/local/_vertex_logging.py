@@ -24,9 +24,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from spotorch.local._vertex_iam import IamPolicy
+from spotorch.local._vertex_jobs import Invalid
 from spotorch.local._vertex_workers import STDERR_SUFFIX
 
 SERVICE = "google.logging.v2.LoggingServiceV2"
+LIST_PERMISSION = "logging.logEntries.list"  # roles/logging.viewer grants it
 RESOURCE_TYPE = "ml_job"
 SERVICE_TASK = "service"
 SEVERITIES: Mapping[str, int] = {"DEFAULT": 0, "DEBUG": 100, "INFO": 200, "NOTICE": 300,
@@ -165,9 +168,27 @@ class JobLogEntries:
 class LoggingService:
     """LoggingServiceV2.ListLogEntries over the emulator's jobs."""
 
-    def __init__(self, project: str | None, workdir: Callable[[], Path]) -> None:
+    def __init__(self, project: str | None, workdir: Callable[[], Path],
+                 iam: IamPolicy | None = None) -> None:
         self.project = project
         self.entries = JobLogEntries(project, workdir)
+        self.iam = iam  # None: callers are not checked
+
+    def handle(self, request: Any, metadata: Any) -> Any:
+        """ListLogEntries as Cloud Logging answers it: the caller's logging.logEntries.list
+        on the project first (UNAUTHENTICATED, PERMISSION_DENIED), then the page."""
+        if self.iam is not None:
+            try:
+                principal = self.iam.principal(metadata)
+            except Invalid as exc:
+                raise _Refused(exc.code, str(exc)) from None
+            names = list(request.resource_names)
+            if not self.iam.allows(principal, LIST_PERMISSION):
+                # Cloud Logging's wording is not documented; this is the Vertex form on its host.
+                raise _Refused("PERMISSION_DENIED", f"Permission '{LIST_PERMISSION}' denied on "
+                               f"resource '//logging.googleapis.com/{names[0] if names else ''}' "
+                               "(or it may not exist).")
+        return self.list_log_entries(request)
 
     def list_log_entries(self, request: Any) -> Any:
         """The matching entries, one page; Invalid-like errors as (code, message)."""
@@ -204,7 +225,7 @@ class LoggingService:
 
         def handle(request: Any, context: Any) -> Any:
             try:
-                return self.list_log_entries(request)
+                return self.handle(request, context.invocation_metadata())
             except _Refused as exc:
                 context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
 

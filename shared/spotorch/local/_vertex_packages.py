@@ -142,8 +142,9 @@ def main(argv_: list[str] | None = None) -> int:
         return 1
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
+    # stdout: an INFO entry, not a line of a failed job's error tail (stderr is ERROR)
     print(f"installed {', '.join(n for n, _ in archives)}; running python -m {opts.module}",
-          file=sys.stderr, flush=True)
+          flush=True)
     os.execve(sys.executable, [sys.executable, "-m", opts.module, *args], env)
     return 0  # not reached
 

@@ -123,7 +123,7 @@ class VertexEmulator:
         # Model Registry and Experiments (ModelService, MetadataService, operations): in memory.
         self.registry = RegistryServices(project, iam=iam)
         # Cloud Logging's ListLogEntries over the jobs' output (the error tail of a failed job).
-        self.logging = LoggingService(project, lambda: self.workdir or Path("."))
+        self.logging = LoggingService(project, lambda: self.workdir or Path("."), iam=iam)
         self._t0 = time.monotonic()
         self._server: Any = None
         self._thread: threading.Thread | None = None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from spotorch.adapters.gcp.vertex_calls import emulator_channel
 from spotorch.ports.job_logs import LogReadError
 
 SERVICE_TASK = "service"  # resource.labels.task_name of Vertex's own lines
@@ -51,12 +52,14 @@ def entry_text(entry: Any) -> str:
 class CloudLoggingJobLogs:
     """The error lines of Vertex AI jobs, from Cloud Logging (or its local stand-in at endpoint)."""
 
-    def __init__(self, project: str, *, endpoint: str | None = None,
+    def __init__(self, project: str, *, endpoint: str | None = None, token: str | None = None,
                  client: Any = None, timeout_s: float = CALL_TIMEOUT_S) -> None:
         """endpoint: None for logging.googleapis.com, or host:port of the local Vertex emulator
-        (which serves ListLogEntries from its workers' output)."""
+        (which serves ListLogEntries from its workers' output); token: the local caller's
+        bearer token there (the emulator checks logging.logEntries.list)."""
         self.project = project
         self.endpoint = endpoint
+        self.token = token
         self.timeout_s = timeout_s
         self._client = client
         self._lock = threading.Lock()
@@ -65,12 +68,11 @@ class CloudLoggingJobLogs:
         from google.cloud.logging_v2.services.logging_service_v2 import LoggingServiceV2Client
 
         if self.endpoint:
-            import grpc
             from google.cloud.logging_v2.services.logging_service_v2.transports import (
                 LoggingServiceV2GrpcTransport,
             )
 
-            channel = grpc.insecure_channel(self.endpoint)
+            channel = emulator_channel(self.endpoint, self.token)
             return LoggingServiceV2Client(transport=LoggingServiceV2GrpcTransport(channel=channel))
         return LoggingServiceV2Client()
 

@@ -51,6 +51,7 @@ class Source(Protocol):
     """Documents of Firestore, as the readers need them."""
 
     def get(self, collection: str, doc_id: str) -> dict[str, Any] | None:
+        """The document's fields, None if there is no such document."""
         ...
 
     def newest(self, collection: str, field: str, *, since: float | None, until: float | None,
@@ -76,11 +77,13 @@ class ClientSource:
         return {"retry": Retry(timeout=self.timeout_s), "timeout": self.timeout_s}
 
     def get(self, collection: str, doc_id: str) -> dict[str, Any] | None:
+        """Source.get: one document read, with a deadline."""
         snap = self.client.collection(collection).document(doc_id).get(**self._deadline())
         return snap.to_dict() if snap.exists else None
 
     def newest(self, collection: str, field: str, *, since: float | None, until: float | None,
                limit: int, after: Any) -> tuple[list[dict[str, Any]], Any]:
+        """Source.newest: an ordered, bounded query that starts after the cursor document."""
         from google.cloud import firestore
         from google.cloud.firestore_v1.base_query import FieldFilter
 
@@ -122,6 +125,7 @@ def decode_value(value: Mapping[str, Any]) -> Any:
 
 
 def decode_document(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A REST Document's fields as the Python client gives them."""
     return {k: decode_value(v) for k, v in (doc.get("fields") or {}).items()}
 
 
@@ -161,11 +165,13 @@ class RestSource:
                 f"HTTP {exc.code}: {detail}") from None
 
     def get(self, collection: str, doc_id: str) -> dict[str, Any] | None:
+        """Source.get: a GET of the document; None on 404."""
         found = self._call(f"{self.root}/{collection}/{doc_id}")
         return None if found is None else decode_document(found)
 
     def newest(self, collection: str, field: str, *, since: float | None, until: float | None,
                limit: int, after: Any) -> tuple[list[dict[str, Any]], Any]:
+        """Source.newest: a runQuery ordered by the field, the cursor being the last document's values."""
         filters = [{"fieldFilter": {"field": {"fieldPath": field}, "op": op,
                                     "value": {"doubleValue": bound}}}
                    for op, bound in (("GREATER_THAN_OR_EQUAL", since), ("LESS_THAN_OR_EQUAL", until))
@@ -243,10 +249,12 @@ class FirestoreRunReader(_NewestFirst):
         super().__init__(client, collection, timeout_s)
 
     def get(self, run_id: str) -> Run | None:
+        """RunReader.get: the run document, None if absent."""
         doc = self._get(run_id)
         return None if doc is None else Run.from_dict(doc)
 
     def list(self, query: RunQuery) -> RunPage:
+        """RunReader.list: created_at descending from the server, the other filters and the page here."""
         runs = (Run.from_dict(d) for d in self._stream(query.since, query.page_token,
                                                       batch_size(query)))
         return page_of(ties_sorted(runs), query)
@@ -260,10 +268,12 @@ class FirestoreSweepReader(_NewestFirst):
         super().__init__(client, collection, timeout_s)
 
     def get(self, sweep_id: str) -> Sweep | None:
+        """SweepReader.get: the sweep document, None if absent."""
         doc = self._get(sweep_id)
         return None if doc is None else Sweep.from_dict(doc)
 
     def list(self, query: SweepQuery) -> SweepPage:
+        """SweepReader.list: created_at descending from the server, the other filters and the page here."""
         sweeps = (Sweep.from_dict(d) for d in self._stream(query.since, query.page_token,
                                                           batch_size(query)))
         return sweep_page_of(ties_sorted(sweeps), query)
@@ -282,7 +292,9 @@ class FirestoreArrivalReader:
         return docs
 
     def snapshots(self, limit: int) -> Sequence[Mapping[str, Any]]:
+        """ArrivalReader.snapshots: the snapshot documents most recently active first."""
         return self._recent(COLLECTION_SNAPSHOTS, limit)
 
     def unmatched(self, limit: int) -> Sequence[Mapping[str, Any]]:
+        """ArrivalReader.unmatched: the unmatched-upload records most recently active first."""
         return self._recent(COLLECTION_UNMATCHED, limit)

@@ -41,6 +41,7 @@ class InMemoryDocumentStore:
         self.round_trips = 0
 
     def get(self, collection: str, key: str) -> tuple[dict[str, Any] | None, Any]:
+        """DocumentStore.get: a deep copy of the document and its version, or (None, None)."""
         with self._lock:
             self.round_trips += 1
             found = self._docs.get((collection, key))
@@ -48,6 +49,7 @@ class InMemoryDocumentStore:
 
     def put(self, collection: str, key: str, data: Mapping[str, Any], version: Any,
             adds: Sequence[AddTo] = ()) -> Any:
+        """DocumentStore.put: written only if the version still matches, the adds with it, all or nothing."""
         too_many = batch_problem(collection, key, adds)
         if too_many:
             raise InvalidDocument(too_many)
@@ -83,6 +85,7 @@ class InMemoryDocumentStore:
         return doc
 
     def query(self, collection: str, field_name: str, value: Any) -> Sequence[dict[str, Any]]:
+        """DocumentStore.query: copies of the collection's documents whose field equals the value."""
         with self._lock:
             self.round_trips += 1
             return [copy.deepcopy(doc) for (coll, _), (doc, _) in self._docs.items()
@@ -97,12 +100,14 @@ class InMemoryPublisher:
     fail_next: int = 0
 
     def publish(self, event: Mapping[str, Any]) -> None:
+        """EventPublisher.publish: kept in `events`, unless told to fail first."""
         if self.fail_next > 0:
             self.fail_next -= 1
             raise ConnectionError("publisher unavailable (simulated)")
         self.events.append(dict(event))
 
     def types(self) -> list[str]:
+        """The types of the events published so far, in order."""
         return [str(e["type"]) for e in self.events]
 
 
@@ -128,6 +133,7 @@ class InMemoryLauncher:
         self._lock = threading.Lock()
 
     def launch(self, spec: LaunchSpec) -> str:
+        """JobLauncher.launch: idempotent by run and attempt, as the real launcher's job key makes it."""
         with self._lock:
             existing = self._find_locked(spec.run_id, spec.job_key)
             if existing is not None:
@@ -146,10 +152,12 @@ class InMemoryLauncher:
         return None
 
     def find(self, run_id: str, attempt: int) -> JobStatus | None:
+        """JobLauncher.find: the job launched for this run's attempt, if any."""
         with self._lock:
             return self._find_locked(run_id, attempt)
 
     def get(self, job_name: str) -> JobStatus:
+        """JobLauncher.get: the job's status; NOT_FOUND (permanent) for a job never launched."""
         with self._lock:
             self.gets += 1
             if job_name not in self.jobs:
@@ -157,6 +165,7 @@ class InMemoryLauncher:
             return self.jobs[job_name].status
 
     def cancel(self, job_name: str) -> None:
+        """JobLauncher.cancel: recorded, and a live job ends CANCELLED at once."""
         with self._lock:
             self.cancelled.append(job_name)
             job = self.jobs.get(job_name)
@@ -164,6 +173,7 @@ class InMemoryLauncher:
                 job.status = JobStatus(job_name, JobPhase.CANCELLED, labels=job.spec.labels)
 
     def list_live(self, region: str) -> Iterator[JobStatus]:
+        """JobLauncher.list_live: the region's jobs not yet ended."""
         with self._lock:
             self.listings += 1
             live = [job.status for name, job in self.jobs.items()
@@ -178,6 +188,7 @@ class InMemoryLauncher:
             return job.status
 
     def job_of(self, run_id: str, attempt: int) -> str:
+        """The job name launched for a run's attempt (test helper); KeyError if none."""
         status = self.find(run_id, attempt)
         if status is None:
             raise KeyError(f"no job for {run_id} attempt {attempt}")
@@ -195,6 +206,7 @@ class InMemoryCheckpoints:
     reports: dict[str, bytes] = field(default_factory=dict)  # uri -> bytes (probe reports)
 
     def read_report(self, uri: str, max_bytes: int) -> bytes | None:
+        """CheckpointStore.read_report: the report tests put in `reports`; ValueError when too large."""
         data = self.reports.get(uri)
         if data is not None and len(data) > max_bytes:
             raise ValueError(f"{uri}: {len(data)} bytes, more than {max_bytes}")
@@ -207,6 +219,7 @@ class InMemoryCheckpoints:
         return contract.checkpoint_uri(checkpoint_uri, step)
 
     def complete_step(self, uri: str) -> int | None:
+        """CheckpointStore.complete_step: the step a complete checkpoint's URI names, or None."""
         root, _, name = uri.rstrip("/").rpartition("/")
         step = contract.parse_checkpoint_step(name)
         if step is not None and self.stored.get(root, {}).get(step, (False, 0))[0] \
@@ -216,6 +229,7 @@ class InMemoryCheckpoints:
         return named[0] if named else None
 
     def latest(self, checkpoint_uri: str) -> Checkpoint | None:
+        """CheckpointStore.latest: the step tests set for the root, else its newest complete directory."""
         root = checkpoint_uri.rstrip("/")
         if root in self.latest_by_uri:
             return self.latest_by_uri[root]
@@ -223,11 +237,13 @@ class InMemoryCheckpoints:
         return Checkpoint(complete[-1].step, complete[-1].uri) if complete else None
 
     def list(self, checkpoint_uri: str) -> list[StoredCheckpoint]:
+        """CheckpointStore.list: the root's checkpoint directories, oldest step first."""
         root = checkpoint_uri.rstrip("/")
         return [StoredCheckpoint(step, contract.checkpoint_uri(root, step), complete, size)
                 for step, (complete, size) in sorted(self.stored.get(root, {}).items())]
 
     def delete(self, uri: str) -> int:
+        """CheckpointStore.delete: forgets the directory and returns the bytes it held."""
         root, _, name = uri.rstrip("/").rpartition("/")
         step = contract.parse_checkpoint_step(name)
         found = self.stored.get(root, {}).pop(step, None) if step is not None else None
@@ -242,9 +258,11 @@ class ManualClock:
     t: float = 1_800_000_000.0
 
     def now(self) -> float:
+        """Clock.now: the time tests set."""
         return self.t
 
     def advance(self, seconds: float) -> None:
+        """Move the time forward (test helper)."""
         self.t += seconds
 
 
@@ -259,10 +277,12 @@ class InMemoryObjectStore:
 
     def put(self, bucket: str, name: str, generation: int, data: bytes,
             updated: float | None = None) -> None:
+        """Store an object's generation (test helper), with the update time a listing reports."""
         self.objects[(bucket, name, generation)] = data
         self.updated[(bucket, name, generation)] = updated
 
     def read(self, bucket: str, name: str, generation: int, max_bytes: int) -> bytes:
+        """ObjectStore.read: the generation's first max_bytes; ObjectNotFound if absent."""
         self.reads += 1
         try:
             return self.objects[(bucket, name, generation)][:max_bytes]
@@ -270,10 +290,12 @@ class InMemoryObjectStore:
             raise ObjectNotFound(f"gs://{bucket}/{name}#{generation}") from None
 
     def exists(self, bucket: str, name: str, generation: int) -> bool:
+        """ObjectStore.exists: whether that generation is stored (counted, as a GCS stat)."""
         self.stats += 1
         return (bucket, name, generation) in self.objects
 
     def ensure_file(self, uri: str, path: str) -> bool:
+        """ObjectStore.ensure_file: uploads the file unless the object exists; True if it uploaded."""
         bucket, _, name = uri.removeprefix("gs://").partition("/")
         if any(b == bucket and n == name for b, n, _ in self.objects):
             return False
@@ -283,6 +305,7 @@ class InMemoryObjectStore:
 
     def list_page(self, bucket: str, prefix: str, page_token: str | None,
                   page_size: int) -> ObjectPage:
+        """ObjectStore.list_page: the newest generation of each name under the prefix, a page at a time."""
         live: dict[str, int] = {}
         for b, name, generation in self.objects:
             if b == bucket and name.startswith(prefix):
@@ -301,6 +324,7 @@ class InMemoryShardDispatcher:
     shards: list[Mapping[str, Any]] = field(default_factory=list)
 
     def dispatch(self, shard: Mapping[str, Any]) -> None:
+        """ShardDispatcher.dispatch: kept in `shards` for the test to hand on."""
         self.shards.append(copy.deepcopy(dict(shard)))
 
 
@@ -314,9 +338,11 @@ class InMemoryJobLogs:
     reads: int = 0
 
     def write(self, job_name: str, *lines: str, at: float = 0.0) -> None:
+        """Add stderr lines for a job at a time (test helper)."""
         self.stderr.setdefault(job_name, []).extend((at, line) for line in lines)
 
     def error_tail(self, job_name: str, *, since: float | None, limit: int) -> tuple[str, ...]:
+        """JobLogs.error_tail: the job's last lines since a time; can fail as over quota."""
         self.reads += 1
         if self.fail_next:
             self.fail_next -= 1

@@ -28,6 +28,7 @@ class JobPhase(StrEnum):
 
     @property
     def terminal(self) -> bool:
+        """Whether the job has ended: no later report can change it."""
         return self in _TERMINAL_PHASES
 
     @property
@@ -111,10 +112,12 @@ class RunStatus(StrEnum):
 
     @property
     def terminal(self) -> bool:
+        """Whether the run has ended: no transition leads out of this status."""
         return not TRANSITIONS[self]
 
     @property
     def failed(self) -> bool:
+        """Whether the run ended in one of the FAILED statuses."""
         return self.value.startswith("FAILED")
 
 
@@ -160,10 +163,12 @@ class AttemptState(StrEnum):
 
     @property
     def ended(self) -> bool:
+        """Whether the attempt's job has ended, whatever the outcome."""
         return self in (AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.CANCELLED)
 
     @property
     def rank(self) -> int:
+        """Order of states in an attempt's life: LAUNCHING first, then its job phase's rank."""
         return -1 if self is AttemptState.LAUNCHING else JobPhase(self.value).rank
 
 
@@ -214,6 +219,7 @@ class Attempt:
 
     @property
     def live(self) -> bool:
+        """Whether the attempt's job may still be running (or is being launched)."""
         return not self.state.ended
 
 
@@ -259,6 +265,7 @@ class Probe:
 
     @property
     def live(self) -> bool:
+        """Whether the probe's job may still be running (or is being launched)."""
         return not self.state.ended
 
 
@@ -337,6 +344,7 @@ METRIC_NAMES_LIMIT = 4  # metrics kept per sample: the first names the trainer r
 
 @dataclass(frozen=True)
 class HistoryEntry:
+    """One line of a run's history: when, what happened and why."""
     at: float
     what: str
     reason: str = ""
@@ -395,10 +403,12 @@ class Run:
 
     @property
     def active(self) -> bool:
+        """Whether the run is still going (stored too, for the tick's query)."""
         return not self.status.terminal
 
     @property
     def current(self) -> Attempt | None:
+        """The newest attempt, None before the first launch."""
         return self.attempts[-1] if self.attempts else None
 
     @property
@@ -407,9 +417,11 @@ class Run:
         return reconcile_bucket(self.run_id)
 
     def attempt(self, number: int) -> Attempt | None:
+        """The attempt with this number (numbers start at 1), None if there is none."""
         return self.attempts[number - 1] if 0 < number <= len(self.attempts) else None
 
     def probe(self, number: int) -> Probe | None:
+        """The probe with this number, None if there is none."""
         return next((p for p in self.probes if p.number == number), None)
 
     @property
@@ -429,6 +441,7 @@ class Run:
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> Run:
+        """The run a stored document holds (the inverse of to_dict), older documents' fields upgraded."""
         data = {k: v for k, v in doc.items() if k not in ("active", "active_bucket")}
         data["status"] = RunStatus(data["status"])
         data.pop("region_index", None)  # before the region rule: an index into a re-ranked list
@@ -488,6 +501,7 @@ RECONCILE_BUCKETS = 64
 
 
 def reconcile_bucket(run_id: str) -> int:
+    """The reconcile bucket of a run id: a stable hash, so the tick's shards split runs evenly."""
     return int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:4], "big") % RECONCILE_BUCKETS
 
 

@@ -32,11 +32,13 @@ LAUNCH_LEASE_S = 120.0
 
 
 def note(run: Run, ctx: Context, what: str, reason: str = "") -> Run:
+    """Add a line to the run's history, keeping only the newest HISTORY_LIMIT."""
     history = (*run.history, HistoryEntry(ctx.now, what, reason))[-HISTORY_LIMIT:]
     return replace(run, history=history)
 
 
 def move_to(run: Run, status: RunStatus, ctx: Context, reason: str = "") -> Run:
+    """Change the run's status if TRANSITIONS allows it (InvalidTransition if not), noted in history."""
     if status == run.status:
         return run
     if status not in TRANSITIONS[run.status]:
@@ -46,14 +48,17 @@ def move_to(run: Run, status: RunStatus, ctx: Context, reason: str = "") -> Run:
 
 
 def next_intent_id(run: Run) -> tuple[Run, str]:
+    """The run with its intent counter moved on, and the id of the next intent."""
     return replace(run, intent_seq=run.intent_seq + 1), f"{run.run_id}/{run.intent_seq + 1}"
 
 
 def add_intent(run: Run, intent: Intent) -> Run:
+    """The run with the intent added to its outbox."""
     return replace(run, outbox=(*run.outbox, intent))
 
 
 def publish(run: Run, ctx: Context, kind: str, **data: Any) -> Run:
+    """Add a CloudEvent of this kind to the outbox, numbered by the run's event sequence."""
     seq = run.event_seq + 1
     event = build_event(run_id=run.run_id, pipeline=run.pipeline, sequence=seq, kind=kind,
                         data=data, time=ctx.now)
@@ -62,16 +67,19 @@ def publish(run: Run, ctx: Context, kind: str, **data: Any) -> Run:
 
 
 def with_attempt(run: Run, attempt: Attempt) -> Run:
+    """The run with this attempt replacing the one of the same number."""
     attempts = list(run.attempts)
     attempts[attempt.number - 1] = attempt
     return replace(run, attempts=tuple(attempts))
 
 
 def iso(ts: float | None) -> str | None:
+    """An epoch time as RFC 3339 (for events), None kept as None."""
     return None if ts is None else rfc3339(ts)
 
 
 def fmt_s(seconds: float) -> str:
+    """A duration for people: hours past one hour, else seconds."""
     return f"{seconds / 3600:.1f}h" if seconds >= 3600 else f"{seconds:.0f}s"
 
 
@@ -87,6 +95,7 @@ def fail(run: Run, ctx: Context, status: RunStatus, reason: str,
 
 
 def cancel_attempt(run: Run, ctx: Context, attempt: Attempt, why: str) -> Run:
+    """Ask to cancel an attempt's job (once; an operator's cancel may follow any other reason)."""
     if attempt.cancel_reason is not None and why != CANCEL_BY_OPERATOR:
         return run
     attempt = replace(attempt, cancel_reason=why)
@@ -116,6 +125,7 @@ def stop(run: Run, ctx: Context, reason: str, ends_as: RunStatus | None) -> Run:
 
 
 def with_probe(run: Run, probe: Probe) -> Run:
+    """The run with this probe added or replaced, the oldest ended ones dropped past PROBES_LIMIT."""
     kept = tuple(probe if p.number == probe.number else p for p in run.probes)
     if all(p.number != probe.number for p in run.probes):
         kept = (*kept, probe)
@@ -127,6 +137,7 @@ def with_probe(run: Run, probe: Probe) -> Run:
 
 
 def drop_intent(run: Run, intent_id: str) -> Run:
+    """The run without the outbox intent of this id (it was carried out)."""
     return replace(run, outbox=tuple(i for i in run.outbox if i.id != intent_id))
 
 

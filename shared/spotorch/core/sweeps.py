@@ -67,6 +67,7 @@ def trial_params(spec: SweepSpec) -> tuple[dict[str, ParamValue], ...]:
 # ---------------------------------------------------------------- state
 
 class SweepStatus(StrEnum):
+    """Where a sweep is in its life; SWEEP_TRANSITIONS says which moves are allowed."""
     RUNNING = "RUNNING"  # trials are started as slots free up
     REGISTERING = "REGISTERING"  # every trial ended; the winner's model is being registered
     CANCELLING = "CANCELLING"  # a stop was asked; waiting for running trials to end
@@ -76,6 +77,7 @@ class SweepStatus(StrEnum):
 
     @property
     def terminal(self) -> bool:
+        """Whether the sweep has ended and nothing more happens to it."""
         return self in _SWEEP_ENDINGS
 
 
@@ -94,6 +96,7 @@ SWEEP_TRANSITIONS: Mapping[SweepStatus, frozenset[SweepStatus]] = {
 
 
 class TrialStatus(StrEnum):
+    """Where one trial is: waiting for a slot, running, stopping, or ended."""
     PENDING = "PENDING"  # not started: waits for a free slot
     RUNNING = "RUNNING"  # its run is active
     STOPPING = "STOPPING"  # early-stopped or cancelled; waiting for its run to end
@@ -104,6 +107,7 @@ class TrialStatus(StrEnum):
 
     @property
     def ended(self) -> bool:
+        """Whether the trial's run is over, whatever the outcome."""
         return self in _TRIAL_ENDINGS
 
 
@@ -113,6 +117,7 @@ _TRIAL_ENDINGS = frozenset({TrialStatus.SUCCEEDED, TrialStatus.STOPPED, TrialSta
 
 @dataclass(frozen=True)
 class Trial:
+    """One trial of a sweep: its parameters, its run, and what that run reported."""
     number: int
     params: Mapping[str, ParamValue]
     run_id: str
@@ -130,6 +135,7 @@ class Trial:
 
 @dataclass(frozen=True)
 class StartTrial:
+    """Start a trial's run (an outbox intent)."""
     id: str
     trial: int
     claimed_until: float = 0.0
@@ -138,6 +144,7 @@ class StartTrial:
 
 @dataclass(frozen=True)
 class StopTrial:
+    """Stop a trial's run early or on cancel, with why (an outbox intent)."""
     id: str
     trial: int
     reason: str
@@ -169,6 +176,7 @@ class LogTrial:
 
 @dataclass(frozen=True)
 class PublishSweepEvent:
+    """Publish a sweep's event (an outbox intent), kept until it is sent."""
     id: str
     event: Mapping[str, Any]
     claimed_until: float = 0.0
@@ -182,6 +190,7 @@ _INTENTS: Mapping[str, Any] = {t.kind: t for t in (StartTrial, StopTrial, Regist
 
 @dataclass(frozen=True)
 class Sweep:
+    """A sweep as stored: its trials, the best so far, its history and outbox of intents."""
     sweep_id: str
     pipeline: str
     status: SweepStatus
@@ -200,12 +209,15 @@ class Sweep:
 
     @property
     def active(self) -> bool:
+        """Whether the sweep is still going (stored too, so queries can filter on it)."""
         return not self.status.terminal
 
     def trial(self, number: int) -> Trial:
+        """The trial with this number (numbers start at 1)."""
         return self.trials[number - 1]
 
     def to_dict(self) -> dict[str, Any]:
+        """The document stored in Firestore: no arrays of arrays, intents tagged by kind."""
         doc = asdict(self)
         doc["active"] = self.active
         doc["outbox"] = [{**asdict(i), "kind": i.kind} for i in self.outbox]
@@ -217,6 +229,7 @@ class Sweep:
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> Sweep:
+        """The sweep a stored document holds (the inverse of to_dict)."""
         data = {k: v for k, v in doc.items() if k != "active"}
         data["status"] = SweepStatus(data["status"])
         data["trials"] = tuple(
@@ -232,6 +245,7 @@ class Sweep:
 
 
 def trial_run_id(sweep_id: str, number: int) -> str:
+    """The run id of a sweep's trial: the sweep id and the trial number, so a retry finds the same run."""
     return f"{sweep_id}-t{number}"
 
 
@@ -252,6 +266,7 @@ class TrialSeen:
 
 @dataclass(frozen=True)
 class SweepIntentDone:
+    """An outbox intent was carried out, with what it produced."""
     intent_id: str
     model_name: str | None = None  # RegisterModel's result
     experiment_run: str | None = None  # LogTrial's result
@@ -259,6 +274,7 @@ class SweepIntentDone:
 
 @dataclass(frozen=True)
 class SweepCancelRequested:
+    """Someone asked to stop the sweep: running trials are cancelled, no new ones start."""
     reason: str
 
 
@@ -272,6 +288,7 @@ SweepObservation = TrialSeen | SweepIntentDone | SweepCancelRequested | SweepEva
 
 @dataclass(frozen=True)
 class SweepContext:
+    """What decide_sweep needs besides the sweep: its pipeline, sweep spec and the time."""
     pipeline: Pipeline
     spec: SweepSpec
     now: float
@@ -341,6 +358,7 @@ def best_trial(sweep: Sweep, goal: Goal) -> Trial | None:
 
 
 def summary(trial: Trial) -> dict[str, Any]:
+    """A trial as events and the sweep's result report it."""
     return {"trial": trial.number, "trial_run_id": trial.run_id, "params": dict(trial.params),
             "status": str(trial.status), "metric": trial.metric, "step": trial.step,
             "stopped_early": trial.stopped_early, "stop_reason": trial.stop_reason,
@@ -565,10 +583,12 @@ def _result(sweep: Sweep, ctx: SweepContext) -> dict[str, Any]:
 
 
 def claimable(sweep: Sweep, now: float) -> tuple[SweepIntent, ...]:
+    """The outbox intents not leased to someone carrying them out right now."""
     return tuple(i for i in sweep.outbox if i.claimed_until <= now)
 
 
 def claim(sweep: Sweep, intents: tuple[SweepIntent, ...], now: float) -> Sweep:
+    """The sweep with these intents leased for LEASE_S, so a concurrent worker skips them."""
     ids = {i.id for i in intents}
     return replace(sweep, outbox=tuple(replace(i, claimed_until=now + LEASE_S) if i.id in ids else i
                                        for i in sweep.outbox))

@@ -67,6 +67,7 @@ class RunQuery:
             raise BadQuery(f"limit must be between 1 and {MAX_PAGE}, not {self.limit}")
 
     def matches(self, run: Run) -> bool:
+        """Whether the run passes the query's filters (the page and limit aside)."""
         return ((not self.statuses or run.status in self.statuses)
                 and (self.pipeline is None or run.pipeline == self.pipeline)
                 and (self.since is None or run.created_at >= self.since))
@@ -74,6 +75,7 @@ class RunQuery:
 
 @dataclass(frozen=True)
 class RunPage:
+    """One page of runs and the token of the next (None: the last page)."""
     runs: tuple[Run, ...]
     next_page_token: str | None = None
 
@@ -90,6 +92,7 @@ def encode_token(item: Run | Sweep) -> str:
 
 
 def decode_token(token: str) -> tuple[float, str]:
+    """The sort key a page token holds; BadQuery if it is not one a listing gave."""
     try:
         at, _, run_id = base64.urlsafe_b64decode(token.encode()).decode().partition("|")
         return float(at), run_id
@@ -126,9 +129,11 @@ class RunReader(Protocol):
     """Runs as operators read them."""
 
     def get(self, run_id: str) -> Run | None:
+        """The run, None if there is no such run."""
         ...
 
     def list(self, query: RunQuery) -> RunPage:
+        """One page of the runs the query asks for, newest first."""
         ...
 
 
@@ -172,6 +177,7 @@ class SweepQuery:
             raise BadQuery(f"limit must be between 1 and {MAX_PAGE}, not {self.limit}")
 
     def matches(self, sw: Sweep) -> bool:
+        """Whether the sweep passes the query's filters (the page and limit aside)."""
         return ((not self.statuses or sw.status in self.statuses)
                 and (self.pipeline is None or sw.pipeline == self.pipeline)
                 and (self.since is None or sw.created_at >= self.since))
@@ -179,11 +185,13 @@ class SweepQuery:
 
 @dataclass(frozen=True)
 class SweepPage:
+    """One page of sweeps and the token of the next (None: the last page)."""
     sweeps: tuple[Sweep, ...]
     next_page_token: str | None = None
 
 
 def sweep_page_of(newest_first: Iterator[Sweep], query: SweepQuery) -> SweepPage:
+    """Cut one page out of sweeps sorted newest first (ties by sweep id, descending)."""
     return SweepPage(*_cut(newest_first, query.matches, query.limit, query.page_token))
 
 
@@ -191,9 +199,11 @@ class SweepReader(Protocol):
     """Sweeps as operators read them (the documents sweep_service writes)."""
 
     def get(self, sweep_id: str) -> Sweep | None:
+        """The sweep, None if there is no such sweep."""
         ...
 
     def list(self, query: SweepQuery) -> SweepPage:
+        """One page of the sweeps the query asks for, newest first."""
         ...
 
 
@@ -223,7 +233,9 @@ class ArrivalReader(Protocol):
     (spotorch.app.unmatched), most recently active first."""
 
     def snapshots(self, limit: int) -> Sequence[Mapping[str, Any]]:
+        """The newest snapshot documents, at most `limit`, most recently active first."""
         ...
 
     def unmatched(self, limit: int) -> Sequence[Mapping[str, Any]]:
+        """The newest records of uploads that matched no pipeline, at most `limit`."""
         ...

@@ -35,6 +35,7 @@ class Actions(Protocol):
     """Operator actions through the api function: POST /submit, /cancel, /retry."""
 
     def post(self, action: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """POST the action's body; the api's JSON answer, OperatorError naming its refusal."""
         ...
 
 
@@ -74,6 +75,7 @@ class HttpActions:
     timeout_s: float = 60.0
 
     def post(self, action: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Actions.post: a JSON POST to the api's URL, signed with an identity token when deployed."""
         url = f"{self.base_url.rstrip('/')}/{action}"
         request = urllib.request.Request(url, data=json.dumps(dict(body)).encode(), method="POST",
                                          headers={"Content-Type": "application/json"})
@@ -145,9 +147,11 @@ class Backend:
         return found
 
     def pipeline(self, name: str) -> Pipeline | None:
+        """The loaded pipeline of this name (for prices), None if not loaded."""
         return self.pipelines.get(name)
 
     def follow_logs(self, run: Run, attempt: int, follow: bool) -> Iterator[LogLine]:
+        """The training output of one attempt of the run; with follow, until that attempt ends."""
         chosen = run.attempt(attempt)
         if chosen is None:
             raise OperatorError(f"run {run.run_id} has no attempt {attempt} "

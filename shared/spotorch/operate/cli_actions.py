@@ -31,6 +31,7 @@ def act(ctx: click.Context, action: str, body: Mapping[str, Any], as_json: bool,
 
 
 def gs_uri(value: str) -> str:
+    """Click's check of DATA_URI: only gs:// URIs are accepted."""
     if not value.startswith("gs://"):
         raise click.BadParameter(f"{value!r} is not a gs:// URI", param_hint="DATA_URI")
     return value

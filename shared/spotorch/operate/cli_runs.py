@@ -83,6 +83,7 @@ def runs(ctx: click.Context, statuses: tuple[str, ...], pipeline: str | None, si
 
 
 def view_of(found: Backend, run_id: str) -> dict[str, Any]:
+    """The view of one run as `show` and `watch` print it, with its pipeline's prices."""
     from spotorch.app.views import run_view
 
     run = guard(lambda: found.run(run_id))

@@ -80,6 +80,7 @@ class Session:
         self._backend = backend
 
     def target(self) -> Target:
+        """The spotorch this session talks to, from the options, environment and config file."""
         from spotorch.operate.target import TargetError, resolve
 
         try:
@@ -88,6 +89,7 @@ class Session:
             raise OperatorUsageError(str(exc)) from None
 
     def backend(self) -> Backend:
+        """The backend on the target, built on first use and kept for the session."""
         if self._backend is None:
             from spotorch.operate.backend import backend_for
 
@@ -131,6 +133,7 @@ def backend(ctx: click.Context) -> Backend:
 
 
 def console(err: bool = False) -> Any:
+    """A Rich console: colours only on a terminal, whole lines into a pipe."""
     from rich.console import Console
 
     # Colours only on a terminal (Rich checks isatty and NO_COLOR). Into a pipe or file, lines
@@ -141,6 +144,7 @@ def console(err: bool = False) -> Any:
 
 
 def print_json(data: Any) -> None:
+    """Print data as indented JSON (for --json)."""
     click.echo(json.dumps(data, indent=2, default=str))
 
 

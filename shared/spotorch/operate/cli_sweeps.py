@@ -61,6 +61,7 @@ class SweepGroup(SuggestingGroup):
 
     def resolve_command(self, ctx: click.Context,
                         args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        """Read `sweep SWEEP` as `sweep show SWEEP` when the first argument is not a subcommand."""
         if args and not args[0].startswith("-") and args[0] not in self.commands:
             args = ["show", *args]
         return super().resolve_command(ctx, args)

@@ -83,6 +83,7 @@ class Grant:
     permissions: frozenset[str]
 
     def covers(self, scope: Scope) -> bool:
+        """Whether this grant applies on the resource (a project-wide grant applies everywhere)."""
         return scope in self.scopes or Scope.PROJECT in self.scopes
 
 
@@ -97,6 +98,7 @@ class Finding:
     missing: tuple[str, ...]
 
     def to_dict(self) -> dict[str, Any]:
+        """The finding as --json prints it."""
         needed = dict(self.call.needs)[self.scope]
         return {"client": self.call.client, "method": self.call.method, "kind": str(self.call.kind),
                 "sites": list(self.call.sites), "why": self.call.why, "source": self.call.source,
@@ -115,9 +117,11 @@ class Report:
 
     @property
     def ok(self) -> bool:
+        """Whether every call is granted."""
         return not any(f.missing for f in self.findings)
 
     def to_dict(self, directory: Path) -> dict[str, Any]:
+        """The report as --json prints it."""
         return {"deploy": str(directory), "ok": self.ok,
                 "not_granted": sum(1 for f in self.findings if f.missing),
                 "calls": [f.to_dict() for f in self.findings], "notes": list(self.notes)}

@@ -25,12 +25,14 @@ class LogLine:
 
 
 class LogSource(Protocol):
+    """Where a job's training output is read from: Cloud Logging, or the local stack's files."""
     def lines(self, job_name: str, *, follow: bool, ended: Callable[[], bool]) -> Iterator[LogLine]:
         """The job's lines so far; with follow, new ones until `ended()` says the attempt is over."""
         ...
 
 
 def job_id_of(job_name: str) -> str:
+    """The job's id: the last part of its resource name."""
     return job_name.rstrip("/").rsplit("/", 1)[-1]
 
 
@@ -51,6 +53,7 @@ class LocalWorkerLogs:
         self.poll_s = poll_s
 
     def lines(self, job_name: str, *, follow: bool, ended: Callable[[], bool]) -> Iterator[LogLine]:
+        """LogSource.lines: the worker files as they grow, read from where the last read ended."""
         folder = self.workdir / job_id_of(job_name)
         if not folder.is_dir() and not follow:
             raise LogsUnavailable(f"no worker logs for {job_name} in {folder} (the local stack "
@@ -98,6 +101,7 @@ class CloudLoggingSource:
 
     @property
     def client(self) -> Any:
+        """The Cloud Logging client, built on first use (no client at import time)."""
         if self._client is None:
             from google.cloud import logging as cloud_logging
 
@@ -106,6 +110,7 @@ class CloudLoggingSource:
 
     @staticmethod
     def log_filter(job_name: str, after: str | None = None) -> str:
+        """The entries filter of a job's output (after: only entries newer than that timestamp)."""
         text = f'resource.type="ml_job" AND resource.labels.job_id="{job_id_of(job_name)}"'
         return text + (f' AND timestamp>"{after}"' if after else "")
 

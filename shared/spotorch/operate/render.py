@@ -17,10 +17,12 @@ FAILED_STYLE = "bold red"
 
 
 def status_style(status: str) -> str:
+    """The Rich style of a status: its own, the failed style for any FAILED one, else none."""
     return STATUS_STYLE.get(status, FAILED_STYLE if status.startswith("FAILED") else "")
 
 
 def money(amount: float | None, currency: str = "USD") -> str:
+    """An amount in its currency, dollars as the core writes them."""
     from spotorch.core.cost import money as dollars
 
     if currency == "USD" or amount is None:
@@ -55,6 +57,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, elastic: st
 
 
 def runs_table(rows: Sequence[Mapping[str, Any]]) -> Any:
+    """The `spotorch runs` table of run rows."""
     from rich.text import Text
 
     cells = []
@@ -266,10 +269,12 @@ def metric_text(name: str | None, value: float | None) -> str:
 
 
 def params_text(params: Mapping[str, Any]) -> str:
+    """A trial's parameters as name=value pairs on one line."""
     return " ".join(f"{k}={v}" for k, v in params.items())
 
 
 def sweeps_table(rows: Sequence[Mapping[str, Any]]) -> Any:
+    """The `spotorch sweeps` table of sweep rows."""
     from rich.text import Text
 
     cells = [[r["sweep_id"], r["pipeline"], Text(r["status"], style=status_style(r["status"])),

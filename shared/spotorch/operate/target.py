@@ -51,6 +51,7 @@ class Target:
 
     @property
     def local(self) -> bool:
+        """Whether the target is the local stack (its Firestore emulator is known)."""
         return self.firestore_emulator is not None
 
     @property
@@ -105,6 +106,7 @@ def _vertex_workdir(state: Mapping[str, Any]) -> Path | None:
 
 
 def config_path(environ: Mapping[str, str]) -> Path:
+    """The config file: SPOTORCH_CONFIG, else the XDG config folder."""
     if environ.get(ENV_CONFIG):
         return Path(environ[ENV_CONFIG])
     base = environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
@@ -112,6 +114,7 @@ def config_path(environ: Mapping[str, str]) -> Path:
 
 
 def read_config(path: Path) -> Mapping[str, Any]:
+    """The config file's settings, none if it does not exist; TargetError if unreadable."""
     try:
         with path.open("rb") as f:
             return tomllib.load(f)

@@ -28,6 +28,7 @@ class Tf:
     text: str  # every .tf file, comments removed
 
     def resource(self, rtype: str) -> dict[str, dict[str, Any]]:
+        """The resources of one type by name, none if deploy/ has none."""
         return self.resources.get(rtype, {})
 
 

@@ -36,10 +36,12 @@ class Schemas:
 
     @classmethod
     def load(cls, directory: Path) -> Schemas:
+        """Read the vendored schema extracts from their folder."""
         return cls({name: json.loads((directory / file).read_text())
                     for name, file in SCHEMA_FILES.items()})
 
     def source(self, provider: str) -> str:
+        """The provider's repository and version the extract came from, for messages."""
         src = self.providers.get(provider, {}).get("_source", {})
         return f"{src.get('repository', provider)} {src.get('ref', '?')}"
 

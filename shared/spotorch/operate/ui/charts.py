@@ -53,6 +53,7 @@ def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
 
 
 def tick_label(value: float) -> str:
+    """An axis label: short, in scientific notation for very large or small values."""
     if value == 0:
         return "0"
     if abs(value) >= 1e5 or abs(value) < 1e-3:

@@ -86,25 +86,30 @@ ul.misses{margin:2px 0 0 0;padding-left:18px;color:#475569}
 
 
 def status_class(status: str) -> str:
+    """The CSS class of a status badge: its own, failed for any FAILED one, else waiting."""
     return STATUS_CLASS.get(status, "failed" if status.startswith("FAILED") else "waiting")
 
 
 def badge(status: str) -> str:
+    """A status as a coloured badge."""
     return f'<span class="status {status_class(status)}">{escape(status)}</span>'
 
 
 def money(amount: float | None) -> str:
+    """An amount in dollars, as the core writes it."""
     from spotorch.core.cost import money as dollars
 
     return dollars(amount)
 
 
 def num(value: float | None, spec: str, unit: str = "") -> str:
+    """A number formatted by the spec with its unit, or a dash for none."""
     return "-" if value is None else format(value, spec) + unit
 
 
 def page(title: str, body: str, *, target: str, refresh_s: int | None = None,
          here: str = "") -> str:
+    """A whole page: the frame, the navigation with this page marked, and the body."""
     refresh = f'<meta http-equiv="refresh" content="{refresh_s}">' if refresh_s else ""
     nav = "".join(f'<a href="{href}"{" class=here" if href == here else ""}>{name}</a>'
                   for href, name in NAV)
@@ -122,6 +127,7 @@ SWEEP_STATUS_CHOICES = (*SWEEP_STATUS_GROUPS, *(s.value for s in SweepStatus))
 
 def filters(args: Mapping[str, str], action: str = "/",
             statuses: Sequence[str] = RUN_STATUS_CHOICES) -> str:
+    """The filter form of a listing, with the chosen values filled in."""
     chosen = args.get("status", "")
     options = ['<option value="">any</option>'] + [
         f'<option value="{escape(v)}"{" selected" if v == chosen else ""}>{escape(v)}</option>'
@@ -157,11 +163,13 @@ def notice(args: Mapping[str, str]) -> str:
 
 
 def error_page(message: str, *, target: str) -> str:
+    """A page showing an error message."""
     return page("error", f'<p class="error">{escape(message)}</p>', target=target)
 
 
 def table(css: str, headers: Sequence[str], rows: Sequence[str], *,
           numeric: frozenset[str] = frozenset(), empty: str = "nothing yet") -> str:
+    """An HTML table of pre-rendered rows, or a note that there is nothing yet."""
     if not rows:
         return f'<p class="empty">{escape(empty)}</p>'
     head = "".join(f'<th{" class=num" if h in numeric else ""}>{escape(h)}</th>' for h in headers)
@@ -170,4 +178,5 @@ def table(css: str, headers: Sequence[str], rows: Sequence[str], *,
 
 
 def dump(value: Any) -> str:
+    """Any value as escaped text."""
     return escape(str(value))

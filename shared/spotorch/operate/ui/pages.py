@@ -40,6 +40,7 @@ def _totals(totals: Mapping[str, Any], period: str) -> str:
 def runs_page(rows: Sequence[Mapping[str, Any]], args: Mapping[str, str],
               next_token: str | None, *, target: str, refresh_s: int,
               totals: Mapping[str, Any] | None = None, period: str = "7d") -> str:
+    """The runs page: the period's totals, the filters, one row per run and the next page's link."""
     lines = []
     for r in rows:
         link = f"/runs/{urllib.parse.quote(r['run_id'])}"
@@ -217,6 +218,7 @@ def _attempts(view: Mapping[str, Any]) -> str:
 
 def run_page(view: Mapping[str, Any], svg: str, *, target: str, refresh_s: int,
              token: str = "", args: Mapping[str, str] | None = None) -> str:
+    """A run's page: its facts and actions, the timeline, charts, attempts and history."""
     from spotorch.operate.ui.timeline import CAPACITY_COLOUR, PREEMPT_COLOUR, PROGRESS_COLOUR
 
     legend = "".join(f'<span><i style="background:{c}"></i>{escape(str(k))}</span>'

@@ -23,6 +23,7 @@ def _started(row: Mapping[str, Any]) -> str:
 
 def snapshots_page(snapshots: Sequence[Mapping[str, Any]], unmatched: Sequence[Mapping[str, Any]],
                    *, target: str, refresh_s: int) -> str:
+    """The snapshots page: every snapshot and the uploads that matched no pipeline."""
     rows = [f'<tr class="snapshot" data-state="{escape(r["state"])}" '
             f'data-uri="{escape(r["data_uri"])}"><td class="id">{escape(r["data_uri"])}</td>'
             f'<td>{escape(r["pipeline"])}</td><td>{badge(r["state"])}</td>'
@@ -80,6 +81,7 @@ def pipeline_row(p: Pipeline) -> dict[str, Any]:
 
 
 def pipelines_page(rows: Sequence[Mapping[str, Any]], *, target: str, source: str) -> str:
+    """The pipelines page: what each one watches, runs on, and where its alerts go."""
     from spotorch.operate.times import duration
 
     lines = []

@@ -35,6 +35,7 @@ def _params(params: Mapping[str, Any]) -> str:
 
 def sweeps_page(rows: Sequence[Mapping[str, Any]], args: Mapping[str, str],
                 next_token: str | None, *, target: str, refresh_s: int) -> str:
+    """The sweeps page: the filters, one row per sweep and the next page's link."""
     lines = []
     for r in rows:
         link = f"/sweeps/{urllib.parse.quote(r['sweep_id'])}"
@@ -83,6 +84,7 @@ def _plain_params(params: Mapping[str, Any]) -> str:
 
 def sweep_page(view: Mapping[str, Any], *, target: str, refresh_s: int, token: str = "",
                args: Mapping[str, str] | None = None) -> str:
+    """A sweep's page: its facts, trials, metric chart, stopping decisions and the cancel button."""
     best = view.get("best")
     goal = f" ({view['goal']})" if view.get("goal") else ""
     facts = [("status", badge(view["status"])),

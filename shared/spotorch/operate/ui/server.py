@@ -39,6 +39,7 @@ ARRIVALS = 50  # snapshots and unmatched folders on their page
 
 
 class NotFound(Exception):
+    """No such page, run or sweep: answered with a 404 page."""
     pass
 
 
@@ -71,10 +72,12 @@ class UIServer:
 
     @property
     def url(self) -> str:
+        """The address the server listens on."""
         host, port = self.httpd.server_address[:2]
         return f"http://{host!s}:{port}/"
 
     def serve_forever(self) -> None:
+        """Serve requests until closed."""
         self.httpd.serve_forever(poll_interval=0.2)
 
     def start(self) -> UIServer:
@@ -84,6 +87,7 @@ class UIServer:
         return self
 
     def close(self) -> None:
+        """Stop serving (and the background thread, if started) and release the port."""
         if self._thread is not None:
             self.httpd.shutdown()
             self._thread.join(timeout=5)

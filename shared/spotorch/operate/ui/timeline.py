@@ -43,6 +43,7 @@ class Scale:
     t1: float
 
     def x(self, t: float) -> float:
+        """The x of a time, clamped to the scale's span."""
         span = max(self.t1 - self.t0, 1e-9)
         return LEFT + (min(max(t, self.t0), self.t1) - self.t0) / span * (WIDTH - LEFT - RIGHT)
 

@@ -50,6 +50,7 @@ class ReceivedRequest:
     status: int
 
     def json(self) -> Any:
+        """The request's body parsed as JSON."""
         return json.loads(self.body)
 
 
@@ -113,6 +114,7 @@ class WebhookReceiver:
 
     @property
     def url(self) -> str:
+        """The receiver's base URL; ReceiverError before it is started."""
         if self._server is None:
             raise ReceiverError("webhook receiver not started")
         return f"http://{self.host}:{self._server.server_address[1]}"
@@ -137,11 +139,13 @@ class WebhookReceiver:
         return _wait(lambda: len(self.ok(path)) >= count, timeout)
 
     def clear(self) -> None:
+        """Forget what was received and the failures queued for the next requests."""
         with self._lock:
             self._received.clear()
             self._fail.clear()
 
     def stop(self) -> None:
+        """Stop the server and its thread; safe to call twice."""
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -306,12 +310,14 @@ class SmtpReceiver:
 
     @property
     def address(self) -> tuple[str, int]:
+        """The (host, port) the SMTP server listens on; ReceiverError before it is started."""
         if self._controller is None:
             raise ReceiverError("SMTP receiver not started")
         return self.host, int(self._controller.port)
 
     @property
     def port(self) -> int:
+        """The port the SMTP server listens on."""
         return self.address[1]
 
     @property
@@ -331,14 +337,17 @@ class SmtpReceiver:
             self._state.fail = [code] * n
 
     def wait_for(self, count: int, timeout: float = 5.0) -> bool:
+        """Wait until at least `count` messages arrived; False on timeout."""
         return _wait(lambda: len(self.received) >= count, timeout)
 
     def clear(self) -> None:
+        """Forget the messages received and the failures queued for the next ones."""
         with self._state.lock:
             self._state.messages.clear()
             self._state.fail.clear()
 
     def stop(self) -> None:
+        """Stop the SMTP server and remove its temporary folder; safe to call twice."""
         if self._controller is not None:
             self._controller.stop()
             self._controller = None

@@ -100,6 +100,7 @@ class Deps:
     unmatched_alert_after_s: float = 600.0
 
     def pipeline(self, name: str) -> Pipeline:
+        """The loaded pipeline of this name; UnknownPipeline if there is none."""
         try:
             return self.pipelines[name]
         except KeyError:
@@ -129,6 +130,7 @@ def key_seed() -> bytes:
 
 
 def probe_cache(deps: Deps, pipeline: Pipeline) -> dict[str, hardware.ProbeResult] | None:
+    """The pipeline's cached hardware probe results, None if unreadable (logged, not fatal)."""
     try:
         return probes.load_cache(deps.docs, pipeline.name)
     except Exception as exc:  # None: the run starts on the pipeline's own worker pools
@@ -169,6 +171,7 @@ def region_order(deps: Deps, pipeline: Pipeline, shape: str, now: float) -> tupl
 
 
 def job_id_of(job_name: str) -> str:
+    """The job's id: the last part of its resource name."""
     return job_name.rsplit("/", 1)[-1]
 
 
@@ -196,6 +199,7 @@ class JobOwners:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def find(self, docs: DocumentStore, job_id: str) -> JobOwner | None:
+        """The owner the job record names, kept once found; None if there is no record."""
         known = self._known.get(job_id)
         if known is not None:
             return known
@@ -208,6 +212,7 @@ class JobOwners:
         return owner
 
     def remember(self, job_id: str, owner: JobOwner) -> None:
+        """Keep a job's owner, forgetting the oldest past `limit`."""
         with self._lock:
             if len(self._known) >= self.limit:  # the oldest first: dicts keep insertion order
                 del self._known[next(iter(self._known))]
@@ -215,4 +220,5 @@ class JobOwners:
 
 
 def job_owner(deps: Deps, job_id: str) -> JobOwner | None:
+    """The run and attempt a job id belongs to, by its job record; None if it has none."""
     return deps.owners.find(deps.docs, job_id)

@@ -51,10 +51,12 @@ class ProbeSession:
 
 
 def probe_run_id(session: ProbeSession, candidate: HardwareCandidate) -> str:
+    """The run id a candidate's probe job is labelled with: the session's id and the candidate."""
     return f"{session.probe_id}-{candidate.name}"
 
 
 def probe_root(session: ProbeSession, candidate: HardwareCandidate) -> str:
+    """Where a candidate's probe writes its checkpoints and report."""
     return f"{session.checkpoint_root.rstrip('/')}/{session.probe_id}/{candidate.name}"
 
 

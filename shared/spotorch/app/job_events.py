@@ -100,6 +100,7 @@ def job_line_reported(deps: Deps, job_id: str, phase: JobPhase, message: str,
 
 
 def checkpoint_if_ended(deps: Deps, run: Run, status: JobStatus) -> Checkpoint | None:
+    """The run's latest checkpoint once its job has ended; None while it runs or if unreadable."""
     if not status.phase.terminal:
         return None
     try:

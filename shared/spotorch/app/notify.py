@@ -79,6 +79,7 @@ class NotifyPolicy:
             return cls()
 
     def backoff(self, attempt: int) -> float:
+        """Seconds to wait before the n-th retry of a send: doubling, capped."""
         return float(min(self.backoff_cap_s, self.backoff_s * 2 ** (attempt - 1)))
 
 
@@ -119,6 +120,7 @@ def selected_channels(routes: Sequence[Route], kind: str) -> list[str]:
 
 @dataclass(frozen=True)
 class Identity:
+    """What the notifier needs of an event to route and dedupe it."""
     event_id: str
     kind: str
     run_id: str
@@ -126,6 +128,7 @@ class Identity:
 
 
 def identity(event: Mapping[str, Any]) -> Identity:
+    """The identity of a CloudEvent; InvalidEvent naming what it lacks."""
     data = event.get("data")
     event_id, type_ = str(event.get("id", "")), str(event.get("type", ""))
     if not isinstance(data, Mapping) or not event_id:

@@ -37,10 +37,12 @@ class DocumentRunReader(_DocumentCollection):
         super().__init__(docs, collection)
 
     def get(self, run_id: str) -> Run | None:
+        """RunReader.get: the run document, None if absent."""
         data = self._get(run_id)
         return None if data is None else Run.from_dict(data)
 
     def list(self, query: RunQuery) -> RunPage:
+        """RunReader.list: every run document read and sorted here (small stores only)."""
         runs = sorted((Run.from_dict(d) for d in self._all()), key=order_key, reverse=True)
         return page_of(iter(runs), query)
 
@@ -52,10 +54,12 @@ class DocumentSweepReader(_DocumentCollection):
         super().__init__(docs, collection)
 
     def get(self, sweep_id: str) -> Sweep | None:
+        """SweepReader.get: the sweep document, None if absent."""
         data = self._get(sweep_id)
         return None if data is None else Sweep.from_dict(data)
 
     def list(self, query: SweepQuery) -> SweepPage:
+        """SweepReader.list: every sweep document read and sorted here (small stores only)."""
         sweeps = sorted((Sweep.from_dict(d) for d in self._all()), key=order_key, reverse=True)
         return sweep_page_of(iter(sweeps), query)
 
@@ -72,7 +76,9 @@ class DocumentArrivalReader:
         return sorted(found, key=lambda d: float(d["last_seen"]), reverse=True)[:limit]
 
     def snapshots(self, limit: int) -> Sequence[Mapping[str, Any]]:
+        """ArrivalReader.snapshots: the snapshot documents most recently active first."""
         return self._recent(COLLECTION_SNAPSHOTS, limit)
 
     def unmatched(self, limit: int) -> Sequence[Mapping[str, Any]]:
+        """ArrivalReader.unmatched: the unmatched-upload records most recently active first."""
         return self._recent(COLLECTION_UNMATCHED, limit)

@@ -206,9 +206,11 @@ class SnapshotState:
 
     @property
     def data_uri(self) -> str:
+        """The snapshot's folder as a gs:// URI."""
         return f"gs://{self.bucket}/{self.key}"
 
     def entry(self, name: str) -> Entry | None:
+        """The object of this name in the snapshot, None if it is not there."""
         return next((e for e in self.entries if e.name == name), None)
 
     def members(self) -> tuple[tuple[str, int], ...]:
@@ -224,6 +226,7 @@ class SnapshotState:
         return replace(self, entries=(*kept, new))
 
     def to_doc(self) -> dict[str, Any]:
+        """The snapshot's Firestore document."""
         # Objects as a list of maps, not a {name: generation} map: Firestore map keys are field
         # paths in some calls and reserve names like __init__.py.
         return {
@@ -243,6 +246,7 @@ class SnapshotState:
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> SnapshotState:
+        """The snapshot state a stored document holds (the inverse of to_doc)."""
         expected = doc.get("expected")
         return cls(
             pipeline=str(doc["pipeline"]), bucket=str(doc["bucket"]), key=str(doc["key"]),

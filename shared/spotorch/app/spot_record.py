@@ -99,6 +99,7 @@ _COUNTERS = ("observed", "available", "preemptions")  # maps: hour -> sum
 
 
 def doc_key(region: str, shape: str, shard: int, day: int) -> str:
+    """The document of one region, shape, shard and day of the record (no slashes in ids)."""
     return f"{region}__{shape}__{day}__{shard % SHARDS}".replace("/", "_")
 
 

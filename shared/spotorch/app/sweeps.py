@@ -75,11 +75,13 @@ def _context(deps: Deps, sw: Sweep) -> SweepContext:
 
 
 def load_sweep(deps: Deps, sweep_id: str) -> tuple[Sweep | None, Any]:
+    """The sweep and its document's version, (None, None) if there is no such sweep."""
     doc, version = deps.docs.get(COLLECTION_SWEEPS, sweep_id)
     return (Sweep.from_dict(doc) if doc else None), version
 
 
 def active_sweeps(deps: Deps) -> list[Sweep]:
+    """The sweeps not yet ended."""
     return [Sweep.from_dict(d) for d in deps.docs.query(COLLECTION_SWEEPS, "active", True)]
 
 
@@ -110,6 +112,7 @@ def start_sweep(deps: Deps, pipeline_name: str, *, sweep_id: str, data_uri: str,
 
 
 def start_snapshot_sweep(deps: Deps, snap: SnapshotReady, why: str) -> Sweep:
+    """Start the sweep a complete data snapshot asks for, its id fixed by the snapshot."""
     from spotorch.app import snapshots as intake
 
     return start_sweep(deps, snap.pipeline,

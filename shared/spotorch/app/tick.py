@@ -54,6 +54,7 @@ class Listing:
 
 
 def list_live_jobs(deps: Deps, regions: Sequence[str]) -> Listing:
+    """What ListCustomJobs says of live jobs, region by region; a failed region is left out."""
     statuses: dict[str, JobStatus] = {}
     listed: set[str] = set()
     for region in sorted(set(regions)):
@@ -232,6 +233,7 @@ def _status_doc(status: JobStatus) -> dict[str, Any]:
 
 
 def status_from_doc(doc: Mapping[str, Any]) -> JobStatus:
+    """The JobStatus a shard message carries (the inverse of _status_doc)."""
     return JobStatus(job_name=str(doc["job_name"]), phase=JobPhase(doc["phase"]),
                      failure=FailureClass(doc["failure"]) if doc.get("failure") else None,
                      exit_code=doc.get("exit_code"), message=str(doc.get("message") or ""),
@@ -241,6 +243,7 @@ def status_from_doc(doc: Mapping[str, Any]) -> JobStatus:
 
 
 def shard_buckets(shard: int, shards: int = RECONCILE_SHARDS) -> list[int]:
+    """The reconcile buckets one shard of the tick handles."""
     return [b for b in range(RECONCILE_BUCKETS) if b % shards == shard]
 
 

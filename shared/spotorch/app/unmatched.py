@@ -58,6 +58,7 @@ def folder_of(name: str) -> str:
 
 
 def record_key(bucket: str, folder: str) -> str:
+    """The record document of an upload folder: a hash, as bucket and folder may hold any character."""
     return "upload-" + hashlib.sha256(f"{bucket}\n{folder}".encode()).hexdigest()[:24]
 
 
@@ -79,6 +80,7 @@ def unintended_misses(event: ObjectEvent, pipelines: Sequence[Pipeline]) -> list
 
 
 def matches_any(event: ObjectEvent, pipelines: Sequence[Pipeline]) -> bool:
+    """Whether any pipeline takes this object."""
     return any(match(p, event) is not None for p in pipelines)
 
 

@@ -61,11 +61,13 @@ def reason(run: Run) -> str | None:
 
 
 def progress_fraction(run: Run) -> float | None:
+    """How far the run is, between 0 and 1; None without a total step count."""
     total = run.progress.total_steps
     return None if not total else min(run.progress.step / total, 1.0)
 
 
 def attempt_view(a: Attempt) -> dict[str, Any]:
+    """An attempt as operators see it, times in ISO 8601."""
     return {
         "attempt": a.number, "capacity": str(a.capacity), "region": a.region,
         "state": str(a.state), "job_name": a.job_name, "job_id": job_id(a.job_name),

@@ -29,6 +29,7 @@ class FirestoreDocumentStore:
 
     @property
     def client(self) -> Any:
+        """The Firestore client, built on first use (no client at import time)."""
         if self._client is None:
             from google.cloud import firestore
 
@@ -36,6 +37,7 @@ class FirestoreDocumentStore:
         return self._client
 
     def get(self, collection: str, key: str) -> tuple[dict[str, Any] | None, Any]:
+        """DocumentStore.get: the document and its update time as the version."""
         self.round_trips += 1
         snap = self.client.collection(collection).document(key).get()
         if not snap.exists:
@@ -44,6 +46,7 @@ class FirestoreDocumentStore:
 
     def put(self, collection: str, key: str, data: Mapping[str, Any], version: Any,
             adds: Sequence[AddTo] = ()) -> Any:
+        """DocumentStore.put: one commit preconditioned on the update time, the adds in the same batch."""
         from google.api_core import exceptions
 
         too_many = batch_problem(collection, key, adds)
@@ -73,6 +76,7 @@ class FirestoreDocumentStore:
         return result.update_time
 
     def query(self, collection: str, field_name: str, value: Any) -> Sequence[dict[str, Any]]:
+        """DocumentStore.query: the documents whose field equals the value."""
         from google.cloud.firestore_v1.base_query import FieldFilter
 
         self.round_trips += 1
@@ -80,6 +84,7 @@ class FirestoreDocumentStore:
         return [snap.to_dict() for snap in query.stream()]
 
     def delete(self, collection: str, key: str) -> None:
+        """Delete a document (no precondition: absent is fine)."""
         self.client.collection(collection).document(key).delete()
 
 

@@ -22,10 +22,12 @@ CALL_TIMEOUT_S = 10.0  # a job's end must not wait long for its error lines
 
 
 def job_id_of(job_name: str) -> str:
+    """The job's id: the last part of its resource name."""
     return job_name.rstrip("/").rsplit("/", 1)[-1]
 
 
 def rfc3339(ts: float) -> str:
+    """An epoch time as Cloud Logging's filters write it (UTC, microseconds)."""
     from datetime import UTC, datetime
 
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -78,12 +80,14 @@ class CloudLoggingJobLogs:
 
     @property
     def client(self) -> Any:
+        """The Logging client, built on first use under the lock."""
         with self._lock:
             if self._client is None:
                 self._client = self._real_client()
             return self._client
 
     def error_tail(self, job_name: str, *, since: float | None, limit: int) -> tuple[str, ...]:
+        """JobLogs.error_tail: one ListLogEntries page, newest first, returned oldest first."""
         request = {"resource_names": [f"projects/{self.project}"],
                    "filter": error_filter(job_name, since), "order_by": "timestamp desc",
                    "page_size": limit}

@@ -49,6 +49,7 @@ class FirestoreNotificationLedger:
         return datetime.fromtimestamp(now + self.retention_s, UTC)
 
     def claim(self, event_id: str, channel: str, run_id: str, now: float) -> bool:
+        """NotificationLedger.claim: a create() that wins once; a failed or stale claim is taken over."""
         from google.api_core import exceptions as gexc
 
         db = self._db()
@@ -73,12 +74,14 @@ class FirestoreNotificationLedger:
 
     def finish(self, event_id: str, channel: str, outcome: Outcome, now: float,
                detail: str = "", attempts: int = 0) -> None:
+        """NotificationLedger.finish: records the outcome on the claim's document."""
         ref = self._db().collection(self.collection).document(record_key(event_id, channel))
         ref.set({"state": outcome.value, "finished_at": now, "detail": detail,
                  "attempts": attempts, "expires_at": self._expires(now)}, merge=True)
 
     def admit(self, run_id: str, channel: str, kind: str, now: float, *, limit: int,
               window_s: float, always: bool = False) -> Admission:
+        """NotificationLedger.admit: the run's rate-limit state updated in a transaction."""
         from google.cloud import firestore
 
         db = self._db()

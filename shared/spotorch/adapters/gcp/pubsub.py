@@ -28,6 +28,7 @@ class PubSubPublisher:
         return self._client
 
     def publish(self, event: Mapping[str, Any]) -> None:
+        """EventPublisher.publish: waits for Pub/Sub's ack; a failed ordering key is resumed."""
         data, attributes, ordering_key = to_pubsub(event)
         client = self._publisher()
         future = client.publish(self.topic_path, data, ordering_key=ordering_key, **attributes)
@@ -51,6 +52,7 @@ class PubSubShardDispatcher:
         self._client: Any = None
 
     def dispatch(self, shard: Mapping[str, Any]) -> None:
+        """ShardDispatcher.dispatch: the shard as compact JSON on the tick topic, marked as a shard."""
         import json
 
         if self._client is None:

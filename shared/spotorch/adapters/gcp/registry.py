@@ -142,6 +142,7 @@ class VertexModelRegistry:
         return f"{versions[0].name}@{versions[0].version_id}" if versions else ""
 
     def upload(self, upload: ModelUpload) -> str:
+        """ModelRegistry.upload: a new version of the pipeline's model, idempotent by the run's label."""
         from google.cloud import aiplatform_v1 as v1
 
         parent = f"projects/{self._c.project}/locations/{upload.region}"
@@ -173,6 +174,7 @@ class VertexModelRegistry:
         return self._c.call(f"upload the model of {upload.run_id}", find_or_upload)
 
     def version(self, name: str) -> ModelVersion:
+        """ModelRegistry.version: GetModel of a version's resource name."""
         region = name.split("/")[3] if name.count("/") >= 3 else ""
         got = self._c.call(f"get {name}", lambda: self._c.client(region).get_model(
             name=name, timeout=self._c.call_timeout_s))
@@ -237,6 +239,7 @@ class VertexExperimentTracker:
         return name
 
     def log_run(self, run: ExperimentRun) -> str:
+        """ExperimentTracker.log_run: the experiment and its run as metadata contexts, made if missing."""
         from google.cloud import aiplatform_v1 as v1
 
         def log() -> str:
@@ -261,6 +264,7 @@ class VertexExperimentTracker:
         return self._c.call(f"log experiment run {run.run_id}", log)
 
     def read_run(self, name: str) -> ExperimentRun:
+        """ExperimentTracker.read_run: the run's context read back as an ExperimentRun."""
         parts = name.split("/")
         region = parts[3] if len(parts) > 3 else ""
         got = self._c.call(f"get {name}", lambda: self._c.client(region).get_context(
@@ -273,6 +277,7 @@ class VertexExperimentTracker:
                              state=str(meta.get(STATE_KEY, "")))
 
     def runs_of(self, experiment: str, region: str) -> tuple[str, ...]:
+        """ExperimentTracker.runs_of: the run contexts whose parent is the experiment's."""
         store = f"projects/{self._c.project}/locations/{region}/metadataStores/default"
         parent = f"{store}/contexts/{context_id(experiment)}"
         request = {"parent": store, "filter": f'schema_title="{SCHEMA_EXPERIMENT_RUN}" AND '

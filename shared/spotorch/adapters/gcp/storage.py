@@ -9,6 +9,7 @@ from spotorch.ports.storage import ObjectInfo, ObjectNotFound, ObjectPage
 
 
 class GcsObjectStore:
+    """ObjectStore on Cloud Storage: generations read exactly, uploads only if absent."""
     def __init__(self, client: Any = None, *, project: str | None = None) -> None:
         self._client = client
         self._project = project
@@ -23,6 +24,7 @@ class GcsObjectStore:
             return self._client
 
     def read(self, bucket: str, name: str, generation: int, max_bytes: int) -> bytes:
+        """ObjectStore.read: a ranged download of the generation; ObjectNotFound if absent."""
         from google.api_core import exceptions
 
         blob = self._storage().bucket(bucket).blob(name, generation=generation)
@@ -33,6 +35,7 @@ class GcsObjectStore:
         return data
 
     def ensure_file(self, uri: str, path: str) -> bool:
+        """ObjectStore.ensure_file: an upload preconditioned on no object existing."""
         from google.api_core import exceptions
 
         bucket, _, name = uri.removeprefix("gs://").partition("/")
@@ -44,11 +47,13 @@ class GcsObjectStore:
         return True
 
     def exists(self, bucket: str, name: str, generation: int) -> bool:
+        """ObjectStore.exists: a metadata read of the generation."""
         blob = self._storage().bucket(bucket).blob(name, generation=generation)
         return bool(blob.exists())
 
     def list_page(self, bucket: str, prefix: str, page_token: str | None,
                   page_size: int) -> ObjectPage:
+        """ObjectStore.list_page: one page of ListObjects, with the next page's token."""
         iterator = self._storage().list_blobs(bucket, prefix=prefix or None,
                                               page_token=page_token, max_results=page_size)
         page = next(iterator.pages, None)

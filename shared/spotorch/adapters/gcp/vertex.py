@@ -158,6 +158,7 @@ class Classifier:
 
     @classmethod
     def default(cls) -> Classifier:
+        """The classifier of the default recovery and health policies."""
         return _DEFAULT_CLASSIFIER
 
     def _any(self, patterns: tuple[re.Pattern[str], ...], text: str) -> bool:

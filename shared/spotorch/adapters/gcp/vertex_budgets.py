@@ -51,6 +51,7 @@ class RequestBudget:
         return wait
 
     def take(self, region: str, kinds: Sequence[str], *, max_wait_s: float | None = None) -> None:
+        """Budget.take: waits until this instance's window has room; RESOURCE_EXHAUSTED past the wait."""
         deadline = self._clock() + (self.max_wait_s if max_wait_s is None else max_wait_s)
         while True:
             with self._lock:
@@ -131,6 +132,7 @@ class SharedRequestBudget:
         self.fallbacks = 0  # takes served by the fallback budget
 
     def take(self, region: str, kinds: Sequence[str], *, max_wait_s: float | None = None) -> None:
+        """Budget.take: tokens leased from the shared document; this instance's budget when unreachable."""
         deadline = self._clock() + (self.max_wait_s if max_wait_s is None else max_wait_s)
         while True:
             with self._lock:

@@ -29,6 +29,7 @@ class RetryPolicy:
 
 
 def code_of(exc: BaseException) -> str:
+    """The gRPC status name of an error (e.g. NOT_FOUND), else its class name."""
     status = getattr(exc, "grpc_status_code", None)
     return str(getattr(status, "name", "")) or type(exc).__name__
 

@@ -27,6 +27,7 @@ class InMemoryNotificationLedger:
         self._lock = threading.Lock()
 
     def claim(self, event_id: str, channel: str, run_id: str, now: float) -> bool:
+        """NotificationLedger.claim: wins when there is no record, or it failed, or its claim is stale."""
         key = record_key(event_id, channel)
         with self._lock:
             if not claimable(self.records.get(key), now, self.lease_s):
@@ -37,12 +38,14 @@ class InMemoryNotificationLedger:
 
     def finish(self, event_id: str, channel: str, outcome: Outcome, now: float,
                detail: str = "", attempts: int = 0) -> None:
+        """NotificationLedger.finish: records the outcome on the claim."""
         with self._lock:
             record = self.records.setdefault(record_key(event_id, channel), {})
             record.update(state=outcome.value, finished_at=now, detail=detail, attempts=attempts)
 
     def admit(self, run_id: str, channel: str, kind: str, now: float, *, limit: int,
               window_s: float, always: bool = False) -> Admission:
+        """NotificationLedger.admit: the run's rate-limit state updated under the lock."""
         with self._lock:
             state = self.runs.setdefault(run_key(run_id, channel), {})
             return admit(state, kind, now, limit, window_s, always)

@@ -18,6 +18,7 @@ DEFAULT_ALIAS = "default"  # Vertex gives the first version of a model this alia
 
 
 class MemoryModelRegistry:
+    """ModelRegistry in memory: versions per model, failures injectable."""
     def __init__(self, project: str = "local") -> None:
         self.project = project
         self.versions: dict[str, list[ModelVersion]] = {}  # model name -> versions in order
@@ -26,6 +27,7 @@ class MemoryModelRegistry:
         self._lock = threading.Lock()
 
     def upload(self, upload: ModelUpload) -> str:
+        """ModelRegistry.upload: a new version, or the one this run already uploaded."""
         with self._lock:
             if self.fail_next is not None:
                 exc, self.fail_next = self.fail_next, None
@@ -52,6 +54,7 @@ class MemoryModelRegistry:
             return version.name
 
     def version(self, name: str) -> ModelVersion:
+        """ModelRegistry.version: the stored version; NOT_FOUND (permanent) if absent."""
         model, _, number = name.partition("@")
         for version in self.versions.get(model, []):
             if version.version_id == number:
@@ -60,6 +63,7 @@ class MemoryModelRegistry:
 
 
 class MemoryExperimentTracker:
+    """ExperimentTracker in memory: runs by context name, children per experiment."""
     def __init__(self, project: str = "local") -> None:
         self.project = project
         self.runs: dict[str, ExperimentRun] = {}
@@ -69,6 +73,7 @@ class MemoryExperimentTracker:
         return f"projects/{self.project}/locations/{region}/metadataStores/default"
 
     def log_run(self, run: ExperimentRun) -> str:
+        """ExperimentTracker.log_run: stored under its context name; logging again replaces it."""
         experiment = f"{self._store(run.region)}/contexts/{context_id(run.experiment)}"
         name = f"{self._store(run.region)}/contexts/{context_id(f'{run.experiment}-{run.run_id}')}"
         self.runs[name] = run
@@ -78,6 +83,7 @@ class MemoryExperimentTracker:
         return name
 
     def read_run(self, name: str) -> ExperimentRun:
+        """ExperimentTracker.read_run: the stored run; NOT_FOUND (permanent) if absent."""
         try:
             return self.runs[name]
         except KeyError:
@@ -85,5 +91,6 @@ class MemoryExperimentTracker:
                                 code="NOT_FOUND") from None
 
     def runs_of(self, experiment: str, region: str) -> tuple[str, ...]:
+        """ExperimentTracker.runs_of: the context names logged under the experiment, in order."""
         return tuple(self.children.get(
             f"{self._store(region)}/contexts/{context_id(experiment)}", ()))

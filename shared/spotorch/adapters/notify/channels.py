@@ -108,6 +108,7 @@ class SecretRef:
             mark_sensitive(self.raw)
 
     def resolve(self) -> str:
+        """The setting's value, a secret reference fetched; ChannelConfigError if empty."""
         value = resolve_secret(self.raw)
         if not value:
             raise ChannelConfigError(f"{self.source} is empty")
@@ -156,6 +157,7 @@ class ChatWebhook:
     timeout_s: float = 10.0
 
     def send(self, alert: Alert) -> None:
+        """Channel.send: a Chat card, threaded per run."""
         post_json(with_query(self.url.resolve(), chat_thread_params(alert)), chat_payload(alert),
                   self.timeout_s)
 
@@ -168,6 +170,7 @@ class SlackWebhook:
     timeout_s: float = 10.0
 
     def send(self, alert: Alert) -> None:
+        """Channel.send: a Slack message to the webhook."""
         post_json(self.url.resolve(), slack_payload(alert), self.timeout_s)
 
 
@@ -180,6 +183,7 @@ class StartTls(StrEnum):
 
 
 def parse_recipients(value: str) -> tuple[str, ...]:
+    """The addresses in a list separated by commas, semicolons or spaces."""
     return tuple(r for r in re.split(r"[,;\s]+", value) if r)
 
 
@@ -212,6 +216,7 @@ class SmtpEmail:
     timeout_s: float = 20.0
 
     def send(self, alert: Alert) -> None:
+        """Channel.send: one email over SMTP, with STARTTLS and a login when configured."""
         sender = self.sender.resolve()
         recipients = parse_recipients(self.recipients.resolve())
         if not recipients:
@@ -255,6 +260,7 @@ class BrokenChannel:
     problem: str
 
     def send(self, alert: Alert) -> None:
+        """Channel.send: always fails with the configuration problem."""
         raise ChannelConfigError(self.problem)
 
 

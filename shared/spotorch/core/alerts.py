@@ -49,6 +49,7 @@ class Alert:
 
     @property
     def held_count(self) -> int:
+        """How many alerts of this run were held back since the last one sent."""
         return sum(self.held.values())
 
     @property

@@ -32,6 +32,7 @@ class Context:
 
     @property
     def regions(self) -> tuple[str, ...]:
+        """The pipeline's regions, best first by the Spot record's order when there is one."""
         configured = self.pipeline.job.regions or ("us-central1",)
         if not self.region_order:
             return configured
@@ -40,8 +41,10 @@ class Context:
 
     @property
     def recovery(self) -> RecoveryPolicy:
+        """The pipeline's recovery policy."""
         return self.pipeline.recovery
 
     @property
     def health(self) -> hp.HealthPolicy:
+        """The pipeline's training health policy."""
         return self.pipeline.health

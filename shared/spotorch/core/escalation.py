@@ -30,6 +30,7 @@ def _work_estimates(run: Run, ctx: Context) -> tuple[float | None, float]:
 
 def policy_view(run: Run, ctx: Context, *, current: Capacity | None,
                 spot_available: bool, assumed: bool | None = None) -> PolicyView:
+    """What the escalation policy sees of the run now: time, deadline, work left, Spot history."""
     total_s, done_s = _work_estimates(run, ctx)
     deadline_s = None if run.deadline_at is None else run.deadline_at - run.created_at
     changeovers = sum(1 for a, b in zip(run.attempts, run.attempts[1:], strict=False)
@@ -91,11 +92,13 @@ def spot_history(run: Run, now: float) -> SpotHistory:
 
 def policy_capacity(run: Run, ctx: Context, *, current: Capacity | None,
                      spot_available: bool) -> Capacity:
+    """Spot or standard for the run's next attempt, as its pipeline's escalation policy says."""
     view = policy_view(run, ctx, current=current, spot_available=spot_available)
     return choose_capacity(view, ctx.recovery)
 
 
 def escalation_reason(run: Run, ctx: Context, failure: FailureClass) -> str:
+    """Why the run leaves Spot, in words for its history and events."""
     recovery = ctx.recovery
     if recovery.escalation is EscalationKind.COUNT:
         return f"{run.counters.preemptions} preemptions (escalate after " \
@@ -107,6 +110,7 @@ def escalation_reason(run: Run, ctx: Context, failure: FailureClass) -> str:
 
 
 def deadline_warning(run: Run, ctx: Context, wanted: Capacity, current: Attempt) -> Run:
+    """Publish run.deadline_at_risk once, when a Spot attempt must give way to standard VMs."""
     if run.deadline_warned or run.deadline_at is None or wanted is not Capacity.STANDARD \
             or current.capacity is not Capacity.SPOT:
         return run

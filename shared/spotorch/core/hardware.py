@@ -87,10 +87,12 @@ class ProbeResult:
     job_name: str = ""
 
     def to_doc(self) -> dict[str, Any]:
+        """The result as stored in the probe cache and the run."""
         return asdict(self)
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> ProbeResult:
+        """The result a stored document holds; fields unknown to this version are dropped."""
         known = {k: doc[k] for k in cls.__dataclass_fields__ if k in doc}
         return cls(**known)
 
@@ -220,11 +222,13 @@ class HardwareChoice:
     deadline_s: float | None = None
 
     def to_doc(self) -> dict[str, Any]:
+        """The choice as stored in the run and its run.hardware_chosen event."""
         doc = asdict(self)
         doc["rows"] = list(doc["rows"])  # JSON arrays: the doc travels in run.hardware_chosen
         return doc
 
     def row(self, name: str) -> ChoiceRow | None:
+        """The row of the candidate of this name, None if it is not in the choice."""
         return next((r for r in self.rows if r.candidate == name), None)
 
 
@@ -239,6 +243,7 @@ class Outlook:
     rework_s_per_preemption: float = 0.0
 
     def rate(self, candidate: str) -> float:
+        """Expected preemptions per hour of a candidate, the default when none were seen."""
         return self.preemptions_per_hour.get(candidate, self.default_preemptions_per_hour)
 
 

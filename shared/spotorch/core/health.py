@@ -317,6 +317,7 @@ class CheckpointAdvice:
 
     @property
     def verdict(self) -> str:
+        """What to do about the checkpoint interval, in words for `spotorch show`."""
         if self.interval_s is None or self.optimal_s is None:
             return "not enough history"
         ratio = self.interval_s / self.optimal_s if self.optimal_s > 0 else math.inf

@@ -27,6 +27,7 @@ def check_id(value: Any, what: str) -> str:
 
 
 def is_valid_id(value: Any) -> bool:
+    """Whether the value is an id check_id would accept."""
     try:
         check_id(value, "id")
     except InvalidEvent:

@@ -111,6 +111,7 @@ def intent_to_dict(intent: Intent) -> dict[str, Any]:
 
 
 def intent_from_dict(doc: Mapping[str, Any]) -> Intent:
+    """The intent a stored outbox entry holds (the inverse of intent_to_dict)."""
     data = {k: v for k, v in doc.items() if k != "kind"}
     kind = _INTENT_TYPES[str(doc["kind"])]
     if kind is LaunchIntent:

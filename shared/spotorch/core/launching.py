@@ -37,11 +37,13 @@ from spotorch.core.trust import attempt_key
 
 
 def first_launch(run: Run, ctx: Context, reason: str) -> Run:
+    """Launch a run's first attempt, on the capacity its escalation policy chooses."""
     return launch(run, ctx, policy_capacity(run, ctx, current=None, spot_available=True),
                    reason)
 
 
 def announce_hardware(run: Run, ctx: Context, hardware: Mapping[str, Any]) -> Run:
+    """Note and publish the hardware the run was given (run.hardware_chosen)."""
     run = note(run, ctx, "hardware chosen", str(hardware.get("reason", "")))
     return publish(run, ctx, "run.hardware_chosen", **{
         k: hardware.get(k) for k in ("chosen", "reason", "warning", "expected_compute_s",
@@ -51,6 +53,7 @@ def announce_hardware(run: Run, ctx: Context, hardware: Mapping[str, Any]) -> Ru
 # ---------------------------------------------------------------- launching
 
 def launch(run: Run, ctx: Context, capacity: Capacity, reason: str) -> Run:
+    """Add the next attempt on this capacity, in the best region, resuming from the newest checkpoint."""
     previous = run.current
     number = len(run.attempts) + 1
     region = choose_region(ctx.regions, run.avoid_regions, capacity, ctx.now,
@@ -83,6 +86,7 @@ def launch(run: Run, ctx: Context, capacity: Capacity, reason: str) -> Run:
 
 
 def on_launch_done(run: Run, obs: Observation, ctx: Context) -> Run:
+    """The job of an attempt exists: it is queued, announced, or cancelled if the run moved on."""
     assert isinstance(obs, LaunchDone)
     run = replace(run, outbox=tuple(i for i in run.outbox if i.id != obs.intent_id))
     attempt = run.attempt(obs.attempt)
@@ -123,6 +127,7 @@ def on_intent_deferred(run: Run, obs: Observation, ctx: Context) -> Run:
 
 
 def on_launch_failed(run: Run, obs: Observation, ctx: Context) -> Run:
+    """A launch failed: transient, it is retried by the tick; permanent, the run fails."""
     assert isinstance(obs, LaunchFailed)
     attempt = run.attempt(obs.attempt)
     if not obs.permanent or attempt is None or not attempt.live:

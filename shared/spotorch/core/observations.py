@@ -191,6 +191,7 @@ class Promote:
 
 @dataclass(frozen=True)
 class CancelRequested:
+    """Someone asked to cancel the run, with why."""
     reason: str
 
 

@@ -61,6 +61,7 @@ from spotorch.core.shapes import run_pipeline
 # never count as attempts and never touch a budget; the cost ledger bills them.
 
 def probing(ctx: Context) -> bool:
+    """Whether this pipeline probes for Spot capacity while on standard VMs."""
     return ctx.recovery.spot_probes.enabled and ctx.recovery.escalation is EscalationKind.DEADLINE
 
 
@@ -156,6 +157,7 @@ def probes_follow(run: Run, ctx: Context) -> Run:
 
 
 def on_probe_launched(run: Run, obs: Observation, ctx: Context) -> Run:
+    """A probe's job exists: recorded, or stopped at once if the run moved on."""
     assert isinstance(obs, ProbeLaunched)
     run = drop_intent(run, obs.intent_id)
     probe = run.probe(obs.probe)
@@ -171,6 +173,7 @@ def on_probe_launched(run: Run, obs: Observation, ctx: Context) -> Run:
 
 
 def on_probe_launch_failed(run: Run, obs: Observation, ctx: Context) -> Run:
+    """A probe could not be launched: transient, retried; permanent, counted as a failed probe."""
     assert isinstance(obs, ProbeLaunchFailed)
     probe = run.probe(obs.probe)
     if not obs.permanent or probe is None:
@@ -182,6 +185,7 @@ def on_probe_launch_failed(run: Run, obs: Observation, ctx: Context) -> Run:
 
 
 def on_probe_missing(run: Run, obs: Observation, ctx: Context) -> Run:
+    """Vertex AI no longer knows a probe's job: the probe failed without an answer."""
     assert isinstance(obs, ProbeMissing)
     probe = run.probe(obs.probe)
     if probe is None or probe.job_name != obs.job_name or not probe.live:
@@ -193,6 +197,7 @@ def on_probe_missing(run: Run, obs: Observation, ctx: Context) -> Run:
 
 
 def on_probe(run: Run, obs: Observation, ctx: Context) -> Run:
+    """A probe's job changed phase: its state, and the answer it gives once running or ended."""
     assert isinstance(obs, ProbeObserved)
     probe = run.probe(obs.probe)
     if probe is None or (probe.job_name is not None and obs.status.job_name != probe.job_name):
@@ -264,6 +269,7 @@ def _spot_found(run: Run, ctx: Context, probe: Probe) -> Run:
 # out, spotorch.core.hardware.choose picks the shape and the first attempt launches on it.
 
 def probe_hardware(run: Run, ctx: Context, cache: Mapping[str, hw.ProbeResult]) -> Run:
+    """Probe the candidates the plan wants measured (the rest cached or skipped), all in one region."""
     plan = hw.plan_probes(ctx.pipeline, cache, ctx.now, ctx.prices)
     results = {r.candidate: r.to_doc() for r in (*plan.cached, *plan.skipped)}
     run = replace(run, hardware_results=results)

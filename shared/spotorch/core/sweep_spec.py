@@ -19,11 +19,13 @@ class SearchKind(StrEnum):
 
 
 class Goal(StrEnum):
+    """Whether the sweep's metric is better low or high."""
     MINIMIZE = "minimize"
     MAXIMIZE = "maximize"
 
 
 class Scale(StrEnum):
+    """How a numeric parameter's values are spread: evenly, or evenly in their logarithm."""
     LINEAR = "linear"
     LOG = "log"
 

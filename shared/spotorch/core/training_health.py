@@ -60,6 +60,7 @@ def _loss_of(obs: TrainerReported, metric: str) -> float | None:
 
 def trainer_health(run: Run, obs: TrainerReported, ctx: Context,
                     fresh_rate: float | None, *, newest: bool = True) -> Run:
+    """Fold a trainer report into the run's health: rate, loss, gaps; act on slow or diverged."""
     attempt = run.attempt(obs.attempt)
     if attempt is None or not _watched(run, attempt):
         return run
@@ -257,6 +258,7 @@ def retention(before: Run, run: Run, ctx: Context) -> Run:
 
 
 def on_checkpoints_deleted(run: Run, obs: Observation, ctx: Context) -> Run:
+    """Checkpoints were deleted: forget them, count the bytes, end a rollback if one asked for it."""
     assert isinstance(obs, CheckpointsDeleted)
     intent = next((i for i in run.outbox if i.id == obs.intent_id), None)
     run = replace(run, outbox=tuple(i for i in run.outbox if i.id != obs.intent_id))

@@ -66,6 +66,7 @@ class ObjectEvent:
 
     @property
     def uri(self) -> str:
+        """The object as a gs:// URI."""
         return f"gs://{self.bucket}/{self.name}"
 
 
@@ -335,6 +336,7 @@ class Miss:
     text: str  # reason and expectation in one line
 
     def to_doc(self) -> dict[str, Any]:
+        """The miss as stored in an unmatched-upload record."""
         return {"pipeline": self.pipeline, "rule": self.rule, "reason": self.reason,
                 "expected": dict(self.expected), "text": self.text}
 
@@ -364,6 +366,7 @@ class Match:
 
     @property
     def data_uri(self) -> str:
+        """The snapshot's folder as a gs:// URI."""
         return f"gs://{self.bucket}/{self.snapshot_key}"
 
 

@@ -34,6 +34,7 @@ class Channel(Protocol):
     """Delivers one alert; raises ChannelError (or anything else) when it cannot."""
 
     def send(self, alert: Alert) -> None:
+        """Deliver one alert; ChannelError on failure (its permanent flag says whether retrying helps)."""
         ...
 
 

@@ -6,6 +6,7 @@ from typing import Protocol
 
 
 class Clock(Protocol):
+    """Where the time comes from."""
     def now(self) -> float:
         """Seconds since the epoch."""
         ...

@@ -10,6 +10,7 @@ class ShardDispatcher(Protocol):
     """Hands one shard of the reconcile tick to an invocation of its own (Pub/Sub)."""
 
     def dispatch(self, shard: Mapping[str, Any]) -> None:
+        """Send one shard message; raises on failure."""
         ...
 
 

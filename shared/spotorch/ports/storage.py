@@ -24,6 +24,7 @@ class CheckpointStore(Protocol):
     """Finds, lists and deletes the checkpoints under a run's checkpoint root."""
 
     def latest(self, checkpoint_uri: str) -> Checkpoint | None:
+        """The newest complete checkpoint under the root, None if there is none."""
         ...
 
     def list(self, checkpoint_uri: str) -> Sequence[StoredCheckpoint]:
@@ -62,6 +63,7 @@ class ObjectInfo:
 
 @dataclass(frozen=True)
 class ObjectPage:
+    """One page of a listing and the token of the next (None: the last page)."""
     objects: tuple[ObjectInfo, ...]
     next_page_token: str | None = None
 

@@ -78,6 +78,7 @@ class DocumentStore(Protocol):
     """Small auxiliary documents (snapshots, dedupe records, rejected events) with versions."""
 
     def get(self, collection: str, key: str) -> tuple[dict[str, Any] | None, Any]:
+        """The document and its version, or (None, None) if there is none."""
         ...
 
     def put(self, collection: str, key: str, data: Mapping[str, Any], version: Any,

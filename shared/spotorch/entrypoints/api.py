@@ -33,15 +33,23 @@ class HttpRequest(Protocol):
     """What the API reads of a (Flask) request."""
 
     @property
-    def path(self) -> str: ...
+    def path(self) -> str:
+        """The request's path, without the query."""
+        ...
 
     @property
-    def method(self) -> str: ...
+    def method(self) -> str:
+        """The HTTP method, upper case."""
+        ...
 
     @property
-    def args(self) -> Mapping[str, str]: ...
+    def args(self) -> Mapping[str, str]:
+        """The query parameters."""
+        ...
 
-    def get_json(self, silent: bool = ...) -> Any: ...
+    def get_json(self, silent: bool = ...) -> Any:
+        """The body parsed as JSON; with silent, None when it is not JSON."""
+        ...
 
 
 class BadRequest(ValueError):

@@ -42,6 +42,7 @@ class StateLines:
 
     @classmethod
     def from_table(cls, table: Sequence[tuple[str, str]]) -> StateLines:
+        """Compile a (pattern, phase) table, e.g. from SPOTORCH_JOB_STATE_LINES."""
         return cls(tuple((re.compile(p), JobPhase(phase)) for p, phase in table))
 
 

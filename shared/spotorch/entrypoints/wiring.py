@@ -10,7 +10,9 @@ from spotorch.settings import TOPIC_TICK, Settings
 
 
 class SystemClock:
+    """Clock: the system's wall clock."""
     def now(self) -> float:
+        """Clock.now: time.time()."""
         return time.time()
 
 

@@ -66,9 +66,11 @@ class Emulator:
 
     @property
     def address(self) -> str:
+        """host:port, as the client libraries' *_EMULATOR_HOST variables take it."""
         return f"{self.host}:{self.port}"
 
     def stop(self) -> None:
+        """Terminate the emulator's process, killing it if it does not exit within 10 s."""
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -168,6 +170,7 @@ class EmulatorSet:
         return env
 
     def stop(self) -> None:
+        """Stop every emulator, the last started first."""
         for emulator in reversed(list(self.emulators.values())):
             emulator.stop()
         self.emulators.clear()

@@ -115,10 +115,12 @@ class DevStack:
 
     @property
     def project(self) -> str:
+        """The Google Cloud project the stack pretends to be."""
         return self.config.project
 
     @property
     def running(self) -> bool:
+        """Whether the stack was started and not stopped since."""
         return self._started and not self._stopped.is_set()
 
     @property
@@ -368,6 +370,7 @@ class DevStack:
         return self.function_url(function)
 
     def subscription_name(self, topic: str, function: str) -> str:
+        """The name of the local push subscription that feeds topic to function."""
         return subscription_name(topic, function)
 
     def alerts(self) -> list[dict[str, Any]]:
@@ -422,9 +425,11 @@ class DevStack:
         return self._pubsub_admin.client(kind)
 
     def topic_path(self, topic: str) -> str:
+        """The full resource name of a topic on the Pub/Sub emulator."""
         return self._pubsub_admin.topic_path(topic)
 
     def subscription_path(self, name: str) -> str:
+        """The full resource name of a subscription on the Pub/Sub emulator."""
         return self._pubsub_admin.subscription_path(name)
 
     def publish(self, topic: str, data: bytes | str | Mapping[str, Any] = b"",

@@ -81,6 +81,7 @@ class PolicySummary:
     mean_probe_cost: float = 0.0
 
     def as_json(self) -> dict[str, float | None]:
+        """The summary as `spotorch simulate --json` prints it."""
         return {"mean_cost": self.mean_cost, "p95_cost": self.p95_cost,
                 "deadline_met_fraction": self.deadline_met_fraction,
                 "mean_cost_ratio_to_optimal": self.mean_cost_ratio_to_optimal,

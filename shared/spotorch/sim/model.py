@@ -44,6 +44,7 @@ class Trace:
 
     @property
     def hours(self) -> float:
+        """How many hours the trace covers."""
         return len(self.counts) * self.gap_s / 3600.0
 
 
@@ -103,6 +104,7 @@ class Probes:
     wait_s: float = 600.0  # a probe without capacity this long is cancelled (and costs nothing)
 
     def problems(self) -> list[str]:
+        """What is wrong with these probe settings (empty: nothing)."""
         return [f"probe {name} must be >= 0, got {getattr(self, name)}"
                 for name in ("billed_s", "latency_s") if getattr(self, name) < 0] + (
             [f"probe wait_s must be > 0, got {self.wait_s}"] if self.wait_s <= 0 else [])
@@ -136,6 +138,7 @@ class Flex:
     seed: int = 0  # waits are drawn per window from (seed, window start), reproducibly
 
     def problems(self) -> list[str]:
+        """What is wrong with these Flex-start settings (empty: nothing)."""
         out = []
         if self.price_ratio <= 0.0:
             out.append(f"flex price_ratio must be > 0, got {self.price_ratio}")
@@ -200,6 +203,7 @@ class Scenario:
 
     @property
     def steps(self) -> int:
+        """How many ticks fit before the deadline."""
         return int(self.deadline_s // self.step_s)
 
 
@@ -264,6 +268,7 @@ class Outcome:
 
     @property
     def met_deadline(self) -> bool:
+        """Whether the policy finished before the deadline."""
         return self.finished_s is not None
 
 

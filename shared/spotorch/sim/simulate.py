@@ -144,6 +144,7 @@ def simulate(**options: Any) -> None:
 
 
 def scenario_from_args(args: Any, deadline_hours: float) -> Scenario:
+    """The scenario the command line's options describe, for one deadline."""
     checkpoint = args.checkpoint_interval_hours
     return Scenario(task_s=_hours(args.task_hours), deadline_s=_hours(deadline_hours),
                     overhead_s=_hours(args.restart_overhead_hours),

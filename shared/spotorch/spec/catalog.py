@@ -37,6 +37,7 @@ class Catalog:
     files: tuple[str, ...]  # the built-in table and the extensions, in order
 
     def where(self) -> str:
+        """Which tables this catalog came from, for messages."""
         return f"spotorch's table of {self.date}" + (
             f" extended by {', '.join(self.files[1:])}" if len(self.files) > 1 else "")
 

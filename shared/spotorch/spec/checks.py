@@ -319,6 +319,7 @@ def _walk(node: Any, path: str = "") -> Iterator[tuple[str, Any, Any]]:
 
 
 def check_secrets(doc: Any) -> _Found:
+    """Fields that look like secrets, by key or value: a file holds only references to them."""
     for path, key, value in _walk(doc):
         if isinstance(key, str) and _SECRET_KEY.search(key) and not (
                 isinstance(value, str) and _SECRET_REFERENCE.match(value)):
@@ -363,6 +364,7 @@ _NO_EFFECT: tuple[tuple[str, frozenset[str], str], ...] = (
 
 
 def no_effect(doc: Any) -> _Found:
+    """Settings the pipeline's escalation policy ignores."""
     escalation = _escalation(doc)
     for path, escalations, why in _NO_EFFECT:
         if escalation in escalations and _set(doc, path):

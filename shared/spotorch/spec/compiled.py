@@ -117,4 +117,5 @@ def function_pipelines(path: str | os.PathLike[str] | None = None) -> tuple[Pipe
 
 
 def clear_cache() -> None:
+    """Forget the pipelines loaded so far (tests, or after the files changed)."""
     _cached.cache_clear()

@@ -247,9 +247,11 @@ class PipelineJsonSchema(GenerateJsonSchema):
     """JSON Schema of the file form: defaults written as the file writes them, no titles."""
 
     def field_title_should_be_set(self, schema: Any) -> bool:
+        """No titles: the descriptions say what a field is."""
         return False
 
     def default_schema(self, schema: core_schema.WithDefaultSchema) -> JsonSchemaValue:
+        """A field's schema with its default written as the file writes it, when it has one."""
         out = dict(self.generate_inner(schema["schema"]))
         if "default" not in schema:
             return out  # a default_factory: a nested section whose fields say their own defaults

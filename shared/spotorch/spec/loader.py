@@ -182,6 +182,7 @@ def cached_pipelines(path: str | os.PathLike[str] | None = None) -> tuple[Pipeli
 
 
 def clear_pipeline_cache() -> None:
+    """Forget the pipelines loaded so far (tests, or after the files changed)."""
     _cached.cache_clear()
 
 

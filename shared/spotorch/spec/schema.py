@@ -125,6 +125,7 @@ _KINDS: tuple[tuple[type | tuple[type, ...], str], ...] = (
 
 
 def value_kind(value: Any) -> str:
+    """How a message names a YAML value's type ("a string", "a list")."""
     return next((name for t, name in _KINDS if isinstance(value, t)), type(value).__name__)
 
 
@@ -136,6 +137,7 @@ def _show(value: Any) -> str:
 
 
 def plural(n: int, word: str) -> str:
+    """A count with its noun, plural unless one ("1 file", "2 files")."""
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 

@@ -15,6 +15,7 @@ MAX_DEPTH = 32  # and a recursive alias into an endless one
 
 
 def join_path(path: str, key: object) -> str:
+    """A field path one step deeper: `a.b` for a key, `a[0]` for a list index."""
     return f"{path}[{key}]" if isinstance(key, int) else (f"{path}.{key}" if path else str(key))
 
 

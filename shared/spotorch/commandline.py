@@ -26,6 +26,7 @@ class CommandFailure(click.ClickException):
     exit_code = 1
 
     def show(self, file: Any = None) -> None:
+        """One line `spotorch: message` on stderr, no usage text."""
         click.echo(f"spotorch: {self.message}", err=True)
 
 
@@ -36,6 +37,7 @@ class UsageFailure(CommandFailure):
 
 
 def failure(message: str, exit_code: int = 1) -> CommandFailure:
+    """The failure for an exit code: 2 is a usage failure, anything else a command failure."""
     return UsageFailure(message) if exit_code == 2 else CommandFailure(message)
 
 
@@ -44,6 +46,7 @@ class SuggestingGroup(click.Group):
 
     def resolve_command(self, ctx: click.Context,
                         args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        """Refuse an unknown command, naming the commands it might have meant."""
         name = args[0] if args else ""
         if name and not name.startswith("-") and self.get_command(ctx, name) is None:
             close = difflib.get_close_matches(name, self.list_commands(ctx), n=3, cutoff=0.5)
@@ -60,6 +63,7 @@ class SuggestingGroup(click.Group):
                 formatter.write_dl(rows)
 
     def summary_of(self, ctx: click.Context, name: str) -> str | None:
+        """A command's first line of help, None for a hidden or unknown one."""
         command = self.commands.get(name)
         if command is None or command.hidden:
             return None
@@ -79,9 +83,11 @@ class LazyGroup(SuggestingGroup):
         self.lazy: dict[str, tuple[str, str, str]] = dict(lazy or {})
 
     def list_commands(self, ctx: click.Context) -> list[str]:
+        """The commands added and the lazy ones, sorted."""
         return sorted({*super().list_commands(ctx), *self.lazy})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        """The command, its module imported only now if it is a lazy one."""
         if cmd_name in self.lazy and cmd_name not in self.commands:
             module, attribute, _ = self.lazy[cmd_name]
             command = getattr(importlib.import_module(module), attribute)

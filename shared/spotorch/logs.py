@@ -59,6 +59,7 @@ class JsonFormatter(logging.Formatter):
     """One JSON object per record; Cloud Logging turns each line into a structured entry."""
 
     def format(self, record: logging.LogRecord) -> str:
+        """One JSON line: severity, message, logger, time and the record's extra fields, secrets redacted."""
         entry: dict[str, Any] = {"severity": _SEVERITY.get(record.levelname, record.levelname),
                                  "message": redact(shorten(record.getMessage())),
                                  "logger": record.name,

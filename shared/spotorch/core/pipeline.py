@@ -87,11 +87,36 @@ class PythonPackage(FileSection):
     staged_files: tuple[str, ...] = ()
 
 
+class PoolRole(StrEnum):
+    """What a worker pool's replicas do in a distributed job (Vertex AI's pool positions)."""
+
+    CHIEF = "chief"  # workerPoolSpecs[0]: the primary replica; the job ends when it exits 0
+    WORKERS = "workers"  # [1]: more training replicas (the data-parallel world with the chief)
+    REDUCTION_SERVER = "reduction_server"  # [2]: Vertex's all-reduce servers (its own image)
+    PARAMETER_SERVERS = "parameter_servers"  # [2]: parameter servers (TensorFlow's ps)
+    EVALUATOR = "evaluator"  # [3]: evaluators
+
+
+# The position of each role in Vertex AI's workerPoolSpecs[]; unused positions are sent empty.
+POOL_POSITIONS: dict[PoolRole, int] = {
+    PoolRole.CHIEF: 0, PoolRole.WORKERS: 1, PoolRole.REDUCTION_SERVER: 2,
+    PoolRole.PARAMETER_SERVERS: 2, PoolRole.EVALUATOR: 3}
+ROLE_AT: tuple[PoolRole, ...] = (PoolRole.CHIEF, PoolRole.WORKERS, PoolRole.PARAMETER_SERVERS,
+                                 PoolRole.EVALUATOR)  # the role of an unnamed pool by position
+# Vertex AI's Reduction Server image (the distributed-training page's workerPoolSpecs[2]).
+REDUCTION_SERVER_IMAGE = "us-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest"
+
+
 @dataclass(frozen=True)
 class WorkerPool(FileSection):
     """One worker pool of a Vertex AI custom job."""
 
     FILE_REQUIRES: ClassVar[tuple[str, ...]] = ("machine_type",)
+
+    role: Annotated[PoolRole | None, Field(
+        description="chief, workers, reduction_server, parameter_servers or evaluator, in "
+                    "Vertex AI's order; omitted: the role of the pool's place (the first is "
+                    "the chief, then workers, parameter servers, evaluators).")] = None
 
     machine_type: Annotated[str, Matches(
         r"^[a-z][a-z0-9]*(-[a-z0-9]+)+$",
@@ -129,7 +154,8 @@ class JobTemplate(FileSection):
 
     worker_pools: Annotated[tuple[WorkerPool, ...], Field(
         min_length=1, max_length=4,
-        description="The first pool is the chief (replica_count 1).")] = (WorkerPool(),)
+        description="The first pool is the chief (replica_count 1); then workers, a reduction "
+                    "server or parameter servers, evaluators (role).")] = (WorkerPool(),)
     # first is preferred; stockouts move down the list
     regions: Annotated[tuple[Region, ...], Field(
         min_length=1, description="First preferred; stockouts move down the list."), Unique()] = \
@@ -155,6 +181,21 @@ class JobTemplate(FileSection):
         description="Where spotorch stores the Python packages it builds (python_package.source "
                     "or package), under their content hash; the functions read and write it.")] \
         = None
+
+
+def pool_role(pools: tuple[WorkerPool, ...], index: int) -> PoolRole:
+    """The role of pools[index]: its own, else that of the next Vertex position after the last."""
+    return pools[index].role or ROLE_AT[min(pool_positions(pools)[index], len(ROLE_AT) - 1)]
+
+
+def pool_positions(pools: tuple[WorkerPool, ...]) -> tuple[int, ...]:
+    """Each pool's place in Vertex AI's workerPoolSpecs[]: its role's, or the one after the
+    previous pool's (an unnamed first pool is the chief). Validated files have them increasing."""
+    positions: list[int] = []
+    for pool in pools:
+        positions.append(POOL_POSITIONS[pool.role] if pool.role is not None
+                         else (positions[-1] + 1 if positions else 0))
+    return tuple(positions)
 
 
 class EscalationKind(StrEnum):

@@ -11,7 +11,16 @@ from typing import Any
 
 from spotorch.core.events import EVENT_KINDS, TYPE_PREFIX
 from spotorch.core.fields import format_duration, parse_duration
-from spotorch.core.pipeline import BUILTIN_IGNORE, BatchMode, EscalationKind, RecoveryPolicy, Trigger
+from spotorch.core.pipeline import (
+    BUILTIN_IGNORE,
+    POOL_POSITIONS,
+    REDUCTION_SERVER_IMAGE,
+    BatchMode,
+    EscalationKind,
+    PoolRole,
+    RecoveryPolicy,
+    Trigger,
+)
 from spotorch.core.triggers import ignore_rule, split_gs_uri
 from spotorch.spec.yaml_source import join_path
 
@@ -167,6 +176,7 @@ def _check_pools(doc: Any) -> _Found:
     chief = pools[0].get("replica_count", 1) if pools else 1
     if isinstance(chief, int) and not isinstance(chief, bool) and chief != 1:
         yield "job.worker_pools[0].replica_count", "must be 1: the first pool is the chief"
+    yield from _check_roles(pools)
     for i, pool in enumerate(pools):
         where = f"job.worker_pools[{i}]"
         kind, count = pool.get("accelerator_type"), pool.get("accelerator_count", 0)
@@ -180,6 +190,42 @@ def _check_pools(doc: Any) -> _Found:
             if str(key).startswith(RESERVED_ENV_PREFIXES):
                 reserved = " and ".join(f"{p}*" for p in RESERVED_ENV_PREFIXES)
                 yield f"{where}.env.{key}", f"is reserved: spotorch and Vertex AI set {reserved}"
+
+
+_ORDER = "Vertex AI's order is chief, workers, reduction_server or parameter_servers, evaluator"
+
+
+def _check_roles(pools: list[Mapping[str, Any]]) -> _Found:
+    """Roles in Vertex AI's pool order (one pool per place); a reduction server on its image."""
+    roles = {r.value: r for r in PoolRole}
+    last = -1
+    for i, pool in enumerate(pools):
+        where = f"job.worker_pools[{i}]"
+        named = pool.get("role")
+        role = roles.get(named) if isinstance(named, str) else None
+        if named is not None and role is None:
+            continue  # the schema names the allowed values
+        if i == 0 and role not in (None, PoolRole.CHIEF):
+            yield f"{where}.role", "must be chief: Vertex AI's first pool is the primary replica"
+        place = POOL_POSITIONS[role] if role is not None else last + 1
+        if place <= last or place > 3:
+            yield f"{where}.role", (f"{named or 'this pool'!s} cannot come here: {_ORDER}, one "
+                                    "pool each (name the roles of pools you skip to)"
+                                    if named else f"a fifth place does not exist: {_ORDER}")
+        last = max(last, place)
+        if role is PoolRole.REDUCTION_SERVER:
+            yield from _check_reduction_server(where, pool)
+
+
+def _check_reduction_server(where: str, pool: Mapping[str, Any]) -> _Found:
+    if pool.get("image_uri") != REDUCTION_SERVER_IMAGE or pool.get("python_package"):
+        yield f"{where}.image_uri", (f"a reduction_server pool runs Vertex AI's image "
+                                     f"{REDUCTION_SERVER_IMAGE} (no python_package)")
+    if pool.get("accelerator_type") or pool.get("accelerator_count"):
+        yield f"{where}.accelerator_type", ("a reduction_server pool has no accelerators: "
+                                            "Reduction Server replicas are CPU machines")
+    if pool.get("command") or pool.get("args"):
+        yield f"{where}.command", "a reduction_server pool runs its image's own command"
 
 
 _PACKAGE_FROM = ("source", "package", "package_uri")

@@ -20,7 +20,7 @@ from spotorch.adapters.gcp.vertex_calls import (
 )
 from spotorch.core.health import HealthPolicy
 from spotorch.core.model import FailureClass, JobPhase, JobStatus
-from spotorch.core.pipeline import Capacity, RecoveryPolicy, WorkerPool
+from spotorch.core.pipeline import Capacity, RecoveryPolicy, WorkerPool, pool_positions
 from spotorch.ports.budget import CRUD, SUBMIT, Budget
 from spotorch.ports.jobs import (
     LABEL_ATTEMPT,
@@ -304,6 +304,16 @@ def _worker_pool(v1: Any, pool: WorkerPool, spec_env: Mapping[str, str]) -> Any:
     )
 
 
+def _worker_pools(v1: Any, pools: tuple[WorkerPool, ...], spec_env: Mapping[str, str]) -> list[Any]:
+    """Every pool at its role's place in workerPoolSpecs[]; places without a pool are sent
+    empty, as Vertex AI expects (an evaluator without parameter servers: [chief, {}, {}, eval])."""
+    specs: list[Any] = []
+    for pool, place in zip(pools, pool_positions(pools), strict=True):
+        specs.extend(v1.WorkerPoolSpec() for _ in range(place - len(specs)))
+        specs.append(_worker_pool(v1, pool, spec_env))
+    return specs
+
+
 def build_custom_job(spec: LaunchSpec) -> aiplatform_v1.CustomJob:
     """The CustomJob of an attempt (pure; raises ValueError for a spec Vertex would refuse)."""
     from google.cloud import aiplatform_v1 as v1
@@ -321,7 +331,7 @@ def build_custom_job(spec: LaunchSpec) -> aiplatform_v1.CustomJob:
     if spec.capacity is Capacity.FLEX_START:
         scheduling.max_wait_duration = timedelta(seconds=template.flex_max_wait_s)
     job_spec = v1.CustomJobSpec(
-        worker_pool_specs=[_worker_pool(v1, p, spec.env) for p in template.worker_pools],
+        worker_pool_specs=_worker_pools(v1, template.worker_pools, spec.env),
         scheduling=scheduling,
     )
     if template.service_account:

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -368,6 +369,15 @@ def test_schedules_parse_from_json() -> None:
     assert SpotSchedule().preempt_after({LABEL_ATTEMPT: "1"}) is None
 
 
+def test_a_rule_can_name_one_replica_and_then_spares_the_rest_of_the_job() -> None:
+    schedule = parse_schedule([{"attempt": 1, "after_s": 4, "pool": 1, "index": 2},
+                               {"attempt": 2, "after_s": 9}])
+    assert schedule.rules[0].replica == "workerpool1-2" and schedule.rules[1].replica is None
+    assert schedule.preempt_after({LABEL_ATTEMPT: "1"}) is None  # not the whole job
+    assert schedule.replica_rules({LABEL_ATTEMPT: "1"}) == [(0, schedule.rules[0])]
+    assert schedule.replica_rules({LABEL_ATTEMPT: "2"}) == []
+
+
 def test_a_schedule_loses_the_messages_of_the_jobs_it_names() -> None:
     schedule = parse_schedule({"drop_events": [{"attempt": 2}, {"run": "r-deaf"}]})
     assert schedule.drops_events_of({LABEL_ATTEMPT: "2", LABEL_RUN: "r-a"})
@@ -386,6 +396,9 @@ def test_a_schedule_loses_the_messages_of_the_jobs_it_names() -> None:
     {"surprise": 1},
     {"drop_events": [{"attempt": 2, "after_s": 1}]},
     {"drop_events": {"attempt": 2}},
+    {"preempt": [{"after_s": 1, "pool": 4}]},
+    {"preempt": [{"after_s": 1, "pool": "1"}]},
+    {"preempt": [{"after_s": 1, "index": 1}]},
     "nonsense",
 ])
 def test_bad_schedules_are_refused(bad: Any) -> None:
@@ -672,3 +685,79 @@ def test_workers_die_with_their_job_and_with_the_emulator(tmp_path: Path, how: s
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+# --- one replica's Spot VM preempted (what Vertex does then is undocumented: both ways) ---------
+
+# A replica that records each start (with its CLUSTER_SPEC) and each SIGTERM, and exits 0 at a
+# wall-clock time (so a replica restarted in place ends with the others).
+REPLICA = """
+import json, os, pathlib, signal, sys, time
+task = json.loads(os.environ["CLUSTER_SPEC"])["task"]
+out = pathlib.Path(sys.argv[1]) / f"{task['type']}-{task['index']}"
+def note(text):
+    with open(out, "a") as f:
+        f.write(f"{text} {time.time():.3f}\\n")
+def on_term(signum, frame):
+    note("SIGTERM")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, on_term)
+note("start " + os.environ["CLUSTER_SPEC"].replace(" ", ""))
+while time.time() < float(sys.argv[2]):
+    time.sleep(0.05)
+"""
+
+
+def cluster(tmp_path: Path, end_in_s: float) -> tuple[WorkerPool, ...]:
+    args = (str(tmp_path), str(time.time() + end_in_s))
+    return (WorkerPool(command=("python", "-c", REPLICA), args=args),
+            WorkerPool(replica_count=2, command=("python", "-c", REPLICA), args=args))
+
+
+def notes(tmp_path: Path, replica: str) -> list[tuple[str, float]]:
+    path = tmp_path / replica
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [(line.split(" ", 1)[0], float(line.rsplit(" ", 1)[1])) for line in lines]
+
+
+def test_one_replicas_preemption_fails_the_whole_job_by_default(
+        harness: Callable[..., Harness], tmp_path: Path) -> None:
+    h = harness(schedule=[{"attempt": 1, "after_s": 1.0, "pool": 1, "index": 1}])
+    name = h.launcher.launch(spec("r-one", 1, pools=cluster(tmp_path, 60)))
+    status = h.until(name, JobPhase.FAILED)
+    assert status.failure is FailureClass.PREEMPTED and status.exit_code is None
+    assert "STOCKOUT" in status.message and "workerpool1-1" in status.message
+    assert "workerpool1-0" not in status.message
+    hit = dict(notes(tmp_path, "workerpool1-1"))
+    # The preempted VM got SIGTERM first; the job's shutdown then reached the others.
+    for other in ("workerpool0-0", "workerpool1-0"):
+        assert dict(notes(tmp_path, other))["SIGTERM"] >= hit["SIGTERM"]
+    assert [k for k, _ in notes(tmp_path, "workerpool1-1")] == ["start", "SIGTERM"]
+
+
+def test_one_replicas_preemption_can_restart_it_in_place_instead(
+        harness: Callable[..., Harness], tmp_path: Path) -> None:
+    h = harness(schedule=[{"attempt": 1, "after_s": 1.0, "pool": 1, "index": 0}],
+                replica_preemption="restart_replica")
+    name = h.launcher.launch(spec("r-restart", 1, pools=cluster(tmp_path, 4.0)))
+    h.until(name, JobPhase.RUNNING)
+    assert h.until(name, JobPhase.SUCCEEDED, timeout=30).failure is None
+    hit = notes(tmp_path, "workerpool1-0")
+    assert [k for k, _ in hit] == ["start", "SIGTERM", "start"]
+    starts = [line for line in (tmp_path / "workerpool1-0").read_text().splitlines()
+              if line.startswith("start")]
+    assert starts[0].rsplit(" ", 1)[0] == starts[1].rsplit(" ", 1)[0]  # same CLUSTER_SPEC
+    for other in ("workerpool0-0", "workerpool1-1"):  # the rest ran on untouched
+        assert [k for k, _ in notes(tmp_path, other)] == ["start"]
+    assert "FAILED" not in h.states(name)
+
+
+def test_replicas_get_addresses_they_can_listen_on(harness: Callable[..., Harness],
+                                                   tmp_path: Path) -> None:
+    h = harness()
+    name = h.launcher.launch(spec("r-ports", 1, pools=cluster(tmp_path, 0.5)))
+    h.until(name, JobPhase.SUCCEEDED)
+    line = (tmp_path / "workerpool0-0").read_text().split(" ", 2)[1]
+    addresses = [a for pool in json.loads(line)["cluster"].values() for a in pool]
+    assert len(set(addresses)) == 3 and all(a.startswith("127.0.0.1:") for a in addresses)
+    chief_host, chief_port = addresses[0].rsplit(":", 1)
+    with socket.socket() as s:  # the chief's address is free to listen on (a rendezvous)
+        s.bind((chief_host, int(chief_port)))

@@ -49,6 +49,9 @@ class Stop:
     error_code: int
     error_message: str
     kill_at: float
+    # One replica's VM preempted (workerpoolP-I): only it got SIGTERM; the others get theirs
+    # once it is gone (the job fails: Vertex shuts the rest down).
+    only: str | None = None
 
 
 @dataclass
@@ -67,6 +70,8 @@ class JobRecord:
     replicas: list[Replica] = field(default_factory=list)
     stop: Stop | None = None
     states: list[JobState] = field(default_factory=list)  # every state it went through
+    replica_rules_done: set[int] = field(default_factory=set)  # single-replica rules applied
+    restarting: dict[str, float] = field(default_factory=dict)  # replica -> SIGKILL time
 
     @property
     def state(self) -> JobState:

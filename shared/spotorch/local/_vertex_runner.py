@@ -27,9 +27,16 @@ from spotorch.local._vertex_jobs import (
 )
 from spotorch.local._vertex_logs import Transition
 from spotorch.local._vertex_schedule import SpotSchedule
-from spotorch.local._vertex_workers import SpawnError, kill, spawn
+from spotorch.local._vertex_workers import Replica, SpawnError, kill, restart, spawn
 
 log = logging.getLogger("spotorch.local.vertex_emulator")
+
+# What the Spot preemption of ONE replica's VM does to a multi-replica job. Google does not
+# document it (docs/vertex-emulator.md), so it is a setting: the job fails with the STOCKOUT
+# error as a whole-job preemption does (the default: it assumes the least of the training
+# code), or Vertex restarts that replica in place, as it does a worker that exits non-zero.
+FAIL_JOB, RESTART_REPLICA = "fail_job", "restart_replica"
+REPLICA_PREEMPTION = (FAIL_JOB, RESTART_REPLICA)
 
 
 def resident_mb(leader: int) -> float:
@@ -57,8 +64,12 @@ class JobRunner:
     def __init__(self, *, grace_s: float, queued_s: float, pending_s: float,
                  on_change: Callable[[JobRecord], None] = lambda record: None,
                  synthetic_run_s: float | None = None,
-                 memory_limits_mb: Mapping[str, float] | None = None) -> None:
+                 memory_limits_mb: Mapping[str, float] | None = None,
+                 replica_preemption: str = FAIL_JOB) -> None:
+        if replica_preemption not in REPLICA_PREEMPTION:
+            raise ValueError(f"replica_preemption must be one of {REPLICA_PREEMPTION}")
         self.grace_s = grace_s
+        self.replica_preemption = replica_preemption
         # Synthetic jobs (scale benchmarks): no worker process; a job runs this long, then
         # succeeds, unless Spot preempts it first. Everything else (states, lines, quotas) as usual.
         self.synthetic_run_s = synthetic_run_s
@@ -110,7 +121,8 @@ class JobRunner:
             self._watch_synthetic(job, now, spot_ok, schedule)
             return
         self._oom_kill(job)
-        codes = [(r, r.exit_code()) for r in job.replicas]
+        self._restart_in_place(job, now)
+        codes = [(r, r.exit_code()) for r in job.replicas if r.name not in job.restarting]
         failed = next(((r, c) for r, c in codes if c not in (None, 0)), None)
         if failed is not None:
             replica, code = failed
@@ -121,7 +133,7 @@ class JobRunner:
                             f" Termination reason: {reason}. To find out more about why your job "
                             f"exited please check the logs: {replica.log_path.parent}")
             return
-        if all(c == 0 for _, c in codes):
+        if all(c == 0 for _, c in codes) and not job.restarting:
             self.set_state(job, JobState.SUCCEEDED, now)
             return
         if self._spot_lost(job, now, spot_ok, schedule):
@@ -157,6 +169,12 @@ class JobRunner:
         """Preempt a running Spot job when capacity is gone or its schedule says so."""
         if not job.spot:
             return False
+        running_s = now - (job.started or now)
+        for i, rule in schedule.replica_rules(job.proto.labels):
+            if i not in job.replica_rules_done and running_s >= rule.after_s:
+                job.replica_rules_done.add(i)
+                if self.preempt_replica(job, now, rule.replica or ""):
+                    return job.stop is not None
         after = schedule.preempt_after(job.proto.labels)
         if spot_ok and (after is None or now - (job.started or now) < after):
             return False
@@ -173,6 +191,42 @@ class JobRunner:
                         f"{job.region} (workers got SIGTERM and {self.grace_s:g}s before "
                         "SIGKILL).")
         return True
+
+    def preempt_replica(self, job: JobRecord, now: float, name: str) -> bool:
+        """Compute Engine takes one replica's Spot VM: SIGTERM to it alone, then what
+        replica_preemption says (the job fails with STOCKOUT, or the replica restarts)."""
+        replica = next((r for r in job.replicas if r.name == name), None)
+        if job.state is not JobState.RUNNING or job.stop is not None or replica is None \
+                or replica.exit_code() is not None or name in job.restarting:
+            return False
+        log.info("%s: the Spot VM of %s is preempted (%s)", job.proto.name, name,
+                 self.replica_preemption)
+        replica.signal(signal.SIGTERM)
+        if self.replica_preemption == RESTART_REPLICA:
+            job.restarting[name] = now + self.grace_s
+            return True
+        job.stop = Stop(JobState.FAILED, CODE_RESOURCE_EXHAUSTED,
+                        f"STOCKOUT: the Spot VM of {name} was preempted by Compute Engine in "
+                        f"{job.region} (it got SIGTERM and {self.grace_s:g}s before SIGKILL; the "
+                        "other replicas were stopped).", now + self.grace_s, only=name)
+        return True
+
+    def _restart_in_place(self, job: JobRecord, now: float) -> None:
+        """Start again each preempted replica that is gone (or past its grace), on a new VM of
+        the same name, as Vertex restarts a worker; the others keep running."""
+        for name, kill_at in list(job.restarting.items()):
+            at = next(i for i, r in enumerate(job.replicas) if r.name == name)
+            old: Replica = job.replicas[at]
+            if old.exit_code() is None and now < kill_at:
+                continue
+            del job.restarting[name]
+            try:
+                job.replicas[at] = restart(old)
+            except SpawnError as exc:
+                log.info("%s: %s could not restart: %s", job.proto.name, name, exc)
+                continue
+            log.info("%s: %s restarted in place (restart %d)", job.proto.name, name,
+                     job.replicas[at].restarts)
 
     def cancel(self, job: JobRecord, now: float) -> None:
         """CANCELLING now (workers get SIGTERM); CANCELLED once they are gone."""
@@ -196,6 +250,14 @@ class JobRunner:
     def _progress_stop(self, job: JobRecord, now: float) -> None:
         stop = job.stop
         assert stop is not None
+        if stop.only is not None:  # one replica's VM went first; then the job shuts down
+            gone = [r for r in job.replicas if r.name == stop.only]
+            if any(r.exit_code() is None for r in gone) and now < stop.kill_at:
+                return
+            kill(gone)
+            stop.only, stop.kill_at = None, now + self.grace_s
+            for replica in job.replicas:
+                replica.signal(signal.SIGTERM)
         if any(r.exit_code() is None for r in job.replicas) and now < stop.kill_at:
             return
         kill(job.replicas)

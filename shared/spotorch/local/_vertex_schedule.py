@@ -17,12 +17,20 @@ class ScheduleError(ValueError):
 
 @dataclass(frozen=True)
 class PreemptRule:
-    """Preempt matching SPOT jobs `after_s` seconds after they started running."""
+    """Preempt matching SPOT jobs `after_s` seconds after they started running: every VM, or
+    only one replica's (pool and index) when `pool` is set."""
 
     after_s: float
     attempt: int | None = None  # matched on the LABEL_ATTEMPT label; None: any
     run: str | None = None  # matched on the LABEL_RUN label; None: any
     pipeline: str | None = None  # matched on the LABEL_PIPELINE label; None: any
+    pool: int | None = None  # only this pool's replica `index` (workerpoolP-I); None: the job
+    index: int = 0
+
+    @property
+    def replica(self) -> str | None:
+        """The one replica this rule preempts (workerpoolP-I); None: every VM of the job."""
+        return None if self.pool is None else f"workerpool{self.pool}-{self.index}"
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         wanted = ((LABEL_ATTEMPT, None if self.attempt is None else str(self.attempt)),
@@ -99,10 +107,15 @@ class SpotSchedule:
 
     def preempt_after(self, labels: Mapping[str, str]) -> float | None:
         """Seconds after start at which a SPOT job with these labels is preempted; None: never."""
-        delays = [r.after_s for r in self.rules if r.matches(labels)]
+        delays = [r.after_s for r in self.rules if r.pool is None and r.matches(labels)]
         if self.every_spot_job_after_s is not None:
             delays.append(self.every_spot_job_after_s)
         return min(delays) if delays else None
+
+    def replica_rules(self, labels: Mapping[str, str]) -> list[tuple[int, PreemptRule]]:
+        """The single-replica rules (by their place in the schedule) that match a job."""
+        return [(i, r) for i, r in enumerate(self.rules)
+                if r.pool is not None and r.matches(labels)]
 
     def drops_events_of(self, labels: Mapping[str, str]) -> bool:
         """Whether every job-state message of a job with these labels is lost."""
@@ -115,7 +128,7 @@ class SpotSchedule:
         return replace(self, trace=trace)
 
 
-_RULE_KEYS = {"after_s", "attempt", "run", "pipeline"}
+_RULE_KEYS = {"after_s", "attempt", "run", "pipeline", "pool", "index"}
 _DROP_KEYS = {"attempt", "run", "pipeline"}
 _SCHEDULE_KEYS = {"preempt", "every_spot_job_after_s", "stockouts", "drop_events"}
 _WINDOW_KEYS = {"from_s", "for_s"}
@@ -141,7 +154,15 @@ def _keys(obj: Any, allowed: set[str], where: str) -> Mapping[str, Any]:
 def _rule(obj: Any, where: str) -> PreemptRule:
     raw = _keys(obj, _RULE_KEYS, where)
     after = _number(raw.get("after_s"), f"{where}.after_s")
-    return PreemptRule(after or 0.0, *_match(raw, where))
+    pool, index = raw.get("pool"), raw.get("index", 0)
+    for key, value in (("pool", pool), ("index", index)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or not 0 <= value <= (3 if key == "pool" else 10**6)):
+            raise ScheduleError(f"{where}.{key}: expected a "
+                                f"{'pool 0-3' if key == 'pool' else 'replica index'}, got {value!r}")
+    if pool is None and "index" in raw:
+        raise ScheduleError(f"{where}.index: names a replica of a pool; give pool too")
+    return PreemptRule(after or 0.0, *_match(raw, where), pool=pool, index=int(index or 0))
 
 
 def _drop(obj: Any, where: str) -> EventDrop:
@@ -166,8 +187,8 @@ def _window(obj: Any, where: str) -> Window:
 def parse_schedule(obj: Any) -> SpotSchedule:
     """A schedule from JSON: a list of rules, or {"preempt": [...], "every_spot_job_after_s": X,
     "stockouts": [{"from_s": T, "for_s": N}], "drop_events": [{"attempt"?, "run"?,
-    "pipeline"?}]}; a rule is {"after_s", "attempt"?, "run"?, "pipeline"?}; an omitted for_s
-    means forever."""
+    "pipeline"?}]}; a rule is {"after_s", "attempt"?, "run"?, "pipeline"?, "pool"?, "index"?}
+    (pool: only that replica's VM); an omitted for_s means forever."""
     if isinstance(obj, Sequence) and not isinstance(obj, str):
         obj = {"preempt": list(obj)}
     raw = _keys(obj, _SCHEDULE_KEYS, "schedule")

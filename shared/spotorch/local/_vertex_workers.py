@@ -7,16 +7,17 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 # Vertex's TF_CONFIG task type of each worker pool, by index.
 TF_TASK_TYPES = ("chief", "worker", "ps", "evaluator")
-FIRST_WORKER_PORT = 2222  # placeholder addresses in CLUSTER_SPEC: nothing listens there
+FIRST_WORKER_PORT = 2222  # Vertex's port on each replica's own host (here: free ports instead)
 PYTHON_NAMES = frozenset({"python", "python3"})
 STDERR_SUFFIX = ".stderr"  # a replica's stderr file beside its stdout (workerpoolP-I.log)
 
@@ -37,6 +38,9 @@ class Replica:
     index: int
     process: subprocess.Popen[bytes]
     log_path: Path
+    argv: list[str] = field(default_factory=list)  # what it runs, to restart it in place
+    env: dict[str, str] = field(default_factory=dict)
+    restarts: int = 0  # times it was restarted in place (docs/vertex-emulator.md)
 
     @property
     def name(self) -> str:
@@ -78,14 +82,32 @@ def argv_of(pool: Any, packages: Path | None = None) -> list[str]:
     return argv
 
 
-def cluster_spec(pools: Sequence[Any], pool: int, index: int) -> dict[str, Any]:
-    """CLUSTER_SPEC as Vertex sets it (with placeholder addresses)."""
-    port = FIRST_WORKER_PORT
+def free_ports(count: int) -> list[int]:
+    """Ports free on loopback now, one per replica: every replica here shares one host, where on
+    Vertex each has its own host and port 2222."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def cluster_spec(pools: Sequence[Any], pool: int, index: int,
+                 ports: Sequence[int] | None = None) -> dict[str, Any]:
+    """CLUSTER_SPEC as Vertex sets it: one host:port per replica, pool by pool (ports: one per
+    replica in that order; None: 2222, 2223, ... as placeholders nothing listens on)."""
+    total = sum(p.replica_count for p in pools)
+    given = list(ports) if ports is not None else [FIRST_WORKER_PORT + j for j in range(total)]
     cluster: dict[str, list[str]] = {}
+    at = 0
     for i, p in enumerate(pools):
         if p.replica_count:
-            cluster[f"workerpool{i}"] = [f"127.0.0.1:{port + j}" for j in range(p.replica_count)]
-            port += p.replica_count
+            cluster[f"workerpool{i}"] = [f"127.0.0.1:{given[at + j]}"
+                                         for j in range(p.replica_count)]
+            at += p.replica_count
     return {"cluster": cluster, "environment": "cloud",
             "task": {"type": f"workerpool{pool}", "index": index}}
 
@@ -103,14 +125,14 @@ def tf_config(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def replica_env(job_spec: Any, job_id: str, pool: int, index: int,
-                base_env: Mapping[str, str]) -> dict[str, str]:
+                base_env: Mapping[str, str], ports: Sequence[int] | None = None) -> dict[str, str]:
     """The environment of one replica: base (the emulator's own), then Vertex's, then the pool's."""
     env = dict(base_env)
     output = job_spec.base_output_directory.output_uri_prefix.rstrip("/")
     if output:
         env.update(AIP_MODEL_DIR=f"{output}/model", AIP_CHECKPOINT_DIR=f"{output}/checkpoints",
                    AIP_TENSORBOARD_LOG_DIR=f"{output}/logs")
-    spec = cluster_spec(job_spec.worker_pool_specs, pool, index)
+    spec = cluster_spec(job_spec.worker_pool_specs, pool, index, ports)
     env.update(CLOUD_ML_JOB_ID=job_id, CLUSTER_SPEC=json.dumps(spec),
                TF_CONFIG=json.dumps(tf_config(spec)), PYTHONUNBUFFERED="1")
     code = job_spec.worker_pool_specs[pool]
@@ -137,31 +159,45 @@ def spawn(job_spec: Any, job_id: str, log_dir: Path, base_env: Mapping[str, str]
     the emulator dies: no worker outlives its job's VM, not even after a kill -9."""
     log_dir.mkdir(parents=True, exist_ok=True)
     replicas: list[Replica] = []
+    pools = job_spec.worker_pool_specs
+    ports = free_ports(sum(p.replica_count for p in pools))
     try:
-        for p, pool in enumerate(job_spec.worker_pool_specs):
+        for p, pool in enumerate(pools):
             argv = argv_of(pool, log_dir.parent / "packages")
             for i in range(pool.replica_count):
-                name = f"workerpool{p}-{i}"
-                log_path = log_dir / f"{name}.log"
-                try:
-                    command = _shimmed(argv, name)
-                    # stdout and stderr apart, as Vertex logs them (INFO and ERROR entries): the
-                    # error tail of a failed job is its stderr (ListLogEntries, _vertex_logging).
-                    with log_path.open("ab") as log, \
-                            (log_dir / f"{name}{STDERR_SUFFIX}").open("ab") as err:
-                        # A session of its own: the emulator's Ctrl-C does not reach workers,
-                        # and a stop signals the whole process tree.
-                        process = subprocess.Popen(
-                            command, stdout=log, stderr=err, stdin=subprocess.DEVNULL,
-                            env=replica_env(job_spec, job_id, p, i, base_env),
-                            start_new_session=True)
-                except OSError as exc:
-                    raise SpawnError(name, f"cannot start {argv[:1]}: {exc}") from exc
-                replicas.append(Replica(p, i, process, log_path))
+                env = replica_env(job_spec, job_id, p, i, base_env, ports)
+                replicas.append(_start(p, i, argv, env, log_dir / f"workerpool{p}-{i}.log"))
     except SpawnError:
         kill(replicas)
         raise
     return replicas
+
+
+def _start(pool: int, index: int, argv: list[str], env: dict[str, str], log_path: Path,
+           restarts: int = 0) -> Replica:
+    name = f"workerpool{pool}-{index}"
+    try:
+        command = _shimmed(argv, name)
+        # stdout and stderr apart, as Vertex logs them (INFO and ERROR entries): the error tail
+        # of a failed job is its stderr (ListLogEntries, _vertex_logging).
+        with log_path.open("ab") as log, \
+                log_path.with_name(f"{name}{STDERR_SUFFIX}").open("ab") as err:
+            # A session of its own: the emulator's Ctrl-C does not reach workers, and a stop
+            # signals the whole process tree.
+            process = subprocess.Popen(command, stdout=log, stderr=err, stdin=subprocess.DEVNULL,
+                                       env=env, start_new_session=True)
+    except OSError as exc:
+        raise SpawnError(name, f"cannot start {argv[:1]}: {exc}") from exc
+    return Replica(pool, index, process, log_path, argv, env, restarts)
+
+
+def restart(replica: Replica) -> Replica:
+    """The same replica started again in place: same command, environment and log file."""
+    replica.signal(signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        replica.process.wait(timeout=5)
+    return _start(replica.pool, replica.index, replica.argv, replica.env, replica.log_path,
+                  replica.restarts + 1)
 
 
 def kill(replicas: Sequence[Replica]) -> None:

@@ -31,7 +31,7 @@ from spotorch.local._vertex_publisher import LogPublisher
 from spotorch.local._vertex_quota import QuotaLimits, QuotaMeter
 from spotorch.local._vertex_registry import RegistryServices
 from spotorch.local._vertex_resources import ResourceQuotas
-from spotorch.local._vertex_runner import JobRunner
+from spotorch.local._vertex_runner import FAIL_JOB, REPLICA_PREEMPTION, JobRunner
 from spotorch.local._vertex_schedule import (
     ScheduleError,
     SpotSchedule,
@@ -79,7 +79,8 @@ class VertexEmulator:
                  persist: bool = False, synthetic_run_s: float | None = None,
                  memory_limits_mb: Mapping[str, float] | None = None,
                  iam: IamPolicy | None = None,
-                 resource_quotas: ResourceQuotas | Mapping[str, Any] | None = None) -> None:
+                 resource_quotas: ResourceQuotas | Mapping[str, Any] | None = None,
+                 replica_preemption: str = FAIL_JOB) -> None:
         """project None: serve any project. schedule: a SpotSchedule, its JSON form or a JSON file.
 
         trace: a spot trace file replayed at trace_speed from trace_offset; stockout_from_s /
@@ -95,6 +96,9 @@ class VertexEmulator:
         (UNAUTHENTICATED, PERMISSION_DENIED). None: nobody is checked.
         resource_quotas: GPUs, TPUs and CPUs per region ({"us-central1": {"custom_model_training_
         nvidia_l4_gpus": 0}, "*": {...}}); CreateCustomJob past one is RESOURCE_EXHAUSTED.
+        replica_preemption: what a schedule rule preempting one replica's VM does, which Google
+        does not document: "fail_job" (the job fails with STOCKOUT; the default) or
+        "restart_replica" (that replica restarts in place, the job runs on).
         """
         if not 0.0 <= drop_events <= 1.0:
             raise EmulatorError("drop_events is a fraction between 0 and 1")
@@ -115,7 +119,8 @@ class VertexEmulator:
         self._runner = JobRunner(grace_s=grace_s, queued_s=queued_s, pending_s=pending_s,
                                  on_change=lambda record: self._store.save(),
                                  synthetic_run_s=synthetic_run_s,
-                                 memory_limits_mb=memory_limits_mb)
+                                 memory_limits_mb=memory_limits_mb,
+                                 replica_preemption=replica_preemption)
         self._service = JobService(project, self._store, self._runner,
                                    QuotaMeter(quotas or QuotaLimits()),
                                    lambda: self.workdir or Path("."), iam=iam,
@@ -367,6 +372,9 @@ _DEFAULT_QUOTAS = QuotaLimits()
 @click.option("--iam", type=click.Path(dir_okay=False),
               help="JSON file of callers' tokens and grants: every call is checked "
                    "(UNAUTHENTICATED, PERMISSION_DENIED)  [default: none is]")
+@click.option("--replica-preemption", type=click.Choice(REPLICA_PREEMPTION), default=FAIL_JOB,
+              help="What a schedule rule preempting one replica does (undocumented by Google): "
+                   "the job fails with STOCKOUT, or the replica restarts in place.")
 @click.option("--persist", is_flag=True,
               help=f"Keep jobs in WORKDIR/{JOBS_FILE}; at start, take up the saved ones.")
 def vertex(**options: Any) -> None:
@@ -418,7 +426,8 @@ def _serve(args: SimpleNamespace) -> int:
             persist=args.persist, memory_limits_mb=memory,
             iam=IamPolicy.load(args.iam) if args.iam else None,
             resource_quotas=ResourceQuotas.load(args.resource_quotas)
-            if args.resource_quotas else None)
+            if args.resource_quotas else None,
+            replica_preemption=args.replica_preemption)
         address = emulator.start()
     except (EmulatorError, ScheduleError, LogFormatError, OSError, ValueError) as exc:
         print(f"vertex emulator: {exc}", file=sys.stderr)

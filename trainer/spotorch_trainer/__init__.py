@@ -17,6 +17,7 @@ from spotorch_trainer.checkpoints import (
     prune_checkpoints,
     write_checkpoint,
 )
+from spotorch_trainer.cluster import Cluster, ClusterError, shard_range
 from spotorch_trainer.env import EnvError, TrainerEnv, params
 from spotorch_trainer.events import ListReporter, LogReporter, PubSubReporter, event_message
 from spotorch_trainer.run import Preempted, ProbeDone, Run, resume_point
@@ -35,6 +36,8 @@ __all__ = [
     "STATE_FILE",
     "CheckpointError",
     "CheckpointRef",
+    "Cluster",
+    "ClusterError",
     "EnvError",
     "GcsStorage",
     "ListReporter",
@@ -58,6 +61,7 @@ __all__ = [
     "prune_checkpoints",
     "read_bytes",
     "resume_point",
+    "shard_range",
     "write_bytes",
     "write_checkpoint",
 ]

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from spotorch_trainer import contract
+from spotorch_trainer.cluster import Cluster, ClusterError
 
 # Vertex AI sets these on custom jobs; used when spotorch's own variables are absent.
 AIP_MODEL_DIR = "AIP_MODEL_DIR"
@@ -30,14 +31,25 @@ def _get(env: Mapping[str, str], name: str) -> str | None:
     return value or None
 
 
-def is_chief(env: Mapping[str, str]) -> bool:
-    """Whether this replica is Vertex's chief (the first replica of the first pool, or alone)."""
+def cluster_of(env: Mapping[str, str]) -> Cluster:
+    """This replica's place in the job (CLUSTER_SPEC, else torchrun's variables, else alone)."""
+    try:
+        return Cluster.from_env(env)
+    except ClusterError:
+        pass
+    # Unreadable: a single-worker job, silent unless its task (if any) names the chief.
     try:
         task = json.loads(env.get(CLUSTER_SPEC, "") or "{}").get("task") or {}
-        return bool(task.get("type", "workerpool0") == "workerpool0"
-                    and int(task.get("index", 0)) == 0)
+        kind, index = str(task.get("type", "workerpool0")), int(task.get("index", 0))
     except (ValueError, TypeError, AttributeError):
-        return True  # unreadable: behave as a single-worker job
+        return Cluster()
+    return Cluster() if (kind, index) == ("workerpool0", 0) else \
+        Cluster(task_type=kind, task_index=index, trainer=False)
+
+
+def is_chief(env: Mapping[str, str]) -> bool:
+    """Whether this replica is the chief: rank 0 of the training world (Vertex's workerpool0-0)."""
+    return cluster_of(env).chief
 
 
 def _int(env: Mapping[str, str], name: str) -> int | None:
@@ -65,6 +77,7 @@ class TrainerEnv:
     events_topic: str | None = None
     managed: bool = False  # True when spotorch launched this worker (SPOTORCH_RUN_ID is set)
     chief: bool = True  # only the chief replica writes checkpoints and reports events
+    cluster: Cluster = field(default_factory=Cluster)  # rank, world size, the chief's address
     probe_steps: int | None = None  # a probe: run this many steps, report the rate, exit 0
     resume_exact: bool = False  # resume from resume_from only (spotorch sets it after divergence)
     # The attempt's key for signing reports (SPOTORCH_REPORT_KEY); kept out of repr and logs.
@@ -95,7 +108,8 @@ class TrainerEnv:
                        or cls.model_uri),
             events_topic=_get(env, contract.ENV_EVENTS_TOPIC),
             managed=run_id is not None,
-            chief=is_chief(env),
+            chief=cluster_of(env).chief,
+            cluster=cluster_of(env),
             probe_steps=_int(env, contract.ENV_PROBE_STEPS),
             resume_exact=_get(env, contract.ENV_RESUME_EXACT) in ("1", "true", "yes"),
             report_key=_get(env, contract.ENV_REPORT_KEY),

@@ -11,6 +11,11 @@
 
 On SIGTERM (Spot preemption) the loop finishes its current step, the body saves a final checkpoint,
 "preempting" is reported and the process exits with contract.EXIT_PREEMPTED (143).
+
+With several training replicas (run.cluster.distributed) a SIGTERM reaches one VM: the replicas
+agree on the step to stop after by carrying run.stop_vote() in their step's all-reduce and
+handing the sum to run.agree_stop(); only the chief writes checkpoints, and Run(agree_step=...)
+makes every replica resume the chief's step (docs/trainer-guide.md, "Several replicas").
 """
 
 from __future__ import annotations
@@ -117,8 +122,15 @@ class Run:
                  env: TrainerEnv | None = None, reporter: Reporter | None = None,
                  storage: Storage | None = None, handle_sigterm: bool = True,
                  clock: Callable[[], float] = time.time,
-                 samples_per_step: int | None = None) -> None:
+                 samples_per_step: int | None = None,
+                 agree_step: Callable[[int], int] | None = None) -> None:
+        """agree_step: with several replicas, a function that gives every replica rank 0's int
+        (e.g. a torch.distributed broadcast from rank 0): they then resume the chief's step."""
         self.env = env if env is not None else TrainerEnv.from_env()
+        self.cluster = self.env.cluster
+        self._agree_step = agree_step
+        self._sigterm_vote = False  # this replica got SIGTERM (carried in the collective)
+        self._votes_carried = False  # the code calls stop_vote(): a SIGTERM only votes
         self.total_steps = total_steps
         self.checkpoint_every = checkpoint_every
         self.keep_last = keep_last
@@ -157,7 +169,7 @@ class Run:
         if self._started:
             return self
         self._started = True
-        ref = resume_point(self.env, self._storage)
+        ref = self._agreed(resume_point(self.env, self._storage))
         if ref is not None:
             self._resumed = load_checkpoint(ref.uri, storage=self._storage)
             self._last_checkpoint = ref
@@ -169,6 +181,17 @@ class Run:
                      checkpoint_uri=ref.uri if ref else None,
                      report_interval_s=self.progress_interval_s)
         return self
+
+    def _agreed(self, ref: CheckpointRef | None) -> CheckpointRef | None:
+        """The chief's resume point on every replica (no resume anywhere when it has none)."""
+        if self._agree_step is None or not self.cluster.distributed:
+            return ref
+        step = self._agree_step(ref.step if ref is not None else -1)
+        if step < 0:
+            return None
+        if ref is not None and ref.step == step:
+            return ref
+        return CheckpointRef(step, contract.checkpoint_uri(self.env.checkpoint_uri, step))
 
     def close(self, exc: BaseException | None = None) -> None:
         """Report how the attempt ended ("completed" or "failed"), restore SIGTERM's handler."""
@@ -281,8 +304,10 @@ class Run:
         self.start()
         if step is None:
             step = self._current + 1 if self._current is not None else self.step
-        if not self.env.chief:
-            return CheckpointRef(step, contract.checkpoint_uri(self.env.checkpoint_uri, step))
+        if not self.env.chief:  # the chief writes the same state for this step
+            ref = CheckpointRef(step, contract.checkpoint_uri(self.env.checkpoint_uri, step))
+            self._last_checkpoint = ref
+            return ref
         payload: dict[str, Payload] = dict(files or {})
         if state is not None:
             payload[STATE_FILE] = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
@@ -337,6 +362,19 @@ class Run:
         if not self._stop_requested:
             self._stop_time = time.monotonic()
         self._stop_requested = True
+
+    def stop_vote(self) -> float:
+        """1.0 if this replica got SIGTERM, else 0.0: add it to the step's all-reduce and pass
+        the sum to agree_stop(), so that every replica stops after the same step. Once it is
+        called, a SIGTERM only votes (stopping alone would leave the others in a collective)."""
+        self._votes_carried = True
+        return 1.0 if self._sigterm_vote or self._stop_requested else 0.0
+
+    def agree_stop(self, votes: float) -> bool:
+        """Stop after this step on every replica when any voted (votes: the all-reduced sum)."""
+        if votes > 0:
+            self.request_stop()
+        return self._stop_requested
 
     def exit_preempted(self) -> NoReturn:
         """Report "preempting" and raise Preempted (exit 143): for loops that don't use steps()."""
@@ -398,6 +436,11 @@ class Run:
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         # Runs between bytecodes of the main thread: only set flags here; the loop does the work.
+        if self.cluster.distributed and self._votes_carried:
+            self._sigterm_vote = True  # the next all-reduce tells every replica
+            self._stop_time = time.monotonic()
+            log.warning("SIGTERM: voting to stop in the next step's all-reduce")
+            return
         self.request_stop()
 
     def _install_handler(self) -> None:

@@ -204,6 +204,8 @@ def demo_stack(scenario: Scenario, *, timeout_s: float, quiet: bool,
                 time.sleep(2.0)  # let the notifier deliver the last alerts
                 collected["published"] = _published(stack)
                 run = collected.pop("run", None)  # not JSON: the report carries its fields
+                if scenario.extend is not None:
+                    scenario.extend(collected, run, stack)
                 demo = DemoStack(scenario=scenario, stack=stack, run=run, collected=collected,
                                  work_dir=work, pipeline_file=pipelines / "demo.yaml",
                                  lose_job_events=lose_job_events,

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from spotorch.local.demo_distributed import SETTINGS as DISTRIBUTED
 
 REPO = Path(__file__).resolve().parents[3]  # shared/spotorch/local/demo_scenarios.py -> the repo
 
@@ -36,6 +38,10 @@ class Scenario:
     sweep: Mapping[str, Any] | None = None  # the pipeline's sweep: (docs/sweeps.md)
     model: Mapping[str, Any] | None = None  # the pipeline's model: registration
     pool: Mapping[str, Any] = field(default_factory=dict)  # overrides of the first worker pool
+    # A story's own edits of the pipeline document, and additions to its report (made while the
+    # stack is up: report, the run, the stack); e.g. demo_distributed.py
+    document: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    extend: Callable[[dict[str, Any], Any, Any], None] | None = None
 
 
 _UNHEALTHY = ("python", "examples/unhealthy.py")
@@ -181,6 +187,7 @@ SCENARIOS: Mapping[str, Scenario] = {
                      "EXAMPLE_OOM_AT_STEP": "10", "EXAMPLE_BAD_ATTEMPTS": "99"},
         vertex_args=("--memory-limits-mb", _DEMO_MEMORY),
     ),
+    "distributed": Scenario(**DISTRIBUTED),
     "quota": Scenario(
         name="quota",
         title="no Spot GPU quota in the first region",
@@ -224,4 +231,4 @@ def pipeline_document(scenario: Scenario) -> dict[str, Any]:
     for key, value in (("sweep", scenario.sweep), ("model", scenario.model)):
         if value is not None:
             base[key] = json.loads(json.dumps(value))  # plain lists for YAML
-    return dict(base)
+    return scenario.document(dict(base)) if scenario.document else dict(base)

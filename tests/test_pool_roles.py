@@ -17,6 +17,7 @@ from spotorch.core.pipeline import (
     WorkerPool,
     pool_positions,
     pool_role,
+    training_world,
 )
 from spotorch.ports.jobs import LaunchSpec
 from spotorch.spec.loader import load_pipeline
@@ -106,3 +107,14 @@ def test_the_job_carries_every_pool_at_its_place_and_empty_places_between() -> N
     assert list(specs[3].container_spec.command) == ["python", "-m", "e"]
     # Spot is the job's scheduling strategy: every pool or none, as Vertex AI allows.
     assert job.job_spec.scheduling.strategy == v1.Scheduling.Strategy.SPOT
+
+
+def test_a_training_world_of_several_restarts_as_a_whole_and_one_replica_alone_does_not() -> None:
+    chief = WorkerPool(image_uri="img", command=("python", "-m", "t"))
+    workers = WorkerPool(replica_count=2, image_uri="img", command=("python", "-m", "t"))
+    evaluator = WorkerPool(role=PoolRole.EVALUATOR, image_uri="img", command=("python", "-m", "e"))
+    assert [training_world(p) for p in ((chief,), (chief, workers), (chief, evaluator))] == \
+        [1, 3, 1]
+    flags = [build_custom_job(spec_of(*p)).job_spec.scheduling.restart_job_on_worker_restart
+             for p in ((chief,), (chief, workers), (chief, evaluator))]
+    assert flags == [False, True, False]

@@ -27,7 +27,7 @@ from google.cloud.aiplatform_v1.services.job_service.transports.grpc import (
 from spotorch.adapters.gcp.vertex import JobState, VertexJobLauncher
 from spotorch.adapters.gcp.vertex_calls import RetryPolicy
 from spotorch.core.model import FailureClass, JobPhase, JobStatus
-from spotorch.core.pipeline import Capacity, JobTemplate, WorkerPool
+from spotorch.core.pipeline import Capacity, JobTemplate, PoolRole, WorkerPool
 from spotorch.local._vertex_logs import LogFormat, LogFormatError
 from spotorch.local._vertex_quota import QuotaLimits
 from spotorch.local._vertex_schedule import (
@@ -735,19 +735,33 @@ def test_one_replicas_preemption_fails_the_whole_job_by_default(
 
 def test_one_replicas_preemption_can_restart_it_in_place_instead(
         harness: Callable[..., Harness], tmp_path: Path) -> None:
-    h = harness(schedule=[{"attempt": 1, "after_s": 1.0, "pool": 1, "index": 0}],
+    h = harness(schedule=[{"attempt": 1, "after_s": 1.0, "pool": 3, "index": 0}],
                 replica_preemption="restart_replica")
-    name = h.launcher.launch(spec("r-restart", 1, pools=cluster(tmp_path, 4.0)))
+    chief, _ = cluster(tmp_path, 4.0)
+    evaluator = WorkerPool(role=PoolRole.EVALUATOR, command=chief.command, args=chief.args)
+    # A chief alone trains: the job does not ask Vertex to restart everyone with a worker.
+    name = h.launcher.launch(spec("r-restart", 1, pools=(chief, evaluator)))
     h.until(name, JobPhase.RUNNING)
     assert h.until(name, JobPhase.SUCCEEDED, timeout=30).failure is None
-    hit = notes(tmp_path, "workerpool1-0")
+    hit = notes(tmp_path, "workerpool3-0")
     assert [k for k, _ in hit] == ["start", "SIGTERM", "start"]
-    starts = [line for line in (tmp_path / "workerpool1-0").read_text().splitlines()
+    starts = [line for line in (tmp_path / "workerpool3-0").read_text().splitlines()
               if line.startswith("start")]
     assert starts[0].rsplit(" ", 1)[0] == starts[1].rsplit(" ", 1)[0]  # same CLUSTER_SPEC
-    for other in ("workerpool0-0", "workerpool1-1"):  # the rest ran on untouched
-        assert [k for k, _ in notes(tmp_path, other)] == ["start"]
+    assert [k for k, _ in notes(tmp_path, "workerpool0-0")] == ["start"]  # ran on untouched
     assert "FAILED" not in h.states(name)
+
+
+def test_with_restart_job_on_worker_restart_every_replica_restarts_with_the_preempted_one(
+        harness: Callable[..., Harness], tmp_path: Path) -> None:
+    h = harness(schedule=[{"attempt": 1, "after_s": 1.0, "pool": 1, "index": 0}],
+                replica_preemption="restart_replica")
+    name = h.launcher.launch(spec("r-restart-all", 1, pools=cluster(tmp_path, 4.0)))
+    assert h.raw_client().get_custom_job(name=name).job_spec.scheduling \
+        .restart_job_on_worker_restart  # three replicas train together
+    assert h.until(name, JobPhase.SUCCEEDED, timeout=30).failure is None
+    for replica in ("workerpool0-0", "workerpool1-0", "workerpool1-1"):
+        assert [k for k, _ in notes(tmp_path, replica)] == ["start", "SIGTERM", "start"]
 
 
 def test_replicas_get_addresses_they_can_listen_on(harness: Callable[..., Harness],

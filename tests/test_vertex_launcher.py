@@ -81,7 +81,8 @@ def test_multi_worker_gpu_spot_job_has_every_field() -> None:
     assert spec.base_output_directory.output_uri_prefix == "gs://models/demo/demo-20261129-abc"
     assert spec.scheduling.strategy == v1.Scheduling.Strategy.SPOT
     assert spec.scheduling.timeout == timedelta(hours=1)
-    assert spec.scheduling.restart_job_on_worker_restart is False
+    # Four replicas in one training world: one restarted alone could not rejoin it.
+    assert spec.scheduling.restart_job_on_worker_restart is True
     assert not spec.scheduling.max_wait_duration
     chief, workers = spec.worker_pool_specs
     assert chief.replica_count == 1 and workers.replica_count == 3

@@ -188,6 +188,12 @@ def pool_role(pools: tuple[WorkerPool, ...], index: int) -> PoolRole:
     return pools[index].role or ROLE_AT[min(pool_positions(pools)[index], len(ROLE_AT) - 1)]
 
 
+def training_world(pools: tuple[WorkerPool, ...]) -> int:
+    """How many replicas train together: the chief's and the workers' (not servers, evaluators)."""
+    return sum(p.replica_count for i, p in enumerate(pools)
+               if pool_role(pools, i) in (PoolRole.CHIEF, PoolRole.WORKERS))
+
+
 def pool_positions(pools: tuple[WorkerPool, ...]) -> tuple[int, ...]:
     """Each pool's place in Vertex AI's workerPoolSpecs[]: its role's, or the one after the
     previous pool's (an unnamed first pool is the chief). Validated files have them increasing."""

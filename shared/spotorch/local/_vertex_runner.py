@@ -204,6 +204,12 @@ class JobRunner:
         replica.signal(signal.SIGTERM)
         if self.replica_preemption == RESTART_REPLICA:
             job.restarting[name] = now + self.grace_s
+            if job.proto.job_spec.scheduling.restart_job_on_worker_restart:
+                # Scheduling.restart_job_on_worker_restart: every worker restarts with it.
+                for other in job.replicas:
+                    if other.name != name:
+                        other.signal(signal.SIGTERM)
+                        job.restarting[other.name] = now + self.grace_s
             return True
         job.stop = Stop(JobState.FAILED, CODE_RESOURCE_EXHAUSTED,
                         f"STOCKOUT: the Spot VM of {name} was preempted by Compute Engine in "

@@ -20,7 +20,13 @@ from spotorch.adapters.gcp.vertex_calls import (
 )
 from spotorch.core.health import HealthPolicy
 from spotorch.core.model import FailureClass, JobPhase, JobStatus
-from spotorch.core.pipeline import Capacity, RecoveryPolicy, WorkerPool, pool_positions
+from spotorch.core.pipeline import (
+    Capacity,
+    RecoveryPolicy,
+    WorkerPool,
+    pool_positions,
+    training_world,
+)
 from spotorch.ports.budget import CRUD, SUBMIT, Budget
 from spotorch.ports.jobs import (
     LABEL_ATTEMPT,
@@ -324,9 +330,10 @@ def build_custom_job(spec: LaunchSpec) -> aiplatform_v1.CustomJob:
     scheduling = v1.Scheduling(
         strategy=getattr(v1.Scheduling.Strategy, STRATEGIES[spec.capacity]),
         timeout=timedelta(seconds=template.timeout_s),
-        # A restarted worker resumes from its checkpoint by itself; restarting the whole job
-        # would only lose the other workers' progress.
-        restart_job_on_worker_restart=False,
+        # One replica alone resumes from its checkpoint by itself; a training world of several
+        # (chief and workers in one collective, e.g. gloo or NCCL) cannot take back one
+        # restarted member: every replica must restart and resume the chief's checkpoint.
+        restart_job_on_worker_restart=training_world(template.worker_pools) > 1,
     )
     if spec.capacity is Capacity.FLEX_START:
         scheduling.max_wait_duration = timedelta(seconds=template.flex_max_wait_s)

@@ -10,7 +10,7 @@ import pytest
 from operator_runs import PIPELINE, deps_for, preempted_twice_then_standard, running_run
 from spotorch.core.cost import hourly_rate, ledger, ledger_dict
 from spotorch.core.model import Attempt, AttemptState, Run, RunStatus
-from spotorch.core.pipeline import Capacity, JobTemplate, WorkerPool
+from spotorch.core.pipeline import Capacity, JobTemplate, PoolRole, WorkerPool
 from spotorch.core.prices import FLEX_RATIO
 
 # n1-standard-4 per hour at the shipped list prices (N1 unit rates x 4 vCPUs, 15 GiB)
@@ -192,3 +192,31 @@ def test_an_alert_states_the_cost_once_as_the_ledger_says_it() -> None:
     assert facts["cost"] == data["summary"] and "cost_estimate" not in facts
     del event["data"]["cost"]  # an older event without the ledger still says what it cost
     assert "cost_estimate" in dict(render_alert(event).facts)
+
+
+def test_the_ledger_breaks_each_attempt_down_per_pool_and_replica() -> None:
+    deps = deps_for()
+    run = preempted_twice_then_standard(deps)
+    chief = WorkerPool(machine_type="n1-standard-4", accelerator_type="NVIDIA_TESLA_A100",
+                       accelerator_count=1)
+    workers = WorkerPool(machine_type="n1-standard-4", replica_count=3)
+    evaluator = WorkerPool(machine_type="n1-standard-4", role=PoolRole.EVALUATOR)
+    pipeline = replace(PIPELINE, job=JobTemplate(worker_pools=(chief, workers, evaluator)))
+    rate = hourly_rate(pipeline, Capacity.SPOT, "us-central1")
+    assert [(p.pool, p.role, p.replicas) for p in rate.pools] == \
+        [(0, "chief", 1), (1, "workers", 3), (2, "evaluator", 1)]
+    assert [p.per_hour for p in rate.pools] == pytest.approx(
+        [SPOT + 1.147, 3 * SPOT, SPOT])
+    assert sum(p.per_hour or 0 for p in rate.pools) == pytest.approx(rate.per_hour)
+    book = ledger(run, pipeline, deps.clock.now())
+    first = book.attempts[0]
+    assert sum(c.cost for c in first.pools) == pytest.approx(first.cost)
+    assert first.pools[1].per_replica == pytest.approx(first.pools[1].cost / 3)
+    as_json: Any = ledger_dict(book)
+    totals = {p["role"]: p for p in as_json["pools"]}
+    assert set(totals) == {"chief", "workers", "evaluator"}
+    assert sum(p["cost"] for p in as_json["pools"]) == pytest.approx(as_json["total"], abs=1e-3)
+    assert totals["workers"]["replicas"] == 3
+    assert as_json["attempts"][0]["pools"][0]["role"] == "chief"
+    overridden = hourly_rate(replace(pipeline, prices=(("spot", 2.0),)), Capacity.SPOT, "x")
+    assert [p.per_hour for p in overridden.pools] == [2.0, 6.0, 2.0]

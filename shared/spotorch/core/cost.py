@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from spotorch.core.model import Attempt, Run, RunStatus
-from spotorch.core.pipeline import Capacity, Pipeline, WorkerPool
+from spotorch.core.pipeline import Capacity, Pipeline, WorkerPool, pool_role
 from spotorch.core.price_list import LIST_PRICES
 from spotorch.core.prices import ANY_REGION, PriceTable, Rate, UnitRates, region_entry, shape_of
 from spotorch.core.shapes import run_pipeline
@@ -33,6 +33,17 @@ class HourlyRate:
     per_hour: float | None
     basis: tuple[str, ...]  # sources used, and any region the table stood in with
     unknown: tuple[str, ...] = ()
+    pools: tuple[PoolRate, ...] = ()  # the same hour per worker pool (their sum is per_hour)
+
+
+@dataclass(frozen=True)
+class PoolRate:
+    """One worker pool's share of an hour: its role, its replicas, their price together."""
+
+    pool: int  # index in the pipeline's job.worker_pools
+    role: str
+    replicas: int
+    per_hour: float | None  # every replica of the pool; None: price unknown
 
 
 def _where(key: str, found_in: str | None, region: str) -> str:
@@ -89,11 +100,20 @@ def hourly_rate(pipeline: Pipeline | None, capacity: Capacity, region: str,
         override = dict(pipeline.prices).get(str(capacity))
         if override is not None:
             replicas = sum(p.replica_count for p in pools)
-            return HourlyRate(override * replicas, (f"pipeline {pipeline.name} prices",))
+            return HourlyRate(override * replicas, (f"pipeline {pipeline.name} prices",),
+                              pools=_pool_rates(tuple(pools), [override * p.replica_count
+                                                               for p in pools]))
     unknown: list[str] = []
     rates = [_pool_rate(p, capacity, region, table, notes, unknown) for p in pools]
     total = None if any(r is None for r in rates) else sum(r for r in rates if r is not None)
-    return HourlyRate(total, tuple(dict.fromkeys(notes)), tuple(dict.fromkeys(unknown)))
+    return HourlyRate(total, tuple(dict.fromkeys(notes)), tuple(dict.fromkeys(unknown)),
+                      _pool_rates(tuple(pools), rates))
+
+
+def _pool_rates(pools: tuple[WorkerPool, ...], rates: Sequence[float | None]
+                ) -> tuple[PoolRate, ...]:
+    return tuple(PoolRate(i, str(pool_role(pools, i)), p.replica_count, rate)
+                 for i, (p, rate) in enumerate(zip(pools, rates, strict=True)))
 
 
 @dataclass(frozen=True)
@@ -109,6 +129,18 @@ class AttemptCost:
     lost_steps: int  # steps it ran that the next attempt had to redo
     lost_s: float  # compute time spent on those steps
     lost_cost: float
+    pools: tuple[PoolCost, ...] = ()  # the attempt's cost per worker pool
+
+
+@dataclass(frozen=True)
+class PoolCost:
+    """What one worker pool of an attempt (or of the run) cost: all its replicas' billed time."""
+
+    pool: int
+    role: str
+    replicas: int
+    cost: float  # 0 when its price is unknown
+    per_replica: float  # cost / replicas
 
 
 class RunResult(StrEnum):
@@ -242,7 +274,7 @@ def ledger(run: Run, pipeline: Pipeline | None, now: float,
         lost_s = compute * lost_fraction
         lines.append(AttemptCost(attempt.number, attempt.capacity, attempt.region, billed,
                                  rate.per_hour, billed / 3600 * per_hour, lost_steps, lost_s,
-                                 lost_s / 3600 * per_hour))
+                                 lost_s / 3600 * per_hour, _pool_costs(rate.pools, billed)))
         useful_s += compute - lost_s
         standard_useful += (compute - lost_s) / 3600 * standard_per_hour
         if billed > 0:
@@ -274,6 +306,30 @@ def ledger(run: Run, pipeline: Pipeline | None, now: float,
         result=result, unpriced=tuple(dict.fromkeys(unpriced)))
 
 
+def _pool_costs(rates: tuple[PoolRate, ...], billed_s: float) -> tuple[PoolCost, ...]:
+    """Each pool's cost for billed_s seconds (every replica runs the job's whole time)."""
+    costs = [billed_s / 3600 * (r.per_hour or 0.0) for r in rates]
+    return tuple(PoolCost(r.pool, r.role, r.replicas, cost, cost / r.replicas if r.replicas else 0.0)
+                 for r, cost in zip(rates, costs, strict=True))
+
+
+def pool_totals(book: Ledger) -> tuple[PoolCost, ...]:
+    """The run's cost per worker pool, over its attempts (probes not included)."""
+    by_pool: dict[int, PoolCost] = {}
+    for line in book.attempts:
+        for c in line.pools:
+            was = by_pool.get(c.pool)
+            cost = c.cost + (was.cost if was else 0.0)
+            by_pool[c.pool] = PoolCost(c.pool, c.role, c.replicas, cost,
+                                       cost / c.replicas if c.replicas else 0.0)
+    return tuple(by_pool[k] for k in sorted(by_pool))
+
+
+def _pool_dict(c: PoolCost) -> dict[str, object]:
+    return {"pool": c.pool, "role": c.role, "replicas": c.replicas, "cost": round(c.cost, 4),
+            "per_replica": round(c.per_replica, 4)}
+
+
 def ledger_dict(book: Ledger) -> dict[str, object]:
     """The ledger as JSON (API, CLI --json, terminal events, the demo's summary)."""
     return {
@@ -290,5 +346,7 @@ def ledger_dict(book: Ledger) -> dict[str, object]:
                       "billed_s": round(a.billed_s, 1),
                       "per_hour": None if a.per_hour is None else round(a.per_hour, 4),
                       "cost": round(a.cost, 4), "lost_steps": a.lost_steps,
-                      "lost_cost": round(a.lost_cost, 4)} for a in book.attempts],
+                      "lost_cost": round(a.lost_cost, 4),
+                      "pools": [_pool_dict(c) for c in a.pools]} for a in book.attempts],
+        "pools": [_pool_dict(c) for c in pool_totals(book)],
     }

@@ -19,6 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples"))
 from make_data import make_dataset, to_csv  # noqa: E402
 
+from spotorch_trainer.contract import EXIT_PEER_LOST  # noqa: E402
+
 pytestmark = pytest.mark.slow
 pytest.importorskip("torch")
 
@@ -39,13 +41,14 @@ def free_port() -> int:
 
 
 def replicas(out: Path, data: Path, *, sleep: float = 0.0,
-             sigterm_rank_after_s: tuple[int, float] | None = None) -> list[int]:
-    """Run both replicas to their end; optionally SIGTERM one of them. -> exit codes."""
+             sigterm_rank_after_s: tuple[int, float] | None = None,
+             sig: signal.Signals = signal.SIGTERM, timeout_s: float = 20) -> list[int]:
+    """Run both replicas to their end; optionally signal one of them. -> exit codes."""
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'examples' / 'trainer'}:{REPO / 'trainer'}",
            "EXAMPLE_DATA": str(data), "EXAMPLE_MODEL_DIR": str(out / "model"),
            "SPOTORCH_CHECKPOINT_URI": str(out / "ckpt"), "EXAMPLE_TOTAL_STEPS": "200",
            "EXAMPLE_CHECKPOINT_EVERY": "25", "EXAMPLE_STEP_SLEEP": str(sleep),
-           "EXAMPLE_COLLECTIVE_TIMEOUT": "20", "MASTER_ADDR": "127.0.0.1",
+           "EXAMPLE_COLLECTIVE_TIMEOUT": str(timeout_s), "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
     env.pop("CLUSTER_SPEC", None)
     procs = [subprocess.Popen([sys.executable, "-m", "spotorch_example.distributed"],
@@ -58,7 +61,13 @@ def replicas(out: Path, data: Path, *, sleep: float = 0.0,
         while not (out / "ckpt").exists() and time.monotonic() < deadline:
             time.sleep(0.05)  # training has begun (the first checkpoint folder)
         time.sleep(after)
-        procs[rank].send_signal(signal.SIGTERM)
+        procs[rank].send_signal(sig)
+    if sig is signal.SIGSTOP:  # the survivor's collective times out; then take the hung one away
+        survivor = procs[1 - rank].wait(timeout=60)
+        procs[rank].kill()
+        codes = [0, 0]
+        codes[1 - rank], codes[rank] = survivor, procs[rank].wait(timeout=10)
+        return codes
     return [p.wait(timeout=120) for p in procs]
 
 
@@ -79,3 +88,15 @@ def test_a_preempted_replica_stops_both_and_the_resumed_model_is_bitwise_the_sam
     assert got["resumed_from_step"] == stopped
     assert got["params_sha256"] == want["params_sha256"]
     assert got["test_accuracy"] == want["test_accuracy"] > 0.8
+
+
+def test_a_hung_replica_ends_its_peer_with_the_peer_lost_code_and_no_new_checkpoint(
+        tmp_path: Path, data: Path) -> None:
+    began = time.monotonic()
+    codes = replicas(tmp_path, data, sleep=0.02, sigterm_rank_after_s=(1, 0.3),
+                     sig=signal.SIGSTOP, timeout_s=3)
+    assert codes[0] == EXIT_PEER_LOST  # the chief: its all-reduce timed out
+    assert time.monotonic() - began < 40
+    steps = sorted(int(p.name.removeprefix("step-")) for p in (tmp_path / "ckpt").iterdir())
+    assert steps and steps[-1] % 25 == 0  # only the periodic checkpoints: none half-made
+    assert "lost a peer" in (tmp_path / "rank0.log").read_text()

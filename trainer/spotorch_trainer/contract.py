@@ -56,6 +56,10 @@ EXIT_USER_ERROR = 1
 # Never what a Python exception exits with: spotorch counts it as infrastructure unless an
 # out-of-memory signal says otherwise, or the trainer itself reported exiting with it.
 EXIT_KILLED = 137
+# A replica's collective lost a peer (dead, or hung past the collective's timeout): nothing is
+# wrong with the code. EX_TEMPFAIL; a pipeline lists it in recovery.retryable_exit_codes to retry
+# it as an infrastructure error (the demo's distributed story does).
+EXIT_PEER_LOST = 75
 
 # Trainer event kinds (data field "kind"; also the Pub/Sub attribute "kind").
 EVENT_STARTED = "started"

@@ -41,10 +41,10 @@ from spotorch_example.train import (
     split,
 )
 from spotorch_trainer import Cluster, Run, join, shard_range, write_bytes
+from spotorch_trainer.contract import EXIT_PEER_LOST
 
 log = logging.getLogger("example.distributed")
 TIMEOUT_ENV = "EXAMPLE_COLLECTIVE_TIMEOUT"  # seconds a collective waits for a peer (gloo: 30 min)
-EXIT_PEER_LOST = 1
 
 
 def params_digest(params: dict[str, np.ndarray]) -> str:

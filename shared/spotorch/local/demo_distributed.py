@@ -149,7 +149,9 @@ SETTINGS: Mapping[str, Any] = {
              "compare the models.",
     "expected_status": "SUCCEEDED",
     "recovery": {"escalation": "never", "backoff_base": "1s", "decision_interval": "2s",
-                 "restart_overhead": "5s"},
+                 "restart_overhead": "5s",
+                 # a replica that lost its peer (spotorch_trainer.contract.EXIT_PEER_LOST)
+                 "retryable_exit_codes": [75]},
     # From RUNNING: the first attempt installs its package, starts torch on both replicas
     # (seconds), then trains 600 steps of 30 ms; the worker's VM goes 14 s in.
     "vertex_schedule": {"preempt": [{"attempt": 1, "after_s": 14.0,

@@ -91,6 +91,25 @@ def test_the_timeline_draws_attempts_waits_preemptions_checkpoints_and_cost() ->
     assert fills["spot"] != fills["standard"]
 
 
+def test_the_timeline_names_the_replicas_of_each_attempt() -> None:
+    from dataclasses import replace
+
+    from spotorch.core.pipeline import JobTemplate, PoolRole, WorkerPool
+
+    deps = deps_for()
+    story = every_kind(deps)["story"]
+    now = deps.clock.now()
+    single = timeline_svg(story, ledger(story, deps.pipelines["ops"], now), now)
+    assert {lane.get("data-replicas") for lane in _marks(single, "lane")} == {"1"}
+    pools = (WorkerPool(), WorkerPool(role=PoolRole.WORKERS, replica_count=3))
+    cluster = replace(deps.pipelines["ops"], job=JobTemplate(worker_pools=pools))
+    svg = timeline_svg(story, ledger(story, cluster, now), now)
+    lanes = _marks(svg, "lane")
+    assert {lane.get("data-replicas") for lane in lanes} == {"4"}
+    label = lanes[0].find(f"{SVG_NS}text")
+    assert label is not None and "\u00d74" in "".join(label.itertext())
+
+
 def test_pages_and_errors_from_the_server() -> None:
     deps = deps_for()
     runs = every_kind(deps)

@@ -59,15 +59,16 @@ def _attempt_end(a: Attempt, run_end: float) -> float:
     return a.ended_at if a.ended_at is not None else run_end
 
 
-def _lane(a: Attempt, y: float, scale: Scale, run_end: float) -> list[str]:
+def _lane(a: Attempt, y: float, scale: Scale, run_end: float, replicas: int = 1) -> list[str]:
     waited_from = a.queued_since or a.created_at or scale.t0
     running_from = a.started_at
     end = _attempt_end(a, run_end)
     colour = CAPACITY_COLOUR[a.capacity]
+    times = f" \u00d7{replicas}" if replicas > 1 else ""  # "x2": every replica of every pool
     out = [f'<g class="lane" data-attempt="{a.number}" data-capacity="{a.capacity}" '
-           f'data-state="{a.state}">',
+           f'data-state="{a.state}" data-replicas="{replicas}">',
            f'<text x="8" y="{y + 18:.1f}" class="label">#{a.number} {escape(str(a.capacity))}'
-           f'</text>']
+           f'{times}</text>']
     wait_end = running_from if running_from is not None else end
     if wait_end > waited_from:
         x0, x1 = scale.x(waited_from), scale.x(wait_end)
@@ -230,8 +231,9 @@ def timeline_svg(run: Run, book: Ledger, now: float) -> str:
     out += _time_axis(scale, axis_y)
     if not lanes:
         out.append(f'<text x="{LEFT}" y="20" class="label">no attempt yet</text>')
+    replicas = {line.attempt: sum(c.replicas for c in line.pools) or 1 for line in book.attempts}
     for i, a in enumerate(lanes):
-        out += _lane(a, i * (LANE_H + 6), scale, run_end)
+        out += _lane(a, i * (LANE_H + 6), scale, run_end, replicas.get(a.number, 1))
     out += _progress_panel(run, scale, progress_top, run_end)
     out += _cost_panel(book, run, scale, cost_top, run_end)
     if deadline is not None:

@@ -118,3 +118,24 @@ def test_a_training_world_of_several_restarts_as_a_whole_and_one_replica_alone_d
     flags = [build_custom_job(spec_of(*p)).job_spec.scheduling.restart_job_on_worker_restart
              for p in ((chief,), (chief, workers), (chief, evaluator))]
     assert flags == [False, True, False]
+
+
+def test_a_hardware_candidate_reshapes_the_training_pools_and_keeps_the_others() -> None:
+    from spotorch.core.pipeline import HardwareCandidate
+    from spotorch.core.shapes import apply
+
+    chief = WorkerPool(role=PoolRole.CHIEF, image_uri="img", command=("python", "-m", "t"))
+    workers = WorkerPool(role=PoolRole.WORKERS, replica_count=3, image_uri="img",
+                         command=("python", "-m", "t"))
+    servers = WorkerPool(machine_type="n1-standard-8", image_uri="img",
+                         command=("python", "-m", "e"))  # unnamed: the third place's role
+    template = JobTemplate(worker_pools=(chief, workers, servers))
+    two = apply(template, HardwareCandidate(name="l4", machine_type="g2-standard-8",
+                                            accelerator_type="NVIDIA_L4", accelerator_count=1,
+                                            replica_count=2))
+    assert [(p.role, p.replica_count, p.machine_type) for p in two.worker_pools] == [
+        (PoolRole.CHIEF, 1, "g2-standard-8"), (PoolRole.WORKERS, 1, "g2-standard-8"),
+        (PoolRole.PARAMETER_SERVERS, 1, "n1-standard-8")]
+    one = apply(template, HardwareCandidate(name="cpu", machine_type="n1-standard-16"))
+    assert pool_positions(one.worker_pools) == (0, 2)  # the kept pool keeps its place
+    assert training_world(one.worker_pools) == 1

@@ -7,7 +7,14 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from spotorch.core.pipeline import HardwareCandidate, JobTemplate, Pipeline, WorkerPool
+from spotorch.core.pipeline import (
+    HardwareCandidate,
+    JobTemplate,
+    Pipeline,
+    PoolRole,
+    WorkerPool,
+    pool_role,
+)
 
 
 def describe(candidate: HardwareCandidate) -> str:
@@ -36,13 +43,19 @@ def apply(template: JobTemplate, candidate: HardwareCandidate) -> JobTemplate:
 
     The chief pool takes the shape with one replica (Vertex's chief is alone in workerpool0); a
     candidate with replica_count N > 1 gets N - 1 more replicas of the same shape and container
-    in workerpool1, in place of the template's own other pools (a candidate is a whole shape).
+    in workerpool1, in place of the template's own workers (a candidate is a whole training
+    shape). Pools that do not train (a reduction server, parameter servers, evaluators) stay.
     """
-    chief = template.worker_pools[0]
+    given = template.worker_pools
+    chief = given[0]
     pools = [_on_shape(chief, candidate, 1)]
     if candidate.replica_count > 1:
-        pools.append(_on_shape(chief, candidate, candidate.replica_count - 1))
-    return replace(template, worker_pools=tuple(pools))
+        workers = _on_shape(chief, candidate, candidate.replica_count - 1)
+        pools.append(replace(workers, role=PoolRole.WORKERS if chief.role else None))
+    others = [p if p.role else replace(p, role=pool_role(given, i))
+              for i, p in enumerate(given)
+              if pool_role(given, i) not in (PoolRole.CHIEF, PoolRole.WORKERS)]
+    return replace(template, worker_pools=(*pools, *others))
 
 
 def on_candidate(pipeline: Pipeline, candidate: HardwareCandidate) -> Pipeline:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -135,6 +136,7 @@ def _unpreempted(data_uri: str) -> dict[str, Any] | None:
     if codes != [0, 0] or not metrics.exists():
         return {"error": f"the reference run exited {codes}; logs in {out}"}
     loaded: dict[str, Any] = json.loads(metrics.read_text())
+    shutil.rmtree(out, ignore_errors=True)  # kept only when it failed (its logs)
     return loaded
 
 

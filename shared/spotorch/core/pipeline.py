@@ -477,7 +477,9 @@ class Pipeline(FileSection):
     model: ModelRegistration | None = None  # register successful models in Vertex AI
 
     def run_checkpoint_uri(self, run_id: str) -> str:
+        """The run's own checkpoint folder: a report naming anything else is refused."""
         return f"{self.checkpoint_uri.rstrip('/')}/{run_id}"
 
     def run_output_uri(self, run_id: str) -> str:
+        """Where the run's model is written (Vertex's base output directory)."""
         return f"{self.output_uri.rstrip('/')}/{run_id}"

@@ -167,22 +167,27 @@ class VertexEmulator:
 
     @property
     def address(self) -> str:
+        """host:port the emulator serves on (a client's endpoint)."""
         return f"{self.host}:{self.port}"
 
     @property
     def grace_s(self) -> float:
+        """Seconds between SIGTERM and SIGKILL of a preempted or cancelled replica."""
         return self._runner.grace_s
 
     @property
     def events_published(self) -> int:
+        """Job-state messages published to Pub/Sub so far."""
         return self._publisher.published
 
     @property
     def events_dropped(self) -> int:
+        """Job-state messages the schedule dropped (a lossy log sink)."""
         return self._publisher.dropped
 
     @property
     def quotas(self) -> QuotaLimits:
+        """The request quotas enforced now."""
         return self._service.quota.limits
 
     @quotas.setter
@@ -192,6 +197,7 @@ class VertexEmulator:
 
     @property
     def resource_quotas(self) -> ResourceQuotas | None:
+        """The GPU, TPU and CPU quotas per region, or None (unlimited)."""
         return self._service.resources
 
     @resource_quotas.setter

@@ -342,6 +342,45 @@ def test_the_relaunch_after_an_outage_goes_within_one_tick_of_vertex_answering(
                for h in relaunched.history)
 
 
+def test_a_confirm_refused_by_a_spent_budget_is_taken_again_by_the_ticks_retry_pass() -> None:
+    """Seen at 10,000 runs: a relaunch whose check of attempt 1's job was refused because the
+    request budget was spent gave up its claim as merely "waiting", so the tick's quick retry
+    pass (for refusals that the budget's refill lifts) tried it once and moved on to the next,
+    each try waiting for the budget: one tick ran for as many tries as there were runs."""
+    from spotorch.app.job_events import job_changed
+    from spotorch.core.intents import LaunchIntent
+    from spotorch.core.model import FailureClass
+    from spotorch.core.observations import QUOTA_REFUSED
+    from spotorch.ports.budget import spent
+
+    deps = fake_deps(pipeline())
+    launcher, clock = parts(deps)
+    run = started(deps)
+    job = launcher.job_of(run.run_id, 1)
+    launcher.set_status(job, JobPhase.RUNNING, start_time=clock.t)
+    tick(deps)
+    preempted = launcher.set_status(job, JobPhase.FAILED, failure=FailureClass.PREEMPTED,
+                                    message="The Spot VM was preempted.")
+    real_get = launcher.get
+    budget_spent = [True]
+
+    def get(job_name: str) -> JobStatus:
+        if budget_spent[0]:
+            raise spent("us-central1", ["resource_management"], 13.0)
+        return real_get(job_name)
+
+    launcher.get = get  # type: ignore[method-assign]
+    after = job_changed(deps, run.run_id, 1, preempted)
+    assert len(after.attempts) == 2 and launcher.created == 1
+    waiting = [i for i in load(deps).outbox if isinstance(i, LaunchIntent)]
+    assert [i.deferred for i in waiting] == [QUOTA_REFUSED]
+    assert waiting[0].claimed_until <= clock.t  # its claim given up: the next try takes it
+    budget_spent[0] = False  # the budget refills
+    clock.advance(5.0)
+    tick(deps)
+    assert launcher.created == 2
+
+
 # --- hysteresis: the minimum dwell ------------------------------------------------------------------
 
 

@@ -118,6 +118,9 @@ def _retry_deferred_launches(deps: Deps, runs: Sequence[Run]) -> None:
     while waiting and time.monotonic() < until:
         time.sleep(LAUNCH_RETRY_PAUSE_S)  # the budget refills by the minute
         for i, run_id in enumerate(waiting):
+            if time.monotonic() >= until:  # each try may wait for the budget: bounded too
+                waiting = waiting[i:]
+                break
             run = apply(deps, run_id, [], take_over=True)
             if run is not None and deferred(run):
                 waiting = waiting[i:]  # refused again: the budget is spent for now, the rest wait

@@ -205,7 +205,8 @@ def _perform(deps: Deps, run: Run, intent: Intent) -> Observation | None:
     except Exception as exc:  # a failed side effect stays in the outbox; the next tick retries it
         log.warning("intent %s (%s) of run %s failed: %s", intent.id, intent.kind, run.run_id, exc,
                     extra={"run_id": run.run_id})
-        return IntentDeferred(intent.id, f"{type(exc).__name__}: {str(exc)[:300]}")
+        return IntentDeferred(intent.id, f"{type(exc).__name__}: {str(exc)[:300]}",
+                              getattr(exc, "code", None) or "")
 
 
 def _perform_delete(deps: Deps, intent: DeleteCheckpointsIntent) -> Observation:
@@ -234,7 +235,7 @@ def _perform_launch(deps: Deps, run: Run, intent: LaunchIntent) -> Observation |
         return None  # diverged checkpoints first: the new attempt must not find them
     waits = _earlier_job_alive(deps, run, intent.attempt)
     if waits is not None:
-        return IntentDeferred(intent.id, waits)  # the next tick tries again, its claim given up
+        return IntentDeferred(intent.id, *waits)  # the next tick tries again, its claim given up
     try:
         spec = launch_spec(deps, run, intent)
         stage_packages(deps, spec)  # the packages it runs, in the staging bucket first
@@ -304,9 +305,9 @@ def _log_experiment(deps: Deps, run: Run, *, region: str) -> None:
                     extra={"run_id": run.run_id})
 
 
-def _earlier_job_alive(deps: Deps, run: Run, attempt: int) -> str | None:
-    """One live job per run: why the launch must wait (None: every earlier attempt's job is
-    confirmed ended by Vertex itself).
+def _earlier_job_alive(deps: Deps, run: Run, attempt: int) -> tuple[str, str] | None:
+    """One live job per run: why the launch must wait and the refusal's code (None: every
+    earlier attempt's job is confirmed ended by Vertex itself).
 
     A job still alive (the attempt was ended by a message that lied, or a cancel has not landed)
     is cancelled now and the launch waits; NOT_FOUND means there is no job to fear.
@@ -322,7 +323,7 @@ def _earlier_job_alive(deps: Deps, run: Run, attempt: int) -> str | None:
                 continue
             log.warning("launch of %s attempt %d waits: cannot confirm %s ended: %s",
                         run.run_id, attempt, earlier.job_name, exc, extra={"run_id": run.run_id})
-            return f"cannot confirm that {earlier.job_name} ended: {str(exc)[:200]}"
+            return f"cannot confirm that {earlier.job_name} ended: {str(exc)[:200]}", exc.code or ""
         if not status.phase.terminal:
             log.warning("launch of %s attempt %d waits: %s is still %s; cancelling it",
                         run.run_id, attempt, earlier.job_name, status.phase,
@@ -330,7 +331,7 @@ def _earlier_job_alive(deps: Deps, run: Run, attempt: int) -> str | None:
             with contextlib.suppress(LaunchError):
                 deps.launcher.cancel(earlier.job_name)
             waits = f"{earlier.job_name} is still {status.phase}; cancelled"
-    return waits
+    return None if waits is None else (waits, "")
 
 
 def record_job(deps: Deps, job_name: str, run_id: str, attempt: int, pipeline: str, *,

@@ -30,7 +30,13 @@ from spotorch.core.moves import (
     release,
     with_attempt,
 )
-from spotorch.core.observations import IntentDeferred, LaunchDone, LaunchFailed, Observation
+from spotorch.core.observations import (
+    QUOTA_REFUSED,
+    IntentDeferred,
+    LaunchDone,
+    LaunchFailed,
+    Observation,
+)
 from spotorch.core.pipeline import Capacity
 from spotorch.core.regions import choose_region
 from spotorch.core.trust import attempt_key
@@ -116,8 +122,8 @@ def on_intent_deferred(run: Run, obs: Observation, ctx: Context) -> Run:
     intent = next((i for i in run.outbox if i.id == obs.intent_id), None)
     if intent is None:
         return run
-    run = release(run, obs.intent_id, ctx.now, "waiting" if isinstance(intent, LaunchIntent)
-                  else "")
+    why = QUOTA_REFUSED if obs.code == QUOTA_REFUSED else "waiting"
+    run = release(run, obs.intent_id, ctx.now, why if isinstance(intent, LaunchIntent) else "")
     if not isinstance(intent, LaunchIntent):
         return run
     line = f"launch of attempt {intent.attempt} waits"

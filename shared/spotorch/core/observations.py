@@ -126,10 +126,13 @@ class IntentDone:
 @dataclass(frozen=True)
 class IntentDeferred:
     """An intent was not carried out this time (a launch waits for an earlier job to be
-    confirmed ended, or a call failed): its claim is given up, so the next tick takes it."""
+    confirmed ended, or a call failed): its claim is given up, so the next tick takes it.
+    code: the refusal's status, QUOTA_REFUSED when a spent request budget or rate limit stopped
+    it (the tick's quick retry pass takes those again as the budget refills)."""
 
     intent_id: str
     reason: str
+    code: str = ""
 
 
 @dataclass(frozen=True)

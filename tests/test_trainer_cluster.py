@@ -161,7 +161,10 @@ def test_every_replica_resumes_the_step_the_chief_agreed(tmp_path: Path) -> None
     seen: list[int] = []
 
     def chief_says(step: int, answer: int) -> Any:
-        return lambda mine: seen.append(mine) or answer
+        def agree(mine: int) -> int:
+            seen.append(mine)
+            return answer
+        return agree
 
     run = Run(total_steps=10, env=worker, reporter=ListReporter(), handle_sigterm=False,
               agree_step=chief_says(4, 4))

@@ -15,6 +15,8 @@ from spotorch.core.hardware import PROBE_CANDIDATE_LABEL
 from spotorch.core.intents import LaunchIntent, LaunchProbeIntent
 from spotorch.core.model import PROBE_CAPACITY, PROBE_HARDWARE, JobPhase, JobStatus, Probe, Run, probe_key
 from spotorch.core.pipeline import Capacity, HardwareCandidate, JobTemplate, Pipeline
+from spotorch.core.preprocess import training_data_uri
+from spotorch.core.preprocessing import step_of
 from spotorch.ports.jobs import (
     LABEL_ATTEMPT,
     LABEL_BUCKET,
@@ -124,7 +126,8 @@ def launch_spec(deps: Deps, run: Run, intent: LaunchIntent) -> LaunchSpec:
         contract.ENV_CHECKPOINT_URI: run.checkpoint_uri,
         contract.ENV_RESUME_FROM: intent.resume_uri or "",
         contract.ENV_RESUME_STEP: "" if intent.resume_step is None else str(intent.resume_step),
-        contract.ENV_DATA_URI: run.data_uri,
+        # issue 31: a run with a preprocess step trains on the step's output
+        contract.ENV_DATA_URI: training_data_uri(step_of(run), run.data_uri),
         contract.ENV_MODEL_URI: run.output_uri,
         contract.ENV_EVENTS_TOPIC: deps.events_topic,
     }

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -138,6 +138,14 @@ def input_identity(snapshot_id: str | None, data_uri: str, content_digest: str |
     if content_digest:
         return f"content:{content_digest}"
     return f"snapshot:{snapshot_id}" if snapshot_id else f"uri:{data_uri}"
+
+
+def folder_digest(objects: Iterable[tuple[str, int, str]]) -> str:
+    """The content digest of a folder from its objects' (name below the folder, size, CRC32C),
+    in any order: the same files under another snapshot folder give the same digest."""
+    body = json.dumps(sorted([str(n), int(s), str(c)] for n, s, c in objects),
+                      separators=(",", ":"))
+    return hashlib.sha256(body.encode()).hexdigest()[:32]
 
 
 def new_step(pipeline: Pipeline, input_id: str) -> PreprocessStep:

@@ -1,0 +1,190 @@
+"""A run with a preprocess step through the service layer (in-memory twins, issue 31):
+PREPROCESSING -> the Dataflow job -> training on its output; the cache by content; failures,
+cancels, duplicated and lost events."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from fakes import fake_deps
+from spotorch.adapters.memory.steps import InMemorySteps, InMemoryStepOutputs
+from spotorch.adapters.memory.twins import InMemoryLauncher, InMemoryPublisher, ManualClock
+from spotorch.app.deps import Deps
+from spotorch.app.runs import cancel_run, start_run
+from spotorch.app.tick import tick
+from spotorch.app.unit_of_work import apply
+from spotorch.core import preprocess as pp
+from spotorch.core.events import kind_of
+from spotorch.core.model import FailureClass, JobPhase, Run, RunStatus
+from spotorch.core.observations import PreprocessObserved
+from spotorch.core.pipeline import (
+    EscalationKind,
+    JobTemplate,
+    OnActiveRun,
+    Pipeline,
+    Preprocess,
+    PythonPackage,
+    RecoveryPolicy,
+    Trigger,
+    WorkerPool,
+)
+from spotorch.core.preprocessing import step_of
+from spotorch_trainer import contract
+
+PACKAGE = PythonPackage(package_uri="gs://s/p.tgz", executor_image_uri="img",
+                        python_module="trainer.task",
+                        package_uris=("gs://s/packages/0123456789abcdef/p.tgz",))
+STEP = Preprocess(python_module="trainer.preprocess", output_uri="gs://prep/p",
+                  options=(("num_shards", "2"),))
+CONTENT = {"a.csv": (10, "crcA"), "b.csv": (20, "crcB")}
+
+
+def make_deps(step: Preprocess = STEP) -> tuple[Deps, InMemorySteps, InMemoryStepOutputs]:
+    pipeline = Pipeline(name="p", trigger=Trigger(bucket="b", on_active_run=OnActiveRun.PARALLEL),
+                        job=JobTemplate(worker_pools=(WorkerPool(python_package=PACKAGE),)),
+                        checkpoint_uri="gs://c/p", output_uri="gs://m/p",
+                        recovery=RecoveryPolicy(escalation=EscalationKind.NEVER),
+                        preprocess=step)
+    steps, outputs = InMemorySteps(), InMemoryStepOutputs()
+    outputs.folders["gs://b/d1/"] = dict(CONTENT)
+    outputs.folders["gs://b/d2/"] = dict(CONTENT)  # a second snapshot, the same files
+    deps = replace(fake_deps(pipeline), steps=steps, step_outputs=outputs)
+    return deps, steps, outputs
+
+
+def start(deps: Deps, run_id: str, data_uri: str = "gs://b/d1/") -> Run:
+    run = start_run(deps, "p", run_id=run_id, data_uri=data_uri, snapshot_id=run_id, reason="t")
+    assert run is not None
+    return run
+
+
+def load(deps: Deps, run_id: str) -> Run:
+    run, _ = deps.runs.load(run_id)
+    assert run is not None
+    return run
+
+
+def kinds(deps: Deps) -> list[str]:
+    assert isinstance(deps.publisher, InMemoryPublisher)
+    return [kind_of(t) for t in deps.publisher.types()]
+
+
+def step(run: Run) -> pp.PreprocessStep:
+    found = step_of(run)
+    assert found is not None
+    return found
+
+
+def test_the_run_preprocesses_then_trains_on_the_output() -> None:
+    deps, steps, outputs = make_deps()
+    run = start(deps, "r1")
+    assert run.status is RunStatus.PREPROCESSING and run.attempts == ()
+    assert steps.created == 1 and steps.jobs[0].request.job_name == "spotorch-r1-pre1"
+    request = steps.jobs[0].request
+    assert request.input_uri == "gs://b/d1/" and request.output_uri == step(run).output_uri
+    assert request.package_uris == PACKAGE.package_uris
+    assert request.python_module == "trainer.preprocess"
+    assert "run.preprocess_started" in kinds(deps)
+    steps.set_state("spotorch-r1-pre1", "JOB_STATE_RUNNING")
+    tick(deps)
+    assert load(deps, "r1").status is RunStatus.PREPROCESSING
+    steps.set_state("spotorch-r1-pre1", pp.JOB_STATE_DONE, vcpu_s=3600.0)
+    tick(deps)  # the backstop: no event came
+    run = load(deps, "r1")
+    assert run.status is RunStatus.STARTING and step(run).phase is pp.StepPhase.DONE
+    assert not step(run).cache_hit and step(run).vcpu_s == 3600.0
+    assert pp.marker_uri(step(run)) in outputs.markers  # written after GetJob said DONE
+    launcher = deps.launcher
+    assert isinstance(launcher, InMemoryLauncher)
+    job = launcher.jobs[launcher.job_of("r1", 1)]
+    assert job.spec.env[contract.ENV_DATA_URI] == step(run).output_uri
+    assert "run.preprocess_ended" in kinds(deps)
+
+
+def test_a_second_snapshot_with_the_same_content_reuses_the_output() -> None:
+    deps, steps, _ = make_deps()
+    start(deps, "r1")
+    steps.set_state("spotorch-r1-pre1", pp.JOB_STATE_DONE)
+    tick(deps)
+    run = start(deps, "r2", data_uri="gs://b/d2/")
+    assert steps.created == 1  # no second Dataflow job
+    assert run.status is RunStatus.STARTING and step(run).cache_hit
+    assert step(run).output_uri == step(load(deps, "r1")).output_uri
+
+
+def test_different_content_is_preprocessed_again() -> None:
+    deps, steps, outputs = make_deps()
+    outputs.folders["gs://b/d2/"] = {**CONTENT, "c.csv": (5, "crcC")}
+    start(deps, "r1")
+    steps.set_state("spotorch-r1-pre1", pp.JOB_STATE_DONE)
+    tick(deps)
+    run = start(deps, "r2", data_uri="gs://b/d2/")
+    assert steps.created == 2 and not step(run).cache_hit
+
+
+def test_a_failing_transform_fails_the_run_with_its_error_text() -> None:
+    deps, steps, _ = make_deps()
+    start(deps, "r1")
+    steps.set_state("spotorch-r1-pre1", pp.JOB_STATE_FAILED,
+                    error="Error message from worker: Traceback (most recent call last):\n"
+                          "ValueError: could not convert string to float: 'oops'")
+    tick(deps)
+    run = load(deps, "r1")
+    assert run.status is RunStatus.FAILED and run.attempts == ()
+    assert run.end_reason is not None and "could not convert string to float" in run.end_reason
+    assert "user_error" in run.end_reason and steps.created == 1
+
+
+def test_duplicated_and_late_answers_launch_nothing_more() -> None:
+    deps, steps, _ = make_deps()
+    start(deps, "r1")
+    done = steps.set_state("spotorch-r1-pre1", pp.JOB_STATE_DONE)
+    for _ in range(3):
+        apply(deps, "r1", [PreprocessObserved(done)])
+    late = replace(done, state="JOB_STATE_RUNNING")
+    apply(deps, "r1", [PreprocessObserved(late)])
+    run = load(deps, "r1")
+    assert run.status is RunStatus.STARTING and len(run.attempts) == 1 and steps.created == 1
+    assert kinds(deps).count("run.preprocess_ended") == 1
+
+
+def test_a_training_relaunch_never_repeats_the_finished_step() -> None:
+    deps, steps, _ = make_deps()
+    start(deps, "r1")
+    steps.set_state("spotorch-r1-pre1", pp.JOB_STATE_DONE)
+    tick(deps)
+    launcher, clock = deps.launcher, deps.clock
+    assert isinstance(launcher, InMemoryLauncher) and isinstance(clock, ManualClock)
+    first = launcher.job_of("r1", 1)
+    launcher.set_status(first, JobPhase.RUNNING)
+    tick(deps)
+    launcher.set_status(first, JobPhase.FAILED, failure=FailureClass.PREEMPTED)
+    tick(deps)
+    clock.advance(600)
+    tick(deps)
+    run = load(deps, "r1")
+    assert len(run.attempts) == 2 and steps.created == 1
+    second = launcher.jobs[launcher.job_of("r1", 2)]
+    assert second.spec.env[contract.ENV_DATA_URI] == step(run).output_uri
+
+
+def test_cancelling_the_run_cancels_its_dataflow_job() -> None:
+    deps, steps, _ = make_deps()
+    start(deps, "r1")
+    cancel_run(deps, "r1", "operator")
+    assert steps.cancelled == ["spotorch-r1-pre1"]
+    run = load(deps, "r1")
+    assert run.status is RunStatus.CANCELLING
+    tick(deps)  # the twin ended the job CANCELLED at once: GetJob says so
+    run = load(deps, "r1")
+    assert run.status is RunStatus.CANCELLED and step(run).phase is pp.StepPhase.CANCELLED
+
+
+def test_an_infrastructure_failure_relaunches_under_the_next_name() -> None:
+    deps, steps, _ = make_deps()
+    start(deps, "r1")
+    steps.set_state("spotorch-r1-pre1", pp.JOB_STATE_FAILED, error="Workflow failed: internal error")
+    tick(deps)
+    run = load(deps, "r1")
+    assert run.status is RunStatus.PREPROCESSING and steps.created == 2
+    assert step(run).job_name == "spotorch-r1-pre2"

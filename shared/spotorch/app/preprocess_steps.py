@@ -135,3 +135,27 @@ def poll(deps: Deps, run: Run) -> list[Observation]:
         log.warning("polling Dataflow job %s failed: %s", step.job_name, exc,
                     extra={"run_id": run.run_id})
         return []
+
+
+def status_changed(deps: Deps, hint: pp.StatusHint, event_id: str) -> Run | None:
+    """A Dataflow statusChanged event: a hint only. The job spotorch launched under that name is
+    read with GetJob and that answer (never the event's state) is what the run decides on; a job
+    spotorch did not launch, or of another project, is ignored (None)."""
+    if deps.project and hint.project != deps.project:
+        log.debug("statusChanged of project %s ignored", hint.project)
+        return None
+    run_id = owner_of(deps, hint.job_name) if hint.job_name else None
+    if run_id is None:
+        log.debug("statusChanged of Dataflow job %s (not spotorch's) ignored", hint.job_name)
+        return None
+    launcher = _launcher(deps)
+
+    def observe(fresh: Run) -> list[Observation]:
+        step = step_of(fresh)
+        if step is None or step.job_name != hint.job_name or not step.live:
+            return []  # an earlier launch's job, or a step that has ended: nothing to check
+        return [PreprocessObserved(launcher.get(hint.job_name, step.region))]
+
+    from spotorch.app.unit_of_work import apply
+
+    return apply(deps, run_id, observe, event_id=event_id)

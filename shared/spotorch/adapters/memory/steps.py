@@ -64,13 +64,15 @@ class InMemorySteps:
             if job is not None and job.view.state in LIVE_STATES:
                 job.view = replace(job.view, state="JOB_STATE_CANCELLED")
 
-    def set_state(self, job_name: str, state: str, error: str = "", **billed: float) -> JobView:
-        """Move a job to a state (test helper); billed: vcpu_s, memory_gb_s, pd_gb_s."""
+    def set_state(self, job_name: str, state: str, error: str = "", *, vcpu_s: float = 0.0,
+                  memory_gb_s: float = 0.0, pd_gb_s: float = 0.0) -> JobView:
+        """Move a job to a state, with its billed resources so far (test helper)."""
         with self._lock:
             job = self._newest(job_name)
             if job is None:
                 raise KeyError(job_name)
-            job.view = replace(job.view, state=state, error=error, **billed)
+            job.view = replace(job.view, state=state, error=error, vcpu_s=vcpu_s,
+                               memory_gb_s=memory_gb_s, pd_gb_s=pd_gb_s)
             return job.view
 
 

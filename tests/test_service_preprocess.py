@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fakes import fake_deps
-from spotorch.adapters.memory.steps import InMemorySteps, InMemoryStepOutputs
+from spotorch.adapters.memory.steps import InMemoryStepOutputs, InMemorySteps
 from spotorch.adapters.memory.twins import InMemoryLauncher, InMemoryPublisher, ManualClock
 from spotorch.app.deps import Deps
 from spotorch.app.runs import cancel_run, start_run

@@ -18,6 +18,7 @@ ENV_VERTEX_ENDPOINT = "SPOTORCH_VERTEX_ENDPOINT"
 # gs:// spec of spotorch's launcher flex template that runs a package's Beam module.
 ENV_DATAFLOW_ENDPOINT = "SPOTORCH_DATAFLOW_ENDPOINT"
 ENV_DATAFLOW_LAUNCHER = "SPOTORCH_DATAFLOW_LAUNCHER"
+ENV_DATAFLOW_SERVICE_ACCOUNT = "SPOTORCH_DATAFLOW_SERVICE_ACCOUNT"  # preprocess jobs' worker account
 # The access token sent to an emulator endpoint (the local stack's Vertex emulator knows the
 # caller by it); never set in production, where clients use Application Default Credentials.
 ENV_VERTEX_TOKEN = "SPOTORCH_VERTEX_TOKEN"
@@ -34,7 +35,7 @@ ENV_UNMATCHED_ALERT_AFTER = "SPOTORCH_UNMATCHED_ALERT_AFTER_S"
 
 FUNCTION_ENV = (
     ENV_PROJECT, ENV_REGION, ENV_EVENTS_TOPIC, ENV_TRAINER_EVENTS_TOPIC, ENV_PIPELINES,
-    ENV_TRAINING_SERVICE_ACCOUNT, ENV_FIRESTORE_DATABASE,
+    ENV_TRAINING_SERVICE_ACCOUNT, ENV_FIRESTORE_DATABASE, ENV_DATAFLOW_SERVICE_ACCOUNT,
 )
 
 # Pub/Sub topics (short names; the project is added at run time).
@@ -105,6 +106,7 @@ class Settings:
     unmatched_alert_after_s: float = 600.0
     dataflow_endpoint: str | None = None
     dataflow_launcher: str | None = None
+    dataflow_service_account: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -128,6 +130,7 @@ class Settings:
                                              cls.unmatched_alert_after_s),
             dataflow_endpoint=env.get(ENV_DATAFLOW_ENDPOINT) or None,
             dataflow_launcher=env.get(ENV_DATAFLOW_LAUNCHER) or None,
+            dataflow_service_account=env.get(ENV_DATAFLOW_SERVICE_ACCOUNT) or None,
         )
 
     def topic_path(self, topic: str) -> str:

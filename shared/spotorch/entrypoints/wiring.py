@@ -63,6 +63,7 @@ def production_deps(settings: Settings | None = None) -> Deps:
         unmatched_alert_after_s=settings.unmatched_alert_after_s,
         # issue 31: clients on first use: only pipelines with a `preprocess` step call them.
         steps=DataflowStepLauncher(settings.project, launcher_template=settings.dataflow_launcher,
+                                   service_account=settings.dataflow_service_account,
                                    endpoint=settings.dataflow_endpoint,
                                    token=settings.vertex_token),
         step_outputs=GcsStepOutputs(project=settings.project),

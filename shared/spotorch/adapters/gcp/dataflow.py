@@ -35,9 +35,11 @@ class DataflowStepLauncher:
     """StepLauncher: Flex Template launches, GetJob/ListJobs, job messages and metrics, cancels."""
 
     def __init__(self, project: str, *, launcher_template: str | None = None,
-                 endpoint: str | None = None, token: str | None = None) -> None:
+                 service_account: str | None = None, endpoint: str | None = None,
+                 token: str | None = None) -> None:
         self.project = project
         self.launcher_template = launcher_template
+        self.service_account = service_account  # spotorch-dataflow, unless the step names one
         self.endpoint = endpoint
         self.token = token
         self._clients: dict[str, Any] = {}
@@ -79,7 +81,7 @@ class DataflowStepLauncher:
         environment = df.FlexTemplateRuntimeEnvironment(
             max_workers=request.max_workers, machine_type=request.machine_type,
             temp_location=request.temp_uri, staging_location=request.temp_uri,
-            service_account_email=request.service_account or "",
+            service_account_email=request.service_account or self.service_account or "",
             additional_user_labels=dict(request.labels))
         parameter = df.LaunchFlexTemplateParameter(
             job_name=request.job_name, container_spec_gcs_path=template,

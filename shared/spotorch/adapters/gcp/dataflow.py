@@ -58,14 +58,15 @@ class DataflowStepLauncher:
                "messages": df.MessagesV1Beta3Client, "metrics": df.MetricsV1Beta3Client}[kind]
         if not self.endpoint:
             return cls()
-        from google.auth.credentials import AnonymousCredentials
         from google.oauth2.credentials import Credentials
 
         # The emulator checks the caller by its bearer token (the local stack's IAM), as the
-        # Vertex emulator does; without one the call is anonymous.
-        credentials = Credentials(self.token) if self.token else AnonymousCredentials()
+        # Vertex emulator does. The REST session needs credentials of some kind: without a
+        # token, one the emulator does not know (refused when it checks IAM).
+        credentials = Credentials(self.token or "no-token")
+        endpoint = self.endpoint if "://" in self.endpoint else f"http://{self.endpoint}"
         return cls(transport="rest", credentials=credentials,
-                   client_options={"api_endpoint": self.endpoint})
+                   client_options={"api_endpoint": endpoint})
 
     # --- StepLauncher -----------------------------------------------------------------------
 
@@ -91,7 +92,7 @@ class DataflowStepLauncher:
                 request=df.LaunchFlexTemplateRequest(project_id=self.project,
                                                      location=request.region,
                                                      launch_parameter=parameter))
-        except exceptions.AlreadyExists:
+        except exceptions.Conflict:  # ALREADY_EXISTS (409): a live job of that name
             found = self._find(request.job_name, request.region, active_only=True)
             if found is not None:
                 return found

@@ -1,7 +1,7 @@
 """The example's preprocess step: an Apache Beam pipeline that normalizes the CSV shards.
 
     python -m spotorch_example.preprocess --input gs://B/snapshot/ --output gs://B/out/KEY/
-        [--num_shards 2] [Beam options: --runner DataflowRunner --project ... --region ...]
+        [--num_shards 2] [--expected_features N] [Beam options: --runner DataflowRunner --project ... --region ...]
 
 Reads every *.csv under --input (a header line f0..fN,label, then rows), scales each feature to
 zero mean and unit variance over the whole snapshot (one pass for the statistics, one to apply
@@ -23,11 +23,15 @@ from typing import Any
 LABEL = "label"
 
 
-def parse_row(line: str, width: int) -> tuple[list[float], int]:
-    """(features, label) of one CSV data line; ValueError naming the line when it is malformed."""
+def parse_row(line: str, width: int, expected: int | None = None) -> tuple[list[float], int]:
+    """(features, label) of one CSV data line; ValueError naming the line when it is malformed
+    or (expected) does not have the number of features the model takes."""
     fields = line.split(",")
     if len(fields) != width:
         raise ValueError(f"row has {len(fields)} fields, the header {width}: {line[:80]!r}")
+    if expected is not None and len(fields) - 1 != expected:
+        raise ValueError(f"row has {len(fields) - 1} features, the model takes {expected} "
+                         f"(--expected_features): {line[:40]!r}...")
     try:
         return [float(v) for v in fields[:-1]], int(fields[-1])
     except ValueError as exc:
@@ -104,6 +108,8 @@ def run(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--input", required=True)
     parser.add_argument("--output", required=True)
     parser.add_argument("--num_shards", type=int, default=2)
+    parser.add_argument("--expected_features", type=int, default=None,
+                        help="fail on rows with another number of features")
     known, beam_args = parser.parse_known_args(argv)
     pattern = known.input.rstrip("/") + "/*.csv"
     matched = FileSystems.match([pattern])[0].metadata_list
@@ -118,7 +124,7 @@ def run(argv: Sequence[str] | None = None) -> None:
         rows = (pipeline
                 | "Read shards" >> ReadFromTextWithFilename(pattern)
                 | "Drop headers" >> beam.FlatMap(_data_lines)
-                | "Parse rows" >> beam.Map(parse_row, width))
+                | "Parse rows" >> beam.Map(parse_row, width, known.expected_features))
         stats = (rows
                  | "Features" >> beam.Map(lambda r: r[0])
                  | "Moments" >> beam.CombineGlobally(_moments_fn()))

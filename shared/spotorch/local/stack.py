@@ -32,6 +32,7 @@ from spotorch.local import _stack_emulators as _emu
 from spotorch.local._stack_alerts import ALERTS_FILE, AlertReceivers, read_alerts
 from spotorch.local._stack_config import (
     CLOUDEVENT,
+    DATAFLOW_LAUNCHER,
     DEAD_LETTER_SUBSCRIPTION,
     DEFAULT_FUNCTIONS,
     DEFAULT_ROUTES,
@@ -353,6 +354,9 @@ class DevStack:
             env[S.ENV_LOGGING_ENDPOINT] = f"{HOST}:{procs.vertex_port}"
             if self.config.vertex_iam:  # this process and the CLI call as the operator
                 env.update(self.identities.operator_env())
+        if procs.dataflow_port is not None:  # issue 31: preprocess steps on the local Dataflow
+            env[S.ENV_DATAFLOW_ENDPOINT] = f"http://{HOST}:{procs.dataflow_port}"
+            env[S.ENV_DATAFLOW_LAUNCHER] = DATAFLOW_LAUNCHER
         if "api" in procs.function_ports:
             env["SPOTORCH_API_URL"] = self.function_url("api")
         return env

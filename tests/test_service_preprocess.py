@@ -5,6 +5,10 @@ cancels, duplicated and lost events."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
 
 from fakes import fake_deps
 from spotorch.adapters.memory.steps import InMemoryStepOutputs, InMemorySteps
@@ -188,3 +192,72 @@ def test_an_infrastructure_failure_relaunches_under_the_next_name() -> None:
     run = load(deps, "r1")
     assert run.status is RunStatus.PREPROCESSING and steps.created == 2
     assert step(run).job_name == "spotorch-r1-pre2"
+
+
+# --- the statusChanged event through the function (functions-framework's test client) --------
+
+MAIN = str(Path(__file__).resolve().parent.parent / "functions" / "main.py")
+
+
+def status_event(job: pp.JobView, event_id: str, state: str | None = None,
+                 project: str = "") -> Any:
+    from cloudevents.http import CloudEvent
+
+    return CloudEvent({"type": pp.STATUS_CHANGED_TYPE, "id": event_id,
+                       "source": "//dataflow.googleapis.com/projects/p/locations/us-central1",
+                       "subject": f"jobs/{job.job_id}"},
+                      {"payload": {"id": job.job_id, "projectId": project or "spotorch-test",
+                                   "name": job.name, "location": "us-central1",
+                                   "currentState": state or job.state,
+                                   "type": "JOB_TYPE_BATCH"}})
+
+
+def post_event(event: Any) -> Any:
+    import functions_framework
+    from cloudevents.conversion import to_binary
+
+    headers, body = to_binary(event)
+    app = functions_framework.create_app("on_job_event", MAIN, "cloudevent").test_client()
+    return app.post("/", headers=headers, data=body)
+
+
+@pytest.fixture
+def wired(monkeypatch: pytest.MonkeyPatch) -> tuple[Deps, InMemorySteps]:
+    from spotorch.entrypoints import functions as entry
+
+    deps, steps, _ = make_deps()
+    deps = replace(deps, project="spotorch-test")
+    monkeypatch.setattr(entry, "deps", lambda: deps)
+    return deps, steps
+
+
+def test_a_status_changed_event_is_checked_against_get_job(
+        wired: tuple[Deps, InMemorySteps]) -> None:
+    deps, steps = wired
+    start(deps, "r1")
+    running = steps.set_state("spotorch-r1-pre1", "JOB_STATE_RUNNING")
+    # the event claims DONE; GetJob says RUNNING: the run keeps preprocessing
+    assert post_event(status_event(running, "e1", state=pp.JOB_STATE_DONE)).status_code == 200
+    assert load(deps, "r1").status is RunStatus.PREPROCESSING
+    assert step(load(deps, "r1")).phase is pp.StepPhase.RUNNING
+    done = steps.set_state("spotorch-r1-pre1", pp.JOB_STATE_DONE)
+    assert post_event(status_event(done, "e2")).status_code == 200
+    assert load(deps, "r1").status is RunStatus.STARTING
+    # a redelivery and a job spotorch never launched change nothing
+    assert post_event(status_event(done, "e2")).status_code == 200
+    stranger = pp.JobView(job_id="x", name="someone-elses-job", state=pp.JOB_STATE_DONE)
+    assert post_event(status_event(stranger, "e3")).status_code == 200
+    assert len(load(deps, "r1").attempts) == 1
+
+
+def test_a_malformed_status_changed_event_is_acknowledged_and_recorded(
+        wired: tuple[Deps, InMemorySteps]) -> None:
+    from cloudevents.http import CloudEvent
+
+    deps, _ = wired
+    bad = CloudEvent({"type": pp.STATUS_CHANGED_TYPE, "id": "bad1",
+                      "source": "//dataflow.googleapis.com/projects/p/locations/l"},
+                     {"payload": {"id": "j", "currentState": "DONE"}})
+    assert post_event(bad).status_code == 200
+    record, _ = deps.docs.get("rejected_events", "bad1")
+    assert record is not None and "lacks" in record["reason"]

@@ -159,7 +159,13 @@ def with_machine(template: JobTemplate, machine_type: str | None) -> JobTemplate
 def stage_packages(deps: Deps, spec: LaunchSpec) -> None:
     """Upload the built Python packages a job runs that the staging bucket lacks (the pipeline
     was validated and its packages built where it was deployed: spotorch.spec.packages)."""
-    for pool in spec.template.worker_pools:
+    stage_template_packages(deps, spec.template)
+
+
+def stage_template_packages(deps: Deps, template: JobTemplate) -> None:
+    """Upload the built packages of a job template's pools that the staging bucket lacks (the
+    training's, and the preprocess step's: its Beam module comes from the chief's package)."""
+    for pool in template.worker_pools:
         package = pool.python_package
         if package is not None:
             for uri, path in zip(package.package_uris, package.staged_files, strict=False):

@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 from spotorch.app.deps import Deps
+from spotorch.app.launch_specs import stage_template_packages
 from spotorch.core import preprocess as pp
 from spotorch.core.intents import (
     PREPROCESS_CANCEL,
@@ -65,6 +66,8 @@ def perform(deps: Deps, run: Run, intent: PreprocessIntent) -> Observation | Non
     if intent.action == PREPROCESS_LAUNCH:
         if step.job_name != intent.job_name or not step.live:
             return IntentDone(intent.id)  # the step moved on: this launch is no longer wanted
+        if pipeline.preprocess is not None and pipeline.preprocess.python_module:
+            stage_template_packages(deps, pipeline.job)  # the launcher installs the package
         try:
             job = _launcher(deps).launch(launch_request(deps, run, step))
         except StepLaunchError as exc:

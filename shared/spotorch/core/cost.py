@@ -319,7 +319,9 @@ def ledger(run: Run, pipeline: Pipeline | None, now: float,
     if step_cost:
         basis.append(f"Dataflow: {DATAFLOW_PRICE_SOURCE}")
     total = sum(line.cost for line in lines) + probe_cost + step_cost
-    standard_equivalent = standard_useful + (startup[0] / 3600 * startup[1] if startup else 0.0)
+    # The preprocess step runs on Dataflow either way: the same cost on both sides.
+    standard_equivalent = standard_useful + (startup[0] / 3600 * startup[1] if startup else 0.0) \
+        + step_cost
     result = result_of(run)
     savings = standard_equivalent - total if result is RunResult.RESULT and not unpriced else None
     return Ledger(

@@ -1,7 +1,8 @@
 """The example's preprocess step: an Apache Beam pipeline that normalizes the CSV shards.
 
     python -m spotorch_example.preprocess --input gs://B/snapshot/ --output gs://B/out/KEY/
-        [--num_shards 2] [--expected_features N] [Beam options: --runner DataflowRunner --project ... --region ...]
+        [--num_shards 2] [--expected_features N]
+        [Beam options: --runner DataflowRunner --project ... --region ...]
 
 Reads every *.csv under --input (a header line f0..fN,label, then rows), scales each feature to
 zero mean and unit variance over the whole snapshot (one pass for the statistics, one to apply

@@ -4,6 +4,7 @@ cancels, duplicated and lost events."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -261,3 +262,40 @@ def test_a_malformed_status_changed_event_is_acknowledged_and_recorded(
     assert post_event(bad).status_code == 200
     record, _ = deps.docs.get("rejected_events", "bad1")
     assert record is not None and "lacks" in record["reason"]
+
+
+# --- what operators see: `spotorch show` and the web view's run page ----------------------------
+
+
+def test_show_and_the_run_page_tell_the_step(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from spotorch.app.queries import DocumentRunReader, DocumentSweepReader
+    from spotorch.app.views import run_view
+    from spotorch.operate.backend import Backend
+    from spotorch.operate.cli import cli
+    from spotorch.operate.logsource import LocalWorkerLogs
+    from spotorch.operate.ui.pages import run_page
+
+    deps, steps, _ = make_deps()
+    start(deps, "r1")
+    steps.set_state("spotorch-r1-pre1", pp.JOB_STATE_DONE, vcpu_s=7200.0)
+    tick(deps)
+    start(deps, "r2", data_uri="gs://b/d2/")
+    backend = Backend(reader=DocumentRunReader(deps.docs), sweeps=DocumentSweepReader(deps.docs),
+                      actions=None,  # type: ignore[arg-type]  # show needs no actions
+                      logs=LocalWorkerLogs(tmp_path / "vertex"), pipelines=deps.pipelines,
+                      clock=deps.clock.now)
+    first = CliRunner().invoke(cli, ["show", "r1"], obj=backend, prog_name="spotorch")
+    assert first.exit_code == 0, first.output
+    flat = " ".join(first.output.split())
+    assert "preprocess" in flat and "DONE JOB_STATE_DONE" in flat
+    assert "spotorch-r1-pre1" in flat and step(load(deps, "r1")).output_uri in flat
+    assert "miss: key" in flat and "the preprocess step cost" in flat
+    second = CliRunner().invoke(cli, ["show", "r2", "--json"], obj=backend, prog_name="spotorch")
+    view = json.loads(second.output)
+    assert view["preprocess"]["cache_hit"] is True and view["preprocess"]["job_name"] is None
+    assert view["preprocess"]["cost"] == 0.0
+    page = run_page(run_view(load(deps, "r2"), deps.pipeline("p"), deps.clock.now()), "",
+                    target="local", refresh_s=0)
+    assert '<section class="preprocess cache-hit">' in page and "hit (output reused)" in page

@@ -299,3 +299,28 @@ def test_show_and_the_run_page_tell_the_step(tmp_path: Path) -> None:
     page = run_page(run_view(load(deps, "r2"), deps.pipeline("p"), deps.clock.now()), "",
                     target="local", refresh_s=0)
     assert '<section class="preprocess cache-hit">' in page and "hit (output reused)" in page
+
+
+def test_a_launch_refused_for_good_ends_the_run_failed_launch() -> None:
+    from spotorch.ports.steps import StepLaunchError
+
+    deps, steps, _ = make_deps()
+    steps.fail_launch = StepLaunchError("Permission 'dataflow.jobs.create' denied", permanent=True)
+    run = start(deps, "r1")
+    assert run.status is RunStatus.FAILED_LAUNCH and steps.created == 0
+    assert run.end_reason is not None and "dataflow.jobs.create" in run.end_reason
+
+
+def test_a_transient_launch_failure_is_retried_by_the_tick() -> None:
+    from spotorch.ports.steps import StepLaunchError
+
+    deps, steps, _ = make_deps()
+    steps.fail_launch = StepLaunchError("503 Service Unavailable")
+    run = start(deps, "r1")
+    assert run.status is RunStatus.PREPROCESSING and steps.created == 0
+    steps.fail_launch = None
+    clock = deps.clock
+    assert isinstance(clock, ManualClock)
+    clock.advance(600)  # the launch intent's claim has lapsed: the tick takes it over
+    tick(deps)
+    assert steps.created == 1 and step(load(deps, "r1")).job_name == "spotorch-r1-pre1"

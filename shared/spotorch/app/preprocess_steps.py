@@ -73,10 +73,10 @@ def perform(deps: Deps, run: Run, intent: PreprocessIntent) -> Observation | Non
         except StepLaunchError as exc:
             if not exc.permanent:
                 raise
-            # Refused for good: the step ends as a launch failure of infrastructure class with
-            # Dataflow's words, through the same path as a failed job (its budget applies).
+            # Refused for good (bad spec, permissions, no launcher template): the run ends
+            # FAILED_LAUNCH with Dataflow's words, through the same path as a failed job.
             job = pp.JobView(job_id="", name=intent.job_name, state=pp.JOB_STATE_FAILED,
-                             error=f"Dataflow refused the job: {exc}")
+                             error=f"Dataflow refused the job: {exc}", refused=True)
         _record(deps, run, intent.job_name)
         return PreprocessObserved(job, intent.id)
     if intent.action == PREPROCESS_CANCEL:

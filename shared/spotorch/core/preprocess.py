@@ -199,6 +199,7 @@ class JobView:
     vcpu_s: float = 0.0
     memory_gb_s: float = 0.0
     pd_gb_s: float = 0.0
+    refused: bool = False  # the launch was refused for good (bad spec, permissions): no job
 
 
 @dataclass(frozen=True)
@@ -271,6 +272,7 @@ RUN_STATUS_ON_FAILURE: Mapping[FailureClass, RunStatus] = {
     FailureClass.QUOTA: RunStatus.FAILED_QUOTA,
     FailureClass.TIMEOUT: RunStatus.FAILED_TIMEOUT,
     FailureClass.CANCELLED: RunStatus.CANCELLED,
+    FailureClass.LAUNCH_REJECTED: RunStatus.FAILED_LAUNCH,
 }
 
 
@@ -346,7 +348,8 @@ def on_job(step: PreprocessStep, spec: Preprocess, job: JobView | None, now: flo
         return StepDecision(replace(ended, phase=StepPhase.DONE), StepAction.TRAIN,
                             reason=f"Dataflow job {job.name} ended {JOB_STATE_DONE}")
     # A job we cancelled for its timeout ends CANCELLED: it is still the timeout.
-    failure = (FailureClass.TIMEOUT if step.failure is FailureClass.TIMEOUT
+    failure = (FailureClass.LAUNCH_REJECTED if job.refused
+               else FailureClass.TIMEOUT if step.failure is FailureClass.TIMEOUT
                else classify(job.state, job.error))
     error = job.error.strip() or f"the Dataflow job ended {job.state}"
     counts = {**step.failures, str(failure): step.failures.get(str(failure), 0) + 1}

@@ -343,3 +343,44 @@ def test_the_ledger_counts_the_steps_dataflow_resources_and_not_a_cache_hit() ->
     assert book.total == pytest.approx(2 * DATAFLOW_VCPU_HOUR)
     assert "preprocess step cost" in book.sentence()
     assert any("dataflow/pricing" in b for b in book.basis)
+
+
+def test_the_alerts_say_what_the_step_did() -> None:
+    from spotorch.core.alerts import render_alert
+    from spotorch.core.events import build_event
+
+    def headline(kind: str, **data: object) -> str:
+        event = build_event(run_id="prep-r1", pipeline="prep", sequence=3, kind=kind, data=data,
+                            time=1.0)
+        return render_alert(event).headline
+
+    assert "spotorch-prep-r1-pre1" in headline(
+        "run.preprocess_started", job_name="spotorch-prep-r1-pre1", launch=1,
+        output_uri="gs://o/k/", previous_error=None)
+    assert "reused from the cache" in headline("run.preprocess_ended", cache_hit=True,
+                                               phase="DONE", output_uri="gs://o/k/")
+    failed = headline("run.preprocess_ended", cache_hit=False, phase="FAILED",
+                      failure_class="user_error", error="ValueError: bad row")
+    assert "user_error" in failed and "ValueError: bad row" in failed
+
+
+def test_deploy_packaging_collects_the_preprocess_buckets(tmp_path: Path) -> None:
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("spotorch_deploy_package",
+                                                  Path(__file__).resolve().parent.parent
+                                                  / "deploy" / "package.py")
+    assert spec is not None and spec.loader is not None
+    package = sys.modules.get(spec.name) or importlib.util.module_from_spec(spec)
+    if spec.name not in sys.modules:
+        sys.modules[spec.name] = package
+        spec.loader.exec_module(package)
+    path = tmp_path / "p.yaml"
+    path.write_text(BASE.replace("job:\n", "job:\n  service_account: own@p.iam.gserviceaccount.com\n")
+                    + "preprocess:\n  python_module: trainer.preprocess\n"
+                      "  output_uri: gs://prep-out/prep\n")
+    tfvars = package.pipeline_needs([path]).tfvars()
+    assert tfvars["pipeline_preprocess_buckets"] == ["prep-out"]
+    assert "prep-out" not in tfvars["pipeline_model_buckets"]  # not a model bucket
+    assert "own@p.iam.gserviceaccount.com prep-out" in tfvars["pipeline_account_data_buckets"]

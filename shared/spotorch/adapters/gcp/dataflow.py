@@ -132,8 +132,9 @@ class DataflowStepLauncher:
             project_id=self.project, location=region, job_id=found.job_id))
         state = _state_name(job.current_state) or found.state
         error = self._errors(found.job_id, region) if state == "JOB_STATE_FAILED" else ""
-        billed = self._metrics(found.job_id, region)
-        return JobView(job_id=job.id, name=job.name, state=state, error=error, **billed)
+        vcpu_s, memory_gb_s, pd_gb_s = self._metrics(found.job_id, region)
+        return JobView(job_id=job.id, name=job.name, state=state, error=error, vcpu_s=vcpu_s,
+                       memory_gb_s=memory_gb_s, pd_gb_s=pd_gb_s)
 
     def cancel(self, job_name: str, region: str) -> None:
         """StepLauncher.cancel: UpdateJob with requested_state JOB_STATE_CANCELLED."""
@@ -175,7 +176,8 @@ class DataflowStepLauncher:
                 minimum_importance=df.JobMessageImportance.JOB_MESSAGE_ERROR))]
         return "\n".join(texts)[-ERROR_TEXT_LIMIT:]
 
-    def _metrics(self, job_id: str, region: str) -> dict[str, float]:
+    def _metrics(self, job_id: str, region: str) -> tuple[float, float, float]:
+        """(vCPU-seconds, memory GB-seconds, disk GB-seconds) Dataflow bills the job for."""
         from google.cloud import dataflow_v1beta3 as df
 
         metrics = self._client("metrics").get_job_metrics(request=df.GetJobMetricsRequest(
@@ -185,9 +187,8 @@ class DataflowStepLauncher:
             name = update.name.name
             if name in (METRIC_VCPU, METRIC_MEMORY_MB, METRIC_PD_GB):
                 values[name] = max(values.get(name, 0.0), _number(update.scalar))
-        return {"vcpu_s": values.get(METRIC_VCPU, 0.0),
-                "memory_gb_s": values.get(METRIC_MEMORY_MB, 0.0) / 1024,
-                "pd_gb_s": values.get(METRIC_PD_GB, 0.0)}
+        return (values.get(METRIC_VCPU, 0.0), values.get(METRIC_MEMORY_MB, 0.0) / 1024,
+                values.get(METRIC_PD_GB, 0.0))
 
 
 def _state_name(state: Any) -> str:

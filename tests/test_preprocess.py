@@ -8,6 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from spotorch.core import preprocess as pp
 from spotorch.core.cost import DATAFLOW_VCPU_HOUR, ledger, preprocess_cost
@@ -384,3 +386,22 @@ def test_deploy_packaging_collects_the_preprocess_buckets(tmp_path: Path) -> Non
     assert tfvars["pipeline_preprocess_buckets"] == ["prep-out"]
     assert "prep-out" not in tfvars["pipeline_model_buckets"]  # not a model bucket
     assert "own@p.iam.gserviceaccount.com prep-out" in tfvars["pipeline_account_data_buckets"]
+
+
+# --- any duplication or reordering of the job's answers: one outcome -----------------------------
+
+_TRAJECTORY = ("JOB_STATE_QUEUED", "JOB_STATE_PENDING", "JOB_STATE_RUNNING", pp.JOB_STATE_DONE)
+
+
+@given(st.lists(st.sampled_from(_TRAJECTORY), min_size=1, max_size=12))
+def test_duplicated_and_reordered_answers_end_done_once(states: list[str]) -> None:
+    step = launched()
+    trains = 0
+    for i, state in enumerate(states):
+        decision = pp.on_job(step, STEP, job(step, state), 110.0 + i, "prep-r1")
+        step = decision.step
+        trains += decision.action is pp.StepAction.TRAIN
+        assert decision.action is not pp.StepAction.LAUNCH  # never a second job
+    assert trains == (1 if pp.JOB_STATE_DONE in states else 0)
+    assert (step.phase is pp.StepPhase.DONE) == (pp.JOB_STATE_DONE in states)
+    assert step.launches == 1

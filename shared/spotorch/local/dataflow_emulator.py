@@ -349,7 +349,11 @@ class DataflowEmulator:
                    "ce-id": str(uuid.uuid4()), "ce-type": STATUS_CHANGED_TYPE,
                    "ce-source": f"//{SERVICE_HOST}/projects/{job.project}/locations/"
                                 f"{job.location}",
-                   "ce-subject": f"jobs/{job.id}", "ce-time": _rfc3339(time.time())}
+                   "ce-subject": f"jobs/{job.id}", "ce-time": _rfc3339(time.time()),
+                   # google-cloudevents' extension attribute `job`, "the name of the Job
+                   # triggering the event": which name (id or job name) is not said; spotorch
+                   # reads neither (the data's payload names the job).
+                   "ce-job": job.id}
         url = self.events_url
         threading.Thread(target=_deliver, args=(url, body, headers), daemon=True).start()
 

@@ -405,3 +405,15 @@ def test_duplicated_and_reordered_answers_end_done_once(states: list[str]) -> No
     assert trains == (1 if pp.JOB_STATE_DONE in states else 0)
     assert (step.phase is pp.StepPhase.DONE) == (pp.JOB_STATE_DONE in states)
     assert step.launches == 1
+
+
+def test_a_local_stack_without_dataflow_leaves_a_preprocess_pipeline_out_saying_why(
+        tmp_path: Path) -> None:
+    from spotorch.local._stack_pipelines import check_pipelines
+
+    (tmp_path / "p.yaml").write_text(BASE + "preprocess:\n  template_uri: gs://tmpl/t.json\n"
+                                            "  output_uri: gs://prep-out/prep\n")
+    without = check_pipelines(tmp_path, dataflow=False)
+    assert not without.loaded
+    assert "spotorch dev up --dataflow" in " ".join(next(iter(without.rejected.values())))
+    assert [p.name for p in check_pipelines(tmp_path).loaded] == ["prep"]

@@ -154,7 +154,8 @@ class DevStack:
         if cfg.fresh:
             self.wipe_data()
         if self._pipelines_source is not None:
-            self._activate(check_pipelines(self._pipelines_source.resolve()))
+            self._activate(check_pipelines(self._pipelines_source.resolve(),
+                                           dataflow=self.config.dataflow))
         if cfg.receivers:
             self.receivers = AlertReceivers(self.run_dir / ALERTS_FILE)
             self.receivers.start()
@@ -289,7 +290,8 @@ class DevStack:
                 self._pipelines_source = source.resolve()
             if self._pipelines_source is None:
                 raise StackError("this stack serves no pipelines directory")
-            pipelines = self._activate(check_pipelines(self._pipelines_source))
+            pipelines = self._activate(check_pipelines(self._pipelines_source,
+                                                      dataflow=self.config.dataflow))
             self._gcs.create_buckets(pipelines.buckets)
             self.processes.respawn(*[k for k in self.processes.children
                                      if k.startswith("function:")])

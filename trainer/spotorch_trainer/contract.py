@@ -133,8 +133,9 @@ EVENT_DATA_FIELDS = ("event_id", "kind", "run_id", "attempt", "pipeline", "step"
 # Optional keys (training health; absent from older trainers):
 # "nonfinite": names of metrics whose value was NaN or infinite (left out of "metrics", which
 #   has no JSON spelling for them); "report_interval_s": the trainer's progress interval;
-# "checkpoint_s": how long the reported checkpoint took to write.
-EVENT_HEALTH_FIELDS = ("nonfinite", "report_interval_s", "checkpoint_s")
+# "checkpoint_s": how long the reported checkpoint took to write; "replica_step_s": each
+# training rank's own mean step time since the chief's last report (Run.agree_step_times).
+EVENT_HEALTH_FIELDS = ("nonfinite", "report_interval_s", "checkpoint_s", "replica_step_s")
 
 
 def checkpoint_uri(root: str, step: int) -> str:

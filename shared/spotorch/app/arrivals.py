@@ -64,7 +64,10 @@ def start_snapshot_run(deps: Deps, snap: SnapshotReady, why: str) -> Run | None:
         return None
     run = start_run(deps, snap.pipeline, run_id=intake.run_id_for(snap.pipeline, snap.snapshot_id),
                     data_uri=snap.data_uri, snapshot_id=snap.snapshot_id,
-                    reason=f"data snapshot {snap.data_uri} {why}")
+                    reason=f"data snapshot {snap.data_uri} {why}",
+                    objects=tuple(zip(snap.objects, snap.generations, strict=True)),
+                    # A BigQuery snapshot's map (the bq intake's), carried into provenance as is.
+                    bigquery=getattr(snap, "bigquery", None))
     # Also when skipped (no run): it must not come back.
     intake.mark_dispatched(snap, docs=deps.docs, started=run.run_id if run else None)
     log.info("snapshot %s ready", snap.snapshot_id,

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,10 +22,13 @@ from spotorch.app.deps import (
 )
 from spotorch.app.spot_record import shape_of
 from spotorch.app.unit_of_work import apply, carry_out
+from spotorch.core import provenance, shapes
 from spotorch.core.decide import new_run
 from spotorch.core.ids import check_id
 from spotorch.core.model import Checkpoint, Run, RunStatus
 from spotorch.core.observations import CancelRequested, error_line
+from spotorch.core.pipeline import Pipeline
+from spotorch.core.triggers import split_gs_uri
 from spotorch.logs import shorten
 from spotorch.ports.store import ConflictError, DocumentStore
 from spotorch.settings import COLLECTION_REJECTED
@@ -37,10 +43,16 @@ def start_run(deps: Deps, pipeline_name: str, *, run_id: str, data_uri: str,
               snapshot_id: str | None, reason: str,
               resume_from: Checkpoint | None = None, retry_of: str | None = None,
               sweep_id: str | None = None,
-              params: Mapping[str, Any] | None = None) -> Run | None:
+              params: Mapping[str, Any] | None = None,
+              objects: Sequence[tuple[str, int]] = (),
+              bigquery: Mapping[str, Any] | None = None,
+              hardware: Mapping[str, Any] | None = None,
+              rerun_of: Run | None = None) -> Run | None:
     """Create the run of a snapshot exactly once; apply the pipeline's rule for an active run.
 
-    A sweep's trial (sweep_id set) runs alongside the others: its sweep decides parallelism."""
+    A sweep's trial (sweep_id set) runs alongside the others: its sweep decides parallelism.
+    objects (name, generation) and bigquery (the snapshot's map) go into the run's provenance;
+    rerun_of: the run whose recorded inputs this one runs on (spotorch.core.provenance)."""
     pipeline = deps.pipeline(pipeline_name)
     existing, _ = deps.runs.load(run_id)
     if existing is not None:
@@ -52,7 +64,14 @@ def start_run(deps: Deps, pipeline_name: str, *, run_id: str, data_uri: str,
         log.info("snapshot %s skipped: run %s is active", snapshot_id, active[0].run_id)
         return None
     now = deps.clock.now()
-    cache = probe_cache(deps, pipeline) if pipeline.hardware is not None else None
+    if rerun_of is not None and rerun_of.provenance:
+        prov = provenance.for_rerun(rerun_of.provenance, rerun_of.run_id, pipeline)
+    else:
+        prov = _provenance(pipeline, run_id, data_uri, objects, bigquery, params, hardware)
+    write_inputs_manifest(deps, prov, objects)
+    # A hardware choice given (a rerun's) is final: no probing.
+    cache = probe_cache(deps, pipeline) if pipeline.hardware is not None and hardware is None \
+        else None
     run = new_run(run_id=run_id, pipeline=pipeline, now=now,
                          data_uri=data_uri, snapshot_id=snapshot_id,
                          queued=bool(active) and rule == "queue", resume_from=resume_from,
@@ -61,7 +80,8 @@ def start_run(deps: Deps, pipeline_name: str, *, run_id: str, data_uri: str,
                                                    now),
                          hardware_cache=cache,
                          outlook=hardware_outlook(deps, pipeline, now) if cache else None,
-                         prices=deps.prices, key_seed=key_seed())
+                         prices=deps.prices, key_seed=key_seed(), hardware=hardware,
+                         provenance=prov, rerun_of=rerun_of.run_id if rerun_of else None)
     try:
         version = deps.runs.save(run, None)
     except ConflictError:
@@ -71,6 +91,34 @@ def start_run(deps: Deps, pipeline_name: str, *, run_id: str, data_uri: str,
         for old in active:
             cancel_run(deps, old.run_id, f"superseded by run {run_id}")
     return run
+
+
+def _provenance(pipeline: Pipeline, run_id: str, data_uri: str,
+                objects: Sequence[tuple[str, int]], bigquery: Mapping[str, Any] | None,
+                params: Mapping[str, Any] | None,
+                hardware: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A new run's provenance, from its snapshot and the pipeline as the run launches it."""
+    bucket = split_gs_uri(data_uri)[0] if data_uri.startswith("gs://") else None
+    data = provenance.data_of(pipeline, data_uri, bucket or None, objects, bigquery)
+    return provenance.build(pipeline=pipeline, run_id=run_id, data=data, params=params,
+                            hardware=hardware,
+                            template=shapes.run_pipeline(pipeline, hardware).job)
+
+
+def write_inputs_manifest(deps: Deps, prov: Mapping[str, Any],
+                          objects: Sequence[tuple[str, int]]) -> None:
+    """The inputs manifest the trainer reads its objects from, at their generations: written
+    once (create-if-absent; its name is its objects' digest), before the run exists, so a crash
+    leaves at most an unused manifest. A rerun's is its origin's, there already."""
+    data = prov.get("data") or {}
+    uri = data.get("manifest_uri")
+    if not uri or not objects:
+        return
+    body = json.dumps(provenance.manifest(data, objects), sort_keys=True).encode()
+    with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
+        tmp.write(body)
+        tmp.flush()
+        deps.objects.ensure_file(str(uri), tmp.name)
 
 
 # ---------------------------------------------------------------- operator actions
@@ -96,6 +144,34 @@ def retry_run(deps: Deps, run_id: str, request_id: str = "1") -> Run:
     run = start_run(deps, old.pipeline, run_id=new_id, data_uri=old.data_uri,
                     snapshot_id=old.snapshot_id, reason=f"retry of {run_id}",
                     resume_from=resume, retry_of=old.retry_of or run_id)
+    if run is None:
+        raise NotRetryable(f"pipeline {old.pipeline} skips new runs while one is active")
+    return run
+
+
+def rerun_run(deps: Deps, run_id: str, request_id: str = "1") -> Run:
+    """A new run of the same pipeline on exactly a run's recorded inputs: the same object
+    generations, package URIs or image, seed, parameters and hardware (spotorch.core.provenance).
+    Linked by rerun_of; the same request id gives the same run (a repeated request starts none)."""
+    old, _ = deps.runs.load(run_id)
+    if old is None:
+        raise UnknownRun(f"no run {run_id!r}")
+    if not old.provenance:
+        raise NotRetryable(f"run {run_id} has no recorded provenance (created before spotorch "
+                           "recorded it): it cannot be rerun exactly")
+    if old.sweep_id:
+        raise NotRetryable(f"run {run_id} is a trial of sweep {old.sweep_id}: rerun its sweep")
+    if len(request_id) > 200:
+        raise NotRetryable("request_id is longer than 200 characters")
+    origin = old.rerun_of or run_id  # a rerun of a rerun names the first run's id
+    digest = hashlib.sha256(f"{run_id}\n{request_id}".encode()).hexdigest()[:8]
+    base = f"{origin}"[:63 - len("-rerun-") - len(digest)].rstrip("-.")
+    new_id = check_id(f"{base}-rerun-{digest}", "rerun run id")
+    prov = old.provenance
+    run = start_run(deps, old.pipeline, run_id=new_id, data_uri=old.data_uri,
+                    snapshot_id=old.snapshot_id, reason=f"rerun of {run_id}",
+                    params=dict(prov.get("params") or old.params), hardware=old.hardware,
+                    rerun_of=old)
     if run is None:
         raise NotRetryable(f"pipeline {old.pipeline} skips new runs while one is active")
     return run
@@ -130,6 +206,8 @@ def run_summary(run: Run) -> dict[str, Any]:
         "model_name": run.model_name,
         "sweep_id": run.sweep_id,
         "params": dict(run.params),
+        "rerun_of": run.rerun_of,
+        "provenance": provenance.summary(run.provenance),
         "escalated": None if not run.escalated else {
             "to": run.escalated["to"], "reason": run.escalated["reason"]},
         "attempts": [{

@@ -30,7 +30,10 @@ def upload(pipeline: str, run_id: str, aliases: tuple[str, ...] = (ALIAS_LATEST,
                        artifact_uri=f"gs://models/{pipeline}/{run_id}",
                        serving_image="us-docker.pkg.dev/vertex-ai/prediction/sklearn-cpu.1-3:latest",
                        labels={"spotorch_run": run_id, "spotorch_pipeline": pipeline,
-                               "spotorch_snapshot": "daily-2025-11-29"},
+                               "spotorch_snapshot": "daily-2025-11-29",
+                               # provenance labels as spotorch.core.provenance.labels makes them
+                               "spotorch_code_hash": "0123456789abcdef",
+                               "spotorch_seed": "1234567"},
                        aliases=aliases)
 
 
@@ -56,6 +59,7 @@ class RegistryContract:
         assert version.serving_image.startswith("us-docker.pkg.dev/")
         assert version.labels["spotorch_run"] == "r1"
         assert version.labels["spotorch_snapshot"] == "daily-2025-11-29"
+        assert version.labels["spotorch_code_hash"] == "0123456789abcdef"
         assert set(version.aliases) == {"default", ALIAS_LATEST}
 
     def test_later_uploads_are_new_versions_and_aliases_move_to_them(
@@ -81,7 +85,8 @@ class RegistryContract:
             self, tracker: ExperimentTracker, pipeline: str) -> None:
         run = ExperimentRun(experiment=pipeline, run_id="sw-t1", region=REGION,
                             params={"lr": 0.01, "opt": "adam"},
-                            metrics={"loss": 0.25, "cost": 0.12, "savings": 0.3})
+                            metrics={"loss": 0.25, "cost": 0.12, "savings": 0.3},
+                            provenance={"seed": "1234567", "code_hash": "ab" * 32})
         name = tracker.log_run(run)
         assert name.startswith(f"projects/{PROJECT}/locations/{REGION}/metadataStores/default/contexts/")
         again = tracker.log_run(run)  # redelivered: the same run, listed once
@@ -89,6 +94,7 @@ class RegistryContract:
         got = tracker.read_run(name)
         assert got.params == {"lr": 0.01, "opt": "adam"} and got.metrics == run.metrics
         assert got.state == "COMPLETE" and got.run_id == "sw-t1" and got.experiment == pipeline
+        assert got.provenance == {"seed": "1234567", "code_hash": "ab" * 32}
         other = tracker.log_run(ExperimentRun(experiment=pipeline, run_id="sw-t2", region=REGION,
                                               metrics={"loss": 0.5}, state="FAILED"))
         assert tracker.runs_of(pipeline, REGION) == (name, other)

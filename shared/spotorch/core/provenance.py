@@ -246,6 +246,22 @@ def event_form(prov: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return {**prov, "data": data}
 
 
+def metadata(prov: Mapping[str, Any] | None) -> dict[str, str]:
+    """Provenance as an Experiments run's metadata: full digests, the seed, the manifest, the
+    pinning, each a string (the run's document keeps the rest)."""
+    if not prov:
+        return {}
+    data, code = prov.get("data") or {}, prov.get("code") or {}
+    out = {"pipeline_hash": (prov.get("pipeline") or {}).get("hash"),
+           "code_hash": code.get("hash"), "code_pinned": str(bool(code.get("pinned"))).lower(),
+           "seed": prov.get("seed"), "data_uri": data.get("uri"),
+           "data_objects": data.get("count"), "data_hash": data.get("objects_hash"),
+           "inputs_manifest": data.get("manifest_uri"), "rerun_of": prov.get("rerun_of")}
+    if isinstance(data.get("bigquery"), Mapping):
+        out["bigquery_snapshot"] = json.dumps(data["bigquery"], sort_keys=True)[:2000]
+    return {k: str(v) for k, v in out.items() if v is not None}
+
+
 def summary(prov: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """A short form for people and metadata: hashes, seed, counts; no object list."""
     if not prov:

@@ -197,8 +197,8 @@ def test_rerun_runs_the_recorded_code_seed_data_and_hardware_once_per_request() 
     _finish(deps, first.run_id)
     # The pipeline is rebuilt since: a new package, a bigger machine.
     newer = replace(pkg, package_uris=("gs://stage/p/packages/fedcba9876543210/trainer-2.tar.gz",))
-    deps.pipelines["p"] = replace(p, job=JobTemplate(worker_pools=(
-        WorkerPool(machine_type="n1-standard-16", python_package=newer),)))
+    deps.pipelines = {"p": replace(p, job=JobTemplate(worker_pools=(
+        WorkerPool(machine_type="n1-standard-16", python_package=newer),)))}
     again = rerun_run(deps, first.run_id, "req-1")
     assert again.rerun_of == first.run_id and again.run_id != first.run_id
     assert again.provenance is not None and first.provenance is not None
@@ -211,6 +211,7 @@ def test_rerun_runs_the_recorded_code_seed_data_and_hardware_once_per_request() 
     spec = launcher.jobs[launcher.job_of(again.run_id, 1)].spec
     pool = spec.template.worker_pools[0]
     assert pool.python_package is not None and pool.python_package.package_uris == (PKG,)
+    assert pool.machine_type == "n1-standard-4"  # the recorded machine, not today's
     assert spec.env["SPOTORCH_SEED"] == str(first.provenance["seed"])
     assert spec.env["SPOTORCH_INPUTS"] == first.provenance["data"]["manifest_uri"]
     # The same request again: the same run, no second job.

@@ -34,13 +34,13 @@ if (_TRAINER / "spotorch_trainer" / "__init__.py").is_file() and str(_TRAINER) n
 from spotorch_trainer import (  # noqa: E402
     Run,
     SnapshotObject,
+    contract,
     join,
     list_files,
     read_bytes,
     snapshot_objects,
     write_bytes,
 )
-from spotorch_trainer import contract  # noqa: E402
 
 log = logging.getLogger("example")
 

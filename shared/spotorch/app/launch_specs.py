@@ -143,9 +143,10 @@ def launch_spec(deps: Deps, run: Run, intent: LaunchIntent) -> LaunchSpec:
         env[contract.ENV_REPORT_KEY] = attempt.report_key
     labels = {LABEL_RUN: run.run_id, LABEL_ATTEMPT: str(number), LABEL_PIPELINE: run.pipeline,
               LABEL_BUCKET: str(run.bucket)}
-    template = with_machine(_hardware_template(pipeline, run), intent.machine_type)
-    if run.rerun_of and prov.get("code"):  # a rerun runs its origin's code, not today's build
-        template = provenance.pinned_template(template, prov["code"])
+    template = _hardware_template(pipeline, run)
+    if run.rerun_of and prov.get("code"):  # a rerun runs its origin's code and machines
+        template = provenance.pinned_template(template, prov["code"], prov.get("hardware"))
+    template = with_machine(template, intent.machine_type)  # an out-of-memory fallback still
     return LaunchSpec(run_id=run.run_id, pipeline=run.pipeline, attempt=number,
                       capacity=intent.capacity, region=intent.region,
                       template=template, env=env,

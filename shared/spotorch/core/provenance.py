@@ -129,13 +129,13 @@ def data_of(pipeline: Pipeline, data_uri: str, bucket: str | None,
             bigquery: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The data section: the bucket and every object with its generation (when a snapshot names
     them), and a BigQuery snapshot's map as the intake stored it, untouched."""
-    listed = [{"name": n, "generation": int(g)} for n, g in sorted(objects)]
+    listed: list[dict[str, Any]] = [{"name": n, "generation": int(g)} for n, g in sorted(objects)]
     data: dict[str, Any] = {"uri": data_uri, "bucket": bucket, "count": len(listed),
                             "pinned": bool(listed)}
     if listed:
         data["objects_hash"] = objects_hash(listed)
         data["manifest_uri"] = manifest_uri(pipeline, data["objects_hash"])
-        inline = sum(len(o["name"].encode()) + 24 for o in listed) <= INLINE_OBJECTS_BYTES
+        inline = sum(len(str(o["name"]).encode()) + 24 for o in listed) <= INLINE_OBJECTS_BYTES
         data["objects"] = listed if inline else None
     if bigquery is not None:
         data["bigquery"] = dict(bigquery)
@@ -178,13 +178,18 @@ def manifest(data: Mapping[str, Any], objects: Sequence[tuple[str, int]]) -> dic
             "objects": [{"name": n, "generation": int(g)} for n, g in sorted(objects)]}
 
 
-def pinned_template(template: JobTemplate, code: Mapping[str, Any]) -> JobTemplate:
-    """The job template with each pool's code as recorded (a rerun's): the same package URIs,
-    executor image and module, or the same image and command. Pools beyond the record keep
-    theirs; a pool whose kind changed since keeps the recorded code's kind."""
+def pinned_template(template: JobTemplate, code: Mapping[str, Any],
+                    hardware: Mapping[str, Any] | None = None) -> JobTemplate:
+    """The job template with each pool's code and machines as recorded (a rerun's): the same
+    package URIs, executor image and module, or the same image and command; the same machine
+    type, replica count and accelerators. Pools beyond the record keep theirs, and so does a
+    pool whose kind (package or image) changed since."""
+    machines = list((hardware or {}).get("pools") or ())
+    shaped = tuple(_on_machine(pool, machines[i]) if i < len(machines) else pool
+                   for i, pool in enumerate(template.worker_pools))
     recorded = list(code.get("pools") or ())
     pools: list[WorkerPool] = []
-    for i, pool in enumerate(template.worker_pools):
+    for i, pool in enumerate(shaped):
         rec = recorded[i] if i < len(recorded) else None
         if rec is None:
             pools.append(pool)
@@ -203,6 +208,14 @@ def pinned_template(template: JobTemplate, code: Mapping[str, Any]) -> JobTempla
         else:
             pools.append(pool)
     return replace(template, worker_pools=tuple(pools))
+
+
+def _on_machine(pool: WorkerPool, rec: Mapping[str, Any]) -> WorkerPool:
+    return replace(pool, machine_type=str(rec.get("machine_type") or pool.machine_type),
+                   replica_count=int(rec.get("replica_count") or pool.replica_count),
+                   accelerator_type=rec.get("accelerator_type"),
+                   accelerator_count=int(rec.get("accelerator_count") or 0),
+                   tpu_topology=rec.get("tpu_topology"))
 
 
 LABEL_VALUE = re.compile(r"[^a-z0-9_-]")

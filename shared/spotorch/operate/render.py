@@ -229,12 +229,15 @@ def provenance_lines(prov: Mapping[str, Any] | None) -> list[Any]:
     if data.get("pinned"):
         listed = ", ".join(f"{o['name']}#{o['generation']}" for o in objects[:3])
         more = data.get("count", 0) - min(len(objects), 3)
-        what = f"{data.get('count', 0)} object(s) at their generations" +             (f": {listed}" if listed else "") + (f" (+{more} more)" if more > 0 else "") +             (f"  manifest {data['manifest_uri']}" if data.get("manifest_uri") else "")
+        what = f"{data.get('count', 0)} object(s) at their generations" + \
+            (f": {listed}" if listed else "") + (f" (+{more} more)" if more > 0 else "") + \
+            (f"  manifest {data['manifest_uri']}" if data.get("manifest_uri") else "")
     else:
         what = f"{data.get('uri')} (not pinned: no object generations recorded)"
     if data.get("bigquery"):
         bq = data["bigquery"]
-        what += f"  bigquery {', '.join(map(str, bq.get('tables') or []))} at "                 f"{bq.get('snapshot_time')}"
+        what += f"  bigquery {', '.join(map(str, bq.get('tables') or []))} at " \
+                f"{bq.get('snapshot_time')}"
     pools = []
     for pool in code.get("pools") or ():
         if pool.get("kind") == "python_package":
@@ -243,7 +246,8 @@ def provenance_lines(prov: Mapping[str, Any] | None) -> list[Any]:
                          f"(-m {pool.get('python_module')})")
         else:
             pools.append(str(pool.get("image_digest") or f"{pool.get('image_uri')}"))
-    pinned = "pinned" if code.get("pinned") else         "NOT pinned: an image tag can move, a rerun may run other code"
+    pinned = "pinned" if code.get("pinned") else \
+        "NOT pinned: an image tag can move, a rerun may run other code"
     machines = "; ".join(
         f"{p.get('replica_count')}x {p.get('machine_type')}"
         + (f" + {p.get('accelerator_count')}x {p.get('accelerator_type')}"

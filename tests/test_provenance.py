@@ -237,3 +237,24 @@ def test_rerun_follows_the_active_run_rule_and_refuses_what_it_cannot_reproduce(
     deps.runs.save(replace(stored, provenance=None), version)
     with pytest.raises(NotRetryable, match="no recorded provenance"):
         rerun_run(deps, "old")
+
+
+def test_a_plain_marker_snapshot_lists_its_folder_at_the_decision() -> None:
+    from spotorch.core.pipeline import BatchMode
+
+    p = replace(pipeline(), trigger=Trigger(bucket="b", prefix="d/", batch=BatchMode.MARKER,
+                                            marker="_SUCCESS", snapshot_depth=0))
+    deps = deps_for(p)
+    objects = deps.objects
+    assert isinstance(objects, InMemoryObjectStore)
+    objects.put("b", "d/a.csv", 3, b"x")
+    objects.put("b", "d/a.csv", 5, b"y")  # overwritten before the marker: the live one counts
+    objects.put("b", "d/b.csv", 2, b"z")
+    objects.put("b", "other/c.csv", 9, b"w")  # not in the folder
+    snap = SnapshotReady(pipeline="p", snapshot_id="0123456789abcdef", data_uri="gs://b/d/",
+                         objects=("d/_SUCCESS",), generations=(4,), completed_at=1.0)
+    run = started(deps, snap)
+    assert run.provenance is not None
+    assert run.provenance["data"]["objects"] == [
+        {"name": "d/_SUCCESS", "generation": 4}, {"name": "d/a.csv", "generation": 5},
+        {"name": "d/b.csv", "generation": 2}]

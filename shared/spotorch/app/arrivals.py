@@ -65,7 +65,7 @@ def start_snapshot_run(deps: Deps, snap: SnapshotReady, why: str) -> Run | None:
     run = start_run(deps, snap.pipeline, run_id=intake.run_id_for(snap.pipeline, snap.snapshot_id),
                     data_uri=snap.data_uri, snapshot_id=snap.snapshot_id,
                     reason=f"data snapshot {snap.data_uri} {why}",
-                    objects=tuple(zip(snap.objects, snap.generations, strict=True)),
+                    objects=snapshot_objects(deps, snap),
                     # A BigQuery snapshot's map (the bq intake's), carried into provenance as is.
                     bigquery=getattr(snap, "bigquery", None))
     # Also when skipped (no run): it must not come back.
@@ -73,6 +73,37 @@ def start_snapshot_run(deps: Deps, snap: SnapshotReady, why: str) -> Run | None:
     log.info("snapshot %s ready", snap.snapshot_id,
              extra={"run_id": run.run_id if run else None, "pipeline": snap.pipeline})
     return run
+
+
+MAX_PINNED_OBJECTS = 2000  # a plain marker snapshot's objects listed for its provenance, at most
+
+
+def snapshot_objects(deps: Deps, snap: SnapshotReady) -> tuple[tuple[str, int], ...]:
+    """The snapshot's objects with their generations, for the run's provenance. The intake
+    tracks them for every batch mode but a plain marker (the marker alone makes that snapshot):
+    there the folder is listed now, at the decision, the producer having written the marker
+    last. More than MAX_PINNED_OBJECTS: none (the run's data is then not pinned; logged)."""
+    from spotorch.core.pipeline import BatchMode
+    from spotorch.core.triggers import split_gs_uri
+
+    tracked = tuple(zip(snap.objects, snap.generations, strict=True))
+    trigger = deps.pipeline(snap.pipeline).trigger
+    if snap.manual or trigger.batch is not BatchMode.MARKER or trigger.manifest \
+            or not snap.data_uri.startswith("gs://"):
+        return tracked
+    bucket, prefix = split_gs_uri(snap.data_uri)
+    found: dict[str, int] = dict(tracked)
+    token: str | None = None
+    while True:
+        page = deps.objects.list_page(bucket, prefix, token, LISTING_PAGE_SIZE)
+        found.update((o.name, o.generation) for o in page.objects if not o.name.endswith("/"))
+        if len(found) > MAX_PINNED_OBJECTS:
+            log.warning("snapshot %s has more than %d objects: its run's data is not pinned",
+                        snap.data_uri, MAX_PINNED_OBJECTS)
+            return ()
+        token = page.next_page_token
+        if token is None:
+            return tuple(sorted(found.items()))
 
 
 LISTING_PAGE_SIZE = 500

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,8 @@ def _csv(seed: int) -> bytes:
     return bytes(to_csv(x, y))
 
 
-def _wait(docs: FirestoreDocumentStore, what: str, found: Any, timeout_s: float = 240.0) -> Run:
+def _wait(docs: FirestoreDocumentStore, what: str, found: Callable[[list[Run]], Run | None],
+          timeout_s: float = 240.0) -> Run:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         runs = [Run.from_dict(d) for d in docs.query("runs", "pipeline", demo.PIPELINE)]

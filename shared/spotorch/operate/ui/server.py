@@ -6,8 +6,8 @@ default), /runs/RUN (a run, its charts and timeline), /runs/RUN/logs?attempt=N,
 /sweeps/SWEEP; /api/runs, /api/runs/RUN, /api/totals, /api/snapshots, /api/pipelines,
 /api/sweeps, /api/sweeps/SWEEP (the same views as JSON); /healthz.
 
-POST (the buttons): /runs/RUN/cancel, /runs/RUN/retry, /runs/RUN/rerun, /sweeps/SWEEP/cancel. Each is handed to
-the api function (Backend.actions: the CLI's path, with the same identity token), never
+POST (the buttons): /runs/RUN/cancel, /runs/RUN/retry, /runs/RUN/rerun, /sweeps/SWEEP/cancel.
+Each is handed to the api function (Backend.actions: the CLI's path, with the same identity token), never
 written to Firestore here. A form carries this server's token and must come from its own
 pages (Origin), so another site's page cannot press them (cross-site request forgery).
 """

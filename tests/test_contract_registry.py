@@ -170,3 +170,26 @@ class TestVertexOnTheEmulator(RegistryContract):
         result = op.result(timeout=10)
         assert op.done() and result.model_version_id == "1"
         assert client.get_model(name=result.model).version_id == "1"
+
+    @pytest.mark.parametrize(("labels", "words"), [
+        ({"spotorch_code_hash": "ABCDEF0123456789"}, "invalid label"),  # upper case
+        ({"spotorch_rerun_of": "r" * 64}, "invalid label"),  # a 64-character value
+        ({f"k{i}": "v" for i in range(65)}, "at most 64 labels"),
+    ])
+    def test_upload_refuses_labels_vertex_refuses(self, address: str, pipeline: str,
+                                                  labels: dict[str, str], words: str) -> None:
+        """Issue 30: provenance labels must be what Vertex accepts; the emulator refuses the rest
+        (the adapter's label_value and core.provenance.labels keep ours inside the rules)."""
+        import grpc
+        from google.api_core import exceptions
+        from google.cloud import aiplatform_v1 as v1
+        from google.cloud.aiplatform_v1.services.model_service.transports.grpc import (
+            ModelServiceGrpcTransport,
+        )
+
+        client = v1.ModelServiceClient(transport=ModelServiceGrpcTransport(
+            channel=grpc.insecure_channel(address)))
+        with pytest.raises(exceptions.InvalidArgument, match=words):
+            client.upload_model(parent=f"projects/{PROJECT}/locations/{REGION}", model=v1.Model(
+                display_name=pipeline, labels=labels,
+                container_spec=v1.ModelContainerSpec(image_uri="img")))

@@ -218,7 +218,19 @@ def test_rerun_runs_the_recorded_code_seed_data_and_hardware_once_per_request() 
     created = launcher.created
     assert rerun_run(deps, first.run_id, "req-1").run_id == again.run_id
     assert launcher.created == created
-    assert rerun_run(deps, first.run_id, "req-2").run_id != again.run_id
+    second = rerun_run(deps, first.run_id, "req-2")
+    assert second.run_id != again.run_id
+    _finish(deps, again.run_id)
+    _finish(deps, second.run_id)
+    # Asked for: today's machines (the recorded code all the same).
+    today = rerun_run(deps, first.run_id, "req-3", hardware="current")
+    assert today.provenance is not None
+    assert today.provenance["hardware"]["pools"][0]["machine_type"] == "n1-standard-16"
+    spec = launcher.jobs[launcher.job_of(today.run_id, 1)].spec
+    assert spec.template.worker_pools[0].machine_type == "n1-standard-16"
+    assert spec.template.worker_pools[0].python_package.package_uris == (PKG,)  # type: ignore[union-attr]
+    with pytest.raises(NotRetryable, match="hardware must be one of"):
+        rerun_run(deps, first.run_id, "req-4", hardware="bigger")
 
 
 def test_rerun_follows_the_active_run_rule_and_refuses_what_it_cannot_reproduce() -> None:

@@ -88,8 +88,9 @@ def snapshot_objects(deps: Deps, snap: SnapshotReady) -> tuple[tuple[str, int], 
 
     tracked = tuple(zip(snap.objects, snap.generations, strict=True))
     trigger = deps.pipeline(snap.pipeline).trigger
-    if snap.manual or trigger.batch is not BatchMode.MARKER or trigger.manifest \
-            or not snap.data_uri.startswith("gs://"):
+    # getattr: a trigger of another source (a BigQuery table) has no batch mode of this kind.
+    if snap.manual or getattr(trigger, "batch", None) is not BatchMode.MARKER \
+            or getattr(trigger, "manifest", False) or not snap.data_uri.startswith("gs://"):
         return tracked
     bucket, prefix = split_gs_uri(snap.data_uri)
     found: dict[str, int] = dict(tracked)

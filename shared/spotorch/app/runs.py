@@ -47,7 +47,7 @@ def start_run(deps: Deps, pipeline_name: str, *, run_id: str, data_uri: str,
               objects: Sequence[tuple[str, int]] = (),
               bigquery: Mapping[str, Any] | None = None,
               hardware: Mapping[str, Any] | None = None,
-              rerun_of: Run | None = None) -> Run | None:
+              rerun_of: Run | None = None, rerun_hardware: str = "recorded") -> Run | None:
     """Create the run of a snapshot exactly once; apply the pipeline's rule for an active run.
 
     A sweep's trial (sweep_id set) runs alongside the others: its sweep decides parallelism.
@@ -66,6 +66,9 @@ def start_run(deps: Deps, pipeline_name: str, *, run_id: str, data_uri: str,
     now = deps.clock.now()
     if rerun_of is not None and rerun_of.provenance:
         prov = provenance.for_rerun(rerun_of.provenance, rerun_of.run_id, pipeline)
+        if rerun_hardware == "current":  # asked for: today's machines, recorded as such
+            prov["hardware"] = provenance.hardware_of(
+                shapes.run_pipeline(pipeline, hardware).job, hardware)
     else:
         prov = _provenance(pipeline, run_id, data_uri, objects, bigquery, params, hardware)
     write_inputs_manifest(deps, prov, objects)
@@ -149,10 +152,18 @@ def retry_run(deps: Deps, run_id: str, request_id: str = "1") -> Run:
     return run
 
 
-def rerun_run(deps: Deps, run_id: str, request_id: str = "1") -> Run:
+RERUN_HARDWARE = ("recorded", "current")
+
+
+def rerun_run(deps: Deps, run_id: str, request_id: str = "1", *,
+              hardware: str = "recorded") -> Run:
     """A new run of the same pipeline on exactly a run's recorded inputs: the same object
     generations, package URIs or image, seed, parameters and hardware (spotorch.core.provenance).
-    Linked by rerun_of; the same request id gives the same run (a repeated request starts none)."""
+    Linked by rerun_of; the same request id gives the same run (a repeated request starts none).
+    hardware "current": on the machines the pipeline names today instead of the recorded ones."""
+    if hardware not in RERUN_HARDWARE:
+        raise NotRetryable(f"hardware must be one of {', '.join(RERUN_HARDWARE)}, "
+                           f"not {hardware!r}")
     old, _ = deps.runs.load(run_id)
     if old is None:
         raise UnknownRun(f"no run {run_id!r}")
@@ -164,14 +175,15 @@ def rerun_run(deps: Deps, run_id: str, request_id: str = "1") -> Run:
     if len(request_id) > 200:
         raise NotRetryable("request_id is longer than 200 characters")
     origin = old.rerun_of or run_id  # a rerun of a rerun names the first run's id
-    digest = hashlib.sha256(f"{run_id}\n{request_id}".encode()).hexdigest()[:8]
+    digest = hashlib.sha256(f"{run_id}\n{request_id}\n{hardware}".encode()).hexdigest()[:8]
     base = f"{origin}"[:63 - len("-rerun-") - len(digest)].rstrip("-.")
     new_id = check_id(f"{base}-rerun-{digest}", "rerun run id")
     prov = old.provenance
     run = start_run(deps, old.pipeline, run_id=new_id, data_uri=old.data_uri,
                     snapshot_id=old.snapshot_id, reason=f"rerun of {run_id}",
-                    params=dict(prov.get("params") or old.params), hardware=old.hardware,
-                    rerun_of=old)
+                    params=dict(prov.get("params") or old.params),
+                    hardware=old.hardware if hardware == "recorded" else None,
+                    rerun_of=old, rerun_hardware=hardware)
     if run is None:
         raise NotRetryable(f"pipeline {old.pipeline} skips new runs while one is active")
     return run

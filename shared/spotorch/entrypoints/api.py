@@ -142,7 +142,8 @@ def _retry(deps: Deps, body: Mapping[str, Any]) -> Response:
 def _rerun(deps: Deps, body: Mapping[str, Any]) -> Response:
     from spotorch.app.runs import rerun_run
 
-    run = rerun_run(deps, _id(body, "run_id"), _id(body, "request_id", required=False) or "1")
+    run = rerun_run(deps, _id(body, "run_id"), _id(body, "request_id", required=False) or "1",
+                    hardware=str(body.get("hardware") or "recorded")[:20])
     return _reply(_view(deps, run), 201)
 
 

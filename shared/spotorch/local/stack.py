@@ -457,6 +457,12 @@ class DevStack:
 
     # -------------------------------------------------------------- GCS
 
+    @property
+    def unversioned_buckets(self) -> frozenset[str]:
+        """Landing buckets made without the object versioning they were asked for (a durable
+        stack's fake-gcs-server refuses it): a rerun there cannot read an overwritten object."""
+        return frozenset(self._gcs.unversioned)
+
     def create_buckets(self, names: Sequence[str], versioned: Sequence[str] = ()) -> None:
         """Create buckets in fake-gcs-server (existing ones are fine); `versioned` ones, and
         the pipelines' landing buckets, with object versioning (spotorch.local._stack_gcs)."""

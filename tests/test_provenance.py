@@ -270,3 +270,24 @@ def test_a_plain_marker_snapshot_lists_its_folder_at_the_decision() -> None:
     assert run.provenance["data"]["objects"] == [
         {"name": "d/_SUCCESS", "generation": 4}, {"name": "d/a.csv", "generation": 5},
         {"name": "d/b.csv", "generation": 2}]
+
+
+def test_machines_chosen_by_hardware_probes_are_the_recorded_ones_and_a_rerun_keeps_them() -> None:
+    from operator_runs import deps_for as operator_deps
+    from operator_runs import hardware_run
+
+    deps = operator_deps()
+    run = hardware_run(deps)
+    assert run.provenance is not None
+    chosen = run.provenance["hardware"]
+    assert chosen["candidate"] == "l4"
+    assert chosen["pools"][0]["machine_type"] == "g2-standard-8"
+    assert chosen["pools"][0]["accelerator_type"] == "NVIDIA_L4"
+    _finish(deps, run.run_id)
+    again = rerun_run(deps, run.run_id, "hw")
+    assert again.provenance is not None and again.provenance["hardware"] == chosen
+    launcher = deps.launcher
+    assert isinstance(launcher, InMemoryLauncher)
+    pool = launcher.jobs[launcher.job_of(again.run_id, 1)].spec.template.worker_pools[0]
+    assert (pool.machine_type, pool.accelerator_type) == ("g2-standard-8", "NVIDIA_L4")
+    assert [p.candidate for p in again.probes] == []  # no probing again: the recorded choice

@@ -66,7 +66,10 @@ def start_run(deps: Deps, pipeline_name: str, *, run_id: str, data_uri: str,
     now = deps.clock.now()
     if rerun_of is not None and rerun_of.provenance:
         prov = provenance.for_rerun(rerun_of.provenance, rerun_of.run_id, pipeline)
-        if rerun_hardware == "current":  # asked for: today's machines, recorded as such
+        recorded = prov.get("hardware") or {}
+        # Asked for: today's machines. Or the origin's machines were chosen by hardware probes
+        # after it was created (its provenance names the pipeline's own pools): the choice's.
+        if rerun_hardware == "current" or (hardware is not None and not recorded.get("candidate")):
             prov["hardware"] = provenance.hardware_of(
                 shapes.run_pipeline(pipeline, hardware).job, hardware)
     else:

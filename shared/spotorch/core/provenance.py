@@ -19,6 +19,7 @@ from typing import Any
 
 from spotorch.core.pipeline import JobTemplate, Pipeline, WorkerPool
 from spotorch.core.pipeline_form import to_form
+from spotorch.core.shapes import run_pipeline
 
 FORMAT = 1
 # Objects listed on the run document itself up to this many bytes of names; beyond it the run
@@ -111,6 +112,16 @@ def hardware_of(template: JobTemplate, choice: Mapping[str, Any] | None) -> dict
                        "accelerator_count": p.accelerator_count,
                        "tpu_topology": p.tpu_topology} for p in template.worker_pools],
             "candidate": (choice or {}).get("chosen")}
+
+
+def with_hardware(prov: Mapping[str, Any] | None, pipeline: Pipeline,
+                  choice: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The provenance once hardware probes chose the run's machines (before its first launch):
+    the chosen candidate's pools. Later changes (a quota or out-of-memory fallback) are the
+    attempts' own record; a rerun starts on this choice."""
+    if not prov:
+        return None
+    return {**prov, "hardware": hardware_of(run_pipeline(pipeline, choice).job, choice)}
 
 
 def objects_hash(objects: Sequence[Mapping[str, Any]]) -> str:

@@ -181,7 +181,7 @@ def _provenance(prov: Mapping[str, Any] | None) -> str:
         else:
             pools.append(escape(str(pool.get("image_uri"))))
     pinned = ('<span class="pinned">pinned</span>' if code.get("pinned") else
-              '<span class="warning">not pinned: an image tag can move; a rerun may run other '
+              '<span class="unpinned">not pinned: an image tag can move; a rerun may run other '
               "code</span>")
     machines = "; ".join(f'{h.get("replica_count")}x {h.get("machine_type")}'
                          + (f' + {h.get("accelerator_count")}x {h.get("accelerator_type")}'
@@ -204,7 +204,8 @@ def _provenance(prov: Mapping[str, Any] | None) -> str:
                                          f'{bq.get("snapshot_time")}; exports '
                                          f'{", ".join(map(str, bq.get("export_uris") or []))}')))
     dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts)
-    return (f'<section class="provenance"><h2>Provenance</h2><dl class="facts">{dl}</dl>'
+    return (f'<section class="provenance"><h2>Provenance</h2>'
+            f'<dl class="provenance-facts">{dl}</dl>'
             f"{listed}</section>")
 
 

@@ -191,9 +191,11 @@ class GcsStorage:
         from google.api_core import exceptions
 
         try:
-            blob = self._blob(uri) if generation is None else \
-                self.client.bucket(split_gcs(uri)[0]).blob(split_gcs(uri)[1],
-                                                           generation=generation)
+            if generation is None:
+                blob = self._blob(uri)
+            else:
+                bucket, name = split_gcs(uri)
+                blob = self.client.bucket(bucket).blob(name, generation=generation)
             return bytes(blob.download_as_bytes())
         except exceptions.NotFound as exc:
             where = uri if generation is None else f"{uri}#{generation}"

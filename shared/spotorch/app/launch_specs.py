@@ -146,7 +146,7 @@ def launch_spec(deps: Deps, run: Run, intent: LaunchIntent) -> LaunchSpec:
     template = _hardware_template(pipeline, run)
     if run.rerun_of and prov.get("code"):  # a rerun runs its origin's code and machines
         template = provenance.pinned_template(template, prov["code"], prov.get("hardware"))
-    template = with_machine(template, intent.machine_type)  # an out-of-memory fallback still
+    template = with_machine(template, intent.machine_type)  # an out-of-memory fallback: on top
     return LaunchSpec(run_id=run.run_id, pipeline=run.pipeline, attempt=number,
                       capacity=intent.capacity, region=intent.region,
                       template=template, env=env,

@@ -154,6 +154,10 @@ def test_a_snapshot_run_records_generations_code_seed_and_hardware_once() -> Non
     created = next(e for e in publisher.events if e["type"].endswith("run.created.v1"))
     assert created["data"]["provenance"]["data"]["objects_hash"] == prov["data"]["objects_hash"]
     assert validate_event(created) == []
+    broken = json.loads(json.dumps(created))
+    broken["data"]["provenance"]["seed"] = "42"
+    broken["data"]["provenance"]["data"]["objects"][0]["generation"] = -1
+    assert len(validate_event(broken)) == 2  # the schema checks what it says
     assert run_summary(run)["provenance"]["code_hash"] == prov["code"]["hash"]
 
 

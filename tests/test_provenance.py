@@ -295,3 +295,18 @@ def test_machines_chosen_by_hardware_probes_are_the_recorded_ones_and_a_rerun_ke
     pool = launcher.jobs[launcher.job_of(again.run_id, 1)].spec.template.worker_pools[0]
     assert (pool.machine_type, pool.accelerator_type) == ("g2-standard-8", "NVIDIA_L4")
     assert [p.candidate for p in again.probes] == []  # no probing again: the recorded choice
+
+
+def test_a_submit_by_hand_pins_the_folder_as_listed_at_the_decision() -> None:
+    from spotorch.app.runs import submit
+
+    deps = deps_for(pipeline())
+    objects = deps.objects
+    assert isinstance(objects, InMemoryObjectStore)
+    objects.put("b", "by-hand/x.csv", 8, b"x")
+    run = submit(deps, "p", "gs://b/by-hand/", request_id="one")
+    assert run is not None and run.provenance is not None
+    assert run.provenance["data"]["objects"] == [{"name": "by-hand/x.csv", "generation": 8}]
+    objects.put("b", "by-hand/x.csv", 9, b"y")
+    again = submit(deps, "p", "gs://b/by-hand/", request_id="one")  # the same request
+    assert again is not None and again.provenance == run.provenance

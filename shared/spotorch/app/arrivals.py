@@ -84,23 +84,33 @@ def snapshot_objects(deps: Deps, snap: SnapshotReady) -> tuple[tuple[str, int], 
     there the folder is listed now, at the decision, the producer having written the marker
     last. More than MAX_PINNED_OBJECTS: none (the run's data is then not pinned; logged)."""
     from spotorch.core.pipeline import BatchMode
-    from spotorch.core.triggers import split_gs_uri
 
     tracked = tuple(zip(snap.objects, snap.generations, strict=True))
     trigger = deps.pipeline(snap.pipeline).trigger
     # getattr: a trigger of another source (a BigQuery table) has no batch mode of this kind.
     if snap.manual or getattr(trigger, "batch", None) is not BatchMode.MARKER \
-            or getattr(trigger, "manifest", False) or not snap.data_uri.startswith("gs://"):
+            or getattr(trigger, "manifest", False):
         return tracked
-    bucket, prefix = split_gs_uri(snap.data_uri)
+    return folder_objects(deps, snap.data_uri, tracked)
+
+
+def folder_objects(deps: Deps, data_uri: str, tracked: tuple[tuple[str, int], ...] = (),
+                   ) -> tuple[tuple[str, int], ...]:
+    """Every object under a gs:// folder with its live generation (and those already tracked),
+    listed now; () for another URI, or beyond MAX_PINNED_OBJECTS (logged)."""
+    from spotorch.core.triggers import split_gs_uri
+
+    if not data_uri.startswith("gs://"):
+        return tracked
+    bucket, prefix = split_gs_uri(data_uri)
     found: dict[str, int] = dict(tracked)
     token: str | None = None
     while True:
         page = deps.objects.list_page(bucket, prefix, token, LISTING_PAGE_SIZE)
         found.update((o.name, o.generation) for o in page.objects if not o.name.endswith("/"))
         if len(found) > MAX_PINNED_OBJECTS:
-            log.warning("snapshot %s has more than %d objects: its run's data is not pinned",
-                        snap.data_uri, MAX_PINNED_OBJECTS)
+            log.warning("%s has more than %d objects: its run's data is not pinned",
+                        data_uri, MAX_PINNED_OBJECTS)
             return ()
         token = page.next_page_token
         if token is None:

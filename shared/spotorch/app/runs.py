@@ -251,11 +251,19 @@ def run_summary(run: Run) -> dict[str, Any]:
 
 
 def submit(deps: Deps, pipeline_name: str, data_uri: str, *, request_id: str = "") -> Run | None:
-    """Start a run by hand for a data URI (CLI/API); the same request id gives the same run."""
+    """Start a run by hand for a data URI (CLI/API); the same request id gives the same run.
+    The folder's objects are listed now, at the decision: the run's provenance pins their
+    generations (a repeated request finds its run before listing again)."""
+    from spotorch.app.arrivals import folder_objects
     from spotorch.app.snapshots import manual_snapshot, run_id_for
 
     pipeline = deps.pipeline(pipeline_name)
     snap = manual_snapshot(pipeline, data_uri, request_id=request_id, now=deps.clock.now())
-    return start_run(deps, pipeline.name, run_id=run_id_for(pipeline.name, snap.snapshot_id),
+    run_id = run_id_for(pipeline.name, snap.snapshot_id)
+    existing, _ = deps.runs.load(run_id)
+    if existing is not None:
+        return existing
+    return start_run(deps, pipeline.name, run_id=run_id,
                      data_uri=snap.data_uri, snapshot_id=snap.snapshot_id,
-                     reason=f"submitted by hand for {data_uri}")
+                     reason=f"submitted by hand for {data_uri}",
+                     objects=folder_objects(deps, snap.data_uri))

@@ -7,7 +7,7 @@ import logging
 
 from spotorch.app import unmatched
 from spotorch.app.deps import Deps
-from spotorch.app.runs import start_run
+from spotorch.app.runs import folder_objects, start_run
 from spotorch.app.snapshots import SnapshotReady
 from spotorch.core.errors import InvalidEvent, SpotorchError
 from spotorch.core.model import Run
@@ -75,9 +75,6 @@ def start_snapshot_run(deps: Deps, snap: SnapshotReady, why: str) -> Run | None:
     return run
 
 
-MAX_PINNED_OBJECTS = 2000  # a plain marker snapshot's objects listed for its provenance, at most
-
-
 def snapshot_objects(deps: Deps, snap: SnapshotReady) -> tuple[tuple[str, int], ...]:
     """The snapshot's objects with their generations, for the run's provenance. The intake
     tracks them for every batch mode but a plain marker (the marker alone makes that snapshot):
@@ -92,29 +89,6 @@ def snapshot_objects(deps: Deps, snap: SnapshotReady) -> tuple[tuple[str, int], 
             or getattr(trigger, "manifest", False):
         return tracked
     return folder_objects(deps, snap.data_uri, tracked)
-
-
-def folder_objects(deps: Deps, data_uri: str, tracked: tuple[tuple[str, int], ...] = (),
-                   ) -> tuple[tuple[str, int], ...]:
-    """Every object under a gs:// folder with its live generation (and those already tracked),
-    listed now; () for another URI, or beyond MAX_PINNED_OBJECTS (logged)."""
-    from spotorch.core.triggers import split_gs_uri
-
-    if not data_uri.startswith("gs://"):
-        return tracked
-    bucket, prefix = split_gs_uri(data_uri)
-    found: dict[str, int] = dict(tracked)
-    token: str | None = None
-    while True:
-        page = deps.objects.list_page(bucket, prefix, token, LISTING_PAGE_SIZE)
-        found.update((o.name, o.generation) for o in page.objects if not o.name.endswith("/"))
-        if len(found) > MAX_PINNED_OBJECTS:
-            log.warning("%s has more than %d objects: its run's data is not pinned",
-                        data_uri, MAX_PINNED_OBJECTS)
-            return ()
-        token = page.next_page_token
-        if token is None:
-            return tuple(sorted(found.items()))
 
 
 LISTING_PAGE_SIZE = 500

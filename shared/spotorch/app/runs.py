@@ -127,6 +127,31 @@ def write_inputs_manifest(deps: Deps, prov: Mapping[str, Any],
         deps.objects.ensure_file(str(uri), tmp.name)
 
 
+MAX_PINNED_OBJECTS = 2000  # a folder's objects listed for a run's provenance, at most
+FOLDER_PAGE_SIZE = 500
+
+
+def folder_objects(deps: Deps, data_uri: str, tracked: tuple[tuple[str, int], ...] = (),
+                   ) -> tuple[tuple[str, int], ...]:
+    """Every object under a gs:// folder with its live generation (and those already tracked),
+    listed now; () for another URI, or beyond MAX_PINNED_OBJECTS (logged)."""
+    if not data_uri.startswith("gs://"):
+        return tracked
+    bucket, prefix = split_gs_uri(data_uri)
+    found: dict[str, int] = dict(tracked)
+    token: str | None = None
+    while True:
+        page = deps.objects.list_page(bucket, prefix, token, FOLDER_PAGE_SIZE)
+        found.update((o.name, o.generation) for o in page.objects if not o.name.endswith("/"))
+        if len(found) > MAX_PINNED_OBJECTS:
+            log.warning("%s has more than %d objects: its run's data is not pinned",
+                        data_uri, MAX_PINNED_OBJECTS)
+            return ()
+        token = page.next_page_token
+        if token is None:
+            return tuple(sorted(found.items()))
+
+
 # ---------------------------------------------------------------- operator actions
 
 def cancel_run(deps: Deps, run_id: str, reason: str = "cancelled by an operator") -> Run:
@@ -254,7 +279,6 @@ def submit(deps: Deps, pipeline_name: str, data_uri: str, *, request_id: str = "
     """Start a run by hand for a data URI (CLI/API); the same request id gives the same run.
     The folder's objects are listed now, at the decision: the run's provenance pins their
     generations (a repeated request finds its run before listing again)."""
-    from spotorch.app.arrivals import folder_objects
     from spotorch.app.snapshots import manual_snapshot, run_id_for
 
     pipeline = deps.pipeline(pipeline_name)

@@ -40,7 +40,7 @@ from spotorch_example.train import (
     parse_config,
     split,
 )
-from spotorch_trainer import Cluster, Run, join, shard_range, write_bytes
+from spotorch_trainer import Cluster, Run, join, shard_range, snapshot_objects, write_bytes
 from spotorch_trainer.contract import EXIT_PEER_LOST
 
 log = logging.getLogger("example.distributed")
@@ -109,7 +109,8 @@ def _train(cfg: Config, cluster: Cluster, from_chief: Any, torch: Any, dist: Any
         data_uri = cfg.data or run.env.data_uri
         if not data_uri:
             raise SystemExit("no data: set SPOTORCH_DATA_URI or pass --data")
-        x, y, sha = load_csv_shards(data_uri)
+        pinned = snapshot_objects(run.env.inputs_uri or "") if not cfg.data else None
+        x, y, sha = load_csv_shards(data_uri, pinned)
         data = split(x, y, cfg.holdout, cfg.seed, sha)
         ckpt = run.restore()
         state = ckpt.state if ckpt else fresh_state(cfg, data)

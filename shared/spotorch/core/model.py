@@ -401,6 +401,9 @@ class Run:
     next_region: str | None = None  # where the next attempt goes (a probe found Spot there)
     # ---- hardware probing (issue 19): candidate -> ProbeResult.to_doc(), cached or measured
     hardware_results: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # ---- reproducibility (issue 30): spotorch.core.provenance.build(), recorded at creation only
+    provenance: Mapping[str, Any] | None = None
+    rerun_of: str | None = None  # the run this one reruns on exactly its recorded inputs
 
     @property
     def active(self) -> bool:

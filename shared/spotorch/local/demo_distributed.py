@@ -67,7 +67,10 @@ def extend(report: dict[str, Any], run: Any, stack: Any) -> None:
     resumed = [a for a in report.get("attempts", [])[1:] if a.get("resumed_from_step")]
     report["resumed_from_chief_checkpoint"] = bool(resumed)
     metrics = report.get("metrics") or {}
-    reference = _unpreempted(run.data_uri) if run is not None else None
+    # The same seed as the run's (spotorch hands each run one; a run that does not get it
+    # would draw other batches and end with other parameters).
+    seed = ((run.provenance or {}).get("seed") if run is not None else None)
+    reference = _unpreempted(run.data_uri, seed) if run is not None else None
     report["reference"] = reference
     report["tolerance"] = dict(TOLERANCE)
     report["comparison"] = None if reference is None or not metrics else {
@@ -112,8 +115,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _unpreempted(data_uri: str) -> dict[str, Any] | None:
-    """The same training on the same snapshot, two local replicas, never preempted."""
+def _unpreempted(data_uri: str, seed: int | None) -> dict[str, Any] | None:
+    """The same training on the same snapshot and seed, two local replicas, never preempted."""
     out = Path(tempfile.mkdtemp(prefix="spotorch-demo-reference-"))
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SPOTORCH_", "CLUSTER_SPEC", "TF_CONFIG"))}
@@ -123,6 +126,7 @@ def _unpreempted(data_uri: str) -> dict[str, Any] | None:
                 "EXAMPLE_DATA": data_uri, "EXAMPLE_MODEL_DIR": str(out / "model"),
                 "SPOTORCH_CHECKPOINT_URI": str(out / "checkpoints"), "EXAMPLE_STEP_SLEEP": "0",
                 "EXAMPLE_SLOW_RANK": "",
+                **({"SPOTORCH_SEED": str(seed)} if seed is not None else {}),
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2"})
     procs = []
     for rank in (0, 1):

@@ -24,11 +24,14 @@ from spotorch_trainer.run import Preempted, ProbeDone, Run, resume_point
 from spotorch_trainer.storage import (
     GcsStorage,
     LocalStorage,
+    SnapshotObject,
     Storage,
     StorageError,
     join,
     list_files,
+    read_at,
     read_bytes,
+    snapshot_objects,
     write_bytes,
 )
 
@@ -48,6 +51,7 @@ __all__ = [
     "ProbeDone",
     "PubSubReporter",
     "Run",
+    "SnapshotObject",
     "Storage",
     "StorageError",
     "TrainerEnv",
@@ -59,9 +63,11 @@ __all__ = [
     "load_checkpoint",
     "params",
     "prune_checkpoints",
+    "read_at",
     "read_bytes",
     "resume_point",
     "shard_range",
+    "snapshot_objects",
     "write_bytes",
     "write_checkpoint",
 ]

@@ -31,7 +31,16 @@ _TRAINER = Path(__file__).resolve().parents[3] / "trainer"  # examples/trainer/s
 if (_TRAINER / "spotorch_trainer" / "__init__.py").is_file() and str(_TRAINER) not in sys.path:
     sys.path.insert(0, str(_TRAINER))  # a source checkout: use the helper next to this file
 
-from spotorch_trainer import Run, join, list_files, read_bytes, write_bytes  # noqa: E402
+from spotorch_trainer import (  # noqa: E402
+    Run,
+    SnapshotObject,
+    contract,
+    join,
+    list_files,
+    read_bytes,
+    snapshot_objects,
+    write_bytes,
+)
 
 log = logging.getLogger("example")
 
@@ -103,6 +112,8 @@ def parse_config(argv: list[str] | None = None, environ: Mapping[str, str] | Non
     defaults = Config()
     for name, (kind, text) in _OPTIONS.items():
         raw = str(trial[name]) if name in trial else env.get(f"EXAMPLE_{name.upper()}", "")
+        if name == "seed" and raw == "":  # no seed of its own: the run's (a rerun gets the same)
+            raw = env.get(contract.ENV_SEED, "")
         default = kind(raw) if raw != "" else getattr(defaults, name)
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default, help=text)
     return Config(**vars(parser.parse_args(argv)))
@@ -124,15 +135,28 @@ class Dataset:
     sha256: str
 
 
-def load_csv_shards(uri: str) -> tuple[np.ndarray, np.ndarray, str]:
+def csv_shards(uri: str, pinned: list[SnapshotObject] | None = None) -> list[tuple[str, bytes]]:
+    """(name, bytes) of every *.csv under uri in name order. pinned: the run's snapshot objects
+    (spotorch_trainer.snapshot_objects), read at their recorded generations, so an object
+    overwritten since the run was created (or rerun) is read as it was."""
+    if pinned:
+        prefix = uri.rstrip("/") + "/"
+        chosen = [o for o in pinned if o.name.endswith(".csv")
+                  and (o.uri.startswith(prefix) or o.uri == uri)]
+        return [(o.uri.removeprefix(prefix).rsplit("/", 1)[-1] if o.uri == uri
+                 else o.uri.removeprefix(prefix), o.read()) for o in chosen]
+    return [(n, read_bytes(join(uri, n))) for n in list_files(uri) if n.endswith(".csv")]
+
+
+def load_csv_shards(uri: str, pinned: list[SnapshotObject] | None = None,
+                    ) -> tuple[np.ndarray, np.ndarray, str]:
     """Every *.csv under uri in name order: features, labels and a sha256 of the bytes read."""
-    names = [n for n in list_files(uri) if n.endswith(".csv")]
-    if not names:
+    shards = csv_shards(uri, pinned)
+    if not shards:
         raise FileNotFoundError(f"no .csv files under {uri}")
     digest = hashlib.sha256()
     xs, ys = [], []
-    for name in names:
-        raw = read_bytes(join(uri, name))
+    for name, raw in shards:
         digest.update(name.encode() + b"\0" + raw)
         header = raw.split(b"\n", 1)[0].decode().strip().split(",")
         table = np.loadtxt(io.BytesIO(raw), delimiter=",", skiprows=1, ndmin=2)
@@ -255,7 +279,9 @@ def main(argv: list[str] | None = None) -> int:
         if not data_uri:
             raise SystemExit("no data: set SPOTORCH_DATA_URI or pass --data")
         model_dir = cfg.model_dir or run.env.model_uri
-        x, y, sha = load_csv_shards(data_uri)
+        # The run's own snapshot: its objects at their recorded generations (not --data's).
+        pinned = snapshot_objects(run.env.inputs_uri or "") if not cfg.data else None
+        x, y, sha = load_csv_shards(data_uri, pinned)
         data = split(x, y, cfg.holdout, cfg.seed, sha)
         log.info("run %s attempt %d: %d train / %d test rows, %d features, %d classes from %s",
                  run.env.run_id, run.env.attempt, len(data.y_train), len(data.y_test),

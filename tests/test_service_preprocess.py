@@ -324,3 +324,11 @@ def test_a_transient_launch_failure_is_retried_by_the_tick() -> None:
     clock.advance(600)  # the launch intent's claim has lapsed: the tick takes it over
     tick(deps)
     assert steps.created == 1 and step(load(deps, "r1")).job_name == "spotorch-r1-pre1"
+
+
+def test_every_status_has_a_meaning_for_people() -> None:
+    """`spotorch show`, the API and the web view state each status's meaning (a status
+    without one made run_view fail with KeyError: PROBING, FAILED_QUOTA, ...)."""
+    from spotorch.app.views import STATUS_MEANING
+
+    assert set(STATUS_MEANING) == set(RunStatus)

@@ -41,6 +41,12 @@ STATUS_MEANING: Mapping[RunStatus, str] = {
     RunStatus.FAILED_TIMEOUT: "the job hit its timeout more often than allowed",
     RunStatus.FAILED_LAUNCH: "Vertex AI refused the job for good (bad spec, permissions)",
     RunStatus.FAILED_BUDGET: "the estimated cost passed the pipeline's budget",
+    RunStatus.PROBING: "hardware candidates are probed; the first attempt waits for the choice",
+    RunStatus.REGISTERING: "the job succeeded; its model is being registered",
+    RunStatus.FAILED_HUNG: "attempts kept hanging (no trainer report) beyond the hung budget",
+    RunStatus.FAILED_DIVERGED: "a divergence rule fired (NaN, spike, plateau); job stopped",
+    RunStatus.FAILED_OUT_OF_MEMORY: "out of memory with no larger machine to move to",
+    RunStatus.FAILED_QUOTA: "a resource quota refused it in every region, capacity and shape",
 }
 
 

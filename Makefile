@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test test-fast lint bench deploy destroy lock clean
+.PHONY: venv beam-venv demo test test-fast lint bench deploy destroy lock clean
 
 # Your pipelines and settings: `spotorch init DIR` writes a starting project (DIR/pipelines,
 # DIR/terraform.tfvars). There is no default: the examples name buckets that are not yours.
@@ -17,7 +17,20 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-venv: $(STAMP)
+# Apache Beam for preprocess steps (issue 31), in an environment of its own: it pins protobuf
+# below the main one's. The local Dataflow runs pipelines with its Python (about 70 s, 830 MB).
+BEAM_VENV := .venv-beam
+BEAM_STAMP := $(BEAM_VENV)/.installed
+
+$(BEAM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(BEAM_VENV)
+	$(BEAM_VENV)/bin/pip install --quiet --upgrade pip
+	$(BEAM_VENV)/bin/pip install --quiet 'apache-beam[gcp]==2.77.*' 'protobuf<7'
+	touch $(BEAM_STAMP)
+
+beam-venv: $(BEAM_STAMP)
+
+venv: $(STAMP) $(BEAM_STAMP)
 
 demo: $(STAMP)          ## run the end-to-end demo on the local stack
 	$(BIN)/spotorch demo
@@ -51,4 +64,4 @@ destroy: $(STAMP)       ## remove what deploy created (keeps Firestore data and 
 	PYTHON=$(BIN)/python TFVARS=$(TFVARS) deploy/deploy.sh destroy
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(BEAM_VENV) .pytest_cache .mypy_cache .ruff_cache

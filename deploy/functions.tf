@@ -1,6 +1,7 @@
 # The Cloud Functions (2nd gen) and the bundle they are built from.
 #   on_object_finalized  Eventarc, object finalized, one function per landing bucket
-#   on_job_event         push subscriptions on spotorch-job-events and spotorch-trainer-events
+#   on_job_event         push subscriptions on spotorch-job-events and spotorch-trainer-events;
+#                        Eventarc's Dataflow statusChanged (preprocess steps) on the first
 #   on_tick              push subscription on spotorch-tick (Cloud Scheduler)
 #   on_run_event         push subscription on spotorch-events (the notifier; alert secrets)
 #   api                  HTTP, authenticated: operators only
@@ -223,6 +224,31 @@ resource "google_cloud_run_v2_service_iam_member" "objects_invoker" {
   name     = google_cloudfunctions2_function.objects[each.key].name
   role     = "roles/run.invoker"
   member   = local.functions_member
+}
+
+# A preprocess step's Dataflow job changed state (issue 31): Eventarc's direct Dataflow event, to
+# the job-event function (it tells it from Pub/Sub pushes by its type). A hint only: the function
+# reads the job with GetJob before the run changes; the tick's poll is the backstop.
+resource "google_eventarc_trigger" "dataflow_status" {
+  name            = "spotorch-dataflow-status"
+  location        = var.region
+  service_account = google_service_account.functions.email
+
+  matching_criteria {
+    attribute = "type"
+    value     = "google.cloud.dataflow.job.v1beta3.statusChanged"
+  }
+
+  destination {
+    cloud_run_service {
+      service = google_cloudfunctions2_function.pushed["spotorch-on-job-event"].name
+      region  = var.region
+    }
+  }
+
+  # The Eventarc agent must be ready before any trigger (iam.tf), as for the object functions.
+  depends_on = [time_sleep.eventarc_agent_ready, google_project_iam_member.functions_event_receiver,
+  google_cloud_run_v2_service_iam_member.pushed_invoker]
 }
 
 # --- operator API ---------------------------------------------------------------------------------------

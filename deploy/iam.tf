@@ -13,6 +13,14 @@ resource "google_service_account" "training" {
   depends_on   = [google_project_service.api]
 }
 
+# Preprocess steps (issue 31): Dataflow's launcher VM and workers run as this account unless a
+# pipeline names its own preprocess.service_account.
+resource "google_service_account" "dataflow" {
+  account_id   = "spotorch-dataflow"
+  display_name = "spotorch preprocess jobs (Dataflow workers run as this)"
+  depends_on   = [google_project_service.api]
+}
+
 # Cloud Build runs the functions' builds as this account, not as the project's default build
 # account: projects created since mid-2024 (or under the "disable default grants" organisation
 # policy) leave the default without the rights a build needs.
@@ -48,6 +56,7 @@ data "google_storage_project_service_account" "gcs" {
 
 locals {
   functions_member = "serviceAccount:${google_service_account.functions.email}"
+  dataflow_member  = "serviceAccount:${google_service_account.dataflow.email}"
   training_member  = "serviceAccount:${google_service_account.training.email}"
   pubsub_agent     = "serviceAccount:${google_project_service_identity.pubsub.email}"
 
@@ -333,4 +342,68 @@ resource "google_project_iam_member" "build_builder" {
   project = var.project_id
   role    = "roles/cloudbuild.builds.builder"
   member  = "serviceAccount:${google_service_account.build.email}"
+}
+
+# --- preprocess steps: Dataflow (issue 31) --------------------------------------------------------
+
+# Dataflow jobs are project resources: launching a flex template, reading a job, its messages and
+# metrics, and cancelling it need a project-level grant (roles/dataflow.developer: jobs.create,
+# get, list, cancel, messages.list, metrics.get).
+resource "google_project_iam_member" "functions_dataflow" {
+  project = var.project_id
+  role    = "roles/dataflow.developer"
+  member  = local.functions_member
+}
+
+# The right to launch jobs that run as spotorch-dataflow, and no other.
+resource "google_service_account_iam_member" "functions_act_as_dataflow" {
+  service_account_id = google_service_account.dataflow.name
+  role               = "roles/iam.serviceAccountUser"
+  member             = local.functions_member
+}
+
+# The outputs' completion markers: read (the cache) and written once GetJob said DONE.
+resource "google_storage_bucket_iam_member" "functions_preprocess" {
+  for_each = local.preprocess_buckets
+  bucket   = each.key # a set: key and value are the bucket
+  role     = "roles/storage.objectUser"
+  member   = local.functions_member
+}
+
+# Dataflow's workers lease and report work items as the worker account (project level only).
+resource "google_project_iam_member" "dataflow_worker" {
+  project = var.project_id
+  role    = "roles/dataflow.worker"
+  member  = local.dataflow_member
+}
+
+# The Beam module reads the snapshot, and the launcher installs the code package.
+resource "google_storage_bucket_iam_member" "dataflow_read_landing" {
+  for_each = local.landing_buckets
+  bucket   = each.value
+  role     = "roles/storage.objectViewer"
+  member   = local.dataflow_member
+}
+
+resource "google_storage_bucket_iam_member" "dataflow_read_staging" {
+  for_each = local.staging_buckets
+  bucket   = each.value
+  role     = "roles/storage.objectViewer"
+  member   = local.dataflow_member
+}
+
+# The output shards, and Dataflow's temp and staging files under the key's folder.
+resource "google_storage_bucket_iam_member" "dataflow_write_preprocess" {
+  for_each = local.preprocess_buckets
+  bucket   = each.value
+  role     = "roles/storage.objectUser"
+  member   = local.dataflow_member
+}
+
+# The training reads the step's output.
+resource "google_storage_bucket_iam_member" "training_read_preprocess" {
+  for_each = local.preprocess_buckets
+  bucket   = each.value
+  role     = "roles/storage.objectViewer"
+  member   = local.training_member
 }

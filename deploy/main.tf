@@ -27,6 +27,7 @@ locals {
     SPOTORCH_PIPELINES                = "pipelines"
     SPOTORCH_TRAINING_SERVICE_ACCOUNT = google_service_account.training.email
     SPOTORCH_FIRESTORE_DATABASE       = local.firestore_database
+    SPOTORCH_DATAFLOW_SERVICE_ACCOUNT = google_service_account.dataflow.email
     SPOTORCH_SHARED_BUDGET            = var.shared_request_budget ? "1" : "0"
     LOG_EXECUTION_ID                  = "true"
   }
@@ -37,6 +38,8 @@ locals {
   model_buckets      = toset(concat(var.model_buckets, var.pipeline_model_buckets))
   training_buckets   = setunion(local.checkpoint_buckets, local.model_buckets)
   staging_buckets    = toset(var.pipeline_staging_buckets)
+  # preprocess.output_uri buckets (issue 31): Dataflow writes the step's outputs there
+  preprocess_buckets = toset(var.pipeline_preprocess_buckets)
 
   # The topics a dead letter can come from (those our push subscriptions read): operators may
   # replay to each of them.
@@ -58,6 +61,7 @@ locals {
     "cloudfunctions.googleapis.com",
     "cloudresourcemanager.googleapis.com",
     "cloudscheduler.googleapis.com",
+    "dataflow.googleapis.com",
     "eventarc.googleapis.com",
     "firestore.googleapis.com",
     "iam.googleapis.com",

@@ -64,6 +64,7 @@ class Needs:
     route_env: tuple[str, ...] = ()  # route targets naming env variables: notifier secrets
     route_secrets: tuple[str, ...] = ()  # sm:// route targets: the notifier reads them
     staging: tuple[str, ...] = ()  # job.staging_uri buckets: functions upload packages, jobs read
+    preprocess: tuple[str, ...] = ()  # preprocess.output_uri buckets: Dataflow writes, jobs read
     # (account, bucket) of pipelines with their own job.service_account: the data it reads, the
     # checkpoints and models it writes (the training account's grants, for that pipeline only)
     account_data: tuple[tuple[str, str], ...] = ()
@@ -80,6 +81,7 @@ class Needs:
                 "pipeline_route_env": list(self.route_env),
                 "pipeline_route_secrets": list(self.route_secrets),
                 "pipeline_staging_buckets": list(self.staging),
+                "pipeline_preprocess_buckets": list(self.preprocess),
                 "pipeline_account_data_buckets": pairs(self.account_data),
                 "pipeline_account_output_buckets": pairs(self.account_output)}
 
@@ -293,6 +295,12 @@ def _walk(node: Any) -> Iterator[tuple[str, str]]:
                 bucket = _bucket(value.get("bucket"))
                 if bucket:
                     yield "landing", bucket
+            elif key == "preprocess" and isinstance(value, Mapping):
+                bucket = _bucket(value.get("output_uri"))
+                if bucket:
+                    yield "preprocess", bucket
+                yield from _walk({k: v for k, v in value.items() if k != "output_uri"})
+                continue
             elif key in _URI_KEYS and str(value).startswith("gs://"):
                 bucket = _bucket(value)
                 if bucket:
@@ -311,7 +319,7 @@ def _walk(node: Any) -> Iterator[tuple[str, str]]:
 def pipeline_needs(files: Iterable[Path]) -> Needs:
     """What pipeline files need; a file that is not valid YAML stops the build."""
     kinds = ("landing", "checkpoint", "model", "service_accounts", "route_env", "route_secrets",
-             "staging")
+             "staging", "preprocess")
     found: dict[str, set[str]] = {kind: set() for kind in kinds}
     data: set[tuple[str, str]] = set()
     output: set[tuple[str, str]] = set()
@@ -326,7 +334,8 @@ def pipeline_needs(files: Iterable[Path]) -> Needs:
                 found[kind].add(value)
                 mine[kind].add(value)
             for account in mine["service_accounts"]:
-                data |= {(account, b) for b in mine["landing"] | mine["staging"]}
+                data |= {(account, b) for b in mine["landing"] | mine["staging"]
+                         | mine["preprocess"]}
                 output |= {(account, b) for b in mine["checkpoint"] | mine["model"]}
     return Needs(**{kind: tuple(sorted(found[kind])) for kind in kinds},
                  account_data=tuple(sorted(data)), account_output=tuple(sorted(output)))

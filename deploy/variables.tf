@@ -66,8 +66,14 @@ variable "pipeline_staging_buckets" {
   default     = []
 }
 
+variable "pipeline_preprocess_buckets" {
+  description = "Generated: buckets of the bundled pipelines' preprocess.output_uri (the preprocess step's outputs)."
+  type        = list(string)
+  default     = []
+}
+
 variable "pipeline_account_data_buckets" {
-  description = "Generated: \"account bucket\" -> {account, bucket} for the trigger and staging buckets of each pipeline with its own job.service_account (read)."
+  description = "Generated: \"account bucket\" -> {account, bucket} for the trigger, staging and preprocess-output buckets of each pipeline with its own job.service_account (read)."
   type        = map(object({ account = string, bucket = string }))
   default     = {}
 }

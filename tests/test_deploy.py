@@ -78,11 +78,14 @@ PROJECT_ROLES = {
     "roles/logging.viewer": "log entries are read from the project (worker logs, `spotorch logs`)",
     "roles/datastore.viewer": "operators read runs (narrowed by a condition, like datastore.user)",
     "roles/pubsub.viewer": "a dead letter's source subscription, read on replay (subscriber lacks it)",
+    "roles/dataflow.developer": "Dataflow jobs are project resources (preprocess steps)",
+    "roles/dataflow.worker": "Dataflow work items are leased in the project (preprocess workers)",
 }
 # Roles on service accounts: acting as the training identity (or a pipeline's own job identity),
 # and Pub/Sub minting push tokens for the functions identity.
 SERVICE_ACCOUNT_GRANTS = (
     ("roles/iam.serviceAccountUser", r"google_service_account\.training\.name"),
+    ("roles/iam.serviceAccountUser", r"google_service_account\.dataflow\.name"),
     ("roles/iam.serviceAccountUser", r"^projects/-/serviceAccounts/\$\{each\.value\} for "
                                      r"\$\{toset\(var\.pipeline_service_accounts\)\}$"),
     ("roles/iam.serviceAccountTokenCreator", r"google_service_account\.functions\.name"),
@@ -118,10 +121,11 @@ RESOURCE_APIS: dict[str, frozenset[str]] = {
     "google_cloud_scheduler_job": frozenset({"cloudscheduler.googleapis.com"}),
     "google_firestore": frozenset({"firestore.googleapis.com"}),
     "google_secret_manager": frozenset({"secretmanager.googleapis.com"}),
+    "google_eventarc_trigger": frozenset({"eventarc.googleapis.com"}),
     "time_sleep": frozenset(),
 }
 # What the functions call at run time, beyond the resources deploy/ creates.
-RUNTIME_APIS = frozenset({"aiplatform.googleapis.com"})
+RUNTIME_APIS = frozenset({"aiplatform.googleapis.com", "dataflow.googleapis.com"})
 EVENT_TRIGGER_APIS = frozenset({"eventarc.googleapis.com"})
 APIS_RESOURCE = "google_project_service.api"
 
@@ -914,7 +918,7 @@ DOCTORED = [
     D("apis", "main.tf", '    "serviceusage.googleapis.com",\n', "",
       "serviceusage.googleapis.com (google_project_service"),
     D("apis", "main.tf", '    "eventarc.googleapis.com",\n', "",
-      "eventarc.googleapis.com (event triggers) is not enabled"),
+      "eventarc.googleapis.com (event triggers"),
     D("apis", "iam.tf", "  permissions = local.vertex_job_permissions\n  depends_on  = "
       "[google_project_service.api]\n", "  permissions = local.vertex_job_permissions\n",
       "google_project_iam_custom_role.vertex_jobs does not depend on google_project_service.api"),
@@ -1064,6 +1068,7 @@ def test_bundle_contents(pipelines: Path, tmp_path: Path) -> None:
         "pipeline_route_env": ["TEAM_CHAT_URL"],
         "pipeline_route_secrets": ["projects/p/secrets/oncall"],
         "pipeline_staging_buckets": [],
+        "pipeline_preprocess_buckets": [],
         "pipeline_account_data_buckets": {
             "trainer@p.iam.gserviceaccount.com landing-a": {
                 "account": "trainer@p.iam.gserviceaccount.com", "bucket": "landing-a"}},

@@ -14,6 +14,11 @@ ENV_TRAINER_EVENTS_TOPIC = "SPOTORCH_TRAINER_EVENTS_TOPIC"
 ENV_PIPELINES = "SPOTORCH_PIPELINES"
 ENV_TRAINING_SERVICE_ACCOUNT = "SPOTORCH_TRAINING_SERVICE_ACCOUNT"
 ENV_VERTEX_ENDPOINT = "SPOTORCH_VERTEX_ENDPOINT"
+# issue 31: the Dataflow API's endpoint (the local stack's emulator; unset: Google's) and the
+# gs:// spec of spotorch's launcher flex template that runs a package's Beam module.
+ENV_DATAFLOW_ENDPOINT = "SPOTORCH_DATAFLOW_ENDPOINT"
+ENV_DATAFLOW_LAUNCHER = "SPOTORCH_DATAFLOW_LAUNCHER"
+ENV_DATAFLOW_SERVICE_ACCOUNT = "SPOTORCH_DATAFLOW_SERVICE_ACCOUNT"  # preprocess jobs' worker account
 # The access token sent to an emulator endpoint (the local stack's Vertex emulator knows the
 # caller by it); never set in production, where clients use Application Default Credentials.
 ENV_VERTEX_TOKEN = "SPOTORCH_VERTEX_TOKEN"
@@ -30,7 +35,7 @@ ENV_UNMATCHED_ALERT_AFTER = "SPOTORCH_UNMATCHED_ALERT_AFTER_S"
 
 FUNCTION_ENV = (
     ENV_PROJECT, ENV_REGION, ENV_EVENTS_TOPIC, ENV_TRAINER_EVENTS_TOPIC, ENV_PIPELINES,
-    ENV_TRAINING_SERVICE_ACCOUNT, ENV_FIRESTORE_DATABASE,
+    ENV_TRAINING_SERVICE_ACCOUNT, ENV_FIRESTORE_DATABASE, ENV_DATAFLOW_SERVICE_ACCOUNT,
 )
 
 # Pub/Sub topics (short names; the project is added at run time).
@@ -99,6 +104,9 @@ class Settings:
     shared_budget: bool = False
     logging_endpoint: str | None = None
     unmatched_alert_after_s: float = 600.0
+    dataflow_endpoint: str | None = None
+    dataflow_launcher: str | None = None
+    dataflow_service_account: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -120,6 +128,9 @@ class Settings:
             logging_endpoint=env.get(ENV_LOGGING_ENDPOINT) or None,
             unmatched_alert_after_s=_seconds(env.get(ENV_UNMATCHED_ALERT_AFTER),
                                              cls.unmatched_alert_after_s),
+            dataflow_endpoint=env.get(ENV_DATAFLOW_ENDPOINT) or None,
+            dataflow_launcher=env.get(ENV_DATAFLOW_LAUNCHER) or None,
+            dataflow_service_account=env.get(ENV_DATAFLOW_SERVICE_ACCOUNT) or None,
         )
 
     def topic_path(self, topic: str) -> str:

@@ -23,6 +23,7 @@ from spotorch.ports.job_logs import JobLogs
 from spotorch.ports.jobs import JobLauncher
 from spotorch.ports.messages import EventPublisher, ShardDispatcher
 from spotorch.ports.registry import ExperimentTracker, ModelRegistry
+from spotorch.ports.steps import StepLauncher, StepOutputs
 from spotorch.ports.storage import CheckpointStore, ObjectStore
 from spotorch.ports.store import DocumentStore, RunStore
 from spotorch.settings import COLLECTION_JOBS
@@ -98,6 +99,10 @@ class Deps:
     job_logs: JobLogs | None = None
     # An upload that matched no pipeline is alerted on once it was quiet this long.
     unmatched_alert_after_s: float = 600.0
+    # issue 31: the preprocess step's Dataflow jobs and its cached outputs (None: a deployment
+    # whose pipelines have no preprocess step; one that does fails its step's intents loudly).
+    steps: StepLauncher | None = None
+    step_outputs: StepOutputs | None = None
 
     def pipeline(self, name: str) -> Pipeline:
         """The loaded pipeline of this name; UnknownPipeline if there is none."""
@@ -118,9 +123,11 @@ def context(deps: Deps, run: Run, now: float) -> Context:
                                                            shape_key(pipeline, run), now),
                   prices=deps.prices, key_seed=key_seed())
     if pipeline.hardware is None or run.hardware is not None or \
-            run.status not in (RunStatus.QUEUED, RunStatus.PROBING):
+            run.status not in (RunStatus.QUEUED, RunStatus.PROBING, RunStatus.PREPROCESSING):
         return ctx
-    cache = probe_cache(deps, pipeline) if run.status is RunStatus.QUEUED else None
+    # A queued run, or one whose preprocess output may be complete now, may start probing.
+    cache = probe_cache(deps, pipeline) if run.status in (RunStatus.QUEUED,
+                                                          RunStatus.PREPROCESSING) else None
     return replace(ctx, outlook=hardware_outlook(deps, pipeline, now), hardware_cache=cache)
 
 

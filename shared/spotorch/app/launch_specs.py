@@ -15,6 +15,8 @@ from spotorch.core.hardware import PROBE_CANDIDATE_LABEL
 from spotorch.core.intents import LaunchIntent, LaunchProbeIntent
 from spotorch.core.model import PROBE_CAPACITY, PROBE_HARDWARE, JobPhase, JobStatus, Probe, Run, probe_key
 from spotorch.core.pipeline import Capacity, HardwareCandidate, JobTemplate, Pipeline
+from spotorch.core.preprocess import training_data_uri
+from spotorch.core.preprocessing import step_of
 from spotorch.ports.jobs import (
     LABEL_ATTEMPT,
     LABEL_BUCKET,
@@ -124,7 +126,8 @@ def launch_spec(deps: Deps, run: Run, intent: LaunchIntent) -> LaunchSpec:
         contract.ENV_CHECKPOINT_URI: run.checkpoint_uri,
         contract.ENV_RESUME_FROM: intent.resume_uri or "",
         contract.ENV_RESUME_STEP: "" if intent.resume_step is None else str(intent.resume_step),
-        contract.ENV_DATA_URI: run.data_uri,
+        # issue 31: a run with a preprocess step trains on the step's output
+        contract.ENV_DATA_URI: training_data_uri(step_of(run), run.data_uri),
         contract.ENV_MODEL_URI: run.output_uri,
         contract.ENV_EVENTS_TOPIC: deps.events_topic,
     }
@@ -134,7 +137,10 @@ def launch_spec(deps: Deps, run: Run, intent: LaunchIntent) -> LaunchSpec:
     if prov.get("seed") is not None:
         env[contract.ENV_SEED] = str(prov["seed"])
     manifest = (prov.get("data") or {}).get("manifest_uri")
-    if manifest:  # the snapshot's objects at their generations (env holds no 2000 names)
+    # The snapshot's objects at their generations (env holds no 2000 names). Not for a run
+    # that trains on its preprocess step's output (issue 31): the trainer reads that folder,
+    # which the manifest does not list; the step's cache key names its input, code, options.
+    if manifest and env[contract.ENV_DATA_URI] == run.data_uri:
         env[contract.ENV_INPUTS] = str(manifest)
     if intent.resume_exact:
         env[contract.ENV_RESUME_EXACT] = "1"
@@ -165,7 +171,13 @@ def with_machine(template: JobTemplate, machine_type: str | None) -> JobTemplate
 def stage_packages(deps: Deps, spec: LaunchSpec) -> None:
     """Upload the built Python packages a job runs that the staging bucket lacks (the pipeline
     was validated and its packages built where it was deployed: spotorch.spec.packages)."""
-    for pool in spec.template.worker_pools:
+    stage_template_packages(deps, spec.template)
+
+
+def stage_template_packages(deps: Deps, template: JobTemplate) -> None:
+    """Upload the built packages of a job template's pools that the staging bucket lacks (the
+    training's, and the preprocess step's: its Beam module comes from the chief's package)."""
+    for pool in template.worker_pools:
         package = pool.python_package
         if package is not None:
             for uri, path in zip(package.package_uris, package.staged_files, strict=False):

@@ -271,6 +271,7 @@ def run_summary(run: Run) -> dict[str, Any]:
             "ended_at": p.ended_at, "cancel_reason": p.cancel_reason, "kind": p.kind,
             "candidate": p.candidate,
         } for p in run.probes],
+        "preprocess": dict(run.preprocess) if run.preprocess else None,  # issue 31
         "history": [{"at": h.at, "what": h.what, "reason": h.reason} for h in run.history],
     }
 

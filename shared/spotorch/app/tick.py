@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from spotorch.app import unmatched
+from spotorch.app import preprocess_steps, unmatched
 from spotorch.app.arrivals import list_landing, start_snapshot_run
 from spotorch.app.deps import Deps
 from spotorch.app.job_events import checkpoint_if_ended, error_tail_if_failed
@@ -150,7 +150,7 @@ def _poll(deps: Deps, run: Run, listing: Listing) -> Callable[[Run], list[Observ
                 missing.append(JobMissing(attempt.number, attempt.job_name))
             log.warning("polling %s failed: %s", attempt.job_name, exc,
                         extra={"run_id": run.run_id})
-    probed = _poll_probes(deps, run, listing)
+    probed = [*_poll_probes(deps, run, listing), *preprocess_steps.poll(deps, run)]
 
     def observe(fresh: Run) -> list[Observation]:
         polled: list[Observation] = [

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any, assert_never
 
 from spotorch.app import hardware_probes as probes
-from spotorch.app import run_log
+from spotorch.app import preprocess_steps, run_log
 from spotorch.app.deps import Deps, JobOwner, ObservationSource, context, job_id_of
 from spotorch.app.launch_specs import hardware_probe_spec, launch_spec, probe_spec, stage_packages
 from spotorch.app.spot_record import seen_between, shape_key
@@ -25,6 +25,7 @@ from spotorch.core.intents import (
     Intent,
     LaunchIntent,
     LaunchProbeIntent,
+    PreprocessIntent,
     PublishIntent,
     RegisterModelIntent,
 )
@@ -202,6 +203,8 @@ def _perform(deps: Deps, run: Run, intent: Intent) -> Observation | None:
                 return _perform_delete(deps, intent)
             case LaunchProbeIntent():
                 return _perform_probe_launch(deps, run, intent)
+            case PreprocessIntent():
+                return preprocess_steps.perform(deps, run, intent)
             case _:
                 assert_never(intent)
     except Exception as exc:  # a failed side effect stays in the outbox; the next tick retries it

@@ -11,6 +11,7 @@ from spotorch.core.health import CheckpointAdvice
 from spotorch.core.model import Attempt, Run, RunStatus
 from spotorch.core.observations import error_line
 from spotorch.core.pipeline import BatchMode, Pipeline
+from spotorch.core.preprocess import PreprocessStep
 from spotorch.core.price_list import LIST_PRICES
 from spotorch.core.prices import PriceTable
 from spotorch.core.sweeps import Sweep, Trial
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
 STATUS_MEANING: Mapping[RunStatus, str] = {
     RunStatus.QUEUED: "waiting for an earlier run of its pipeline to end",
     RunStatus.PENDING: "created; its first attempt is not launched yet",
+    RunStatus.PREPROCESSING: "the preprocess step (Beam on Dataflow) runs; training waits for "
+                             "its output",
     RunStatus.STARTING: "the current attempt's job is being created or waits for capacity",
     RunStatus.RUNNING: "the current attempt's job is running",
     RunStatus.RECOVERING: "the last attempt ended; the next waits for its backoff",
@@ -38,7 +41,27 @@ STATUS_MEANING: Mapping[RunStatus, str] = {
     RunStatus.FAILED_TIMEOUT: "the job hit its timeout more often than allowed",
     RunStatus.FAILED_LAUNCH: "Vertex AI refused the job for good (bad spec, permissions)",
     RunStatus.FAILED_BUDGET: "the estimated cost passed the pipeline's budget",
+    RunStatus.PROBING: "hardware candidates are probed; the first attempt waits for the choice",
+    RunStatus.REGISTERING: "the job succeeded; its model is being registered",
+    RunStatus.FAILED_HUNG: "attempts kept hanging (no trainer report) beyond the hung budget",
+    RunStatus.FAILED_DIVERGED: "a divergence rule fired (NaN, spike, plateau); job stopped",
+    RunStatus.FAILED_OUT_OF_MEMORY: "out of memory with no larger machine to move to",
+    RunStatus.FAILED_QUOTA: "a resource quota refused it in every region, capacity and shape",
 }
+
+
+def preprocess_view(run: Run, cost: float) -> dict[str, Any] | None:
+    """The run's preprocess step (issue 31): its Dataflow job, state, output and the cache."""
+    if not run.preprocess:
+        return None
+    step = PreprocessStep.from_doc(run.preprocess)
+    return {"phase": str(step.phase), "cache_hit": step.cache_hit, "cache_key": step.cache_key,
+            "output_uri": step.output_uri, "job_name": step.job_name, "job_id": step.job_id,
+            "region": step.region, "state": step.state, "launches": step.launches,
+            "launched_at": iso(step.launched_at), "started_at": iso(step.started_at),
+            "ended_at": iso(step.ended_at),
+            "failure_class": str(step.failure) if step.failure else None, "error": step.error,
+            "cost": round(cost, 4)}
 
 
 def iso(ts: float | None) -> str | None:
@@ -120,6 +143,7 @@ def run_view(run: Run, pipeline: Pipeline | None, now: float,
         "model_ready": run.status is RunStatus.SUCCEEDED, "retry_of": run.retry_of,
         "escalated": dict(run.escalated) if run.escalated else None,
         "hardware": dict(run.hardware) if run.hardware else None,  # issue 19: the probed table
+        "preprocess": preprocess_view(run, book.preprocess_cost),  # issue 31
         # issue 30: what it trained on and with, as recorded at creation (the full record)
         "provenance": dict(run.provenance) if run.provenance else None,
         "rerun_of": run.rerun_of,

@@ -119,6 +119,16 @@ def _resumed(d: Mapping[str, Any]) -> str:
     return f", resuming from step {step}" if step is not None else ""
 
 
+def _preprocess_end(d: Mapping[str, Any]) -> str:
+    if d.get("cache_hit"):
+        return f"Preprocess output reused from the cache: {_get(d, 'output_uri')}"
+    if d.get("phase") == "DONE":
+        return (f"Preprocess done: Dataflow job {_get(d, 'job_name')} ended "
+                f"{_get(d, 'state')}; training on {_get(d, 'output_uri')}")
+    return (f"Preprocess {str(d.get('phase', '?')).lower()} ({_get(d, 'failure_class')}): "
+            f"{_get(d, 'error')}")
+
+
 def _sweep_end(d: Mapping[str, Any]) -> str:
     best = d.get("best") if isinstance(d.get("best"), Mapping) else None
     head = f"Sweep {str(_get(d, 'status')).lower()} after {_get(d, 'trials')} trial(s)"
@@ -175,6 +185,11 @@ _HEADLINES: Mapping[str, tuple[Severity, Callable[[Mapping[str, Any]], str]]] = 
         f"Spot probe {_get(d, 'probe')} in {_get(d, 'region')}: "
         + ("capacity found" if d.get("found") else "no capacity")
         + ("; moving back to Spot VMs" if d.get("switching") else ""))),
+    "run.preprocess_started": (Severity.INFO, lambda d: (
+        f"Preprocess: Dataflow job {_get(d, 'job_name')} launched (launch {_get(d, 'launch')}) "
+        f"writing {_get(d, 'output_uri')}"
+        + (f"; relaunched after: {d['previous_error']}" if d.get("previous_error") else ""))),
+    "run.preprocess_ended": (Severity.INFO, _preprocess_end),
     "upload.unmatched": (Severity.WARNING, lambda d: (
         f"Upload to {_get(d, 'uri')} matched no pipeline: {_get(d, 'reason')}")),
     "run.checkpoints_deleted": (Severity.INFO, lambda d: (

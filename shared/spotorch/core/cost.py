@@ -12,9 +12,10 @@ state what this ledger says.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from spotorch.core.model import Attempt, Run, RunStatus
 from spotorch.core.pipeline import Capacity, Pipeline, WorkerPool, pool_role
@@ -116,6 +117,26 @@ def _pool_rates(pools: tuple[WorkerPool, ...], rates: Sequence[float | None]
                  for i, (p, rate) in enumerate(zip(pools, rates, strict=True)))
 
 
+# Dataflow batch workers are billed per second for the resources GetJobMetrics reports
+# (TotalVcpuTime, TotalMemoryUsage, TotalPdUsage), not by machine type. These are the us-central1
+# batch list prices of cloud.google.com/dataflow/pricing as we last read them (USD per hour;
+# not re-checked from this machine, which has no internet): other regions differ by a few percent.
+DATAFLOW_PRICE_SOURCE = "cloud.google.com/dataflow/pricing, batch workers, us-central1 (2025)"
+DATAFLOW_VCPU_HOUR = 0.056
+DATAFLOW_MEMORY_GB_HOUR = 0.003557
+DATAFLOW_PD_GB_HOUR = 0.000054
+
+
+def preprocess_cost(step: Mapping[str, Any] | None) -> float:
+    """What a run's preprocess step cost (its record's billed resources at Dataflow's prices); a
+    cache hit cost nothing (its job was another run's)."""
+    if not step or step.get("cache_hit"):
+        return 0.0
+    return (float(step.get("vcpu_s") or 0.0) / 3600 * DATAFLOW_VCPU_HOUR
+            + float(step.get("memory_gb_s") or 0.0) / 3600 * DATAFLOW_MEMORY_GB_HOUR
+            + float(step.get("pd_gb_s") or 0.0) / 3600 * DATAFLOW_PD_GB_HOUR)
+
+
 @dataclass(frozen=True)
 class AttemptCost:
     """One attempt's line in the ledger."""
@@ -178,6 +199,7 @@ class Ledger:
     probe_cost: float = 0.0  # their billed time at the Spot price; part of total
     result: RunResult = RunResult.RUNNING
     unpriced: tuple[str, ...] = ()  # machines and accelerators the price table does not know
+    preprocess_cost: float = 0.0  # the preprocess step's Dataflow job; part of total
 
     def sentence(self) -> str:
         """The ledger in one line, as alerts and summaries say it."""
@@ -203,6 +225,8 @@ class Ledger:
         if self.probes:
             plural = "s" if self.probes != 1 else ""
             line += f"; {self.probes} Spot probe{plural} cost {money(self.probe_cost)}"
+        if self.preprocess_cost:
+            line += f"; the preprocess step cost {money(self.preprocess_cost)}"
         if self.unpriced:
             line += f"; price unknown for {', '.join(self.unpriced)} (not counted)"
         return line
@@ -291,8 +315,13 @@ def ledger(run: Run, pipeline: Pipeline | None, now: float,
             rate = hourly_rate(pipeline, Capacity.SPOT, probe.region, table)
             unpriced += rate.unknown
             probe_cost += billed / 3600 * (rate.per_hour or 0.0)
-    total = sum(line.cost for line in lines) + probe_cost
-    standard_equivalent = standard_useful + (startup[0] / 3600 * startup[1] if startup else 0.0)
+    step_cost = preprocess_cost(run.preprocess)
+    if step_cost:
+        basis.append(f"Dataflow: {DATAFLOW_PRICE_SOURCE}")
+    total = sum(line.cost for line in lines) + probe_cost + step_cost
+    # The preprocess step runs on Dataflow either way: the same cost on both sides.
+    standard_equivalent = standard_useful + (startup[0] / 3600 * startup[1] if startup else 0.0) \
+        + step_cost
     result = result_of(run)
     savings = standard_equivalent - total if result is RunResult.RESULT and not unpriced else None
     return Ledger(
@@ -303,7 +332,7 @@ def ledger(run: Run, pipeline: Pipeline | None, now: float,
         useful_s=useful_s, lost_steps=sum(line.lost_steps for line in lines),
         lost_cost=sum(line.lost_cost for line in lines), preemptions=run.counters.preemptions,
         basis=tuple(dict.fromkeys(basis)), probes=run.counters.probes, probe_cost=probe_cost,
-        result=result, unpriced=tuple(dict.fromkeys(unpriced)))
+        result=result, unpriced=tuple(dict.fromkeys(unpriced)), preprocess_cost=step_cost)
 
 
 def _pool_costs(rates: tuple[PoolRate, ...], billed_s: float) -> tuple[PoolCost, ...]:
@@ -341,6 +370,7 @@ def ledger_dict(book: Ledger) -> dict[str, object]:
         "useful_s": round(book.useful_s, 1), "lost_steps": book.lost_steps,
         "lost_cost": round(book.lost_cost, 4), "preemptions": book.preemptions,
         "probes": book.probes, "probe_cost": round(book.probe_cost, 4),
+        "preprocess_cost": round(book.preprocess_cost, 4),
         "summary": book.sentence(), "basis": list(book.basis),
         "attempts": [{"attempt": a.attempt, "capacity": str(a.capacity), "region": a.region,
                       "billed_s": round(a.billed_s, 1),

@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from spotorch.core import hardware as hw
+from spotorch.core import preprocessing
 from spotorch.core import provenance as prov
 from spotorch.core.context import Context
 from spotorch.core.escalation import deadline_warning, policy_view, spot_cooldown_until, spot_cooling
@@ -65,6 +66,8 @@ from spotorch.core.observations import (
     LaunchFailed,
     ModelRegistered,
     Observation,
+    PreprocessCacheChecked,
+    PreprocessObserved,
     ProbeLaunched,
     ProbeLaunchFailed,
     ProbeMissing,
@@ -143,6 +146,8 @@ def new_run(*, run_id: str, pipeline: Pipeline, now: float, data_uri: str,
         run = announce_hardware(run, ctx, hardware)
     if queued:
         return move_to(run, RunStatus.QUEUED, ctx, "waiting for the active run of the pipeline")
+    if pipeline.preprocess is not None:  # issue 31: its output first (or the cache's)
+        return preprocessing.begin(run, ctx, "preprocess step first")
     if hardware is None and pipeline.hardware is not None and hardware_cache is not None:
         return probe_hardware(run, ctx, hardware_cache)
     return first_launch(run, ctx, "first attempt")
@@ -155,7 +160,8 @@ def decide(run: Run, obs: Observation, ctx: Context) -> Run:
     if run.status.terminal and not isinstance(obs, IntentDone | IntentDeferred | LaunchDone
                                               | JobObserved | JobMissing
                                               | CheckpointsDeleted | ProbeLaunched
-                                              | ProbeLaunchFailed | ProbeObserved | ProbeMissing):
+                                              | ProbeLaunchFailed | ProbeObserved | ProbeMissing
+                                              | PreprocessObserved | PreprocessCacheChecked):
         return run
     handler = _HANDLERS[type(obs)]
     new = probes_follow(retention(run, handler(run, obs, ctx), ctx), ctx)
@@ -409,6 +415,8 @@ def _on_cancel(run: Run, obs: Observation, ctx: Context) -> Run:
     assert isinstance(obs, CancelRequested)
     if run.status is RunStatus.REGISTERING:
         return run  # the model is trained: only its registration is left to finish
+    if run.status is RunStatus.PREPROCESSING:
+        return preprocessing.cancel(run, ctx, obs.reason)
     return stop(run, ctx, obs.reason, None)
 
 
@@ -430,9 +438,7 @@ def _over_budget(run: Run, ctx: Context) -> Run | None:
 def _on_promote(run: Run, obs: Observation, ctx: Context) -> Run:
     if run.status is not RunStatus.QUEUED:
         return run
-    if run.hardware is None and ctx.pipeline.hardware is not None:
-        return probe_hardware(run, ctx, ctx.hardware_cache or {})
-    return first_launch(run, ctx, "the pipeline's previous run ended")
+    return preprocessing.begin(run, ctx, "the pipeline's previous run ended")
 
 
 def _on_tick(run: Run, obs: Observation, ctx: Context) -> Run:
@@ -503,4 +509,6 @@ _HANDLERS: Mapping[type, Callable[[Run, Observation, Context], Run]] = {
     ProbeLaunchFailed: on_probe_launch_failed,
     ProbeObserved: on_probe,
     ProbeMissing: on_probe_missing,
+    PreprocessCacheChecked: preprocessing.on_cache_checked,
+    PreprocessObserved: preprocessing.on_job_observed,
 }

@@ -28,6 +28,10 @@ EVENT_KINDS: Mapping[str, str] = {
     "run.deadline_at_risk": "the deadline can no longer be met on Spot alone",
     "run.hardware_chosen": "the run's machine shape was chosen from probe measurements",
     "run.spot_probed": "a Spot capacity probe of a run on standard VMs answered (found or not)",
+    # issue 31: the preprocess step (Apache Beam on Dataflow) before training
+    "run.preprocess_started": "the run's preprocess step launched its Dataflow job",
+    "run.preprocess_ended": "the preprocess step ended: its output complete (or reused from the "
+                            "cache), or its job failed or was cancelled",
     # Sweeps (spotorch.core.sweeps): the event's run_id is the sweep id; subject runs/<sweep id>.
     "sweep.created": "a hyperparameter sweep was created and its trials planned",
     "sweep.trial_started": "a trial of a sweep was started as a run of its own",

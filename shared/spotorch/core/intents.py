@@ -93,12 +93,29 @@ class RegisterModelIntent:
     kind: ClassVar[str] = "register_model"
 
 
+PREPROCESS_LOOKUP = "lookup"  # identify the input, look up the cache
+PREPROCESS_LAUNCH = "launch"  # create the Dataflow job named job_name (or find the one it made)
+PREPROCESS_CANCEL = "cancel"  # cancel the Dataflow job named job_name
+PREPROCESS_MARK = "mark"  # write the output's completion marker (GetJob said JOB_STATE_DONE)
+
+
+@dataclass(frozen=True)
+class PreprocessIntent:
+    """A side effect of the preprocess step (issue 31): one of the PREPROCESS_* actions."""
+
+    id: str
+    action: str
+    job_name: str = ""
+    claimed_until: float = 0.0
+    kind: ClassVar[str] = "preprocess"
+
+
 # A side effect decided in a transaction and carried out after it commits (the outbox).
 Intent = (LaunchIntent | CancelIntent | PublishIntent | DeleteCheckpointsIntent
-          | RegisterModelIntent | LaunchProbeIntent)
+          | RegisterModelIntent | LaunchProbeIntent | PreprocessIntent)
 _INTENT_TYPES: Mapping[str, type[Intent]] = {
     t.kind: t for t in (LaunchIntent, CancelIntent, PublishIntent, DeleteCheckpointsIntent,
-                        RegisterModelIntent, LaunchProbeIntent)}
+                        RegisterModelIntent, LaunchProbeIntent, PreprocessIntent)}
 
 
 def intent_to_dict(intent: Intent) -> dict[str, Any]:

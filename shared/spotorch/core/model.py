@@ -90,6 +90,7 @@ class RunStatus(StrEnum):
     QUEUED = "QUEUED"  # waiting for an earlier run of its pipeline to end (on_active_run: queue)
     PENDING = "PENDING"  # created; its first attempt is not launched yet
     PROBING = "PROBING"  # hardware candidates are probed; the first attempt waits for the choice
+    PREPROCESSING = "PREPROCESSING"  # the preprocess step (Beam on Dataflow) runs; training waits
     STARTING = "STARTING"  # the current attempt's job is being created or waits for capacity
     RUNNING = "RUNNING"  # the current attempt's job is running
     RECOVERING = "RECOVERING"  # the last attempt ended; the next waits for its backoff or a cancel
@@ -127,10 +128,13 @@ _ENDINGS = _FAILED | {RunStatus.SUCCEEDED, RunStatus.CANCELLED}
 # Allowed transitions. A run may always end (succeed, fail, be cancelled) from a live status.
 TRANSITIONS: Mapping[RunStatus, frozenset[RunStatus]] = {
     RunStatus.QUEUED: frozenset({RunStatus.PENDING, RunStatus.STARTING, RunStatus.PROBING,
-                                 RunStatus.CANCELLED}),
+                                 RunStatus.PREPROCESSING, RunStatus.CANCELLED}),
     RunStatus.PENDING: frozenset({RunStatus.QUEUED, RunStatus.STARTING, RunStatus.PROBING,
-                                  RunStatus.CANCELLED}) | _FAILED,
+                                  RunStatus.PREPROCESSING, RunStatus.CANCELLED}) | _FAILED,
     RunStatus.PROBING: frozenset({RunStatus.STARTING, RunStatus.CANCELLED}) | _FAILED,
+    # issue 31: training starts (or probes) only once the preprocess output is complete
+    RunStatus.PREPROCESSING: frozenset({RunStatus.STARTING, RunStatus.PROBING,
+                                        RunStatus.CANCELLING, RunStatus.CANCELLED}) | _FAILED,
     RunStatus.STARTING: frozenset({RunStatus.RUNNING, RunStatus.RECOVERING, RunStatus.CANCELLING,
                                    RunStatus.REGISTERING}) | _ENDINGS,
     RunStatus.RUNNING: frozenset({RunStatus.RECOVERING, RunStatus.STARTING, RunStatus.CANCELLING,
@@ -401,6 +405,8 @@ class Run:
     next_region: str | None = None  # where the next attempt goes (a probe found Spot there)
     # ---- hardware probing (issue 19): candidate -> ProbeResult.to_doc(), cached or measured
     hardware_results: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # ---- issue 31: the preprocess step (spotorch.core.preprocess.PreprocessStep.to_doc())
+    preprocess: Mapping[str, Any] | None = None
     # ---- reproducibility (issue 30): spotorch.core.provenance.build(), recorded at creation only
     provenance: Mapping[str, Any] | None = None
     rerun_of: str | None = None  # the run this one reruns on exactly its recorded inputs
@@ -474,6 +480,7 @@ class Run:
         data["probes"] = tuple(_probe_from(p) for p in data.get("probes", ()))
         data["hardware_results"] = {str(k): dict(v) for k, v in
                                     (data.get("hardware_results") or {}).items()}
+        data["preprocess"] = dict(data["preprocess"]) if data.get("preprocess") else None
         return cls(**data)
 
 

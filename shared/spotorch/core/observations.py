@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spotorch.core.model import Checkpoint, JobStatus
+from spotorch.core.preprocess import JobView
 from spotorch_trainer.contract import parse_checkpoint_step
 
 # ---------------------------------------------------------------- observations
@@ -200,7 +201,30 @@ class CancelRequested:
     reason: str
 
 
+@dataclass(frozen=True)
+class PreprocessCacheChecked:
+    """The preprocess step's input was identified and its cache looked up (issue 31).
+
+    input_id: spotorch.core.preprocess.input_identity of the run's data (by content when the
+    storage listing gave every object's checksum); complete: a completion marker of the key
+    that input makes exists (always False for a pipeline whose code is not known by content)."""
+
+    intent_id: str
+    input_id: str
+    complete: bool
+
+
+@dataclass(frozen=True)
+class PreprocessObserved:
+    """The preprocess step's job as GetJob answered (None: Dataflow does not know it yet); from
+    the tick's poll, a statusChanged event checked against GetJob, or a launch's answer."""
+
+    job: JobView | None
+    intent_id: str = ""  # the launch intent this answers, if any
+
+
 Observation = (JobObserved | JobMissing | TrainerReported | LaunchDone | LaunchFailed | IntentDone
                | IntentDeferred | Tick
                | Promote | CancelRequested | CheckpointsDeleted | ModelRegistered
-               | ProbeLaunched | ProbeLaunchFailed | ProbeObserved | ProbeMissing)
+               | ProbeLaunched | ProbeLaunchFailed | ProbeObserved | ProbeMissing
+               | PreprocessCacheChecked | PreprocessObserved)

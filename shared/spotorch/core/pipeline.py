@@ -439,6 +439,70 @@ class HardwareSearch(FileSection):
         7 * 24 * 3600.0
 
 
+# --- a preprocessing step before training (issue 31): Apache Beam on Dataflow ----------------------
+
+_PIPELINE_OPTION = Annotated[str, Matches(
+    r"^[a-z][a-zA-Z0-9_]*$", "must be a Beam pipeline option name like num_shards or "
+                             "worker_disk_type (no leading --)")]
+# Options spotorch sets itself on every launch: a file naming them would fight the launcher.
+RESERVED_PREPROCESS_OPTIONS = ("runner", "project", "region", "job_name", "temp_location",
+                               "staging_location", "input", "output", "max_num_workers",
+                               "worker_machine_type", "machine_type", "service_account_email")
+
+
+@dataclass(frozen=True)
+class Preprocess(FileSection):
+    """An Apache Beam pipeline run on Dataflow before training; the training reads its output.
+
+    Its output is cached by input: {output_uri}/{cache key}/, the key made of the data snapshot,
+    the step's code (the package's content hash, or the template) and its options, so a run
+    whose key is complete reuses it and a relaunched training never repeats it."""
+
+    FILE_REQUIRES: ClassVar[tuple[str, ...]] = ("output_uri",)
+
+    python_module: Annotated[str | None, Matches(
+        r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$",
+        "must be a Python module name like trainer.preprocess"),
+        Field(description="A Beam pipeline in your code package (the chief pool's "
+                          "python_package), run as `python -m MODULE --input URI --output URI "
+                          "OPTIONS` by spotorch's launcher flex template on Dataflow; or "
+                          "template_uri.")] = None
+    template_uri: Annotated[GcsUri | None, Field(
+        description="Your own Dataflow flex template spec (gs://.../template.json), launched "
+                    "with the parameters input, output and options; or python_module.")] = None
+    options: Annotated[tuple[tuple[str, str], ...], Pairs(_PIPELINE_OPTION,
+                                                          Annotated[str, StringOrNumber()]),
+                       Field(description="Pipeline options (flex template parameters) as names "
+                                         "to strings or numbers; part of the cache key.")] = ()
+    output_uri: Annotated[GcsUri, Field(
+        description="Root of the step's outputs; each cache key writes under "
+                    "{output_uri}/{key}/ and the training reads it (SPOTORCH_DATA_URI).")] = ""
+    machine_type: Annotated[str, Matches(
+        r"^[a-z][a-z0-9]*(-[a-z0-9]+)+$",
+        "must be a Compute Engine machine type like n1-standard-4")] = "n1-standard-1"
+    max_workers: Annotated[int, Field(ge=1, le=1000, description="Dataflow's autoscaling "
+                                                                 "ceiling.")] = 10
+    region: Annotated[Region, Field(description="Dataflow's regional endpoint for the "
+                                                "job.")] = "us-central1"
+    service_account: Annotated[str | None, Matches(
+        r"^[^@\s]+@[^@\s]+\.gserviceaccount\.com$",
+        "must be a service account email (...@PROJECT.iam.gserviceaccount.com)"),
+        Field(description="The Dataflow worker service account (absent: the project's "
+                          "Compute Engine default).")] = None
+    timeout_s: Annotated[float, Duration(), Field(
+        validation_alias="timeout",
+        description="A job still running after this is cancelled and counted a timeout.")] = \
+        6 * 3600.0
+    # The step's own budgets: a failed transform is the user's code and rarely passes on a
+    # second try; the service's errors and quotas are worth a few.
+    max_user_errors: Annotated[int, Field(ge=0,
+        description="Relaunches after a failure of your pipeline's code.")] = 0
+    max_infra_errors: Annotated[int, Field(ge=0,
+        description="Relaunches after a Dataflow-side failure.")] = 3
+    max_quota_errors: Annotated[int, Field(ge=0,
+        description="Relaunches after a quota refused the job's workers.")] = 1
+
+
 @dataclass(frozen=True)
 class Pipeline(FileSection):
     """Everything spotorch needs to know to turn data into a trained model."""
@@ -481,6 +545,9 @@ class Pipeline(FileSection):
         description="Hardware candidates to probe before the full run (docs/hardware.md).")] = None
     sweep: SweepSpec | None = None  # a hyperparameter sweep: each data snapshot starts one
     model: ModelRegistration | None = None  # register successful models in Vertex AI
+    preprocess: Annotated[Preprocess | None, Field(
+        description="An Apache Beam pipeline on Dataflow before training, cached by input "
+                    "(docs/preprocess.md).")] = None
 
     def run_checkpoint_uri(self, run_id: str) -> str:
         """The run's own checkpoint folder: a report naming anything else is refused."""

@@ -312,8 +312,14 @@ def object_event(event: CloudEventLike) -> None:
 
 
 def job_event(event: CloudEventLike) -> None:
-    """A job's service log line (log sink) or a trainer report, both via Pub/Sub."""
+    """A job's service log line (log sink) or a trainer report, both via Pub/Sub; or a preprocess
+    job's Dataflow statusChanged (its own Eventarc trigger on this function's service)."""
+    from spotorch.core.preprocess import STATUS_CHANGED_TYPE
     from spotorch_trainer import contract
+
+    if _attr(event, "type") == STATUS_CHANGED_TYPE:
+        dataflow_event(event)
+        return
 
     body, attributes = _pubsub_message(event)
     source = attributes.get(contract.ATTR_SOURCE, contract.SOURCE_JOB)
@@ -415,6 +421,25 @@ def run_event(event: CloudEventLike) -> None:
     setup_logging()
     deliveries = handle_pubsub_cloudevent(event)
     log.info("notifier: %d deliveries", len(deliveries), extra={"event_id": _attr(event, "id")})
+
+
+def dataflow_event(event: CloudEventLike) -> None:
+    """Eventarc's google.cloud.dataflow.job.v1beta3.statusChanged: a preprocess job moved (a
+    hint, checked against GetJob before the run changes; the tick's poll is the backstop)."""
+    from spotorch.app.preprocess_steps import status_changed
+    from spotorch.core import preprocess as pp
+
+    type_ = _attr(event, "type")
+    if type_ != pp.STATUS_CHANGED_TYPE:
+        raise InvalidEvent(f"not a Dataflow statusChanged event: {type_[:80]!r}")
+    data = getattr(event, "data", None)
+    if not isinstance(data, Mapping):
+        raise InvalidEvent("statusChanged event without a JSON object as its data")
+    try:
+        hint = pp.status_hint(data)
+    except ValueError as exc:
+        raise InvalidEvent(str(exc)) from None
+    status_changed(deps(), hint, _attr(event, "id"))
 
 
 # What each Cloud Function runs: its handler, guarded so bad events are acknowledged and recorded.

@@ -19,6 +19,7 @@ class SystemClock:
 def production_deps(settings: Settings | None = None) -> Deps:
     """Firestore, Vertex AI, GCS and Pub/Sub adapters configured from SPOTORCH_* variables."""
     from spotorch.adapters.gcp.checkpoints import StorageCheckpointStore
+    from spotorch.adapters.gcp.dataflow import DataflowStepLauncher, GcsStepOutputs
     from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
     from spotorch.adapters.gcp.job_logs import CloudLoggingJobLogs
     from spotorch.adapters.gcp.pubsub import PubSubPublisher, PubSubShardDispatcher
@@ -60,4 +61,10 @@ def production_deps(settings: Settings | None = None) -> Deps:
         job_logs=CloudLoggingJobLogs(settings.project, endpoint=settings.logging_endpoint,
                                      token=settings.vertex_token),
         unmatched_alert_after_s=settings.unmatched_alert_after_s,
+        # issue 31: clients on first use: only pipelines with a `preprocess` step call them.
+        steps=DataflowStepLauncher(settings.project, launcher_template=settings.dataflow_launcher,
+                                   service_account=settings.dataflow_service_account,
+                                   endpoint=settings.dataflow_endpoint,
+                                   token=settings.vertex_token),
+        step_outputs=GcsStepOutputs(project=settings.project),
     )

@@ -42,6 +42,11 @@ DEAD_LETTER_SUBSCRIPTION = S.SUBSCRIPTION_DEAD_LETTER_LOCAL
 
 VERTEX_MODULE = "spotorch.local.vertex_emulator"
 VERTEX_READY_LINE = "vertex emulator listening on"
+DATAFLOW_MODULE = "spotorch.local.dataflow_emulator"
+DATAFLOW_READY_LINE = "dataflow emulator listening on"
+# The spec URI of spotorch's launcher flex template on the local stack (the emulator runs the
+# launcher itself: it reads no template file).
+DATAFLOW_LAUNCHER = "gs://spotorch-dataflow-templates/spotorch-launcher.json"
 
 # How pushes reach the functions:
 #   eventarc: through our adapter, which posts CloudEvents exactly as Eventarc would (default);
@@ -109,6 +114,10 @@ class StackConfig:
     # The Vertex emulator checks every caller against deploy/'s grants (docs/local-stack.md,
     # "IAM"); deploy_dir: the Terraform whose grants count (a copy with a grant removed, in tests).
     vertex_iam: bool = True
+    # issue 31: the local Dataflow (spotorch.local.dataflow_emulator) for preprocess steps; it
+    # runs Beam in its own environment (make beam-venv; beam_python None: that one).
+    dataflow: bool = False
+    beam_python: Path | None = None
     deploy_dir: Path = field(default_factory=lambda: repo_file("deploy"))
     # Keep state across stops: Firestore exported at stop and imported at start, GCS on disk,
     # the Vertex emulator's jobs in a file (RUN_DIR/data/); docs/local-stack.md says what cannot.

@@ -20,6 +20,9 @@ from spotorch.local import emulators
 from spotorch.local._stack_config import (
     CLOUDEVENT,
     DATA_DIR,
+    DATAFLOW_LAUNCHER,
+    DATAFLOW_MODULE,
+    DATAFLOW_READY_LINE,
     HOST,
     VERTEX_MODULE,
     VERTEX_READY_LINE,
@@ -69,6 +72,7 @@ class StackProcesses:
         self.function_ports: dict[str, int] = {}
         self.adapter_port: int | None = None
         self.vertex_port: int | None = None
+        self.dataflow_port: int | None = None
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ names and places
@@ -99,7 +103,8 @@ class StackProcesses:
         """The child a user names: firestore, pubsub, gcs, vertex, adapter, or a function."""
         aliases = {**{e: f"emulator:{e}" for e in EMULATORS},
                    **{f: f"function:{f}" for f in self.config.functions},
-                   "adapter": "push-adapter", "vertex-emulator": "vertex"}
+                   "adapter": "push-adapter", "vertex-emulator": "vertex",
+                   "dataflow-emulator": "dataflow"}
         key = aliases.get(name, name)
         if key not in self.children:
             known = sorted(set(aliases) | set(self.children))
@@ -115,6 +120,7 @@ class StackProcesses:
         self.function_ports = {name: emulators.free_port() for name in cfg.functions}
         self.adapter_port = emulators.free_port() if need_adapter else None
         self.vertex_port = emulators.free_port() if cfg.vertex else None
+        self.dataflow_port = emulators.free_port() if cfg.dataflow else None
 
     def spawn_emulator(self, name: str) -> tuple[Child, Probe]:
         cfg = self.config
@@ -208,6 +214,30 @@ class StackProcesses:
         ready = log_probe(log_path, f"{VERTEX_READY_LINE} {HOST}:{port}\n")
         return child, owned_probe(child, port, ready)
 
+    def spawn_dataflow(self) -> tuple[Child, Probe]:
+        """The local Dataflow: statusChanged events go to on_job_event, as deploy/'s trigger."""
+        cfg = self.config
+        port = self.dataflow_port
+        assert port is not None
+        workdir = (self.run_dir / "dataflow").resolve()
+        argv = [sys.executable, "-m", DATAFLOW_MODULE, "--host", HOST, "--port", str(port),
+                "--project", cfg.project, "--workdir", str(workdir),
+                "--launcher-template", DATAFLOW_LAUNCHER]
+        if cfg.beam_python is not None:
+            argv += ["--beam-python", str(cfg.beam_python)]
+        if "on_job_event" in self.function_ports:
+            argv += ["--events-url", self.function_url("on_job_event")]
+        if cfg.vertex_iam:  # the same tokens and deploy/ grants as the Vertex emulator's
+            argv += ["--iam", str(self.identities.write_policy(
+                self.run_dir / IAM_FILE, cfg.deploy_dir.resolve(), cfg.project))]
+        log_path = self.run_dir / "dataflow.log"
+        env = self._child_env(None)
+        env.pop(S.ENV_VERTEX_TOKEN, None)
+        child = spawn("dataflow emulator", argv, log_path, env, cwd=cfg.cwd, port=port)
+        self.children["dataflow"] = child
+        ready = log_probe(log_path, f"{DATAFLOW_READY_LINE} {HOST}:{port}\n")
+        return child, owned_probe(child, port, ready)
+
     # ------------------------------------------------------------------ the whole group
 
     def launch(self, on_pubsub: Callable[[], None], on_pubsub_up: Callable[[], None]) -> bool:
@@ -235,6 +265,8 @@ class StackProcesses:
             on_pubsub_up()
             if cfg.vertex:
                 pending["vertex"] = self.spawn_vertex()
+            if cfg.dataflow:
+                pending["dataflow"] = self.spawn_dataflow()
             dead = wait_ready(pending, cfg.startup_timeout_s)
         if not dead:
             return True
@@ -275,6 +307,7 @@ class StackProcesses:
                     started[key] = getattr(self, self._SPAWNERS[kind])(name)
                 else:
                     started[key] = (self.spawn_adapter() if key == "push-adapter"
+                                    else self.spawn_dataflow() if key == "dataflow"
                                     else self.spawn_vertex())
             dead = wait_ready(started, self.config.startup_timeout_s)
             if dead:

@@ -97,9 +97,10 @@ def _describe(pipeline: Any, file: Path) -> LoadedPipeline:
         routes=tuple(RouteInfo(r.channel, r.target) for r in pipeline.routes), pipeline=pipeline)
 
 
-def check_pipelines(source: Path) -> PipelineSet:
+def check_pipelines(source: Path, *, dataflow: bool = True) -> PipelineSet:
     """Check every pipeline file below source on its own; a second file with a name already
-    taken is left out too (the functions would refuse both)."""
+    taken is left out too (the functions would refuse both); without the local Dataflow
+    (dataflow False), a pipeline with a preprocess step is left out, saying so."""
     from spotorch.spec.loader import check_file, pipeline_files
 
     loaded: dict[str, LoadedPipeline] = {}
@@ -110,6 +111,9 @@ def check_pipelines(source: Path) -> PipelineSet:
         pipeline, problems = check_file(file)
         if pipeline is None:
             rejected[str(file)] = tuple(str(p) for p in problems)
+        elif pipeline.preprocess is not None and not dataflow:
+            rejected[str(file)] = (f"{file}: preprocess: this local stack runs no Dataflow; "
+                                   "start it with dataflow=True (spotorch dev up --dataflow)",)
         elif pipeline.name in loaded:
             rejected[str(file)] = (f"{file}: name: pipeline {pipeline.name!r} is already "
                                    f"defined in {loaded[pipeline.name].file}",)

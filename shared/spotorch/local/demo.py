@@ -191,13 +191,14 @@ def demo_stack(scenario: Scenario, *, timeout_s: float, quiet: bool,
         say("starting the local stack (Firestore, Pub/Sub, GCS, Vertex AI emulators, functions)")
         with DevStack(pipelines_dir=pipelines, run_dir=work / "stack", extra_env=alerts_env,
                       vertex_schedule=schedule, vertex_grace_s=3.0, tick_seconds=TICK_S,
+                      dataflow=scenario.dataflow,
                       vertex_args=[*scenario.vertex_args,
                                    *(["--drop-events", "1.0"] if lose_job_events else [])]
                       ) as stack:
             saved = dict(os.environ)
             os.environ.update(stack.env)  # our own clients talk to this stack
             try:
-                stack.create_buckets([LANDING, CHECKPOINTS, MODELS])
+                stack.create_buckets([LANDING, CHECKPOINTS, MODELS, *scenario.buckets])
                 docs = FirestoreDocumentStore(project=stack.project)
                 collected = _upload_and_follow(stack, docs, timeout_s, say, pipelines / "demo.yaml",
                                                sweep=scenario.sweep is not None)

@@ -56,6 +56,17 @@ def _trial(t: Mapping[str, Any]) -> str:
     return f"trial {t['trial']} ({params}): {t['status']}{metric}{early}{times}{resumed}"
 
 
+def _preprocess(step: Mapping[str, Any]) -> str:
+    """The preprocess step in one sentence (issue 31)."""
+    if step.get("cache_hit"):
+        return f"preprocess: the output of key {step.get('cache_key')} was reused (no job)"
+    said = (f"preprocess: Dataflow job {step.get('job_name')} (launch {step.get('launches')}) "
+            f"ended {step.get('state')}")
+    if step.get("phase") == "DONE":
+        return said + f"; the training read {step.get('output_uri')}"
+    return said + f": {step.get('failure_class')}: {str(step.get('error') or '')[-200:]}"
+
+
 def narrate(report: Mapping[str, Any]) -> list[str]:
     """The demo's story as it happened, one sentence a line."""
     lines: list[str] = []
@@ -68,6 +79,9 @@ def narrate(report: Mapping[str, Any]) -> list[str]:
             lines.append(f"model registered as {report['model_name']}")
     attempts: Sequence[Mapping[str, Any]] = report.get("attempts") or ()
     probes: Sequence[Mapping[str, Any]] = report.get("probes") or ()
+    step = report.get("preprocess")
+    if isinstance(step, Mapping):
+        lines.append(_preprocess(step))
     lines += [attempt_sentence(a) for a in attempts]
     lines += [_probe(p) for p in probes if p.get("probe")]
     escalated = report.get("escalated")

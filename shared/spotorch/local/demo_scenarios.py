@@ -11,6 +11,8 @@ from typing import Any
 import yaml
 
 from spotorch.local.demo_distributed import SETTINGS as DISTRIBUTED
+from spotorch.local.demo_preprocess import ERROR_SETTINGS as PREPROCESS_ERROR
+from spotorch.local.demo_preprocess import SETTINGS as PREPROCESS
 
 REPO = Path(__file__).resolve().parents[3]  # shared/spotorch/local/demo_scenarios.py -> the repo
 
@@ -42,6 +44,8 @@ class Scenario:
     # stack is up: report, the run, the stack); e.g. demo_distributed.py
     document: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     extend: Callable[[dict[str, Any], Any, Any], None] | None = None
+    dataflow: bool = False  # the stack runs the local Dataflow (a preprocess step, issue 31)
+    buckets: tuple[str, ...] = ()  # more buckets created before the upload
 
 
 _UNHEALTHY = ("python", "examples/unhealthy.py")
@@ -188,6 +192,8 @@ SCENARIOS: Mapping[str, Scenario] = {
         vertex_args=("--memory-limits-mb", _DEMO_MEMORY),
     ),
     "distributed": Scenario(**DISTRIBUTED),
+    "preprocess": Scenario(**PREPROCESS),
+    "preprocess-error": Scenario(**PREPROCESS_ERROR),
     "quota": Scenario(
         name="quota",
         title="no Spot GPU quota in the first region",

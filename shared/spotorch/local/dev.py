@@ -147,6 +147,9 @@ def dev() -> None:
 @click.option("--gcs-events", type=click.Choice(GCS_EVENT_FORMS), default="pubsub",
               help="The form of object events the functions get.")
 @click.option("--no-vertex", is_flag=True, help="No Vertex AI emulator.")
+@click.option("--dataflow", is_flag=True,
+              help="Also run the local Dataflow, for pipelines with a preprocess step (needs "
+                   "`make beam-venv`).")
 @click.option("--schedule", type=click.Path(dir_okay=False, path_type=Path),
               help="Vertex emulator preemption schedule (JSON; docs/vertex-emulator.md).")
 @click.option("--trace", type=click.Path(dir_okay=False, path_type=Path),
@@ -184,6 +187,7 @@ def _config_from_args(args: SimpleNamespace) -> StackConfig:
     overrides: dict[str, Any] = {
         "project": args.project, "run_dir": args.run_dir.resolve(), "push": args.push,
         "gcs_events": args.gcs_events, "vertex": not args.no_vertex,
+        "dataflow": bool(getattr(args, "dataflow", False)),
         "vertex_schedule": args.schedule, "vertex_trace": args.trace,
         "vertex_trace_speed": args.trace_speed, "vertex_grace_s": args.grace_s,
         "vertex_args": tuple(args.vertex_args),

@@ -32,6 +32,7 @@ from spotorch.local import _stack_emulators as _emu
 from spotorch.local._stack_alerts import ALERTS_FILE, AlertReceivers, read_alerts
 from spotorch.local._stack_config import (
     CLOUDEVENT,
+    DATAFLOW_LAUNCHER,
     DEAD_LETTER_SUBSCRIPTION,
     DEFAULT_FUNCTIONS,
     DEFAULT_ROUTES,
@@ -153,7 +154,8 @@ class DevStack:
         if cfg.fresh:
             self.wipe_data()
         if self._pipelines_source is not None:
-            self._activate(check_pipelines(self._pipelines_source.resolve()))
+            self._activate(check_pipelines(self._pipelines_source.resolve(),
+                                           dataflow=self.config.dataflow))
         if cfg.receivers:
             self.receivers = AlertReceivers(self.run_dir / ALERTS_FILE)
             self.receivers.start()
@@ -288,7 +290,8 @@ class DevStack:
                 self._pipelines_source = source.resolve()
             if self._pipelines_source is None:
                 raise StackError("this stack serves no pipelines directory")
-            pipelines = self._activate(check_pipelines(self._pipelines_source))
+            pipelines = self._activate(check_pipelines(self._pipelines_source,
+                                                      dataflow=self.config.dataflow))
             self._gcs.create_buckets(pipelines.buckets, pipelines.landing_buckets)
             self.processes.respawn(*[k for k in self.processes.children
                                      if k.startswith("function:")])
@@ -353,6 +356,9 @@ class DevStack:
             env[S.ENV_LOGGING_ENDPOINT] = f"{HOST}:{procs.vertex_port}"
             if self.config.vertex_iam:  # this process and the CLI call as the operator
                 env.update(self.identities.operator_env())
+        if procs.dataflow_port is not None:  # issue 31: preprocess steps on the local Dataflow
+            env[S.ENV_DATAFLOW_ENDPOINT] = f"http://{HOST}:{procs.dataflow_port}"
+            env[S.ENV_DATAFLOW_LAUNCHER] = DATAFLOW_LAUNCHER
         if "api" in procs.function_ports:
             env["SPOTORCH_API_URL"] = self.function_url("api")
         return env

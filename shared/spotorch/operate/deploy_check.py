@@ -34,6 +34,8 @@ IDENTITY_PATTERNS: tuple[tuple[re.Pattern[str], Identity], ...] = tuple(
         (r"var\.pipeline_service_accounts|var\.pipeline_account_\w+", Identity.JOB_ACCOUNTS),
         (r"var\.operators", Identity.OPERATORS),
         (r"google_project_service_identity\.aiplatform\b", Identity.VERTEX_AGENT),
+        (r"local\.dataflow_member|google_service_account\.dataflow\.email",
+         Identity.DATAFLOW_WORKER),
     ))
 # Names of bucket, secret and account sets (locals and variables) -> the scopes they are.
 NAMED_SCOPES: Mapping[str, tuple[Scope, ...]] = {
@@ -41,7 +43,8 @@ NAMED_SCOPES: Mapping[str, tuple[Scope, ...]] = {
     "checkpoint_buckets": (Scope.CHECKPOINT,),
     "model_buckets": (Scope.MODEL,),
     "staging_buckets": (Scope.STAGING,),
-    "pipeline_account_data_buckets": (Scope.LANDING, Scope.STAGING),
+    "preprocess_buckets": (Scope.PREPROCESS,),
+    "pipeline_account_data_buckets": (Scope.LANDING, Scope.STAGING, Scope.PREPROCESS),
     "pipeline_account_output_buckets": (Scope.CHECKPOINT, Scope.MODEL),
     "alert_env_names": (Scope.ALERT_SECRETS,),
     "pipeline_route_secrets": (Scope.ROUTE_SECRETS,),
@@ -53,6 +56,7 @@ REFERENCED_SCOPES: tuple[tuple[re.Pattern[str], Scope], ...] = tuple(
         (r"google_pubsub_subscription\.dead_letter_hold\b", Scope.HOLD_SUBSCRIPTION),
         (r"google_pubsub_subscription\.push\[", Scope.PUSH_SUBSCRIPTIONS),
         (r"google_service_account\.training\.", Scope.TRAINING_ACCOUNT),
+        (r"google_service_account\.dataflow\.", Scope.DATAFLOW_ACCOUNT),
         (r"google_cloudfunctions2_function\.api\.", Scope.API_SERVICE),
         (r"google_cloudfunctions2_function\.pushed\[", Scope.PUSHED_SERVICES),
         (r"google_cloudfunctions2_function\.objects\[", Scope.OBJECT_SERVICES),

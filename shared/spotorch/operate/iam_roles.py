@@ -15,6 +15,30 @@ from collections.abc import Mapping
 SOURCE = "https://github.com/iann0036/iam-dataset/tree/2073fa52ac008a45477aa0b1b4580cd99135bf60/gcp/roles"
 
 PREDEFINED_ROLES: Mapping[str, frozenset[str]] = {
+    # The two Dataflow roles (issue 31) from the same dataset at a later commit: gcp/roles/
+    # dataflow.developer.json (0e00ce8c) and dataflow.worker.json (000967c1).
+    "roles/dataflow.developer": frozenset({
+        "cloudbuild.builds.create", "cloudbuild.builds.get", "cloudbuild.builds.list",
+        "cloudbuild.builds.update", "cloudbuild.operations.get", "cloudbuild.operations.list",
+        "compute.projects.get", "compute.regions.list", "compute.zones.list",
+        "dataflow.jobs.cancel", "dataflow.jobs.create", "dataflow.jobs.get", "dataflow.jobs.list",
+        "dataflow.jobs.snapshot", "dataflow.jobs.updateContents", "dataflow.messages.list",
+        "dataflow.metrics.get", "dataflow.snapshots.delete", "dataflow.snapshots.get",
+        "dataflow.snapshots.list", "recommender.dataflowDiagnosticsInsights.get",
+        "recommender.dataflowDiagnosticsInsights.list",
+        "recommender.dataflowDiagnosticsInsights.update", "remotebuildexecution.blobs.get",
+        "resourcemanager.projects.get", "resourcemanager.projects.list"}),
+    "roles/dataflow.worker": frozenset({
+        "autoscaling.sites.readRecommendations", "autoscaling.sites.writeMetrics",
+        "autoscaling.sites.writeState", "compute.instanceGroupManagers.update",
+        "compute.instances.delete", "compute.instances.setDiskAutoDelete", "dataflow.jobs.get",
+        "dataflow.shuffle.read", "dataflow.shuffle.write",
+        "dataflow.streamingWorkItems.ImportState", "dataflow.streamingWorkItems.commitWork",
+        "dataflow.streamingWorkItems.getData", "dataflow.streamingWorkItems.getWork",
+        "dataflow.streamingWorkItems.getWorkerMetadata", "dataflow.workItems.lease",
+        "dataflow.workItems.sendMessage", "dataflow.workItems.update",
+        "logging.logEntries.create", "monitoring.timeSeries.create", "storage.buckets.get",
+        "storage.objects.create", "storage.objects.get"}),
     "roles/aiplatform.user": frozenset({
         "aiplatform.artifacts.create", "aiplatform.artifacts.delete", "aiplatform.artifacts.get",
         "aiplatform.artifacts.list", "aiplatform.artifacts.update",

@@ -33,6 +33,7 @@ class Identity(StrEnum):
     JOB_ACCOUNTS = "job-accounts"  # each job.service_account the bundled pipelines name
     OPERATORS = "operators"  # each member of var.operators, running the CLI
     VERTEX_AGENT = "vertex-agent"  # Vertex AI's service agent (reads model artifacts on upload)
+    DATAFLOW_WORKER = "dataflow-worker"  # spotorch-dataflow: preprocess jobs' launcher and workers
 
 
 class Scope(StrEnum):
@@ -50,10 +51,12 @@ class Scope(StrEnum):
     CHECKPOINT = "buckets:checkpoint"  # checkpoint_uri buckets
     MODEL = "buckets:model"  # output_uri / base_output_uri buckets
     STAGING = "buckets:staging"  # job.staging_uri buckets: built Python packages
+    PREPROCESS = "buckets:preprocess"  # preprocess.output_uri buckets: outputs, markers, temp
     ALERT_SECRETS = "secrets:alert"  # spotorch-* secrets mounted on the notifier
     ROUTE_SECRETS = "secrets:route"  # sm:// secrets pipeline routes name
     TRAINING_ACCOUNT = "service-account:training"  # actAs: jobs that run as spotorch-training
     PIPELINE_ACCOUNTS = "service-accounts:pipelines"  # actAs: jobs that run as a pipeline's own
+    DATAFLOW_ACCOUNT = "service-account:dataflow"  # actAs: preprocess jobs run as spotorch-dataflow
     API_SERVICE = "service:api"  # the api function's Cloud Run service
     PUSHED_SERVICES = "services:pushed"  # the Pub/Sub-fed functions' services
     OBJECT_SERVICES = "services:objects"  # the object-finalized functions' services
@@ -67,8 +70,8 @@ class Kind(StrEnum):
     PLANNED = "planned"  # a call the next change adds (`why` says which); granted ahead
 
 
-F, T, J, OP, V = (Identity.FUNCTIONS, Identity.TRAINING, Identity.JOB_ACCOUNTS,
-                  Identity.OPERATORS, Identity.VERTEX_AGENT)
+F, T, J, OP, V, DW = (Identity.FUNCTIONS, Identity.TRAINING, Identity.JOB_ACCOUNTS,
+                      Identity.OPERATORS, Identity.VERTEX_AGENT, Identity.DATAFLOW_WORKER)
 S = Scope
 TRAINER = (T, J)  # spotorch_trainer runs as the job's account: the training one or a pipeline's
 
@@ -82,6 +85,8 @@ SECRETS_IAM = "https://cloud.google.com/secret-manager/docs/access-control"
 LOGGING_IAM = "https://cloud.google.com/logging/docs/access-control"
 RUN_IAM = "https://cloud.google.com/run/docs/securing/managing-access"
 EVENTARC_IAM = "https://cloud.google.com/eventarc/docs/access-control"
+DATAFLOW_IAM = "https://cloud.google.com/dataflow/docs/concepts/access-control"
+DATAFLOW_SECURITY = "https://cloud.google.com/dataflow/docs/concepts/security-and-permissions"
 
 
 @dataclass(frozen=True)
@@ -117,11 +122,13 @@ REST_READS = "spotorch.adapters.gcp.firestore_reads:RestSource"  # the CLI's and
 OBJECTS = "spotorch.adapters.gcp.storage:GcsObjectStore"
 GCS = "spotorch_trainer.storage:GcsStorage"
 DEAD = "spotorch.operate.deadletters"
+DATAFLOW = "spotorch.adapters.gcp.dataflow:DataflowStepLauncher"
+OUTPUTS = "spotorch.adapters.gcp.dataflow:GcsStepOutputs"
 
 CREATE, UPDATE = "datastore.entities.create", "datastore.entities.update"
 GET_OBJECT, LIST_OBJECTS = "storage.objects.get", "storage.objects.list"
 CHECKPOINTS_AND_MODELS = (S.CHECKPOINT, S.MODEL)
-TRAINER_READS = (S.LANDING, S.CHECKPOINT, S.MODEL)
+TRAINER_READS = (S.LANDING, S.CHECKPOINT, S.MODEL, S.PREPROCESS)  # preprocess: its output
 
 CALLS: tuple[Call, ...] = (
     # --- Vertex AI custom jobs (the launcher) -------------------------------------------------
@@ -278,6 +285,59 @@ CALLS: tuple[Call, ...] = (
          "retention, and diverged checkpoints before a relaunch"),
     Call("Blob.delete", "objects.delete", _on(CHECKPOINTS_AND_MODELS, "storage.objects.delete"),
          TRAINER, (f"{GCS}.delete",), STORAGE_IAM, "the trainer prunes its own checkpoints"),
+    # --- Dataflow: the preprocess step (issue 31) ----------------------------------------------
+    Call("FlexTemplatesServiceClient.launch_flex_template",
+         "projects.locations.flexTemplates.launch", _on(S.PROJECT, "dataflow.jobs.create"), (F,),
+         (f"{DATAFLOW}.launch",), DATAFLOW_IAM, "launch the step's job (a flex template)"),
+    Call("FlexTemplatesServiceClient.launch_flex_template",
+         "projects.locations.flexTemplates.launch",
+         _on(S.DATAFLOW_ACCOUNT, "iam.serviceAccounts.actAs"), (F,), (f"{DATAFLOW}.launch",),
+         DATAFLOW_SECURITY, "the job's launcher and workers run as spotorch-dataflow"),
+    Call("JobsV1Beta3Client.list_jobs", "projects.locations.jobs.list",
+         _on(S.PROJECT, "dataflow.jobs.list"), (F,), (f"{DATAFLOW}._find",), DATAFLOW_IAM,
+         "find the step's job by its deterministic name (no second launch)"),
+    Call("JobsV1Beta3Client.get_job", "projects.locations.jobs.get",
+         _on(S.PROJECT, "dataflow.jobs.get"), (F,), (f"{DATAFLOW}.get",), DATAFLOW_IAM,
+         "the job's state: the source of truth a statusChanged event is checked against"),
+    Call("JobsV1Beta3Client.update_job", "projects.locations.jobs.update",
+         _on(S.PROJECT, "dataflow.jobs.cancel"), (F,), (f"{DATAFLOW}.cancel",), DATAFLOW_IAM,
+         "cancel the job (requested_state JOB_STATE_CANCELLED): the run was cancelled, timeout"),
+    Call("MessagesV1Beta3Client.list_job_messages", "projects.locations.jobs.messages.list",
+         _on(S.PROJECT, "dataflow.messages.list"), (F,), (f"{DATAFLOW}._errors",), DATAFLOW_IAM,
+         "a failed job's error text (JOB_MESSAGE_ERROR), classified and shown"),
+    Call("MetricsV1Beta3Client.get_job_metrics", "projects.locations.jobs.getMetrics",
+         _on(S.PROJECT, "dataflow.metrics.get"), (F,), (f"{DATAFLOW}._metrics",), DATAFLOW_IAM,
+         "the billed vCPU, memory and disk time: the step's line in the cost ledger"),
+    Call("Client.list_blobs", "objects.list", _on(S.LANDING, LIST_OBJECTS), (F,),
+         (f"{OUTPUTS}.content_digest",), STORAGE_IAM,
+         "the input folder's names, sizes and CRC32C: the cache key's input part"),
+    Call("Blob.download_as_bytes", "objects.get", _on(S.PREPROCESS, GET_OBJECT), (F,),
+         (f"{OUTPUTS}.read_marker",), STORAGE_IAM, "an output's completion marker (the cache)"),
+    Call("Blob.upload_from_string", "objects.insert",
+         _on(S.PREPROCESS, "storage.objects.create", "storage.objects.delete"), (F,),
+         (f"{OUTPUTS}.write_marker",), STORAGE_IAM,
+         "the completion marker, after GetJob said JOB_STATE_DONE (rewriting needs delete)"),
+    Call("Dataflow launcher VM and workers", "the Beam pipeline's reads and writes",
+         _on(S.PROJECT, "dataflow.workItems.lease", "dataflow.workItems.update",
+             "dataflow.workItems.sendMessage", "logging.logEntries.create"), (DW,),
+         source=DATAFLOW_SECURITY, kind=Kind.PLATFORM,
+         why="Dataflow's workers run as the worker service account (roles/dataflow.worker)"),
+    Call("Dataflow workers read the input and the code", "objects.get",
+         _on((S.LANDING, S.STAGING), GET_OBJECT, LIST_OBJECTS), (DW,), source=STORAGE_IAM,
+         kind=Kind.PLATFORM,
+         why="the Beam module reads the snapshot; the launcher installs the code package"),
+    Call("Dataflow workers write the output", "objects.insert",
+         _on(S.PREPROCESS, "storage.objects.create", "storage.objects.delete", GET_OBJECT,
+             LIST_OBJECTS), (DW,), source=STORAGE_IAM, kind=Kind.PLATFORM,
+         why="the output shards and Dataflow's temp and staging files under the key's folder"),
+    Call("Eventarc Dataflow statusChanged trigger", "eventarc event delivery",
+         _on(S.PROJECT, "eventarc.events.receiveEvent"), (F,), source=EVENTARC_IAM,
+         why="the trigger's identity receives google.cloud.dataflow.job.v1beta3.statusChanged",
+         kind=Kind.PLATFORM),
+    Call("Eventarc delivery to on_job_event (OIDC token)", "the job-event function (Cloud Run)",
+         _on(S.PUSHED_SERVICES, "run.routes.invoke"), (F,), source=RUN_IAM,
+         why="the statusChanged trigger calls spotorch-on-job-event as this account",
+         kind=Kind.PLATFORM),
     # --- Pub/Sub --------------------------------------------------------------------------------
     Call("PublisherClient.publish", "projects.topics.publish",
          _on(S.TOPIC_EVENTS, "pubsub.topics.publish"), (F,),

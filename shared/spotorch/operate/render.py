@@ -143,7 +143,8 @@ def show_run(view: Mapping[str, Any]) -> list[Any]:
     history = Columns3(("AT", "WHAT", "WHY"),
                        [(h["at"] or "", h["what"], h["reason"]) for h in view["history"]])
     hardware = _hardware_table(view.get("hardware"))
-    return [head, *provenance_lines(view.get("provenance")), *hardware,
+    preprocess = _preprocess_lines(view.get("preprocess"), cost["currency"])
+    return [head, *provenance_lines(view.get("provenance")), *preprocess, *hardware,
             Rule("attempts", align="left"), attempts,
             *error_tails(view["attempts"]), Rule("history", align="left"), history,
             Text(f"prices: {'; '.join(cost['basis'])}", style="dim")]
@@ -215,6 +216,25 @@ def advice_text(advice: Mapping[str, Any]) -> str:
 
 def _num(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
+
+
+def _preprocess_lines(step: Mapping[str, Any] | None, currency: str) -> list[Any]:
+    """The run's preprocess step (issue 31): its Dataflow job, the cache, its output, or nothing."""
+    if not step:
+        return []
+    from rich.rule import Rule
+
+    job = "-" if step.get("cache_hit") else (
+        f"{step.get('job_name')} ({step.get('job_id') or 'not created yet'}), launch "
+        f"{step.get('launches')}")
+    return [Rule("preprocess", align="left"), _kv([
+        ("phase", f"{step['phase']}" + (f"  {step['state']}" if step.get("state") else "")),
+        ("cache", f"hit: reused {step['cache_key']}" if step.get("cache_hit")
+         else f"miss: key {step['cache_key']}"),
+        ("dataflow job", job), ("output", step.get("output_uri")),
+        ("cost", money(step.get("cost"), currency)),
+        ("error", f"{step.get('failure_class')}: {step.get('error')}"
+         if step.get("error") else None)])]
 
 
 def provenance_lines(prov: Mapping[str, Any] | None) -> list[Any]:

@@ -15,6 +15,7 @@ from spotorch.core.pipeline import (
     BUILTIN_IGNORE,
     POOL_POSITIONS,
     REDUCTION_SERVER_IMAGE,
+    RESERVED_PREPROCESS_OPTIONS,
     BatchMode,
     EscalationKind,
     PoolRole,
@@ -417,8 +418,35 @@ def no_effect(doc: Any) -> _Found:
             yield path, f"has no effect with escalation: {escalation}; {why}"
 
 
+def _check_preprocess(doc: Any) -> _Found:
+    """A preprocess step runs a module of the code package or a flex template: one of the two."""
+    step = _get(doc, "preprocess")
+    if not isinstance(step, Mapping):
+        return
+    module, template = step.get("python_module"), step.get("template_uri")
+    if bool(module) == bool(template):
+        yield "preprocess", ("needs python_module (a Beam pipeline in your code package) or "
+                             "template_uri (your flex template), not both" if module else
+                             "needs python_module or template_uri")
+    if module:
+        pools = _items(doc, "job.worker_pools")
+        chief = pools[0] if pools and isinstance(pools[0], Mapping) else {}
+        if not isinstance(chief.get("python_package"), Mapping):
+            yield "preprocess.python_module", (
+                "needs the chief pool's python_package (job.worker_pools[0].python_package): "
+                "the Beam module is run from that code package")
+    options = step.get("options")
+    if isinstance(options, Mapping):
+        for name in options:
+            if name in RESERVED_PREPROCESS_OPTIONS:
+                yield f"preprocess.options.{name}", ("is set by spotorch on every launch "
+                                                     "(region, workers, input, output, ...)")
+    if _duration(doc, "preprocess.timeout") == 0:
+        yield "preprocess.timeout", "must be longer than zero"
+
+
 CHECKS: tuple[Callable[[Any], _Found], ...] = (
     _check_positive_durations, _check_deadline, _check_backoff, _check_batch_options,
     _check_ignore, _check_overlap, _check_regexes, _check_pools, _check_labels, _check_routes,
-    _check_candidates,
+    _check_candidates, _check_preprocess,
 )

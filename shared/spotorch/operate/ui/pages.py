@@ -128,6 +128,24 @@ def _ledger(cost: Mapping[str, Any]) -> str:
             f'{saved}{lost}</div><p class="muted cost-line">{escape(cost["summary"])}</p>')
 
 
+def _preprocess(step: Mapping[str, Any] | None) -> str:
+    """The run's preprocess step (issue 31): phase, the cache, the Dataflow job, its output."""
+    if not step:
+        return ""
+    cache = "hit (output reused)" if step.get("cache_hit") else "miss"
+    rows = [("phase", f"{step['phase']} {step.get('state') or ''}".strip()),
+            ("cache", f"{cache}, key {step['cache_key']}"),
+            ("Dataflow job", "-" if step.get("cache_hit") else
+             f"{step.get('job_name')} ({step.get('job_id') or 'not created yet'})"),
+            ("output", step.get("output_uri") or "-"), ("cost", money(step.get("cost")))]
+    if step.get("error"):
+        rows.append(("error", f"{step.get('failure_class')}: {step['error']}"))
+    cells = "".join(f"<tr><th>{escape(k)}</th><td>{escape(str(v))}</td></tr>" for k, v in rows)
+    hit = " cache-hit" if step.get("cache_hit") else ""
+    return (f'<section class="preprocess{hit}"><h2>Preprocess</h2>'
+            f'<table class="facts">{cells}</table></section>')
+
+
 def _hardware(choice: Mapping[str, Any] | None) -> str:
     """The hardware candidates the run chose among (issue 19): measured, expected, why."""
     if not choice:
@@ -287,6 +305,7 @@ def run_page(view: Mapping[str, Any], svg: str, *, target: str, refresh_s: int,
                       for h in view["history"])
     body = (f'<h1>{escape(view["run_id"])}</h1>{notice(args or {})}{_facts(view)}'
             f'{_actions(view, token)}{_ledger(view["cost"])}{_provenance(view.get("provenance"))}'
+            f'{_preprocess(view.get("preprocess"))}'
             f'{_hardware(view.get("hardware"))}'
             f'{_charts(view)}'
             f'<section><h2>Timeline</h2><div class="legend">{legend}</div>{svg}</section>'

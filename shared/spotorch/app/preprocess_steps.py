@@ -1,0 +1,164 @@
+"""The preprocess step's side effects (issue 31): cache lookups, Dataflow launches, cancels and
+completion markers, the tick's poll of live jobs, and statusChanged events checked by GetJob."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from spotorch.app.deps import Deps
+from spotorch.app.launch_specs import stage_template_packages
+from spotorch.core import preprocess as pp
+from spotorch.core.intents import (
+    PREPROCESS_CANCEL,
+    PREPROCESS_LAUNCH,
+    PREPROCESS_LOOKUP,
+    PREPROCESS_MARK,
+    PreprocessIntent,
+)
+from spotorch.core.model import Run
+from spotorch.core.observations import (
+    IntentDone,
+    Observation,
+    PreprocessCacheChecked,
+    PreprocessObserved,
+)
+from spotorch.core.preprocessing import step_of
+from spotorch.ports.steps import StepLaunch, StepLauncher, StepLaunchError, StepOutputs
+from spotorch.ports.store import ConflictError
+from spotorch.settings import COLLECTION_JOBS
+
+log = logging.getLogger("spotorch.service")
+
+RECORD_PREFIX = "dataflow-"  # job records of Dataflow jobs: dataflow-<job name> -> the run
+
+
+class StepsNotConfigured(RuntimeError):
+    """A pipeline has a preprocess step but this deployment wired no Dataflow adapters."""
+
+
+def _launcher(deps: Deps) -> StepLauncher:
+    if deps.steps is None:
+        raise StepsNotConfigured("no Dataflow launcher configured (Deps.steps)")
+    return deps.steps
+
+
+def _outputs(deps: Deps) -> StepOutputs:
+    if deps.step_outputs is None:
+        raise StepsNotConfigured("no preprocess output store configured (Deps.step_outputs)")
+    return deps.step_outputs
+
+
+def perform(deps: Deps, run: Run, intent: PreprocessIntent) -> Observation | None:
+    """Carry out one preprocess intent; its answer is the observation the run decides on next.
+    Exceptions propagate: the caller defers the intent and the tick retries it."""
+    step = step_of(run)
+    if step is None:
+        return IntentDone(intent.id)
+    pipeline = deps.pipeline(run.pipeline)
+    if intent.action == PREPROCESS_LOOKUP:
+        digest = _outputs(deps).content_digest(run.data_uri)
+        input_id = pp.input_identity(run.snapshot_id, run.data_uri, digest)
+        keyed = pp.new_step(pipeline, input_id)
+        marker = _outputs(deps).read_marker(pp.marker_uri(keyed)) \
+            if pp.cacheable(pipeline) else None
+        return PreprocessCacheChecked(intent.id, input_id, marker is not None)
+    if intent.action == PREPROCESS_LAUNCH:
+        if step.job_name != intent.job_name or not step.live:
+            return IntentDone(intent.id)  # the step moved on: this launch is no longer wanted
+        if pipeline.preprocess is not None and pipeline.preprocess.python_module:
+            stage_template_packages(deps, pipeline.job)  # the launcher installs the package
+        try:
+            job = _launcher(deps).launch(launch_request(deps, run, step))
+        except StepLaunchError as exc:
+            if not exc.permanent:
+                raise
+            # Refused for good (bad spec, permissions, no launcher template): the run ends
+            # FAILED_LAUNCH with Dataflow's words, through the same path as a failed job.
+            job = pp.JobView(job_id="", name=intent.job_name, state=pp.JOB_STATE_FAILED,
+                             error=f"Dataflow refused the job: {exc}", refused=True)
+        _record(deps, run, intent.job_name)
+        return PreprocessObserved(job, intent.id)
+    if intent.action == PREPROCESS_CANCEL:
+        if intent.job_name:
+            _launcher(deps).cancel(intent.job_name, step.region)
+        return IntentDone(intent.id)
+    if intent.action == PREPROCESS_MARK:
+        if step.phase is pp.StepPhase.DONE and not step.cache_hit:
+            _outputs(deps).write_marker(pp.marker_uri(step), pp.marker_doc(step, run.run_id))
+        return IntentDone(intent.id)
+    log.warning("run %s: unknown preprocess action %r dropped", run.run_id, intent.action)
+    return IntentDone(intent.id)
+
+
+def launch_request(deps: Deps, run: Run, step: pp.PreprocessStep) -> StepLaunch:
+    """The Dataflow job of the step's current launch: the run's data in, the keyed folder out."""
+    pipeline = deps.pipeline(run.pipeline)
+    spec = pipeline.preprocess
+    assert spec is not None and step.job_name is not None
+    package = pipeline.job.worker_pools[0].python_package
+    return StepLaunch(
+        job_name=step.job_name, region=spec.region, input_uri=run.data_uri,
+        output_uri=step.output_uri, temp_uri=f"{step.output_uri}_temp/",
+        machine_type=spec.machine_type, max_workers=spec.max_workers,
+        python_module=spec.python_module,
+        package_uris=package.package_uris if package is not None else (),
+        template_uri=spec.template_uri, options=spec.options,
+        service_account=spec.service_account,
+        labels={"spotorch_pipeline": run.pipeline, "spotorch_key": step.cache_key})
+
+
+def _record(deps: Deps, run: Run, job_name: str) -> None:
+    """Remember which run a Dataflow job belongs to: its statusChanged events name the job only."""
+    doc: dict[str, Any] = {"job_name": job_name, "run_id": run.run_id, "pipeline": run.pipeline,
+                           "kind": "dataflow", "recorded_at": deps.clock.now()}
+    try:
+        deps.docs.put(COLLECTION_JOBS, RECORD_PREFIX + job_name, doc, None)
+    except ConflictError:
+        pass  # recorded by an earlier try: the same facts
+    except Exception as exc:  # the tick's poll still follows the job
+        log.warning("could not record Dataflow job %s of %s: %s", job_name, run.run_id, exc,
+                    extra={"run_id": run.run_id})
+
+
+def owner_of(deps: Deps, job_name: str) -> str | None:
+    """The run a Dataflow job of that name belongs to, None when spotorch never launched it."""
+    doc, _ = deps.docs.get(COLLECTION_JOBS, RECORD_PREFIX + job_name)
+    return str(doc["run_id"]) if doc and doc.get("run_id") else None
+
+
+def poll(deps: Deps, run: Run) -> list[Observation]:
+    """The tick's backstop: the live step's job as GetJob answers now (lost events repaired)."""
+    step = step_of(run)
+    if step is None or not step.live or not step.job_name or deps.steps is None:
+        return []
+    try:
+        return [PreprocessObserved(deps.steps.get(step.job_name, step.region))]
+    except Exception as exc:  # the next tick asks again
+        log.warning("polling Dataflow job %s failed: %s", step.job_name, exc,
+                    extra={"run_id": run.run_id})
+        return []
+
+
+def status_changed(deps: Deps, hint: pp.StatusHint, event_id: str) -> Run | None:
+    """A Dataflow statusChanged event: a hint only. The job spotorch launched under that name is
+    read with GetJob and that answer (never the event's state) is what the run decides on; a job
+    spotorch did not launch, or of another project, is ignored (None)."""
+    if deps.project and hint.project != deps.project:
+        log.debug("statusChanged of project %s ignored", hint.project)
+        return None
+    run_id = owner_of(deps, hint.job_name) if hint.job_name else None
+    if run_id is None:
+        log.debug("statusChanged of Dataflow job %s (not spotorch's) ignored", hint.job_name)
+        return None
+    launcher = _launcher(deps)
+
+    def observe(fresh: Run) -> list[Observation]:
+        step = step_of(fresh)
+        if step is None or step.job_name != hint.job_name or not step.live:
+            return []  # an earlier launch's job, or a step that has ended: nothing to check
+        return [PreprocessObserved(launcher.get(hint.job_name, step.region))]
+
+    from spotorch.app.unit_of_work import apply
+
+    return apply(deps, run_id, observe, event_id=event_id)

@@ -1,0 +1,215 @@
+"""The local Dataflow (issue 31) through the real google-cloud-dataflow-client: spotorch's adapter
+launches the example's Beam module on fake-gcs-server data, follows it to JOB_STATE_DONE or a
+failure with the transform's error, cancels, refuses a second live job of one name, checks IAM,
+and POSTs real-shaped statusChanged events."""
+
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spotorch.adapters.gcp.dataflow import DataflowStepLauncher, GcsStepOutputs
+from spotorch.core import preprocess as pp
+from spotorch.core.model import FailureClass
+from spotorch.local._vertex_iam import IamPolicy
+from spotorch.local.dataflow_emulator import DataflowEmulator, beam_available
+from spotorch.local.emulators import EmulatorSet, running
+from spotorch.ports.steps import StepLaunch
+from spotorch.spec.packages import build_sdist
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT = "spotorch-df"
+LAUNCHER = "gs://staging/dataflow/spotorch-launcher.json"
+
+pytestmark = pytest.mark.skipif(not beam_available(), reason="no Beam environment: make beam-venv")
+
+
+@pytest.fixture(scope="module")
+def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorSet]:
+    with running(PROJECT, tmp_path_factory.mktemp("gcs"), firestore=False, pubsub=False) as s:
+        saved = os.environ.get("STORAGE_EMULATOR_HOST")
+        os.environ["STORAGE_EMULATOR_HOST"] = f"http://{s.emulators['gcs'].address}"
+        try:
+            yield s
+        finally:
+            if saved is None:
+                os.environ.pop("STORAGE_EMULATOR_HOST", None)
+            else:
+                os.environ["STORAGE_EMULATOR_HOST"] = saved
+
+
+def _client() -> Any:
+    from google.cloud import storage
+
+    return storage.Client.create_anonymous_client()
+
+
+@pytest.fixture(scope="module")
+def staged(gcs: EmulatorSet) -> dict[str, str]:
+    """Buckets, two snapshots (good and broken) and the example package in fake GCS."""
+    client = _client()
+    for name in ("landing", "staging", "prep"):
+        client.create_bucket(name)
+    header = ",".join([*(f"f{i}" for i in range(3)), "label"])
+    rows = [f"{i}.0,{i * 2}.5,{-i}.25,{i % 2}" for i in range(40)]
+    good = [header + "\n" + "\n".join(rows[:20]) + "\n", header + "\n" + "\n".join(rows[20:]) + "\n"]
+    for i, text in enumerate(good):
+        client.bucket("landing").blob(f"good/part-{i}.csv").upload_from_string(text)
+        client.bucket("landing").blob(f"bad/part-{i}.csv").upload_from_string(
+            text + ("oops,1,2,0\n" if i == 1 else ""))
+    name, data = build_sdist(ROOT / "examples" / "trainer")
+    client.bucket("staging").blob(f"packages/{name}").upload_from_string(data)
+    return {"package": f"gs://staging/packages/{name}"}
+
+
+class Receiver:
+    """What Eventarc would deliver to the function: the statusChanged CloudEvents."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[dict[str, str], dict[str, Any]]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.events.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/"
+
+
+@pytest.fixture
+def emulator(tmp_path: Path, staged: dict[str, str]) -> Iterator[tuple[DataflowEmulator, Receiver]]:
+    receiver = Receiver()
+    iam = IamPolicy(tokens={"fn-token": "serviceAccount:fn", "ro-token": "user:ro"},
+                    grants={"serviceAccount:fn": ("dataflow.*",),
+                            "user:ro": ("dataflow.jobs.get", "dataflow.jobs.list")})
+    emu = DataflowEmulator(PROJECT, workdir=tmp_path / "df", launcher_template=LAUNCHER,
+                           events_url=receiver.url, iam=iam).start()
+    try:
+        yield emu, receiver
+    finally:
+        emu.stop()
+        receiver.server.shutdown()
+
+
+def launcher(emu: DataflowEmulator, token: str = "fn-token") -> DataflowStepLauncher:
+    return DataflowStepLauncher(PROJECT, launcher_template=LAUNCHER, endpoint=emu.address,
+                                token=token)
+
+
+def request(staged: dict[str, str], name: str, snapshot: str) -> StepLaunch:
+    return StepLaunch(job_name=name, region="us-central1", input_uri=f"gs://landing/{snapshot}/",
+                      output_uri=f"gs://prep/{name}/", temp_uri=f"gs://prep/{name}/_temp/",
+                      machine_type="n1-standard-2", max_workers=2,
+                      python_module="spotorch_example.preprocess",
+                      package_uris=(staged["package"],), options=(("num_shards", "2"),))
+
+
+def wait_ended(steps: DataflowStepLauncher, name: str, timeout: float = 120.0) -> pp.JobView:
+    until = time.monotonic() + timeout
+    while time.monotonic() < until:
+        view = steps.get(name, "us-central1")
+        if view is not None and view.state in pp.TERMINAL_STATES:
+            return view
+        time.sleep(0.5)
+    raise AssertionError(f"job {name} did not end in {timeout}s")
+
+
+def test_a_beam_module_runs_to_done_and_writes_its_output(
+        emulator: tuple[DataflowEmulator, Receiver], staged: dict[str, str]) -> None:
+    emu, receiver = emulator
+    steps = launcher(emu)
+    first = steps.launch(request(staged, "spotorch-r1-pre1", "good"))
+    assert first.state in pp.LIVE_STATES and first.name == "spotorch-r1-pre1"
+    # the same name again while it lives: the live job, not a second one
+    assert steps.launch(request(staged, "spotorch-r1-pre1", "good")).job_id == first.job_id
+    done = wait_ended(steps, "spotorch-r1-pre1")
+    assert done.state == pp.JOB_STATE_DONE and done.vcpu_s > 0 and done.memory_gb_s > 0
+    names = sorted(b.name for b in _client().list_blobs("prep", prefix="spotorch-r1-pre1/"))
+    assert names == ["spotorch-r1-pre1/part-00000-of-00002.csv",
+                     "spotorch-r1-pre1/part-00001-of-00002.csv"]
+    text = _client().bucket("prep").blob(names[0]).download_as_text()
+    assert text.splitlines()[0] == "f0,f1,f2,label"
+    states = [pp.status_hint(body).state for _, body in receiver.events]
+    until = time.monotonic() + 10
+    while "JOB_STATE_DONE" not in states and time.monotonic() < until:
+        time.sleep(0.2)
+        states = [pp.status_hint(body).state for _, body in receiver.events]
+    assert {"JOB_STATE_QUEUED", "JOB_STATE_RUNNING", "JOB_STATE_DONE"} <= set(states)
+    headers, body = receiver.events[-1]
+    assert headers["ce-type"] == pp.STATUS_CHANGED_TYPE
+    assert headers["ce-source"] == f"//dataflow.googleapis.com/projects/{PROJECT}/locations/us-central1"
+    assert body["payload"]["projectId"] == PROJECT
+
+
+def test_a_failing_transform_fails_the_job_with_its_error(
+        emulator: tuple[DataflowEmulator, Receiver], staged: dict[str, str]) -> None:
+    emu, _ = emulator
+    steps = launcher(emu)
+    steps.launch(request(staged, "spotorch-r2-pre1", "bad"))
+    failed = wait_ended(steps, "spotorch-r2-pre1")
+    assert failed.state == pp.JOB_STATE_FAILED
+    assert "could not convert string to float: 'oops'" in failed.error
+    assert pp.classify(failed.state, failed.error) is FailureClass.USER_ERROR
+
+
+def test_cancel_stops_the_job(emulator: tuple[DataflowEmulator, Receiver],
+                              staged: dict[str, str]) -> None:
+    emu, _ = emulator
+    steps = launcher(emu)
+    steps.launch(request(staged, "spotorch-r3-pre1", "good"))
+    steps.cancel("spotorch-r3-pre1", "us-central1")
+    assert wait_ended(steps, "spotorch-r3-pre1").state == pp.JOB_STATE_CANCELLED
+
+
+def test_iam_refuses_a_caller_without_the_permission(
+        emulator: tuple[DataflowEmulator, Receiver], staged: dict[str, str]) -> None:
+    from google.auth.exceptions import RefreshError
+
+    from spotorch.ports.steps import StepLaunchError
+
+    emu, _ = emulator
+    with pytest.raises(StepLaunchError, match=r"dataflow\.jobs\.create") as refused:
+        launcher(emu, "ro-token").launch(request(staged, "spotorch-r4-pre1", "good"))
+    assert refused.value.permanent
+    # An unknown token is a 401, on which the REST session tries to refresh a token it cannot.
+    with pytest.raises(RefreshError):
+        launcher(emu, "unknown-token").get("spotorch-r4-pre1", "us-central1")
+    assert launcher(emu, "ro-token").get("spotorch-r4-pre1", "us-central1") is None
+
+
+def test_the_outputs_port_on_fake_gcs(staged: dict[str, str]) -> None:
+    outputs = GcsStepOutputs(client=_client())
+    digest = outputs.content_digest("gs://landing/good/")
+    assert digest is not None and digest != outputs.content_digest("gs://landing/bad/")
+    assert outputs.read_marker("gs://prep/k/_SPOTORCH_PREPROCESS.json") is None
+    outputs.write_marker("gs://prep/k/_SPOTORCH_PREPROCESS.json", {"cache_key": "k"})
+    assert outputs.read_marker("gs://prep/k/_SPOTORCH_PREPROCESS.json") == {"cache_key": "k"}
+
+
+def test_the_package_holds_the_beam_module() -> None:
+    import io
+
+    _, data = build_sdist(ROOT / "examples" / "trainer")
+
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        assert any(m.name.endswith("spotorch_example/preprocess.py") for m in tar.getmembers())

@@ -32,10 +32,10 @@ beam-venv: $(BEAM_STAMP)
 
 venv: $(STAMP) $(BEAM_STAMP)
 
-demo: $(STAMP)          ## run the end-to-end demo on the local stack
+demo: $(STAMP) $(BEAM_STAMP)  ## run the end-to-end demo on the local stack
 	$(BIN)/spotorch demo
 
-test: $(STAMP)          ## the whole suite: unit, contract, functions, end to end
+test: $(STAMP) $(BEAM_STAMP)  ## the whole suite: unit, contract, functions, end to end (Beam's too)
 	$(BIN)/python -m pytest
 
 test-fast: $(STAMP)     ## unit tests only (no emulators)

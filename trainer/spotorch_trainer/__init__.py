@@ -21,6 +21,7 @@ from spotorch_trainer.cluster import Cluster, ClusterError, shard_range
 from spotorch_trainer.env import EnvError, TrainerEnv, params
 from spotorch_trainer.events import ListReporter, LogReporter, PubSubReporter, event_message
 from spotorch_trainer.run import Preempted, ProbeDone, Run, resume_point
+from spotorch_trainer.tabular import parquet_files, read_parquet
 from spotorch_trainer.storage import (
     GcsStorage,
     LocalStorage,
@@ -58,8 +59,10 @@ __all__ = [
     "list_files",
     "load_checkpoint",
     "params",
+    "parquet_files",
     "prune_checkpoints",
     "read_bytes",
+    "read_parquet",
     "resume_point",
     "shard_range",
     "write_bytes",

@@ -71,7 +71,7 @@ class Config:
 
 # Option name -> (type, help). The EXAMPLE_* variable is the upper-cased name.
 _OPTIONS: Mapping[str, tuple[type, str]] = {
-    "data": (str, "data snapshot: dir or gs:// prefix of CSV shards (default $SPOTORCH_DATA_URI)"),
+    "data": (str, "data snapshot: dir or gs:// prefix of CSV (or Parquet) shards (default $SPOTORCH_DATA_URI)"),
     "model_dir": (str, "where model.npz and metrics.json go (default $SPOTORCH_MODEL_URI, "
                        "then $AIP_MODEL_DIR)"),
     "total_steps": (int, "SGD steps in all"),
@@ -140,6 +140,29 @@ def load_csv_shards(uri: str) -> tuple[np.ndarray, np.ndarray, str]:
         ys.append(table[:, label].astype(np.int64))
         xs.append(np.delete(table, label, axis=1))
     return np.concatenate(xs), np.concatenate(ys), digest.hexdigest()
+
+
+def load_parquet_shards(uri: str) -> tuple[np.ndarray, np.ndarray, str]:
+    """Every *.parquet under uri (a BigQuery snapshot's export) in name order: the numeric
+    columns but the label as features, the label, and a sha256 of the bytes read."""
+    from spotorch_trainer import parquet_files, read_parquet
+
+    digest = hashlib.sha256()
+    for name in parquet_files(uri):
+        digest.update(name.encode() + b"\0" + read_bytes(join(uri, name)))
+    table = read_parquet(uri)
+    features = [c for c in table.column_names if c != LABEL]
+    x = np.column_stack([table.column(c).to_numpy(zero_copy_only=False).astype(np.float64)
+                         for c in features])
+    y = table.column(LABEL).to_numpy(zero_copy_only=False).astype(np.int64)
+    return x, y, digest.hexdigest()
+
+
+def load_shards(uri: str) -> tuple[np.ndarray, np.ndarray, str]:
+    """The snapshot's CSV files, or its Parquet files when it has no CSV (a BigQuery export)."""
+    if any(n.endswith(".csv") for n in list_files(uri)):
+        return load_csv_shards(uri)
+    return load_parquet_shards(uri)
 
 
 def split(x: np.ndarray, y: np.ndarray, holdout: float, seed: int, sha: str) -> Dataset:
@@ -255,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         if not data_uri:
             raise SystemExit("no data: set SPOTORCH_DATA_URI or pass --data")
         model_dir = cfg.model_dir or run.env.model_uri
-        x, y, sha = load_csv_shards(data_uri)
+        x, y, sha = load_shards(data_uri)
         data = split(x, y, cfg.holdout, cfg.seed, sha)
         log.info("run %s attempt %d: %d train / %d test rows, %d features, %d classes from %s",
                  run.env.run_id, run.env.attempt, len(data.y_train), len(data.y_test),

@@ -203,6 +203,9 @@ class SnapshotState:
     # marker (at most EARLY_SAMPLE; the marker alone makes the snapshot, so none is tracked)
     early: tuple[str, ...] = ()
     started: str | None = None  # the run (or sweep) that took the last completed cycle
+    # A BigQuery snapshot's export (spotorch.app.table_intake): tables, snapshot_time,
+    # snapshot_tables, export_uris, objects; None for a Cloud Storage snapshot.
+    bigquery: Mapping[str, Any] | None = None
 
     @property
     def data_uri(self) -> str:
@@ -242,6 +245,7 @@ class SnapshotState:
             "pending_dispatch": self.pending_dispatch, "dispatched_at": self.dispatched_at,
             "redispatches": self.redispatches, "truncated": self.truncated,
             "early": list(self.early), "started": self.started,
+            **({} if self.bigquery is None else {"bigquery": dict(self.bigquery)}),
         }
 
     @classmethod
@@ -263,6 +267,7 @@ class SnapshotState:
             truncated=bool(doc.get("truncated", False)),
             early=tuple(str(n) for n in doc.get("early") or ()),
             started=doc.get("started"),
+            bigquery=doc.get("bigquery"),
         )
 
 
@@ -597,7 +602,8 @@ def mark_dispatched(ready: SnapshotReady, *, docs: DocumentStore,
 
 def landing_prefixes(pipelines: Sequence[Pipeline]) -> tuple[tuple[str, str], ...]:
     """(bucket, prefix) of every trigger, each once: what the reconcile lists."""
-    return tuple(sorted({(p.trigger.bucket, p.trigger.prefix) for p in pipelines}))
+    return tuple(sorted({(p.trigger.bucket, p.trigger.prefix) for p in pipelines
+                         if p.trigger.bigquery is None}))
 
 
 def listed_event(info: ObjectInfo) -> ObjectEvent:

@@ -23,6 +23,7 @@ def production_deps(settings: Settings | None = None) -> Deps:
     from spotorch.adapters.gcp.job_logs import CloudLoggingJobLogs
     from spotorch.adapters.gcp.pubsub import PubSubPublisher, PubSubShardDispatcher
     from spotorch.adapters.gcp.registry import VertexExperimentTracker, VertexModelRegistry
+    from spotorch.adapters.gcp.bigquery import BigQueryTables
     from spotorch.adapters.gcp.storage import GcsObjectStore
     from spotorch.adapters.gcp.vertex import VertexJobLauncher
     from spotorch.adapters.gcp.vertex_budgets import RequestBudget, SharedRequestBudget
@@ -60,4 +61,6 @@ def production_deps(settings: Settings | None = None) -> Deps:
         job_logs=CloudLoggingJobLogs(settings.project, endpoint=settings.logging_endpoint,
                                      token=settings.vertex_token),
         unmatched_alert_after_s=settings.unmatched_alert_after_s,
+        # The client on first use: only pipelines with trigger.bigquery call it.
+        tables=BigQueryTables(settings.project, endpoint=settings.bigquery_endpoint),
     )

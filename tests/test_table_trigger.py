@@ -33,8 +33,8 @@ from spotorch.core.table_changes import (
     parse_audit_event,
 )
 from spotorch.entrypoints import functions as entry
-from spotorch.spec.loader import check_file
 from spotorch.settings import COLLECTION_SNAPSHOTS, COLLECTION_TABLE_WATCHES
+from spotorch.spec.loader import check_file
 
 TABLE = "demo-proj.sales.rows"
 MAIN = str(Path(__file__).resolve().parent.parent / "functions" / "main.py")
@@ -264,7 +264,7 @@ def test_rows_gather_until_min_rows_changed(world: tuple[Deps, InMemoryTables]) 
     tables.load(TABLE, rows(2), at_ms=2_000, job_id="load1")
     assert table_intake.table_changed(deps, event("load1")) == []
     tables.load(TABLE, rows(1, 2), at_ms=3_000, job_id="load2")
-    [run] = table_intake.table_changed(deps, event("load2"))
+    [_run] = table_intake.table_changed(deps, event("load2"))
     [snap] = snapshot_docs(deps)
     assert snap.bigquery is not None and snap.bigquery["snapshot_time"].endswith("03.000Z")
 
@@ -295,7 +295,7 @@ def test_an_event_about_another_table_than_its_job_wrote_is_refused(
         world: tuple[Deps, InMemoryTables]) -> None:
     deps, tables = world
     tables.load("demo-proj.sales.other", rows(5), at_ms=2_000, job_id="load9")
-    with pytest.raises(InvalidEvent, match="wrote demo-proj.sales.other"):
+    with pytest.raises(InvalidEvent, match=r"wrote demo-proj\.sales\.other"):
         table_intake.table_changed(deps, event("load9"))
 
 
@@ -356,7 +356,7 @@ def test_a_snapshot_decided_before_a_crash_is_finished_by_the_tick(
     with pytest.raises(ConnectionError):
         table_intake.table_changed(deps, event("load1"))
     monkeypatch.undo()
-    [run] = table_intake.check_tables(deps)
+    [_run] = table_intake.check_tables(deps)
     assert len(snapshot_docs(deps)) == 1
     assert table_intake.check_tables(deps) == []
 

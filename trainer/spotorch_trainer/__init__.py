@@ -21,7 +21,6 @@ from spotorch_trainer.cluster import Cluster, ClusterError, shard_range
 from spotorch_trainer.env import EnvError, TrainerEnv, params
 from spotorch_trainer.events import ListReporter, LogReporter, PubSubReporter, event_message
 from spotorch_trainer.run import Preempted, ProbeDone, Run, resume_point
-from spotorch_trainer.tabular import parquet_files, read_parquet
 from spotorch_trainer.storage import (
     GcsStorage,
     LocalStorage,
@@ -32,6 +31,7 @@ from spotorch_trainer.storage import (
     read_bytes,
     write_bytes,
 )
+from spotorch_trainer.tabular import parquet_files, read_parquet
 
 __all__ = [
     "STATE_FILE",

@@ -71,7 +71,7 @@ class Config:
 
 # Option name -> (type, help). The EXAMPLE_* variable is the upper-cased name.
 _OPTIONS: Mapping[str, tuple[type, str]] = {
-    "data": (str, "data snapshot: dir or gs:// prefix of CSV (or Parquet) shards (default $SPOTORCH_DATA_URI)"),
+    "data": (str, "data snapshot: dir or gs:// prefix of CSV or Parquet shards (default $SPOTORCH_DATA_URI)"),
     "model_dir": (str, "where model.npz and metrics.json go (default $SPOTORCH_MODEL_URI, "
                        "then $AIP_MODEL_DIR)"),
     "total_steps": (int, "SGD steps in all"),

@@ -368,8 +368,6 @@ class Trigger(FileSection):
     bucket: Annotated[str, Matches(
         _BUCKET, "must be a bucket name (lowercase letters, digits, '-', '_' and '.'; no gs://)"),
         Field(description="The Cloud Storage bucket watched; or bigquery.")] = ""
-    bigquery: Annotated[BigQuerySource | None, Field(
-        description="BigQuery tables watched instead of a bucket.")] = None
     prefix: Annotated[str, Matches(
         r"^([^/].*/)?$",
         "must be empty or a folder: no leading '/', ending with '/' (e.g. datasets/demo/)")] = ""
@@ -395,6 +393,8 @@ class Trigger(FileSection):
         description="Path segments below the prefix that name a snapshot folder.")] = 1
     on_active_run: Annotated[OnActiveRun, OneOf(("queue", "supersede", "skip"))] = \
         OnActiveRun.QUEUE
+    bigquery: Annotated[BigQuerySource | None, Field(
+        description="BigQuery tables watched instead of a bucket.")] = None
 
 
 @dataclass(frozen=True)

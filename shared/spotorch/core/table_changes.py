@@ -118,8 +118,8 @@ def _parse(event_id: str, data: Mapping[str, Any]) -> TableChange | None:
         if table is None:
             raise InvalidEvent(f"data.protoPayload.resourceName: not a table: "
                                f"{payload.get('resourceName')!r}")
-        project, job = _job(change.get("jobName"), f"{where}.jobName")
-        return TableChange(event_id, project, job, (table,), "table_data_change",
+        project, job_id = _job(change.get("jobName"), f"{where}.jobName")
+        return TableChange(event_id, project, job_id, (table,), "table_data_change",
                            inserted_rows=_count(change.get("insertedRowsCount"),
                                                 f"{where}.insertedRowsCount"),
                            deleted_rows=_count(change.get("deletedRowsCount"),
@@ -132,12 +132,12 @@ def _parse(event_id: str, data: Mapping[str, Any]) -> TableChange | None:
     job_change = _mapping(job_change, where)
     if job_change.get("after") != "DONE":
         return None
-    job = _mapping(job_change.get("job"), f"{where}.job")
-    status = job.get("jobStatus")
+    entry = _mapping(job_change.get("job"), f"{where}.job")
+    status = entry.get("jobStatus")
     if isinstance(status, Mapping) and status.get("errorResult"):
         return None  # a failed job changed nothing
-    project, job_id = _job(job.get("jobName"), f"{where}.job.jobName")
-    config = job.get("jobConfig")
+    project, job_id = _job(entry.get("jobName"), f"{where}.job.jobName")
+    config = entry.get("jobConfig")
     tables = _destinations(config) if isinstance(config, Mapping) else ()
     if not tables:
         return None  # no destination named (a plain SELECT, an extract): no table changed

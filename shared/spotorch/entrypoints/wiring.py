@@ -18,12 +18,12 @@ class SystemClock:
 
 def production_deps(settings: Settings | None = None) -> Deps:
     """Firestore, Vertex AI, GCS and Pub/Sub adapters configured from SPOTORCH_* variables."""
+    from spotorch.adapters.gcp.bigquery import BigQueryTables
     from spotorch.adapters.gcp.checkpoints import StorageCheckpointStore
     from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
     from spotorch.adapters.gcp.job_logs import CloudLoggingJobLogs
     from spotorch.adapters.gcp.pubsub import PubSubPublisher, PubSubShardDispatcher
     from spotorch.adapters.gcp.registry import VertexExperimentTracker, VertexModelRegistry
-    from spotorch.adapters.gcp.bigquery import BigQueryTables
     from spotorch.adapters.gcp.storage import GcsObjectStore
     from spotorch.adapters.gcp.vertex import VertexJobLauncher
     from spotorch.adapters.gcp.vertex_budgets import RequestBudget, SharedRequestBudget

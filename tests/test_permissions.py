@@ -67,7 +67,7 @@ def vocabularies() -> dict[str, frozenset[str]]:
     """google.cloud library -> the method names of its clients that send a request."""
     import google.cloud.pubsub_v1 as pubsub_v1
     import google.cloud.storage as storage
-    from google.cloud import aiplatform_v1, firestore
+    from google.cloud import aiplatform_v1, bigquery, firestore
     from google.cloud import logging as cloud_logging
     from google.cloud.firestore_v1 import batch, collection, document, query, transaction
 
@@ -79,6 +79,7 @@ def vocabularies() -> dict[str, frozenset[str]]:
         "firestore": _gapic(firestore.Client, collection.CollectionReference, query.Query,
                             document.DocumentReference, batch.WriteBatch, transaction.Transaction),
         "logging": _gapic(cloud_logging.Client),
+        "bigquery": _gapic(bigquery.Client, bigquery.QueryJob, bigquery.ExtractJob),
         # not installed here: its GAPIC client's methods by their form
         "secretmanager": frozenset({"access_secret_version", "get_secret", "list_secrets",
                                     "add_secret_version", "create_secret", "get_secret_version",

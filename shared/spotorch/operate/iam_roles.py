@@ -15,6 +15,38 @@ from collections.abc import Mapping
 SOURCE = "https://github.com/iann0036/iam-dataset/tree/2073fa52ac008a45477aa0b1b4580cd99135bf60/gcp/roles"
 
 PREDEFINED_ROLES: Mapping[str, frozenset[str]] = {
+    # The two BigQuery data roles from the same dataset at later commits (1818bc70 for
+    # dataViewer, 078b24f2 for dataEditor): BigQuery's rows were read there, not at 2073fa52.
+    "roles/bigquery.dataViewer": frozenset({
+        "bigquery.datasets.get", "bigquery.datasets.getIamPolicy", "bigquery.models.export",
+        "bigquery.models.getData", "bigquery.models.getMetadata", "bigquery.models.list",
+        "bigquery.routines.get", "bigquery.routines.list", "bigquery.tables.createSnapshot",
+        "bigquery.tables.export", "bigquery.tables.get", "bigquery.tables.getData",
+        "bigquery.tables.getIamPolicy", "bigquery.tables.list", "resourcemanager.projects.get",
+        "resourcemanager.projects.list"}),
+    "roles/bigquery.dataEditor": frozenset({
+        "bigquery.config.get", "bigquery.datasets.create", "bigquery.datasets.get",
+        "bigquery.datasets.getIamPolicy", "bigquery.datasets.updateTag", "bigquery.models.create",
+        "bigquery.models.delete", "bigquery.models.export", "bigquery.models.getData",
+        "bigquery.models.getMetadata", "bigquery.models.list", "bigquery.models.updateData",
+        "bigquery.models.updateMetadata", "bigquery.models.updateTag",
+        "bigquery.propertyGraphs.create", "bigquery.propertyGraphs.delete",
+        "bigquery.propertyGraphs.get", "bigquery.propertyGraphs.list",
+        "bigquery.propertyGraphs.update", "bigquery.routines.create", "bigquery.routines.delete",
+        "bigquery.routines.get", "bigquery.routines.list", "bigquery.routines.update",
+        "bigquery.routines.updateTag", "bigquery.tables.create", "bigquery.tables.createIndex",
+        "bigquery.tables.createSnapshot", "bigquery.tables.delete", "bigquery.tables.deleteIndex",
+        "bigquery.tables.export", "bigquery.tables.get", "bigquery.tables.getData",
+        "bigquery.tables.getIamPolicy", "bigquery.tables.list", "bigquery.tables.replicateData",
+        "bigquery.tables.restoreSnapshot", "bigquery.tables.update", "bigquery.tables.updateData",
+        "bigquery.tables.updateIndex", "bigquery.tables.updateTag", "cloudkms.keyHandles.create",
+        "cloudkms.keyHandles.get", "cloudkms.keyHandles.list", "cloudkms.operations.get",
+        "cloudkms.projects.showEffectiveAutokeyConfig", "dataplex.datascans.cancel",
+        "dataplex.datascans.create", "dataplex.datascans.delete", "dataplex.datascans.get",
+        "dataplex.datascans.getData", "dataplex.datascans.getIamPolicy",
+        "dataplex.datascans.list", "dataplex.datascans.run", "dataplex.datascans.update",
+        "dataplex.operations.get", "dataplex.operations.list", "resourcemanager.projects.get",
+        "resourcemanager.projects.list"}),
     "roles/aiplatform.user": frozenset({
         "aiplatform.artifacts.create", "aiplatform.artifacts.delete", "aiplatform.artifacts.get",
         "aiplatform.artifacts.list", "aiplatform.artifacts.update",

@@ -5,12 +5,14 @@ the BigQuery emulator."""
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 from cloudevents.conversion import to_structured
 from cloudevents.http import CloudEvent
@@ -253,8 +255,8 @@ def test_a_load_starts_a_run_on_the_parquet_export_of_a_snapshot(
     assert snap.members() == ((obj["name"], obj["generation"]),)
     assert (snap.started, snap.pending_dispatch) == (runs[0].run_id, False)  # the run took it
     assert runs[0].data_uri == f"gs://exports/bq/bq/{snap.snapshot_id}/"
-    assert len(json.loads(deps.objects.read("exports", obj["name"], obj["generation"], 1 << 20))) \
-        == 5
+    assert pq.read_table(io.BytesIO(deps.objects.read("exports", obj["name"], obj["generation"],
+                                                      1 << 20))).num_rows == 5
     # The snapshot table expires by the TTL, counted from the decision.
     assert tables.expires[snapshot_table] == int((clock(deps).t + 7 * 86400) * 1000)
 

@@ -5,7 +5,6 @@ tests/test_table_source_contract.py runs the same checks against it and the BigQ
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,13 +68,20 @@ class InMemoryTables:
         self.expires[destination] = expires_ms
 
     def export_parquet(self, table: str, destination_uri: str, job_id: str) -> None:
-        """TableSource.export_parquet: one shard, the rows as JSON (no Parquet in unit tests)."""
+        """TableSource.export_parquet: one Parquet shard of the rows (pyarrow, imported here)."""
+        import io
+
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
         self.calls.append(f"extract {table} -> {destination_uri}")
         if ("", job_id) in self.jobs:
             return
         bucket, _ = split_gs_uri(destination_uri)
         name = destination_uri[len(f"gs://{bucket}/"):].replace("*", FIRST_SHARD)
-        rows = self.history[table][-1][1]
+        rows = list(self.history[table][-1][1])
+        out = io.BytesIO()
+        pq.write_table(pa.Table.from_pylist(rows), out)
         self.generation += 1
-        self.objects.put(bucket, name, self.generation, json.dumps(list(rows)).encode())
+        self.objects.put(bucket, name, self.generation, out.getvalue())
         self.jobs[("", job_id)] = JobInfo(job_id, "extract", "DONE", False, None, None)

@@ -293,3 +293,49 @@ class BigQueryFront:
                 continue
             relative = path.relative_to(self.gcs_root / bucket).as_posix()
             self.upload(bucket, relative.replace("*", FIRST_SHARD), path)
+
+
+# --- Eventarc's delivery of an audit entry ---------------------------------------------------------
+
+DELIVERY_ATTEMPTS = 5  # then the entry is lost, as Eventarc's retries run out: the tick repairs
+
+
+def cloudevent_headers(entry: Mapping[str, Any]) -> dict[str, str]:
+    """The binary-mode CloudEvent attributes Eventarc sends with a Cloud Audit Logs entry: type,
+    source (the log), subject, and the serviceName, methodName, resourceName extensions."""
+    payload = entry["protoPayload"]
+    project = entry["resource"]["labels"]["project_id"]
+    return {
+        "ce-specversion": "1.0",
+        "ce-type": "google.cloud.audit.log.v1.written",
+        "ce-source": f"//cloudaudit.googleapis.com/projects/{project}/logs/data_access",
+        "ce-id": f"projects/{project}/logs/cloudaudit.googleapis.com%2Fdata_access"
+                 f"{entry['insertId']}{entry['timestamp']}",
+        "ce-time": entry["timestamp"],
+        "ce-subject": f"{BIGQUERY_SERVICE}/{payload['resourceName']}",
+        "ce-servicename": payload["serviceName"],
+        "ce-methodname": payload["methodName"],
+        "ce-resourcename": payload["resourceName"],
+        "ce-dataschema": "https://googleapis.github.io/google-cloudevents/jsonschema/google/events/"
+                         "cloud/audit/v1/LogEntryData.json",
+        "Content-Type": "application/json; charset=utf-8",
+    }
+
+
+def deliver(url: Callable[[], str], entry: Mapping[str, Any], pause_s: float = 1.0) -> bool:
+    """POST one audit entry to the function as Eventarc does, again on failure (in the
+    caller's thread); False when every attempt failed."""
+    import time
+
+    body = json.dumps(entry).encode()
+    for attempt in range(DELIVERY_ATTEMPTS):
+        request = urllib.request.Request(url(), data=body, method="POST",
+                                         headers=cloudevent_headers(entry))
+        try:
+            with urllib.request.urlopen(request, timeout=600) as response:
+                if 200 <= response.status < 300:
+                    return True
+        except (urllib.error.URLError, OSError) as exc:
+            log.debug("audit entry delivery %d failed: %s", attempt + 1, exc)
+        time.sleep(pause_s * 2 ** attempt)
+    return False

@@ -80,11 +80,10 @@ def _bucket(uri: str | None) -> str | None:
 
 
 def _describe(pipeline: Any, file: Path) -> LoadedPipeline:
-    uris = (pipeline.checkpoint_uri, pipeline.output_uri, pipeline.job.base_output_uri,
-            pipeline.job.staging_uri)
     source = pipeline.trigger.bigquery
-    if source is not None:  # a BigQuery trigger: its export bucket holds the runs' data
-        uris = (*uris, source.export_uri)
+    # A BigQuery trigger's export bucket holds the runs' data.
+    uris = (pipeline.checkpoint_uri, pipeline.output_uri, pipeline.job.base_output_uri,
+            pipeline.job.staging_uri, source.export_uri if source is not None else None)
     buckets = [b for b in (pipeline.trigger.bucket, *(_bucket(u) for u in uris)) if b]
     return LoadedPipeline(
         name=pipeline.name, file=file,

@@ -17,6 +17,7 @@ DevStack composes: StackProcesses (the children, their ports, readiness, restart
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -157,7 +158,8 @@ class DevStack:
         if self._pipelines_source is not None:
             self._activate(check_pipelines(self._pipelines_source.resolve()))
         if cfg.bigquery or (self.pipelines is not None and any(
-                p.pipeline.trigger.bigquery is not None for p in self.pipelines.loaded)):
+                p.pipeline is not None and p.pipeline.trigger.bigquery is not None
+                for p in self.pipelines.loaded)):
             self._start_bigquery()
         if cfg.receivers:
             self.receivers = AlertReceivers(self.run_dir / ALERTS_FILE)
@@ -195,11 +197,9 @@ class DevStack:
         def upload(bucket: str, name: str, path: Path) -> None:
             from google.api_core.exceptions import PreconditionFailed
 
-            try:  # only if absent: a job read DONE twice uploads once
+            with contextlib.suppress(PreconditionFailed):  # only if absent: uploaded once
                 self._gcs.client().bucket(bucket).blob(name).upload_from_filename(
                     str(path), if_generation_match=0)
-            except PreconditionFailed:
-                pass
 
         def on_job_done(entry: dict[str, Any]) -> None:
             url = lambda: self.function_url("on_table_changed")  # noqa: E731

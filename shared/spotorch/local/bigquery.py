@@ -50,6 +50,10 @@ _DML_TARGET = re.compile(
     r"\s+`?([A-Za-z0-9_.:-]+)`?", re.IGNORECASE)
 
 
+# The media part's type in a multipart load (google-resumable-media writes `*/*`).
+_MEDIA_ANY = re.compile(rb"(?i)content-type: \*/\*")
+
+
 def bqemulator_binary() -> Path:
     """The bqemulator executable: $SPOTORCH_BQEMULATOR, else the Makefile's venv beside ours."""
     configured = os.environ.get(ENV_BQEMULATOR)
@@ -208,7 +212,7 @@ class BigQueryFront:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 if self.command == "POST":
-                    front._before(body)
+                    body = front._before(self.path, body)
                 request = urllib.request.Request(
                     front.emulator + self.path, data=body if body else None, method=self.command,
                     headers={k: v for k, v in self.headers.items()
@@ -248,16 +252,21 @@ class BigQueryFront:
         bucket, _, name = uri[len("gs://"):].partition("/")
         return self.gcs_root / bucket / name
 
-    def _before(self, body: bytes) -> None:
-        """An extract job's folders exist before the emulator writes into them."""
+    def _before(self, path: str, body: bytes) -> bytes:
+        """The request as the emulator takes it: an extract job's folders made first; a load
+        job's media part typed (the client sends `*/*`, which BigQuery takes and the emulator
+        refuses)."""
+        if path.startswith("/upload/"):
+            return _MEDIA_ANY.sub(b"content-type: application/octet-stream", body, count=1)
         try:
             job = json.loads(body or b"{}")
         except ValueError:
-            return
+            return body
         extract = (job.get("configuration") or {}).get("extract") if isinstance(job, dict) else None
         for uri in (extract or {}).get("destinationUris") or ():
             if isinstance(uri, str) and uri.startswith("gs://"):
                 self._local(uri).parent.mkdir(parents=True, exist_ok=True)
+        return body
 
     def _after(self, data: bytes) -> None:
         """A job seen DONE for the first time: bridge its export, hand on its audit entries."""

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from spotorch.local.demo_bigquery import SETTINGS as BIGQUERY
 from spotorch.local.demo_distributed import SETTINGS as DISTRIBUTED
 
 REPO = Path(__file__).resolve().parents[3]  # shared/spotorch/local/demo_scenarios.py -> the repo
@@ -42,6 +43,9 @@ class Scenario:
     # stack is up: report, the run, the stack); e.g. demo_distributed.py
     document: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     extend: Callable[[dict[str, Any], Any, Any], None] | None = None
+    # A story's own data arrival instead of the CSV upload (stack, docs, say); e.g. rows into a
+    # BigQuery table (demo_bigquery.py)
+    arrival: Callable[[Any, Any, Callable[[str], None]], None] | None = None
 
 
 _UNHEALTHY = ("python", "examples/unhealthy.py")
@@ -188,6 +192,7 @@ SCENARIOS: Mapping[str, Scenario] = {
         vertex_args=("--memory-limits-mb", _DEMO_MEMORY),
     ),
     "distributed": Scenario(**DISTRIBUTED),
+    "bigquery": Scenario(**BIGQUERY),
     "quota": Scenario(
         name="quota",
         title="no Spot GPU quota in the first region",

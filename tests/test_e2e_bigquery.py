@@ -106,3 +106,30 @@ def test_rows_in_a_table_start_a_run_on_its_parquet_export(tmp_path: Path) -> No
         finally:
             os.environ.clear()
             os.environ.update(saved)
+
+
+def test_the_bigquery_demo_story_trains_on_the_export_of_a_loaded_table() -> None:
+    """`spotorch demo --scenario bigquery --json`: a load job's rows, not a DML job's."""
+    import json
+    import subprocess
+    import sys
+
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "spotorch.local.demo", "--scenario",
+                           "bigquery", "--json", "--timeout", "80"],
+                          capture_output=True, text=True, timeout=180, cwd=ROOT,
+                          env={**os.environ})
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["status"] == "SUCCEEDED", report["history"]
+    bq = report["bigquery"]
+    assert bq["tables"] == ["spotorch-local.sales.rows"]
+    assert bq["snapshot_time"].endswith("Z") and bq["export_uris"]
+    assert [o["name"].rsplit("/", 1)[-1] for o in bq["objects"]] == ["part-000000000000.parquet"]
+    # It trained on the whole first load (3000 rows: 80 % train, 20 % test), not on more.
+    assert (report["metrics"]["n_train"], report["metrics"]["n_test"]) == (2400, 600)
+    # The rows loaded during training made their own snapshot; its run came after the first.
+    later = report["next_snapshot"]
+    assert later is not None and later["bigquery"]["snapshot_time"] > bq["snapshot_time"]
+    assert later["run_id"] != report["run_id"]
+    assert time.monotonic() - began < 120

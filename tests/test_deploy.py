@@ -56,7 +56,7 @@ package = _load_packager()
 
 # What the functions' entry points are and what feeds them (the issue's contract).
 EXPECTED_ENTRY_POINTS = frozenset({"on_object_finalized", "on_job_event", "on_tick",
-                                   "on_run_event", "api"})
+                                   "on_run_event", "on_table_changed", "api"})
 EXPECTED_FEEDS = frozenset({(settings.TOPIC_JOB_EVENTS, "on_job_event"),
                             (settings.TOPIC_TRAINER_EVENTS, "on_job_event"),
                             (settings.TOPIC_TICK, "on_tick"),

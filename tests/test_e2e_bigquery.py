@@ -133,3 +133,51 @@ def test_the_bigquery_demo_story_trains_on_the_export_of_a_loaded_table() -> Non
     assert later is not None and later["bigquery"]["snapshot_time"] > bq["snapshot_time"]
     assert later["run_id"] != report["run_id"]
     assert time.monotonic() - began < 120
+
+
+def test_a_lost_bigquery_event_is_repaired_by_the_tick_on_the_stack(tmp_path: Path) -> None:
+    """Every audit entry is lost (the front hands them to nobody): the tick's tables.get sees
+    the table changed and starts the run on its snapshot."""
+    from google.api_core.client_options import ClientOptions
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import bigquery
+
+    (tmp_path / "pipelines").mkdir()
+    (tmp_path / "pipelines" / "bq.yaml").write_text(yaml.safe_dump(pipeline_file()))
+    with DevStack(pipelines_dir=tmp_path / "pipelines", run_dir=tmp_path / "stack",
+                  tick_seconds=2.0, project=PROJECT) as stack:
+        saved = dict(os.environ)
+        os.environ.update(stack.env)
+        try:
+            lost: list[dict[str, Any]] = []
+            stack._bigquery_front.on_job_done = lost.append  # Eventarc delivers nothing
+            client = bigquery.Client(project=PROJECT, credentials=AnonymousCredentials(),
+                                     client_options=ClientOptions(
+                                         api_endpoint=stack.env[ENV_BIGQUERY_ENDPOINT]))
+            client.create_dataset("sales")
+            client.create_dataset("snapshots")
+            client.create_table(bigquery.Table(TABLE, schema=[
+                *(bigquery.SchemaField(f"f{i}", "FLOAT64") for i in range(FEATURES)),
+                bigquery.SchemaField("label", "INT64")]))
+            docs = FirestoreDocumentStore(project=PROJECT)
+            began = time.monotonic()
+            # The first tick that sees the table takes it as it is (empty) for the baseline.
+            while time.monotonic() - began < 30 and \
+                    docs.get("table_watches", "bq")[0] is None:
+                time.sleep(0.5)
+            assert docs.get("table_watches", "bq")[0] is not None
+            insert(client, 30, seed=4)
+            assert lost, "the front saw the job end"
+            inserted = time.monotonic()
+            runs: list[Run] = []
+            while time.monotonic() - inserted < 40 and not runs:
+                runs = [Run.from_dict(d) for d in docs.query("runs", "pipeline", "bq")]
+                time.sleep(0.5)
+            assert len(runs) == 1, "the tick did not start the run"
+            assert time.monotonic() - inserted < 10 * 2.0
+            snap = next(SnapshotState.from_doc(d) for d in docs.query(
+                COLLECTION_SNAPSHOTS, "pipeline", "bq"))
+            assert snap.bigquery is not None and snap.bigquery["objects"]
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)

@@ -38,5 +38,5 @@ def test_the_replicas_together_read_each_row_once(tmp_path: Path) -> None:
 
 def test_a_snapshot_without_parquet_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "part-0.csv").write_text("x,label\n1,0\n")
-    with pytest.raises(FileNotFoundError, match="no .parquet files"):
+    with pytest.raises(FileNotFoundError, match=r"no \.parquet files"):
         read_parquet(str(tmp_path))

@@ -50,6 +50,8 @@ _DML_TARGET = re.compile(
     r"\s+`?([A-Za-z0-9_.:-]+)`?", re.IGNORECASE)
 
 
+# tables.get: /bigquery/v2/projects/P/datasets/D/tables/T (a query string aside).
+_TABLE_GET = re.compile(r"^/bigquery/v2/projects/[^/]+/datasets/[^/]+/tables/[^/?]+(\?.*)?$")
 # The media part's type in a multipart load (google-resumable-media writes `*/*`).
 _MEDIA_ANY = re.compile(rb"(?i)content-type: \*/\*")
 
@@ -192,6 +194,8 @@ class BigQueryFront:
     on_job_done: Callable[[dict[str, Any]], None] = lambda entry: None
     port: int = 0
     _seen: set[str] = field(default_factory=set)
+    # table resource -> endTime (ms) of the last load or DML job the front saw end on it
+    _changed: dict[str, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _server: http.server.ThreadingHTTPServer | None = None
 
@@ -224,6 +228,8 @@ class BigQueryFront:
                     status, headers, data = exc.code, exc.headers, exc.read()
                 if status == 200 and "/jobs" in self.path:
                     front._after(data)
+                elif status == 200 and self.command == "GET" and _TABLE_GET.match(self.path):
+                    data = front._table(data)
                 self.send_response(status)
                 for key, value in headers.items():
                     if key.lower() not in ("transfer-encoding", "content-length", "connection",
@@ -286,11 +292,51 @@ class BigQueryFront:
             if extract and not (job.get("status") or {}).get("errorResult"):
                 for uri in extract.get("destinationUris") or ():
                     self._bridge(uri)
+        table = changed_table(job)
+        if table is not None and not (job.get("status") or {}).get("errorResult"):
+            ended = int(float((job.get("statistics") or {}).get("endTime") or 0))
+            with self._lock:
+                self._changed[table] = max(self._changed.get(table, 0), ended)
         for entry in audit_entries(job):
             try:
                 self.on_job_done(entry)
             except Exception as exc:  # an audit entry lost is what the tick repairs
                 log.warning("audit entry of job %s not delivered: %s", key, exc)
+
+    def _table(self, data: bytes) -> bytes:
+        """tables.get as BigQuery answers it: the emulator never moves lastModifiedTime after
+        creation and counts only streamed rows in numRows; the front sets the time of the last
+        load or DML job it saw end on the table, and the rows a COUNT(*) finds."""
+        try:
+            table = json.loads(data)
+            ref = table["tableReference"]
+        except (ValueError, KeyError, TypeError):
+            return data
+        if table.get("type") not in (None, "TABLE"):
+            return data
+        resource = _table_resource(ref)
+        ended = self._changed.get(resource)
+        if ended is not None:
+            table["lastModifiedTime"] = str(max(int(float(table.get("lastModifiedTime") or 0)),
+                                                ended))
+        rows = self._count(ref)
+        if rows is not None:
+            table["numRows"] = str(rows)
+        return json.dumps(table).encode()
+
+    def _count(self, ref: Mapping[str, Any]) -> int | None:
+        query = {"query": f"SELECT COUNT(*) FROM `{ref['projectId']}.{ref['datasetId']}."
+                          f"{ref['tableId']}`", "useLegacySql": False}
+        request = urllib.request.Request(
+            f"{self.emulator}/bigquery/v2/projects/{ref['projectId']}/queries",
+            data=json.dumps(query).encode(), method="POST",
+            headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                answer = json.loads(response.read())
+            return int(answer["rows"][0]["f"][0]["v"])
+        except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError):
+            return None
 
     def _bridge(self, uri: str) -> None:
         bucket, _, name = uri[len("gs://"):].partition("/")

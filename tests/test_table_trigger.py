@@ -138,8 +138,11 @@ def data_change(job_id: str = "job1", inserted: int = 3) -> dict[str, Any]:
 
 
 def test_an_end_entry_names_its_job_and_destination() -> None:
-    change = parse_audit_event(AUDIT_LOG_TYPE, "e1", job_done())
-    assert change == TableChange("e1", "demo-proj", "job1", (TABLE,), "job_done")
+    data = job_done()
+    data["resource"]["labels"]["location"] = "asia-northeast1"
+    change = parse_audit_event(AUDIT_LOG_TYPE, "e1", data)
+    assert change == TableChange("e1", "demo-proj", "job1", (TABLE,), "job_done",
+                                 location="asia-northeast1")  # jobs.get needs it there
     assert change.job_name == "projects/demo-proj/jobs/job1"
 
 

@@ -114,7 +114,7 @@ def table_changed(deps: Deps, change: TableChange) -> list[Run]:
     if deps.docs.get(COLLECTION_DEDUPE, dedupe)[0] is not None:
         return []
     tables = _tables(deps)
-    job = tables.get_job(change.job_project, change.job_id)
+    job = tables.get_job(change.job_project, change.job_id, change.location)
     why = confirm(change, job)
     if why is not None:
         raise InvalidEvent(f"BigQuery contradicts the audit entry: {why}",

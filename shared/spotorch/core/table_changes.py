@@ -45,6 +45,8 @@ class TableChange:
     inserted_rows: int | None = None  # tableDataChange.insertedRowsCount
     deleted_rows: int | None = None
     truncated: bool = False
+    # resource.labels.location of the entry: jobs.get needs it outside the US and EU
+    location: str | None = None
 
     @property
     def job_name(self) -> str:
@@ -98,7 +100,19 @@ def _destinations(config: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _location(data: Mapping[str, Any]) -> str | None:
+    resource = data.get("resource")
+    labels = resource.get("labels") if isinstance(resource, Mapping) else None
+    location = labels.get("location") if isinstance(labels, Mapping) else None
+    return location if isinstance(location, str) and location else None
+
+
 def _parse(event_id: str, data: Mapping[str, Any]) -> TableChange | None:
+    change = _parse_payload(event_id, data)
+    return None if change is None else replace(change, location=_location(data))
+
+
+def _parse_payload(event_id: str, data: Mapping[str, Any]) -> TableChange | None:
     payload = _mapping(data.get("protoPayload"), "data.protoPayload")
     if payload.get("serviceName") != BIGQUERY_SERVICE:
         raise InvalidEvent(f"data.protoPayload.serviceName: not {BIGQUERY_SERVICE}: "

@@ -19,8 +19,9 @@ class TableSource(Protocol):
         """tables.get of project.dataset.table; TableNotFound when it is not there."""
         ...
 
-    def get_job(self, project: str, job_id: str) -> JobInfo | None:
-        """jobs.get; None when there is no such job."""
+    def get_job(self, project: str, job_id: str, location: str | None = None) -> JobInfo | None:
+        """jobs.get (location: the job's, needed outside the US and EU); None when there is no
+        such job."""
         ...
 
     def snapshot(self, table: str, snapshot_ms: int, destination: str, expires_ms: int) -> None:

@@ -78,12 +78,12 @@ class BigQueryTables:
         return TableInfo(table, _ms(props.get("lastModifiedTime")) or 0,
                          int(props.get("numRows") or 0))
 
-    def get_job(self, project: str, job_id: str) -> JobInfo | None:
+    def get_job(self, project: str, job_id: str, location: str | None = None) -> JobInfo | None:
         """TableSource.get_job (jobs.get); None when BigQuery has no such job."""
         from google.api_core import exceptions as gexc
 
         try:
-            job = self.client().get_job(job_id, project=project)
+            job = self.client().get_job(job_id, project=project, location=location)
         except gexc.NotFound:
             return None
         props = job._properties

@@ -54,7 +54,7 @@ class InMemoryTables:
         at_ms, rows = self.history[table][-1]
         return TableInfo(table, at_ms, len(rows))
 
-    def get_job(self, project: str, job_id: str) -> JobInfo | None:
+    def get_job(self, project: str, job_id: str, location: str | None = None) -> JobInfo | None:
         """TableSource.get_job."""
         self.calls.append(f"jobs.get {job_id}")
         return self.jobs.get((project, job_id))

@@ -386,3 +386,26 @@ def test_the_function_acknowledges_and_records_a_forged_event(
     assert response.status_code == 200
     record, _ = deps.docs.get("rejected_events", "forged-1")
     assert record is not None and "does not exist" in record["reason"]
+
+
+@pytest.mark.parametrize(("data", "recorded"), [
+    ({"protoPayload": {"serviceName": "bigquery.googleapis.com", "methodName": INSERT_JOB,
+                       "metadata": {"@type": METADATA_TYPE, "jobInsertion": {}}}}, False),
+    ({"protoPayload": {"serviceName": "bigquery.googleapis.com", "methodName": "nope"}}, True),
+    ("not json", True),
+])
+def test_the_function_acknowledges_start_entries_and_records_malformed_ones(
+        world: tuple[Deps, InMemoryTables], monkeypatch: pytest.MonkeyPatch, data: Any,
+        recorded: bool) -> None:
+    import functions_framework
+
+    deps, _ = world
+    monkeypatch.setattr(entry, "deps", lambda: deps)
+    cloud_event = CloudEvent({"type": AUDIT_LOG_TYPE, "id": "odd-1",
+                              "source": "//cloudaudit.googleapis.com/projects/demo-proj/logs/"
+                                        "data_access"}, data)
+    headers, body = to_structured(cloud_event)
+    app = functions_framework.create_app("on_table_changed", MAIN, "cloudevent").test_client()
+    assert app.post("/", headers=headers, data=body).status_code == 200
+    assert (deps.docs.get("rejected_events", "odd-1")[0] is not None) is recorded
+    assert deps.docs.get(COLLECTION_TABLE_WATCHES, "bq")[0] is None

@@ -40,6 +40,10 @@ FUNCTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "on_job_event": (EVENT_CLIENTS, ("spotorch.entrypoints.wiring",
                                      "spotorch.entrypoints.log_entries", "spotorch.app.job_events")),
     "on_tick": (EVENT_CLIENTS, ("spotorch.entrypoints.wiring", "spotorch.app.tick")),
+    # The operator api: its first request reads or changes a run (status, list, cancel, retry).
+    "api": (EVENT_CLIENTS, ("spotorch.entrypoints.wiring", "spotorch.entrypoints.functions",
+                            "spotorch.app.views", "spotorch.app.queries", "spotorch.app.runs",
+                            "spotorch.adapters.gcp.firestore_reads")),
     "on_run_event": (("functions_framework", "google.cloud.firestore"),
                      ("spotorch.entrypoints.alerts", "spotorch.adapters.notify.channels",
                       "spotorch.adapters.gcp.notification_ledger")),

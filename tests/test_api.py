@@ -117,12 +117,35 @@ def test_listing_pages_through_every_run_once(stocked: tuple[Any, Deps, dict[str
     assert len(seen) == len(set(seen)) == len(runs)
 
 
+def test_rerun_starts_one_run_on_the_recorded_inputs(api: tuple[Any, Deps]) -> None:
+    client, deps = api
+    run_id = client.post("/submit", json={"pipeline": "demo", "data_uri": "gs://landing/x/",
+                                          "request_id": "r1"}).get_json()["run_id"]
+    client.post("/cancel", json={"run_id": run_id})
+    assert isinstance(deps.launcher, InMemoryLauncher)
+    from spotorch.app.job_events import job_changed
+
+    job_changed(deps, run_id, 1, deps.launcher.get(deps.launcher.job_of(run_id, 1)))
+    first = client.get(f"/run?run_id={run_id}").get_json()
+    assert first["can_rerun"] and first["provenance"]["seed"] >= 0
+    rerun = client.post("/rerun", json={"run_id": run_id, "request_id": "a"})
+    assert rerun.status_code == 201
+    view = rerun.get_json()
+    assert view["rerun_of"] == run_id and view["run_id"] != run_id
+    assert view["provenance"]["seed"] == first["provenance"]["seed"]
+    again = client.post("/rerun", json={"run_id": run_id, "request_id": "a"}).get_json()
+    assert again["run_id"] == view["run_id"]  # the same request: the same run
+    assert deps.launcher.created == 2
+
+
 @pytest.mark.parametrize(("method", "path", "body", "status", "words"), [
     ("GET", "/nope", None, 404, "no route"),
     ("POST", "/cancel", {}, 400, "missing field 'run_id'"),
     ("POST", "/cancel", [1, 2], 400, "must be a JSON object"),
     ("POST", "/submit", {"pipeline": "nope", "data_uri": "gs://b/x/"}, 409, "no pipeline"),
     ("POST", "/retry", {"run_id": "nope"}, 409, "no run"),
+    ("POST", "/rerun", {"run_id": "nope"}, 409, "no run"),
+    ("POST", "/rerun", {}, 400, "missing field 'run_id'"),
     ("GET", "/run?run_id=nope", None, 404, "no such run 'nope'"),
     ("GET", "/run", None, 400, "missing field 'run_id'"),
     ("GET", "/runs?status=WEIRD", None, 400, "unknown status 'WEIRD'"),

@@ -185,6 +185,12 @@ def test_show_tells_everything_about_a_run(world: tuple[Backend, Deps, dict[str,
     view = json.loads(invoke(backend, "show", story.run_id, "--json").output)
     assert [a["capacity"] for a in view["attempts"]] == ["spot", "spot", "standard"]
     assert view["cost"]["lost_steps"] == 30
+    # issue 30: what it ran on and with; a submit by hand names a folder, no generations.
+    prov = view["provenance"]
+    assert prov["seed"] == story.provenance["seed"]  # type: ignore[index]
+    assert prov["data"]["pinned"] is False and len(prov["code"]["hash"]) == 64
+    assert "provenance" in result.output and f"seed      {prov['seed']}" in result.output
+    assert "not pinned: no object generations recorded" in result.output
 
 
 def test_show_prints_the_hardware_table_the_run_chose_from(
@@ -416,6 +422,14 @@ def test_submit_cancel_retry_through_the_api(world: tuple[Backend, Deps, dict[st
     assert refused.exit_code == 1 and "only a run that failed or was cancelled" in refused.output
     unknown = invoke(backend, "submit", "nope", "gs://b/x/")
     assert unknown.exit_code == 1 and "no pipeline named 'nope'" in unknown.output
+    rerun = json.loads(invoke(backend, "rerun", runs["story"].run_id, "--request-id", "q",
+                              "--json").output)
+    assert rerun["rerun_of"] == runs["story"].run_id
+    assert rerun["provenance"]["seed"] == runs["story"].provenance["seed"]  # type: ignore[index]
+    again = json.loads(invoke(backend, "rerun", runs["story"].run_id, "--request-id", "q",
+                              "--json").output)
+    assert again["run_id"] == rerun["run_id"]
+    assert invoke(backend, "rerun", "nope").exit_code == 1
 
 
 # ---------------------------------------------------------------- HTTP and targets

@@ -30,7 +30,10 @@ def upload(pipeline: str, run_id: str, aliases: tuple[str, ...] = (ALIAS_LATEST,
                        artifact_uri=f"gs://models/{pipeline}/{run_id}",
                        serving_image="us-docker.pkg.dev/vertex-ai/prediction/sklearn-cpu.1-3:latest",
                        labels={"spotorch_run": run_id, "spotorch_pipeline": pipeline,
-                               "spotorch_snapshot": "daily-2025-11-29"},
+                               "spotorch_snapshot": "daily-2025-11-29",
+                               # provenance labels as spotorch.core.provenance.labels makes them
+                               "spotorch_code_hash": "0123456789abcdef",
+                               "spotorch_seed": "1234567"},
                        aliases=aliases)
 
 
@@ -56,6 +59,7 @@ class RegistryContract:
         assert version.serving_image.startswith("us-docker.pkg.dev/")
         assert version.labels["spotorch_run"] == "r1"
         assert version.labels["spotorch_snapshot"] == "daily-2025-11-29"
+        assert version.labels["spotorch_code_hash"] == "0123456789abcdef"
         assert set(version.aliases) == {"default", ALIAS_LATEST}
 
     def test_later_uploads_are_new_versions_and_aliases_move_to_them(
@@ -81,7 +85,8 @@ class RegistryContract:
             self, tracker: ExperimentTracker, pipeline: str) -> None:
         run = ExperimentRun(experiment=pipeline, run_id="sw-t1", region=REGION,
                             params={"lr": 0.01, "opt": "adam"},
-                            metrics={"loss": 0.25, "cost": 0.12, "savings": 0.3})
+                            metrics={"loss": 0.25, "cost": 0.12, "savings": 0.3},
+                            provenance={"seed": "1234567", "code_hash": "ab" * 32})
         name = tracker.log_run(run)
         assert name.startswith(f"projects/{PROJECT}/locations/{REGION}/metadataStores/default/contexts/")
         again = tracker.log_run(run)  # redelivered: the same run, listed once
@@ -89,6 +94,7 @@ class RegistryContract:
         got = tracker.read_run(name)
         assert got.params == {"lr": 0.01, "opt": "adam"} and got.metrics == run.metrics
         assert got.state == "COMPLETE" and got.run_id == "sw-t1" and got.experiment == pipeline
+        assert got.provenance == {"seed": "1234567", "code_hash": "ab" * 32}
         other = tracker.log_run(ExperimentRun(experiment=pipeline, run_id="sw-t2", region=REGION,
                                               metrics={"loss": 0.5}, state="FAILED"))
         assert tracker.runs_of(pipeline, REGION) == (name, other)
@@ -164,3 +170,26 @@ class TestVertexOnTheEmulator(RegistryContract):
         result = op.result(timeout=10)
         assert op.done() and result.model_version_id == "1"
         assert client.get_model(name=result.model).version_id == "1"
+
+    @pytest.mark.parametrize(("labels", "words"), [
+        ({"spotorch_code_hash": "ABCDEF0123456789"}, "invalid label"),  # upper case
+        ({"spotorch_rerun_of": "r" * 64}, "invalid label"),  # a 64-character value
+        ({f"k{i}": "v" for i in range(65)}, "at most 64 labels"),
+    ])
+    def test_upload_refuses_labels_vertex_refuses(self, address: str, pipeline: str,
+                                                  labels: dict[str, str], words: str) -> None:
+        """Issue 30: provenance labels must be what Vertex accepts; the emulator refuses the rest
+        (the adapter's label_value and core.provenance.labels keep ours inside the rules)."""
+        import grpc
+        from google.api_core import exceptions
+        from google.cloud import aiplatform_v1 as v1
+        from google.cloud.aiplatform_v1.services.model_service.transports.grpc import (
+            ModelServiceGrpcTransport,
+        )
+
+        client = v1.ModelServiceClient(transport=ModelServiceGrpcTransport(
+            channel=grpc.insecure_channel(address)))
+        with pytest.raises(exceptions.InvalidArgument, match=words):
+            client.upload_model(parent=f"projects/{PROJECT}/locations/{REGION}", model=v1.Model(
+                display_name=pipeline, labels=labels,
+                container_spec=v1.ModelContainerSpec(image_uri="img")))

@@ -20,7 +20,8 @@ import pytest
 from spotorch import settings as S
 from spotorch.local import _push_adapter as adapter
 from spotorch.local._stack_procs import group_members, is_same_process
-from spotorch.local.dev import down_main, exports, up_main
+from spotorch.local._stack_state import write_json
+from spotorch.local.dev import down_main, exports, up_exports, up_main
 from spotorch.local.stack import DEAD_LETTER_SUBSCRIPTION, DevStack, StackConfig, StackError, vertex_available
 
 ECHO = Path(__file__).parent / "fixtures" / "echo_functions.py"
@@ -138,6 +139,15 @@ def test_config_round_trips_through_json(tmp_path: Path) -> None:
 def test_bad_configuration_is_refused(overrides: dict[str, Any]) -> None:
     with pytest.raises(StackError):
         DevStack(**overrides)
+
+
+def test_dev_up_prints_no_token_and_its_state_file_is_the_users_alone(tmp_path: Path) -> None:
+    state = {"env": {S.ENV_VERTEX_TOKEN: "local-secret", "PUBSUB_EMULATOR_HOST": "127.0.0.1:1"}}
+    printed = up_exports(state, tmp_path / "stack.json")
+    assert "local-secret" not in printed and S.ENV_VERTEX_TOKEN not in printed
+    assert "export PUBSUB_EMULATOR_HOST=127.0.0.1:1\n" in printed
+    write_json(tmp_path / "stack.json", state)
+    assert (tmp_path / "stack.json").stat().st_mode & 0o777 == 0o600
 
 
 def test_exports_are_shell_quoted() -> None:

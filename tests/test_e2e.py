@@ -104,6 +104,25 @@ class TestDefaultStory:
         assert kinds(r)[0] == "run.created" and kinds(r)[-1] == "run.succeeded"
         assert kinds(r).count("attempt.preempted") == 2 and "run.escalated" in kinds(r)
 
+    def test_the_report_names_the_runs_provenance(self, default_story: DefaultStory) -> None:
+        """Issue 30: every object of the snapshot at its generation, and the code's hash."""
+        prov = default_story.report["provenance"]
+        data = prov["data"]
+        assert data["pinned"] and data["bucket"] == "spotorch-landing"
+        names = sorted(o["name"].rsplit("/", 1)[-1] for o in data["objects"])
+        assert names == ["_SUCCESS", "part-00000.csv", "part-00001.csv", "part-00002.csv"]
+        assert all(isinstance(o["generation"], int) and o["generation"] > 0
+                   for o in data["objects"])
+        assert len(prov["code"]["hash"]) == 64 and prov["code"]["pinned"] is False  # a tag
+        (pool,) = prov["code"]["pools"]
+        assert pool["package_hashes"] and all(pool["package_hashes"])
+        assert pool["package_uris"] == default_story.report["attempts"][0]["code"]["package_uris"]
+        assert isinstance(prov["seed"], int) and len(prov["pipeline"]["hash"]) == 64
+        assert prov["hardware"]["pools"][0]["machine_type"] == "n1-standard-4"
+        created = next(e for e in default_story.report["published"]
+                       if kind_of(e["type"]) == "run.created")
+        assert created["data"]["provenance"]["data"]["objects_hash"] == data["objects_hash"]
+
     def test_the_default_story_runs_its_code_as_a_python_package_on_a_prebuilt_container(
             self, default_story: DefaultStory) -> None:
         codes = [a["code"] for a in default_story.report["attempts"]]

@@ -97,6 +97,9 @@ def test_rows_in_a_table_start_a_run_on_its_parquet_export(tmp_path: Path) -> No
             assert mine.bigquery["tables"] == [TABLE]
             assert mine.bigquery["export_uris"][0].endswith("/rows/part-*.parquet")
             assert mine.bigquery["objects"] and first.data_uri == mine.data_uri
+            # provenance (issue 30's first half) names the table, snapshot time and export
+            assert first.provenance is not None
+            assert first.provenance["data"]["bigquery"] == mine.bigquery
             # The rows inserted during training made the next snapshot: its run came after.
             while time.monotonic() - began < 85 and len(runs()) < 2:
                 time.sleep(0.5)
@@ -126,6 +129,8 @@ def test_the_bigquery_demo_story_trains_on_the_export_of_a_loaded_table() -> Non
     assert bq["tables"] == ["spotorch-local.sales.rows"]
     assert bq["snapshot_time"].endswith("Z") and bq["export_uris"]
     assert [o["name"].rsplit("/", 1)[-1] for o in bq["objects"]] == ["part-000000000000.parquet"]
+    # The issue's "done when": provenance names the table, the snapshot time and the export.
+    assert report["provenance"]["data"]["bigquery"] == bq
     # It trained on the whole first load (3000 rows: 80 % train, 20 % test), not on more.
     assert (report["metrics"]["n_train"], report["metrics"]["n_test"]) == (2400, 600)
     # The rows loaded during training made their own snapshot; its run came after the first.

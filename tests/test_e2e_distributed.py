@@ -44,3 +44,7 @@ def test_the_distributed_story_survives_losing_one_replica_and_matches_an_unpree
     assert report["comparison"]["within_tolerance"] and report["comparison"]["params_equal"]
     assert report["reference"]["resumed_from_step"] == 0
     assert report["metrics"]["params_sha256"] == report["reference"]["params_sha256"]
+    # The worker's steps were slower than the chief's: the straggler rule named it, by the
+    # step times the chief reported for both ranks.
+    assert any("workerpool1-0 is a straggler" in str(h) for h in report["history"]), \
+        report["history"]

@@ -196,6 +196,55 @@ def test_step_rate_collapse_warns_once_and_does_not_cancel() -> None:
     assert run.current is not None and run.current.cancel_reason is None
 
 
+def straggling(p: Pipeline, times: list[list[float]]) -> Run:
+    """Progress reports 2 s apart, each carrying the replicas' step times by rank."""
+    run, at = started(p), T0
+    for i, step_s in enumerate(times):
+        at += 2.0
+        run = report(run, p, "progress", at, step=10 * (i + 1), replica_step_s=tuple(step_s))
+    return run
+
+
+def test_a_straggling_replica_is_named_once_after_straggler_for_reports() -> None:
+    p = pipeline()
+    even, slow = [0.10, 0.11, 0.10], [0.10, 0.10, 0.30]  # rank 2 = workerpool1-1
+    run = straggling(p, [even, even, slow, slow])
+    assert "run.straggler" not in published(run)  # two reports in a row: not yet
+    run = straggling(p, [even, even, slow, slow, slow, slow, slow])
+    assert published(run).count("run.straggler") == 1
+    data = event(run, "run.straggler")
+    assert (data["rank"], data["replica"], data["action"]) == (2, "workerpool1-1", "warn")
+    assert data["step_s"] == pytest.approx(0.30) and data["median_s"] == pytest.approx(0.10)
+    assert run.current is not None and run.current.cancel_reason is None
+    assert any("workerpool1-1 is a straggler" in h.what for h in run.history)
+
+
+def test_no_straggler_when_the_replicas_are_even_or_the_gap_is_noise_or_the_rule_is_off() -> None:
+    assert "run.straggler" not in published(straggling(pipeline(), [[0.1, 0.12, 0.11]] * 6))
+    noise = [[0.001, 0.001, 0.004]] * 6  # 4x, but 3 ms per step: under straggler_min
+    assert "run.straggler" not in published(straggling(pipeline(), noise))
+    slow = [[0.1, 0.1, 0.4]] * 6
+    assert "run.straggler" not in published(straggling(pipeline(straggler_factor=None), slow))
+    # A different replica each time is no one straggler.
+    wandering = [[0.3, 0.1, 0.1], [0.1, 0.3, 0.1], [0.1, 0.1, 0.3]] * 2
+    assert "run.straggler" not in published(straggling(pipeline(), wandering))
+
+
+def test_a_straggler_relaunches_on_new_vms_when_the_pipeline_says_so() -> None:
+    p = pipeline(straggler_relaunch=True)
+    run = straggling(p, [[0.4, 0.1]] * 3)  # the chief itself can be the slow one
+    data = event(run, "run.straggler")
+    assert (data["replica"], data["action"]) == ("workerpool0-0", "relaunch")
+    assert run.current is not None and run.current.cancel_reason == "slow"
+    run = end(run, p, JobPhase.CANCELLED, T0 + 100)
+    assert run.attempts[0].failure is FailureClass.HUNG and len(run.attempts) == 2
+
+
+def test_bad_straggler_settings_are_listed() -> None:
+    problems = dict(HealthPolicy(straggler_factor=1.0, straggler_for=0).problems())
+    assert problems == {"straggler_factor": "must be > 1", "straggler_for": "must be >= 1"}
+
+
 def test_step_rate_collapse_relaunches_when_the_pipeline_says_so() -> None:
     p = pipeline(step_rate_relaunch=True)
     run = rates(p, [1.0] * 7 + [5.0] * 3)

@@ -45,6 +45,14 @@ def test_health_fields_only_appear_when_they_have_a_value() -> None:
     assert report.report_interval_s == 10.0 and report.checkpoint_s is None
 
 
+def test_replica_step_times_travel_from_the_chief_to_the_observation() -> None:
+    data, _ = event_message(TrainerEnv(run_id="r1"), "progress", now=0.0, step=3,
+                            replica_step_s=[0.1, 0.3333333333])
+    assert json.loads(data)["replica_step_s"] == [0.1, 0.333333]
+    report, _, _ = parse_trainer_message(data)
+    assert report.replica_step_s == (0.1, 0.333333)
+
+
 @pytest.mark.parametrize("body", [
     {"metrics": {"loss": None}},  # null without naming it non-finite: still malformed
     {"metrics": {"loss": None}, "nonfinite": "loss"},
@@ -53,6 +61,10 @@ def test_health_fields_only_appear_when_they_have_a_value() -> None:
     {"report_interval_s": -1},
     {"checkpoint_s": "fast"},
     {"report_interval_s": True},
+    {"replica_step_s": 0.1},
+    {"replica_step_s": [0.1, -1]},
+    {"replica_step_s": [0.1, "slow"]},
+    {"replica_step_s": [0.1] * 513},
 ])
 def test_malformed_health_fields_are_rejected(body: dict[str, object]) -> None:
     base = {"kind": "progress", "run_id": "r1", "attempt": 1, "step": 1, **body}

@@ -242,6 +242,9 @@ def test_the_stack_serves_the_valid_pipelines_and_creates_their_buckets(
     # validated: the functions read pipelines.json, the package built beside it
     assert [p.name for p in read_compiled(active) or ()] == ["alpha"]
     assert {"ops-landing", "ops-ckpt", "ops-models", "spotorch-staging"} <= bucket_names(stack)
+    # A durable stack's fake-gcs-server (filesystem backend) refuses object versioning: the
+    # landing bucket is made all the same, and known to be without it (docs/reproducibility.md).
+    assert stack.unversioned_buckets == {"ops-landing"}
 
 
 @pytest.mark.emulator

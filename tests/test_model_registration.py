@@ -62,8 +62,16 @@ def test_a_succeeded_run_registers_its_model_and_names_it_in_event_and_alert() -
     assert run.model_name == "projects/proj/locations/us-central1/models/churn@1"
     version = registry.version(run.model_name)
     assert version.artifact_uri == "gs://m/churn/r1"
+    prov = run.provenance
+    assert prov is not None
     assert version.labels == {"spotorch_pipeline": "churn", "spotorch_run": "r1",
-                              "spotorch_snapshot": "daily/1"}
+                              "spotorch_snapshot": "daily/1",
+                              # issue 30: provenance as label values Vertex accepts
+                              "spotorch_pipeline_hash": prov["pipeline"]["hash"][:16],
+                              "spotorch_code_hash": prov["code"]["hash"][:16],
+                              "spotorch_code_pinned": "false",
+                              "spotorch_seed": str(prov["seed"]),
+                              "spotorch_data_objects": "0"}
     assert set(version.aliases) == {"default", "latest", "prod"}
     event = succeeded_event(deps)
     assert event["data"]["model_name"] == run.model_name and validate_event(event) == []  # type: ignore[index]
@@ -72,6 +80,8 @@ def test_a_succeeded_run_registers_its_model_and_names_it_in_event_and_alert() -
     assert isinstance(tracker, MemoryExperimentTracker)
     (logged,) = tracker.runs_of("churn", "us-central1")
     assert tracker.read_run(logged).run_id == "r1" and "cost" in tracker.read_run(logged).metrics
+    assert tracker.read_run(logged).provenance["seed"] == str(prov["seed"])
+    assert tracker.read_run(logged).provenance["code_hash"] == prov["code"]["hash"]
     finish(deps)  # redelivered success
     assert registry.uploads == 1 and len([e for e in deps.publisher.events  # type: ignore[attr-defined]
                                           if kind_of(e["type"]) == "run.succeeded"]) == 1

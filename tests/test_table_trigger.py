@@ -257,6 +257,11 @@ def test_a_load_starts_a_run_on_the_parquet_export_of_a_snapshot(
     assert obj["name"] == f"bq/bq/{snap.snapshot_id}/rows/part-000000000000.parquet"
     assert snap.members() == ((obj["name"], obj["generation"]),)
     assert (snap.started, snap.pending_dispatch) == (runs[0].run_id, False)  # the run took it
+    # The run's provenance carries the map as the snapshot has it, and pins the exported objects.
+    provenance = runs[0].provenance
+    assert provenance is not None
+    assert provenance["data"]["bigquery"] == snap.bigquery
+    assert provenance["data"]["objects"] == [obj] and provenance["data"]["pinned"]
     assert runs[0].data_uri == f"gs://exports/bq/bq/{snap.snapshot_id}/"
     assert pq.read_table(io.BytesIO(deps.objects.read("exports", obj["name"], obj["generation"],
                                                       1 << 20))).num_rows == 5

@@ -511,3 +511,53 @@ def test_gcs_checkpoints_against_fake_gcs(emulators: Any) -> None:
     assert loaded.read("weights.bin") == bytes([300 % 256]) * 10
     marker = json.loads(bucket.blob("runs/r-1/step-0000000300/_COMPLETE").download_as_bytes())
     assert marker["step"] == 300 and marker["files"] == ["opt/state.bin", "weights.bin"]
+
+
+@pytest.mark.emulator
+def test_snapshot_objects_read_their_recorded_generation_after_an_overwrite(
+        emulators: Any) -> None:
+    """Issue 30: the inputs manifest pins each object's generation; on a versioned bucket (as
+    production's landing buckets must be) an overwrite does not change what is read, and on an
+    unversioned one the old generation is gone: an error, never the new bytes."""
+    from google.cloud import storage
+
+    from spotorch_trainer import read_at, snapshot_objects
+
+    client = storage.Client()
+    for versioned in (True, False):
+        bucket = client.bucket(f"data-{uuid.uuid4().hex[:8]}")
+        bucket.versioning_enabled = versioned
+        bucket = client.create_bucket(bucket)
+        blob = bucket.blob("d/part-0.csv")
+        blob.upload_from_string(b"old")
+        first = bucket.get_blob("d/part-0.csv").generation
+        manifest = {"format": "spotorch.inputs", "bucket": bucket.name,
+                    "objects": [{"name": "d/part-0.csv", "generation": first}]}
+        bucket.blob("inputs.json").upload_from_string(json.dumps(manifest))
+        bucket.blob("d/part-0.csv").upload_from_string(b"new")
+        (obj,) = snapshot_objects(f"gs://{bucket.name}/inputs.json")
+        assert (obj.name, obj.generation) == ("d/part-0.csv", first)
+        assert obj.uri == f"gs://{bucket.name}/d/part-0.csv"
+        if versioned:
+            assert obj.read() == b"old" and read_at(obj.uri, None) == b"new"
+        else:
+            with pytest.raises(FileNotFoundError, match=f"#{first}"):
+                obj.read()
+    assert snapshot_objects("") == []
+
+
+def test_a_manifest_spotorch_did_not_write_is_refused(tmp_path: Path) -> None:
+    from spotorch_trainer import StorageError, snapshot_objects
+
+    bad = tmp_path / "inputs.json"
+    bad.write_text('{"objects": [{"name": "x"}]}')
+    with pytest.raises(StorageError, match="not one spotorch writes"):
+        snapshot_objects(str(bad))
+
+
+def test_the_seed_and_inputs_come_from_the_env() -> None:
+    env = TrainerEnv.from_env({contract.ENV_SEED: "42", contract.ENV_INPUTS: "gs://c/i.json"})
+    assert env.seed == 42 and env.inputs_uri == "gs://c/i.json"
+    assert TrainerEnv.from_env({}).seed is None
+    with pytest.raises(EnvError, match="SPOTORCH_SEED"):
+        TrainerEnv.from_env({contract.ENV_SEED: "x"})

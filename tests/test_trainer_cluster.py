@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -177,3 +178,31 @@ def test_every_replica_resumes_the_step_the_chief_agreed(tmp_path: Path) -> None
                 agree_step=chief_says(-1, -1))
     assert alone.start().start_step == 8  # alone: nobody to agree with, the latest wins
     assert latest_checkpoint(root) == (8, f"{root}/step-0000000008")
+
+
+def test_the_chief_reports_every_replicas_own_step_time_carried_in_the_all_reduce(
+        tmp_path: Path) -> None:
+    reporters = [ListReporter(), ListReporter()]
+    runs = [Run(total_steps=6, env=replica_env(tmp_path, kind, 0), reporter=reporter,
+                handle_sigterm=False, progress_interval_s=0.0)
+            for kind, reporter in zip(("workerpool0", "workerpool1"), reporters, strict=True)]
+    loops = [run.steps() for run in runs]
+    for _ in range(6):
+        votes = []
+        for r, (run, loop) in enumerate(zip(runs, loops, strict=True)):
+            next(loop)
+            if r == 1:
+                time.sleep(0.03)  # the worker's own step is slower (a slow VM)
+            votes.append(run.step_time_vote())  # its step is done: the collective comes next
+        assert votes[0][1] == 0.0 and votes[1][0] == 0.0  # each fills its own rank's place
+        summed = [a + b for a, b in zip(*votes, strict=True)]
+        for run in runs:
+            run.agree_step_times(summed)
+    for loop in loops:
+        next(loop, None)
+    progress = [m for m, _ in reporters[0].messages if m["kind"] == "progress"]
+    # A world of three (CLUSTER_SPEC's chief and two workers); the third never ran here: 0.
+    assert progress and all(len(m["replica_step_s"]) == 3 for m in progress)
+    chief_s, worker_s, absent = progress[-1]["replica_step_s"]
+    assert worker_s >= 0.025 and chief_s < worker_s / 2 and absent == 0.0
+    assert reporters[1].messages == []  # the worker still has no voice of its own

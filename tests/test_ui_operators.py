@@ -135,6 +135,32 @@ def test_the_runs_page_totals_and_a_failed_runs_error_logs_and_retry(
     assert retried is not None and retried.retry_of == failed.run_id  # written by the api
 
 
+def test_a_runs_provenance_and_a_rerun_through_the_api(
+        browser: Any, operated: tuple[Deps, dict[str, Run], Backend, UIServer]) -> None:
+    """Issue 30: the run page shows what the run trained on and with; its rerun button starts
+    one run on those inputs, through the real api handler."""
+    deps, runs, _, server = operated
+    story = runs["story"]
+    assert story.provenance is not None
+    page = browser.new_page(viewport={"width": WIDTH, "height": 900})
+    page.goto(f"{server.url}runs/{story.run_id}")
+    section = page.locator("section.provenance")
+    assert section.locator(".seed").inner_text() == str(story.provenance["seed"])
+    assert story.provenance["code"]["hash"][:16] in section.inner_text()
+    assert "not pinned" in section.inner_text()  # a tag, and a submit by hand of a folder
+    no_sideways_scroll(page)
+    shot(page, "run-provenance")
+    page.click("text=Rerun on the same inputs")
+    page.wait_for_url("**-rerun-*?done=*")
+    assert "rerun of " + story.run_id in page.locator(".notice").inner_text()
+    rerun_id = urllib.parse.urlparse(page.url).path.rsplit("/", 1)[-1]
+    rerun = deps.runs.load(rerun_id)[0]
+    assert rerun is not None and rerun.rerun_of == story.run_id  # written by the api
+    assert rerun.provenance is not None
+    assert rerun.provenance["seed"] == story.provenance["seed"]
+    assert page.locator("dl.facts dd a[href='/runs/" + story.run_id + "']").count() == 1
+
+
 def test_cancel_goes_through_the_api_and_a_forged_post_is_refused(
         browser: Any, operated: tuple[Deps, dict[str, Run], Backend, UIServer]) -> None:
     deps, runs, _, server = operated

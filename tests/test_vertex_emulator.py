@@ -328,7 +328,10 @@ def test_every_replica_of_every_pool_runs(harness: Callable[..., Harness],
     code = ("import json, os, sys; t = json.loads(os.environ['TF_CONFIG']); "
             "open(os.path.join(sys.argv[1], t['task']['type'] + str(t['task']['index'])), 'w')"
             ".write(os.environ['CLUSTER_SPEC'])")
-    chief = WorkerPool(command=("python", "-c", code), args=(str(tmp_path),))
+    # The primary's exit ends the job (the others are shut down): it waits for the workers.
+    wait = ("; import time; d = time.time() + 20\n"
+            "while len(os.listdir(sys.argv[1])) < 3 and time.time() < d: time.sleep(0.05)")
+    chief = WorkerPool(command=("python", "-c", code + wait), args=(str(tmp_path),))
     workers = WorkerPool(replica_count=2, command=("python", "-c", code), args=(str(tmp_path),))
     name = h.launcher.launch(spec("r-multi", 1, pools=(chief, workers)))
     h.until(name, JobPhase.SUCCEEDED)
@@ -762,6 +765,34 @@ def test_with_restart_job_on_worker_restart_every_replica_restarts_with_the_pree
     assert h.until(name, JobPhase.SUCCEEDED, timeout=30).failure is None
     for replica in ("workerpool0-0", "workerpool1-0", "workerpool1-1"):
         assert [k for k, _ in notes(tmp_path, replica)] == ["start", "SIGTERM", "start"]
+
+
+def test_the_job_succeeds_when_its_primary_exits_0_and_the_others_are_shut_down(
+        harness: Callable[..., Harness], tmp_path: Path) -> None:
+    h = harness()
+    args = (str(tmp_path), str(time.time() + 60))
+    chief = WorkerPool(command=("python", "-c", REPLICA), args=(str(tmp_path), str(time.time() + 2)))
+    workers = WorkerPool(replica_count=2, command=("python", "-c", REPLICA), args=args)
+    name = h.launcher.launch(spec("r-primary", 1, pools=(chief, workers)))
+    status = h.until(name, JobPhase.SUCCEEDED, timeout=20)
+    assert status.failure is None
+    for worker in ("workerpool1-0", "workerpool1-1"):  # still running: stopped by the job's end
+        assert [k for k, _ in notes(tmp_path, worker)] == ["start", "SIGTERM"]
+    assert [k for k, _ in notes(tmp_path, "workerpool0-0")] == ["start"]
+
+
+def test_a_replica_is_restarted_in_place_five_times_then_the_job_fails(
+        harness: Callable[..., Harness], tmp_path: Path) -> None:
+    rules = [{"attempt": 1, "after_s": 1.0 + i, "pool": 3, "index": 0} for i in range(6)]
+    h = harness(schedule=rules, replica_preemption="restart_replica")
+    chief, _ = cluster(tmp_path, 60.0)
+    evaluator = WorkerPool(role=PoolRole.EVALUATOR, command=chief.command, args=chief.args)
+    name = h.launcher.launch(spec("r-restarts", 1, pools=(chief, evaluator)))
+    status = h.until(name, JobPhase.FAILED, timeout=40)
+    assert status.failure is FailureClass.PREEMPTED
+    assert "STOCKOUT" in status.message and "workerpool3-0 " in status.message
+    assert "after 5 restarts in place" in status.message
+    assert [k for k, _ in notes(tmp_path, "workerpool3-0")].count("start") == 6
 
 
 def test_replicas_get_addresses_they_can_listen_on(harness: Callable[..., Harness],

@@ -24,11 +24,14 @@ from spotorch_trainer.run import Preempted, ProbeDone, Run, resume_point
 from spotorch_trainer.storage import (
     GcsStorage,
     LocalStorage,
+    SnapshotObject,
     Storage,
     StorageError,
     join,
     list_files,
+    read_at,
     read_bytes,
+    snapshot_objects,
     write_bytes,
 )
 from spotorch_trainer.tabular import parquet_files, read_parquet
@@ -49,6 +52,7 @@ __all__ = [
     "ProbeDone",
     "PubSubReporter",
     "Run",
+    "SnapshotObject",
     "Storage",
     "StorageError",
     "TrainerEnv",
@@ -61,10 +65,12 @@ __all__ = [
     "params",
     "parquet_files",
     "prune_checkpoints",
+    "read_at",
     "read_bytes",
     "read_parquet",
     "resume_point",
     "shard_range",
+    "snapshot_objects",
     "write_bytes",
     "write_checkpoint",
 ]

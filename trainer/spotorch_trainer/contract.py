@@ -26,6 +26,13 @@ ENV_PARAMS = "SPOTORCH_PARAMS"
 # "1": resume from SPOTORCH_RESUME_FROM only, never a newer checkpoint under the root (set after
 # a divergence, while checkpoints written during it may still exist). Unset or empty: the newest.
 ENV_RESUME_EXACT = "SPOTORCH_RESUME_EXACT"
+# The run's seed (an integer; spotorch picks it per run and a rerun reuses it): training code
+# that has no seed of its own seeds its RNGs with it (spotorch_trainer.TrainerEnv.seed).
+ENV_SEED = "SPOTORCH_SEED"
+# gs:// URI of the run's inputs manifest: JSON {"bucket", "objects": [{"name", "generation"}]},
+# every object of the snapshot at the generation the run was created with. Read with
+# spotorch_trainer.snapshot_objects(); a later overwrite of an object changes nothing it reads.
+ENV_INPUTS = "SPOTORCH_INPUTS"
 
 TRAINER_ENV = (ENV_RUN_ID, ENV_ATTEMPT, ENV_PIPELINE, ENV_CHECKPOINT_URI, ENV_RESUME_FROM,
                ENV_RESUME_STEP, ENV_DATA_URI, ENV_MODEL_URI, ENV_EVENTS_TOPIC)
@@ -133,8 +140,9 @@ EVENT_DATA_FIELDS = ("event_id", "kind", "run_id", "attempt", "pipeline", "step"
 # Optional keys (training health; absent from older trainers):
 # "nonfinite": names of metrics whose value was NaN or infinite (left out of "metrics", which
 #   has no JSON spelling for them); "report_interval_s": the trainer's progress interval;
-# "checkpoint_s": how long the reported checkpoint took to write.
-EVENT_HEALTH_FIELDS = ("nonfinite", "report_interval_s", "checkpoint_s")
+# "checkpoint_s": how long the reported checkpoint took to write; "replica_step_s": each
+# training rank's own mean step time since the chief's last report (Run.agree_step_times).
+EVENT_HEALTH_FIELDS = ("nonfinite", "report_interval_s", "checkpoint_s", "replica_step_s")
 
 
 def checkpoint_uri(root: str, step: int) -> str:

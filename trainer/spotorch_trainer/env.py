@@ -82,6 +82,8 @@ class TrainerEnv:
     resume_exact: bool = False  # resume from resume_from only (spotorch sets it after divergence)
     # The attempt's key for signing reports (SPOTORCH_REPORT_KEY); kept out of repr and logs.
     report_key: str | None = field(default=None, repr=False)
+    seed: int | None = None  # SPOTORCH_SEED: the run's seed (a rerun gets its origin's)
+    inputs_uri: str | None = None  # SPOTORCH_INPUTS: the snapshot's objects at their generations
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> TrainerEnv:
@@ -113,6 +115,8 @@ class TrainerEnv:
             probe_steps=_int(env, contract.ENV_PROBE_STEPS),
             resume_exact=_get(env, contract.ENV_RESUME_EXACT) in ("1", "true", "yes"),
             report_key=_get(env, contract.ENV_REPORT_KEY),
+            seed=_int(env, contract.ENV_SEED),
+            inputs_uri=_get(env, contract.ENV_INPUTS),
         )
 
 

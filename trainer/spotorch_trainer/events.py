@@ -11,7 +11,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import wait
 from typing import Any, Protocol
 
@@ -34,7 +34,8 @@ def event_message(env: TrainerEnv, kind: str, *, now: float, step: int | None = 
                   total_steps: int | None = None, metrics: Metrics | None = None,
                   checkpoint_uri: str | None = None,
                   exit_code: int | None = None, report_interval_s: float | None = None,
-                  checkpoint_s: float | None = None) -> tuple[bytes, dict[str, str]]:
+                  checkpoint_s: float | None = None,
+                  replica_step_s: Sequence[float] | None = None) -> tuple[bytes, dict[str, str]]:
     """The Pub/Sub data (JSON bytes) and attributes of one trainer event, signed with the
     attempt's key when spotorch gave one (contract.sign_report).
 
@@ -58,7 +59,10 @@ def event_message(env: TrainerEnv, kind: str, *, now: float, step: int | None = 
     }
     nonfinite = sorted(k for k, v in (metrics or {}).items() if _finite(v) is None)
     health = {"nonfinite": nonfinite or None, "report_interval_s": report_interval_s,
-              "checkpoint_s": None if checkpoint_s is None else round(checkpoint_s, 6)}
+              "checkpoint_s": None if checkpoint_s is None else round(checkpoint_s, 6),
+              # each training replica's own mean step time, by rank (Run.agree_step_times)
+              "replica_step_s": None if not replica_step_s
+              else [round(float(t), 6) for t in replica_step_s]}
     data.update({k: v for k, v in health.items() if v is not None})
     attributes = {contract.ATTR_SOURCE: contract.SOURCE_TRAINER, contract.ATTR_RUN_ID: env.run_id,
                   contract.ATTR_ATTEMPT: str(env.attempt), contract.ATTR_KIND: kind}

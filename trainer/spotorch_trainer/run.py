@@ -16,6 +16,9 @@ With several training replicas (run.cluster.distributed) a SIGTERM reaches one V
 agree on the step to stop after by carrying run.stop_vote() in their step's all-reduce and
 handing the sum to run.agree_stop(); only the chief writes checkpoints, and Run(agree_step=...)
 makes every replica resume the chief's step (docs/trainer-guide.md, "Several replicas").
+Carrying run.step_time_vote() in the same all-reduce and handing the sum to
+run.agree_step_times() lets the chief report every replica's own step time, from which spotorch
+tells a straggler (one slow VM holds the whole collective back).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import pickle
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import FrameType, TracebackType
 from typing import Any, NoReturn
 
@@ -131,6 +134,11 @@ class Run:
         self._agree_step = agree_step
         self._sigterm_vote = False  # this replica got SIGTERM (carried in the collective)
         self._votes_carried = False  # the code calls stop_vote(): a SIGTERM only votes
+        self._step_began: float | None = None  # when the current step's body began
+        # Per rank: the sum of the replicas' own step times since the last progress report, and
+        # over how many steps (agree_step_times); the chief reports their means.
+        self._rank_times: list[float] = []
+        self._rank_steps = 0
         self.total_steps = total_steps
         self.checkpoint_every = checkpoint_every
         self.keep_last = keep_last
@@ -260,7 +268,7 @@ class Run:
             stop_at = min(stop_at, first + self.env.probe_steps)
         for i in range(first, stop_at):
             self._current = i
-            began = time.monotonic()
+            began = self._step_began = time.monotonic()
             try:
                 yield i
             finally:
@@ -355,7 +363,8 @@ class Run:
                      " ".join(f"{k}={v:.4g}" for k, v in self._metrics.items()))
             self._report_next = False
             self._reported_step = self.step
-            self._report(contract.EVENT_PROGRESS, step=self.step)
+            self._report(contract.EVENT_PROGRESS, step=self.step,
+                         replica_step_s=self._take_rank_times())
 
     def request_stop(self) -> None:
         """Do what SIGTERM does: ask the loop to checkpoint and stop."""
@@ -375,6 +384,31 @@ class Run:
         if votes > 0:
             self.request_stop()
         return self._stop_requested
+
+    def step_time_vote(self) -> list[float]:
+        """This replica's time in the current step so far, at its rank's place in a list of
+        world_size zeros: add it to the step's all-reduce (before the collective, so waiting for
+        the others is not counted) and pass the sum to agree_step_times()."""
+        times = [0.0] * max(self.cluster.world_size, 1)
+        if self._step_began is not None and self.cluster.trainer:
+            times[self.cluster.rank] = max(time.monotonic() - self._step_began, 0.0)
+        return times
+
+    def agree_step_times(self, times: Sequence[float]) -> None:
+        """Every replica's own step time (the all-reduced step_time_vote()s): the chief's next
+        progress report carries their means since the last one (replica_step_s)."""
+        values = [float(t) for t in times]
+        if len(self._rank_times) != len(values):
+            self._rank_times, self._rank_steps = [0.0] * len(values), 0
+        self._rank_times = [a + b for a, b in zip(self._rank_times, values, strict=True)]
+        self._rank_steps += 1
+
+    def _take_rank_times(self) -> list[float] | None:
+        if self._rank_steps == 0 or len(self._rank_times) < 2:
+            return None
+        means = [t / self._rank_steps for t in self._rank_times]
+        self._rank_times, self._rank_steps = [0.0] * len(means), 0
+        return means
 
     def exit_preempted(self) -> NoReturn:
         """Report "preempting" and raise Preempted (exit 143): for loops that don't use steps()."""
@@ -420,13 +454,14 @@ class Run:
     def _report(self, kind: str, *, step: int | None, checkpoint_uri: str | None = None,
                 exit_code: int | None = None, wait: bool = False,
                 report_interval_s: float | None = None,
-                checkpoint_s: float | None = None) -> None:
+                checkpoint_s: float | None = None,
+                replica_step_s: Sequence[float] | None = None) -> None:
         try:
             data, attributes = event_message(
                 self.env, kind, now=self._clock(), step=step, total_steps=self.total_steps,
                 metrics=self._metrics_snapshot(), checkpoint_uri=checkpoint_uri,
                 exit_code=exit_code, report_interval_s=report_interval_s,
-                checkpoint_s=checkpoint_s)
+                checkpoint_s=checkpoint_s, replica_step_s=replica_step_s)
             self._reporter.send(data, attributes, wait=wait)
         except Exception as exc:  # reporting is best effort: training must go on
             log.warning("could not report %s: %s", kind, exc)

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
 import threading
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+from spotorch_trainer import contract
 
 GCS_SCHEME = "gs://"
 FILE_SCHEME = "file://"
@@ -181,13 +185,21 @@ class GcsStorage:
 
         return DEFAULT_RETRY
 
-    def read(self, uri: str) -> bytes:
+    def read(self, uri: str, generation: int | None = None) -> bytes:
+        """The object's bytes; with a generation, that generation's (a noncurrent one too, on a
+        bucket with object versioning), never whatever overwrote it."""
         from google.api_core import exceptions
 
         try:
-            return bytes(self._blob(uri).download_as_bytes())
+            if generation is None:
+                blob = self._blob(uri)
+            else:
+                bucket, name = split_gcs(uri)
+                blob = self.client.bucket(bucket).blob(name, generation=generation)
+            return bytes(blob.download_as_bytes())
         except exceptions.NotFound as exc:
-            raise FileNotFoundError(uri) from exc
+            where = uri if generation is None else f"{uri}#{generation}"
+            raise FileNotFoundError(where) from exc
 
     def write(self, uri: str, data: Payload) -> None:
         blob = self._blob(uri)
@@ -252,6 +264,50 @@ def storage_for(uri: str) -> Storage:
 def read_bytes(uri: str) -> bytes:
     """Read a whole object or file."""
     return storage_for(uri).read(uri)
+
+
+@dataclass(frozen=True)
+class SnapshotObject:
+    """One object of a run's data snapshot, at the generation the run was created with."""
+
+    uri: str  # gs://bucket/name
+    name: str  # the object name in its bucket
+    generation: int
+
+    def read(self) -> bytes:
+        """This generation's bytes (a later overwrite does not change them)."""
+        return read_at(self.uri, self.generation)
+
+
+MAX_INPUTS_BYTES = 64 << 20
+
+
+def snapshot_objects(inputs_uri: str | None = None) -> list[SnapshotObject]:
+    """The run's snapshot objects at their recorded generations, sorted by name, from the
+    inputs manifest spotorch wrote ($SPOTORCH_INPUTS, or inputs_uri); [] when there is none (a
+    local run, a submit by hand of a folder, a BigQuery export)."""
+    uri = inputs_uri if inputs_uri is not None else os.environ.get(contract.ENV_INPUTS, "")
+    if not uri:
+        return []
+    raw = read_bytes(uri)
+    if len(raw) > MAX_INPUTS_BYTES:
+        raise StorageError(f"inputs manifest {uri} is larger than {MAX_INPUTS_BYTES} bytes")
+    try:
+        doc = json.loads(raw)
+        bucket = str(doc["bucket"])
+        return sorted((SnapshotObject(f"gs://{bucket}/{o['name']}", str(o["name"]),
+                                      int(o["generation"])) for o in doc["objects"]),
+                      key=lambda o: o.name)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StorageError(f"inputs manifest {uri} is not one spotorch writes: {exc}") from exc
+
+
+def read_at(uri: str, generation: int | None) -> bytes:
+    """Read an object at one generation (gs://; a local file has none: read as it is)."""
+    store = storage_for(uri)
+    if generation is not None and isinstance(store, GcsStorage):
+        return store.read(uri, generation)
+    return store.read(uri)
 
 
 def write_bytes(uri: str, data: Payload) -> None:

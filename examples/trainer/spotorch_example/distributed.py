@@ -40,11 +40,19 @@ from spotorch_example.train import (
     parse_config,
     split,
 )
-from spotorch_trainer import Cluster, Run, join, shard_range, write_bytes
+from spotorch_trainer import Cluster, Run, join, shard_range, snapshot_objects, write_bytes
 from spotorch_trainer.contract import EXIT_PEER_LOST
 
 log = logging.getLogger("example.distributed")
 TIMEOUT_ENV = "EXAMPLE_COLLECTIVE_TIMEOUT"  # seconds a collective waits for a peer (gloo: 30 min)
+# "R:S": rank R sleeps S seconds more per step: a slower VM, for the straggler rule's demo
+SLOW_RANK_ENV = "EXAMPLE_SLOW_RANK"
+
+
+def extra_sleep(rank: int, setting: str) -> float:
+    """The seconds more per step EXAMPLE_SLOW_RANK gives this rank (0 for the others)."""
+    slow_rank, _, seconds = setting.partition(":")
+    return float(seconds) if slow_rank.strip() and int(slow_rank) == rank else 0.0
 
 
 def params_digest(params: dict[str, np.ndarray]) -> str:
@@ -101,7 +109,8 @@ def _train(cfg: Config, cluster: Cluster, from_chief: Any, torch: Any, dist: Any
         data_uri = cfg.data or run.env.data_uri
         if not data_uri:
             raise SystemExit("no data: set SPOTORCH_DATA_URI or pass --data")
-        x, y, sha = load_shards(data_uri)
+        pinned = snapshot_objects(run.env.inputs_uri or "") if not cfg.data else None
+        x, y, sha = load_shards(data_uri, pinned)
         data = split(x, y, cfg.holdout, cfg.seed, sha)
         ckpt = run.restore()
         state = ckpt.state if ckpt else fresh_state(cfg, data)
@@ -111,20 +120,24 @@ def _train(cfg: Config, cluster: Cluster, from_chief: Any, torch: Any, dist: Any
         share = (mine.stop - mine.start) / cfg.batch_size
         log.info("rank %d: %d train rows, batch share %d of %d, from step %d", cluster.rank,
                  len(data.y_train), mine.stop - mine.start, cfg.batch_size, run.start_step)
+        sleep = cfg.step_sleep + extra_sleep(cluster.rank, os.environ.get(SLOW_RANK_ENV, ""))
+        world = cluster.world_size
         for step in run.steps():
-            if cfg.step_sleep:
-                time.sleep(cfg.step_sleep)  # stands in for a heavier step; SIGTERM lands here
+            if sleep:
+                time.sleep(sleep)  # stands in for a heavier step; SIGTERM lands here
             idx = batch_of(cfg, data, step)[mine]
             loss, grads = gradients(params, data.x_train[idx], data.y_train[idx])
             # One collective: the share-weighted gradients (their sum is the global batch's
-            # mean gradient), the loss, and the stop votes.
+            # mean gradient), the loss, the stop votes and each replica's own step time.
             flat = np.concatenate([grads[n].ravel() * share for n in names]
-                                  + [np.array([loss * share, run.stop_vote()])])
+                                  + [np.array([loss * share, run.stop_vote(),
+                                               *run.step_time_vote()])])
             buf = torch.from_numpy(flat)
             if cluster.distributed:
                 dist.all_reduce(buf, op=dist.ReduceOp.SUM)
             total = buf.numpy()
-            run.agree_stop(float(total[-1]))
+            run.agree_stop(float(total[-world - 1]))
+            run.agree_step_times(total[-world:].tolist())
             at = 0
             lr = learning_rate(cfg, step)
             for n in names:
@@ -134,7 +147,7 @@ def _train(cfg: Config, cluster: Cluster, from_chief: Any, torch: Any, dist: Any
                 v *= cfg.momentum
                 v += g + cfg.weight_decay * params[n]
                 params[n] -= lr * v
-            run.log_metrics(loss=float(total[-2]))
+            run.log_metrics(loss=float(total[-world - 2]))
             if run.checkpoint_due():
                 run.checkpoint(state)
         if cluster.chief:

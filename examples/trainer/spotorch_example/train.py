@@ -31,7 +31,16 @@ _TRAINER = Path(__file__).resolve().parents[3] / "trainer"  # examples/trainer/s
 if (_TRAINER / "spotorch_trainer" / "__init__.py").is_file() and str(_TRAINER) not in sys.path:
     sys.path.insert(0, str(_TRAINER))  # a source checkout: use the helper next to this file
 
-from spotorch_trainer import Run, join, list_files, read_bytes, write_bytes  # noqa: E402
+from spotorch_trainer import (  # noqa: E402
+    Run,
+    SnapshotObject,
+    contract,
+    join,
+    list_files,
+    read_bytes,
+    snapshot_objects,
+    write_bytes,
+)
 
 log = logging.getLogger("example")
 
@@ -103,6 +112,8 @@ def parse_config(argv: list[str] | None = None, environ: Mapping[str, str] | Non
     defaults = Config()
     for name, (kind, text) in _OPTIONS.items():
         raw = str(trial[name]) if name in trial else env.get(f"EXAMPLE_{name.upper()}", "")
+        if name == "seed" and raw == "":  # no seed of its own: the run's (a rerun gets the same)
+            raw = env.get(contract.ENV_SEED, "")
         default = kind(raw) if raw != "" else getattr(defaults, name)
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default, help=text)
     return Config(**vars(parser.parse_args(argv)))
@@ -124,15 +135,28 @@ class Dataset:
     sha256: str
 
 
-def load_csv_shards(uri: str) -> tuple[np.ndarray, np.ndarray, str]:
+def csv_shards(uri: str, pinned: list[SnapshotObject] | None = None) -> list[tuple[str, bytes]]:
+    """(name, bytes) of every *.csv under uri in name order. pinned: the run's snapshot objects
+    (spotorch_trainer.snapshot_objects), read at their recorded generations, so an object
+    overwritten since the run was created (or rerun) is read as it was."""
+    if pinned:
+        prefix = uri.rstrip("/") + "/"
+        chosen = [o for o in pinned if o.name.endswith(".csv")
+                  and (o.uri.startswith(prefix) or o.uri == uri)]
+        return [(o.uri.removeprefix(prefix).rsplit("/", 1)[-1] if o.uri == uri
+                 else o.uri.removeprefix(prefix), o.read()) for o in chosen]
+    return [(n, read_bytes(join(uri, n))) for n in list_files(uri) if n.endswith(".csv")]
+
+
+def load_csv_shards(uri: str, pinned: list[SnapshotObject] | None = None,
+                    ) -> tuple[np.ndarray, np.ndarray, str]:
     """Every *.csv under uri in name order: features, labels and a sha256 of the bytes read."""
-    names = [n for n in list_files(uri) if n.endswith(".csv")]
-    if not names:
+    shards = csv_shards(uri, pinned)
+    if not shards:
         raise FileNotFoundError(f"no .csv files under {uri}")
     digest = hashlib.sha256()
     xs, ys = [], []
-    for name in names:
-        raw = read_bytes(join(uri, name))
+    for name, raw in shards:
         digest.update(name.encode() + b"\0" + raw)
         header = raw.split(b"\n", 1)[0].decode().strip().split(",")
         table = np.loadtxt(io.BytesIO(raw), delimiter=",", skiprows=1, ndmin=2)
@@ -142,15 +166,32 @@ def load_csv_shards(uri: str) -> tuple[np.ndarray, np.ndarray, str]:
     return np.concatenate(xs), np.concatenate(ys), digest.hexdigest()
 
 
-def load_parquet_shards(uri: str) -> tuple[np.ndarray, np.ndarray, str]:
+def parquet_shards(uri: str, pinned: list[SnapshotObject] | None = None
+                   ) -> list[tuple[str, bytes]]:
+    """(name, bytes) of every *.parquet under uri in name order; pinned: as csv_shards."""
+    from spotorch_trainer import parquet_files
+
+    if pinned:
+        prefix = uri.rstrip("/") + "/"
+        return [(o.uri.removeprefix(prefix), o.read()) for o in pinned
+                if o.name.endswith(".parquet") and o.uri.startswith(prefix)]
+    return [(n, read_bytes(join(uri, n))) for n in parquet_files(uri)]
+
+
+def load_parquet_shards(uri: str, pinned: list[SnapshotObject] | None = None,
+                        ) -> tuple[np.ndarray, np.ndarray, str]:
     """Every *.parquet under uri (a BigQuery snapshot's export) in name order: the numeric
     columns but the label as features, the label, and a sha256 of the bytes read."""
-    from spotorch_trainer import parquet_files, read_parquet
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
+    shards = parquet_shards(uri, pinned)
+    if not shards:
+        raise FileNotFoundError(f"no .csv or .parquet files under {uri}")
     digest = hashlib.sha256()
-    for name in parquet_files(uri):
-        digest.update(name.encode() + b"\0" + read_bytes(join(uri, name)))
-    table = read_parquet(uri)
+    for name, raw in shards:
+        digest.update(name.encode() + b"\0" + raw)
+    table = pa.concat_tables([pq.read_table(io.BytesIO(raw)) for _, raw in shards])
     features = [c for c in table.column_names if c != LABEL]
     x = np.column_stack([table.column(c).to_numpy(zero_copy_only=False).astype(np.float64)
                          for c in features])
@@ -158,11 +199,14 @@ def load_parquet_shards(uri: str) -> tuple[np.ndarray, np.ndarray, str]:
     return x, y, digest.hexdigest()
 
 
-def load_shards(uri: str) -> tuple[np.ndarray, np.ndarray, str]:
-    """The snapshot's CSV files, or its Parquet files when it has no CSV (a BigQuery export)."""
-    if any(n.endswith(".csv") for n in list_files(uri)):
-        return load_csv_shards(uri)
-    return load_parquet_shards(uri)
+def load_shards(uri: str, pinned: list[SnapshotObject] | None = None,
+                ) -> tuple[np.ndarray, np.ndarray, str]:
+    """The snapshot's CSV files, or its Parquet files when it has no CSV (a BigQuery export);
+    pinned: the run's snapshot objects at their generations (csv_shards)."""
+    names = [o.name for o in pinned] if pinned else list_files(uri)
+    if any(n.endswith(".csv") for n in names):
+        return load_csv_shards(uri, pinned)
+    return load_parquet_shards(uri, pinned)
 
 
 def split(x: np.ndarray, y: np.ndarray, holdout: float, seed: int, sha: str) -> Dataset:
@@ -278,7 +322,9 @@ def main(argv: list[str] | None = None) -> int:
         if not data_uri:
             raise SystemExit("no data: set SPOTORCH_DATA_URI or pass --data")
         model_dir = cfg.model_dir or run.env.model_uri
-        x, y, sha = load_shards(data_uri)
+        # The run's own snapshot: its objects at their recorded generations (not --data's).
+        pinned = snapshot_objects(run.env.inputs_uri or "") if not cfg.data else None
+        x, y, sha = load_shards(data_uri, pinned)
         data = split(x, y, cfg.holdout, cfg.seed, sha)
         log.info("run %s attempt %d: %d train / %d test rows, %d features, %d classes from %s",
                  run.env.run_id, run.env.attempt, len(data.y_train), len(data.y_test),

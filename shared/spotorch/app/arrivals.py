@@ -7,7 +7,7 @@ import logging
 
 from spotorch.app import unmatched
 from spotorch.app.deps import Deps
-from spotorch.app.runs import start_run
+from spotorch.app.runs import folder_objects, start_run
 from spotorch.app.snapshots import SnapshotReady
 from spotorch.core.errors import InvalidEvent, SpotorchError
 from spotorch.core.model import Run
@@ -64,12 +64,31 @@ def start_snapshot_run(deps: Deps, snap: SnapshotReady, why: str) -> Run | None:
         return None
     run = start_run(deps, snap.pipeline, run_id=intake.run_id_for(snap.pipeline, snap.snapshot_id),
                     data_uri=snap.data_uri, snapshot_id=snap.snapshot_id,
-                    reason=f"data snapshot {snap.data_uri} {why}")
+                    reason=f"data snapshot {snap.data_uri} {why}",
+                    objects=snapshot_objects(deps, snap),
+                    # A BigQuery snapshot's map (the bq intake's), carried into provenance as is.
+                    bigquery=snap.bigquery)
     # Also when skipped (no run): it must not come back.
     intake.mark_dispatched(snap, docs=deps.docs, started=run.run_id if run else None)
     log.info("snapshot %s ready", snap.snapshot_id,
              extra={"run_id": run.run_id if run else None, "pipeline": snap.pipeline})
     return run
+
+
+def snapshot_objects(deps: Deps, snap: SnapshotReady) -> tuple[tuple[str, int], ...]:
+    """The snapshot's objects with their generations, for the run's provenance. The intake
+    tracks them for every batch mode but a plain marker (the marker alone makes that snapshot):
+    there the folder is listed now, at the decision, the producer having written the marker
+    last. More than MAX_PINNED_OBJECTS: none (the run's data is then not pinned; logged)."""
+    from spotorch.core.pipeline import BatchMode
+
+    tracked = tuple(zip(snap.objects, snap.generations, strict=True))
+    trigger = deps.pipeline(snap.pipeline).trigger
+    # getattr: a trigger of another source (a BigQuery table) has no batch mode of this kind.
+    if snap.manual or getattr(trigger, "batch", None) is not BatchMode.MARKER \
+            or getattr(trigger, "manifest", False):
+        return tracked
+    return folder_objects(deps, snap.data_uri, tracked)
 
 
 LISTING_PAGE_SIZE = 500

@@ -10,7 +10,7 @@ from typing import Any
 
 from spotorch.app import hardware_probes as probes
 from spotorch.app.deps import Deps
-from spotorch.core import hardware, shapes
+from spotorch.core import hardware, provenance, shapes
 from spotorch.core.hardware import PROBE_CANDIDATE_LABEL
 from spotorch.core.intents import LaunchIntent, LaunchProbeIntent
 from spotorch.core.model import PROBE_CAPACITY, PROBE_HARDWARE, JobPhase, JobStatus, Probe, Run, probe_key
@@ -130,6 +130,12 @@ def launch_spec(deps: Deps, run: Run, intent: LaunchIntent) -> LaunchSpec:
     }
     if run.sweep_id:
         env[contract.ENV_PARAMS] = json.dumps(dict(run.params), sort_keys=True)
+    prov = run.provenance or {}
+    if prov.get("seed") is not None:
+        env[contract.ENV_SEED] = str(prov["seed"])
+    manifest = (prov.get("data") or {}).get("manifest_uri")
+    if manifest:  # the snapshot's objects at their generations (env holds no 2000 names)
+        env[contract.ENV_INPUTS] = str(manifest)
     if intent.resume_exact:
         env[contract.ENV_RESUME_EXACT] = "1"
     attempt = run.attempt(number)
@@ -137,10 +143,13 @@ def launch_spec(deps: Deps, run: Run, intent: LaunchIntent) -> LaunchSpec:
         env[contract.ENV_REPORT_KEY] = attempt.report_key
     labels = {LABEL_RUN: run.run_id, LABEL_ATTEMPT: str(number), LABEL_PIPELINE: run.pipeline,
               LABEL_BUCKET: str(run.bucket)}
+    template = _hardware_template(pipeline, run)
+    if run.rerun_of and prov.get("code"):  # a rerun runs its origin's code and machines
+        template = provenance.pinned_template(template, prov["code"], prov.get("hardware"))
+    template = with_machine(template, intent.machine_type)  # an out-of-memory fallback: on top
     return LaunchSpec(run_id=run.run_id, pipeline=run.pipeline, attempt=number,
                       capacity=intent.capacity, region=intent.region,
-                      template=with_machine(_hardware_template(pipeline, run),
-                                            intent.machine_type), env=env,
+                      template=template, env=env,
                       labels=labels,
                       display_name=f"spotorch-{run.run_id}-a{number}"[:128])
 

@@ -70,6 +70,8 @@ class SnapshotReady:
     manual: bool = False
     request_id: str = ""
     overrides: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), hash=False)
+    # A BigQuery snapshot's map (spotorch.app.table_intake), carried into the run's provenance.
+    bigquery: Mapping[str, Any] | None = field(default=None, hash=False)
 
 
 def snapshot_id_of(pipeline: str, bucket: str, key: str,
@@ -293,7 +295,7 @@ def _ready(state: SnapshotState) -> SnapshotReady:
     return SnapshotReady(
         pipeline=state.pipeline, snapshot_id=state.snapshot_id or "", data_uri=state.data_uri,
         objects=tuple(n for n, _ in state.ready), generations=tuple(g for _, g in state.ready),
-        completed_at=state.completed_at or 0.0)
+        completed_at=state.completed_at or 0.0, bigquery=state.bigquery)
 
 
 def _complete(state: SnapshotState, objects: Sequence[tuple[str, int]], now: float,

@@ -225,7 +225,8 @@ def finish_snapshot(deps: Deps, pipeline: Pipeline) -> list[Run]:
         return []
     ready = intake.SnapshotReady(pipeline=pipeline.name, snapshot_id=sid, data_uri=state.data_uri,
                                  objects=tuple(n for n, _ in objects),
-                                 generations=tuple(g for _, g in objects), completed_at=now)
+                                 generations=tuple(g for _, g in objects), completed_at=now,
+                                 bigquery=bigquery)
     log.info("BigQuery snapshot %s of %s at %s exported to %s", sid, ", ".join(source.tables),
              bigquery["snapshot_time"], root, extra={"pipeline": pipeline.name})
     run = start_snapshot_run(deps, ready, "exported")

@@ -15,7 +15,7 @@ from spotorch.app import run_log
 from spotorch.app.deps import Deps, JobOwner, ObservationSource, context, job_id_of
 from spotorch.app.launch_specs import hardware_probe_spec, launch_spec, probe_spec, stage_packages
 from spotorch.app.spot_record import seen_between, shape_key
-from spotorch.core import hardware
+from spotorch.core import hardware, provenance
 from spotorch.core import health as hp
 from spotorch.core.context import Context
 from spotorch.core.decide import decide
@@ -54,6 +54,8 @@ from spotorch.ports.registry import (
 )
 from spotorch.ports.store import AddTo, ConflictError
 from spotorch.settings import COLLECTION_JOBS, JOB_RECORD_GRACE_S, TTL_FIELD
+
+MAX_MODEL_LABELS = 64  # Vertex AI: at most 64 labels on a resource
 
 log = logging.getLogger("spotorch.service")
 
@@ -273,6 +275,12 @@ def _register_model(deps: Deps, run: Run, intent: RegisterModelIntent) -> Observ
     pipeline = deps.pipeline(run.pipeline)
     labels = {**dict(model.labels), LABEL_MODEL_PIPELINE: run.pipeline,
               LABEL_MODEL_RUN: run.run_id, LABEL_MODEL_SNAPSHOT: run.snapshot_id or ""}
+    found = provenance.labels(run.provenance or {})
+    if len(labels) + len(found) <= MAX_MODEL_LABELS:  # Vertex refuses a 65th label
+        labels.update(found)
+    else:
+        log.warning("run %s: the pipeline's model labels leave no room for provenance labels",
+                    run.run_id, extra={"run_id": run.run_id})
     try:
         name = deps.models.upload(ModelUpload(
             pipeline=run.pipeline, run_id=run.run_id,
@@ -299,7 +307,8 @@ def _log_experiment(deps: Deps, run: Run, *, region: str) -> None:
     try:
         deps.experiments.log_run(ExperimentRun(experiment=run.pipeline, run_id=run.run_id,
                                                region=region, params=dict(run.params),
-                                               metrics=metrics))
+                                               metrics=metrics,
+                                               provenance=provenance.metadata(run.provenance)))
     except RegistryError as exc:
         log.warning("run %s not logged to Experiments: %s", run.run_id, exc,
                     extra={"run_id": run.run_id})

@@ -120,6 +120,9 @@ def run_view(run: Run, pipeline: Pipeline | None, now: float,
         "model_ready": run.status is RunStatus.SUCCEEDED, "retry_of": run.retry_of,
         "escalated": dict(run.escalated) if run.escalated else None,
         "hardware": dict(run.hardware) if run.hardware else None,  # issue 19: the probed table
+        # issue 30: what it trained on and with, as recorded at creation (the full record)
+        "provenance": dict(run.provenance) if run.provenance else None,
+        "rerun_of": run.rerun_of,
         "sweep_id": run.sweep_id, "params": dict(run.params), "model_name": run.model_name,
         "progress": {"step": p.step, "total_steps": p.total_steps,
                      "fraction": progress_fraction(run), "at": iso(p.at),
@@ -138,6 +141,7 @@ def run_view(run: Run, pipeline: Pipeline | None, now: float,
         # What an operator may do now (the api decides; these say which buttons make sense).
         "can_cancel": run.active, "can_retry": run.status.terminal and
         run.status is not RunStatus.SUCCEEDED,
+        "can_rerun": run.status.terminal and bool(run.provenance) and not run.sweep_id,
         "cost": ledger_dict(book),
         "history": [{"at": iso(h.at), "what": h.what, "reason": h.reason} for h in run.history],
     }

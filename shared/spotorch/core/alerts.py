@@ -161,6 +161,9 @@ _HEADLINES: Mapping[str, tuple[Severity, Callable[[Mapping[str, Any]], str]]] = 
         f"{_get(d, 'step')}; cancelled and relaunched")),
     "run.step_rate_degraded": (Severity.WARNING, lambda d: (
         f"Step rate fell to {_get(d, 'rate')}/s (median {_get(d, 'median')}/s){_because(d)}")),
+    "run.straggler": (Severity.WARNING, lambda d: (
+        f"Replica {_get(d, 'replica')} is a straggler: {_get(d, 'step_s')}s per step against "
+        f"the others' {_get(d, 'median_s')}s ({_get(d, 'action')})")),
     "run.diverged": (Severity.ERROR, lambda d: (
         f"Training diverged at step {_get(d, 'step')} ({_get(d, 'rule')}): {_get(d, 'action')}")),
     "run.checkpoint_stale": (Severity.WARNING, lambda d: (

@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from spotorch.core import hardware as hw
+from spotorch.core import provenance as prov
 from spotorch.core.context import Context
 from spotorch.core.escalation import deadline_warning, policy_view, spot_cooldown_until, spot_cooling
 from spotorch.core.intents import RegisterModelIntent
@@ -114,26 +115,30 @@ def new_run(*, run_id: str, pipeline: Pipeline, now: float, data_uri: str,
             region_order: tuple[str, ...] | None = None,
             hardware_cache: Mapping[str, hw.ProbeResult] | None = None,
             outlook: hw.Outlook | None = None,
-            prices: PriceTable = LIST_PRICES, key_seed: bytes = b"") -> Run:
+            prices: PriceTable = LIST_PRICES, key_seed: bytes = b"",
+            provenance: Mapping[str, Any] | None = None, rerun_of: str | None = None) -> Run:
     """A new run: created, announced, and (unless queued) its first attempt launched.
 
     hardware: the choice among the pipeline's hardware candidates (issue 19), if one was made;
     region_order: the regions ranked by the shared Spot record (Context.region_order);
     hardware_cache: the pipeline's cached probe results: with candidates and no choice made,
     the run probes those without a fresh result first (status PROBING);
-    key_seed: the shell's random bytes the first attempt's report key derives from."""
+    key_seed: the shell's random bytes the first attempt's report key derives from;
+    provenance: what the run trains on and with (spotorch.core.provenance), recorded now only."""
     deadline = now + pipeline.deadline_s if pipeline.deadline_s else None
     run = Run(run_id=run_id, pipeline=pipeline.name, status=RunStatus.PENDING, created_at=now,
               updated_at=now, data_uri=data_uri, snapshot_id=snapshot_id, deadline_at=deadline,
               checkpoint_uri=pipeline.run_checkpoint_uri(retry_of or run_id),
               output_uri=pipeline.run_output_uri(run_id), latest_checkpoint=resume_from,
               retry_of=retry_of, sweep_id=sweep_id, params=dict(params or {}),
-              hardware=hardware)
+              hardware=hardware, provenance=dict(provenance) if provenance else None,
+              rerun_of=rerun_of)
     ctx = Context(pipeline, now, region_order=region_order, outlook=outlook, prices=prices,
                   key_seed=key_seed)
     run = note(run, ctx, "created", reason)
     run = publish(run, ctx, "run.created", status=str(RunStatus.PENDING), data_uri=data_uri,
-                   snapshot_id=snapshot_id, deadline=iso(deadline), reason=reason)
+                   snapshot_id=snapshot_id, deadline=iso(deadline), reason=reason,
+                   rerun_of=rerun_of, provenance=prov.event_form(provenance))
     if hardware is not None:  # issue 19: the table travels with the event
         run = announce_hardware(run, ctx, hardware)
     if queued:
@@ -358,7 +363,8 @@ def _attempt_ended(run: Run, ctx: Context, attempt: Attempt, status: JobStatus,
         cost = cost_of(done, ctx)
         # cost_estimate (schema v1) is the ledger's total: one figure wherever a cost is stated
         succeeded = {"attempts": len(run.attempts), "preemptions": run.counters.preemptions,
-                     "cost_estimate": cost["total"], "model_uri": run.output_uri, "cost": cost}
+                     "cost_estimate": cost["total"], "model_uri": run.output_uri, "cost": cost,
+                     "provenance": prov.event_form(run.provenance)}
         if ctx.pipeline.model is not None and run.sweep_id is None:
             return _register_model(run, ctx, attempt, succeeded)
         run = move_to(run, RunStatus.SUCCEEDED, ctx, f"attempt {attempt.number} succeeded")

@@ -39,6 +39,7 @@ EVENT_KINDS: Mapping[str, str] = {
     # training health
     "attempt.hung": "an attempt's trainer went silent while its job ran: cancelled, relaunched",
     "run.step_rate_degraded": "the step rate fell far below the run's own median",
+    "run.straggler": "one training replica's own step time stayed far above the others'",
     "run.diverged": "a divergence rule fired (non-finite loss, loss spike, loss plateau)",
     "run.checkpoint_stale": "no new checkpoint for checkpoint_stale_after while running",
     "run.machine_changed": "out of memory: the next attempt takes a larger machine",

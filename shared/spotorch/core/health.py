@@ -74,6 +74,14 @@ class HealthPolicy(FileSection):
     step_rate_min_samples: int = 5  # no verdict before this many samples
     step_rate_for: int = 3  # samples in a row below the threshold before the rule fires
     step_rate_relaunch: bool = False  # besides the warning, cancel and relaunch (class `hung`)
+    # --- stragglers (several training replicas whose chief reports each one's step time) ---
+    # Warn when one replica's own step time stays above this multiple of the others' median (a
+    # slow VM holds every step of a synchronous collective back); None: off.
+    straggler_factor: float | None = 1.5
+    straggler_for: int = 3  # reports in a row naming the same replica before the rule fires
+    # a difference smaller than this (seconds per step) is timer noise, never a straggler
+    straggler_min_s: Annotated[float, Duration(), Field(validation_alias="straggler_min")] = 0.005
+    straggler_relaunch: bool = False  # besides the warning, relaunch on new VMs (class `hung`)
     # --- divergence (over the metric named loss_metric) ---
     loss_metric: str = "loss"
     divergence_action: DivergenceAction = DivergenceAction.FAIL
@@ -113,6 +121,10 @@ class HealthPolicy(FileSection):
             ("step_rate_window", self.step_rate_window >= self.step_rate_min_samples >= 1,
              "must be >= step_rate_min_samples >= 1"),
             ("step_rate_for", self.step_rate_for >= 1, "must be >= 1"),
+            ("straggler_factor", self.straggler_factor is None or self.straggler_factor > 1,
+             "must be > 1"),
+            ("straggler_for", self.straggler_for >= 1, "must be >= 1"),
+            ("straggler_min", self.straggler_min_s >= 0, "must be >= 0"),
             ("max_divergences", self.max_divergences >= 0, "must be >= 0"),
             ("loss_spike_factor", self.loss_spike_factor is None or self.loss_spike_factor > 1,
              "must be > 1"),
@@ -140,6 +152,7 @@ class Rule(StrEnum):
     LOSS_SPIKE = "loss_spike"
     LOSS_PLATEAU = "loss_plateau"
     STALE_CHECKPOINT = "stale_checkpoint"
+    STRAGGLER = "straggler"
 
 
 @dataclass(frozen=True)
@@ -220,6 +233,43 @@ def rate_sample(policy: HealthPolicy, state: RateState, rate: float,
                       f"{median:.3g}/s for {state.slow} reports",
                       {"rate": rate, "median": median, "fraction": fraction},
                       good_until_step=step)
+    return replace(state, warned=True), finding
+
+
+# ---------------------------------------------------------------- stragglers
+
+@dataclass(frozen=True)
+class StragglerState:
+    """The replica (by rank) that was slowest in the last reports, how many in a row, and
+    whether the rule has told of it; cleared when no replica stands out."""
+
+    rank: int | None = None
+    streak: int = 0
+    warned: bool = False
+
+
+def straggler_sample(policy: HealthPolicy, state: StragglerState, step_s: Sequence[float],
+                     step: int | None) -> tuple[StragglerState, Finding | None]:
+    """Add one report's per-rank step times; a Finding the first time one replica stays above
+    straggler_factor x the others' median for straggler_for reports in a row."""
+    factor = policy.straggler_factor
+    if factor is None or len(step_s) < 2 or not all(math.isfinite(t) and t >= 0 for t in step_s):
+        return state, None
+    rank = max(range(len(step_s)), key=lambda r: step_s[r])
+    slowest = step_s[rank]
+    median = statistics.median(t for r, t in enumerate(step_s) if r != rank)
+    if not (slowest > factor * median and slowest - median >= policy.straggler_min_s):
+        return StragglerState(), None
+    same = state.rank == rank
+    state = StragglerState(rank, state.streak + 1 if same else 1, state.warned and same)
+    if state.streak < policy.straggler_for or state.warned:
+        return state, None
+    ratio = slowest / median if median > 0 else math.inf
+    finding = Finding(Rule.STRAGGLER, step,
+                      f"replica rank {rank} took {slowest:.3g}s per step, {ratio:.3g} x the "
+                      f"others' median {median:.3g}s, for {state.streak} reports",
+                      {"rank": float(rank), "step_s": slowest, "median_s": median,
+                       "factor": factor}, good_until_step=step)
     return replace(state, warned=True), finding
 
 

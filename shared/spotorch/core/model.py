@@ -309,6 +309,7 @@ class RunHealth:
     longest_gap_s: float = 0.0  # longest gap between two reports of one attempt
     rate: hp.RateState = field(default_factory=hp.RateState)
     loss: hp.LossState = field(default_factory=hp.LossState)
+    straggler: hp.StragglerState = field(default_factory=hp.StragglerState)
     checkpoints: tuple[hp.KnownCheckpoint, ...] = ()  # complete checkpoints reported, oldest first
     checkpoint_at: float | None = None  # when the latest checkpoint became known
     stale_warned: str | None = None  # "attempt:step" the stale-checkpoint warning fired for
@@ -400,6 +401,9 @@ class Run:
     next_region: str | None = None  # where the next attempt goes (a probe found Spot there)
     # ---- hardware probing (issue 19): candidate -> ProbeResult.to_doc(), cached or measured
     hardware_results: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # ---- reproducibility (issue 30): spotorch.core.provenance.build(), recorded at creation only
+    provenance: Mapping[str, Any] | None = None
+    rerun_of: str | None = None  # the run this one reruns on exactly its recorded inputs
 
     @property
     def active(self) -> bool:
@@ -479,6 +483,7 @@ def _health_from(doc: Mapping[str, Any]) -> RunHealth:
     rate["samples"] = tuple(float(x) for x in rate.get("samples", ()))
     data["rate"] = hp.RateState(**rate)
     data["loss"] = hp.LossState(**(data.get("loss") or {}))
+    data["straggler"] = hp.StragglerState(**(data.get("straggler") or {}))
     data["checkpoints"] = tuple(hp.KnownCheckpoint(**c) for c in data.get("checkpoints", ()))
     data["rollback"] = Checkpoint(**data["rollback"]) if data.get("rollback") else None
     return RunHealth(**data)

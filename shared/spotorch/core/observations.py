@@ -71,6 +71,8 @@ class TrainerReported:
     nonfinite: tuple[str, ...] = ()  # metrics whose value was NaN or infinite (not in metrics)
     report_interval_s: float | None = None  # the trainer's progress interval (on "started")
     checkpoint_s: float | None = None  # how long the reported checkpoint took to write
+    # each training replica's own mean step time since the chief's last report, by rank
+    replica_step_s: tuple[float, ...] = ()
 
     @property
     def checkpoint(self) -> Checkpoint | None:

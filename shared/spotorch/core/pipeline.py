@@ -194,6 +194,12 @@ def training_world(pools: tuple[WorkerPool, ...]) -> int:
                if pool_role(pools, i) in (PoolRole.CHIEF, PoolRole.WORKERS))
 
 
+def rank_replica(rank: int) -> str:
+    """The Vertex replica (workerpoolP-I) of a training rank: the chief is rank 0, the workers
+    follow in order (CLUSTER_SPEC's workerpool0 then workerpool1, as spotorch_trainer ranks them)."""
+    return "workerpool0-0" if rank == 0 else f"workerpool1-{rank - 1}"
+
+
 def pool_positions(pools: tuple[WorkerPool, ...]) -> tuple[int, ...]:
     """Each pool's place in Vertex AI's workerPoolSpecs[]: its role's, or the one after the
     previous pool's (an unnamed first pool is the chief). Validated files have them increasing."""

@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from spotorch.core import hardware as hw
+from spotorch.core import provenance
 from spotorch.core.context import Context
 from spotorch.core.cost import hourly_rate
 from spotorch.core.escalation import policy_view
@@ -338,5 +339,7 @@ def _hardware_decided(run: Run, ctx: Context) -> Run:
     doc = choice.to_doc()
     if ctx.outlook is not None:  # what the expected hours assumed of Spot, per candidate
         doc["outlook"] = {"preemptions_per_hour": dict(ctx.outlook.preemptions_per_hour)}
-    run = announce_hardware(replace(run, hardware=doc), ctx, doc)
+    run = announce_hardware(replace(run, hardware=doc,
+                                    provenance=provenance.with_hardware(
+                                        run.provenance, ctx.pipeline, doc)), ctx, doc)
     return first_launch(run, ctx, f"hardware chosen: {choice.chosen}")

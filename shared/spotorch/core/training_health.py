@@ -35,6 +35,7 @@ from spotorch.core.moves import (
     with_attempt,
 )
 from spotorch.core.observations import CheckpointsDeleted, Observation, TrainerReported
+from spotorch.core.pipeline import rank_replica
 
 # ---------------------------------------------------------------- training health
 #
@@ -73,10 +74,14 @@ def trainer_health(run: Run, obs: TrainerReported, ctx: Context,
     value = _loss_of(obs, policy.loss_metric)
     if value is not None and obs.step is not None and obs.kind == "progress" and newest:
         loss, diverged = hp.loss_sample(policy, health.loss, obs.step, value)
+    straggler, straggling = health.straggler, None
+    if obs.replica_step_s and obs.kind == "progress" and newest:
+        straggler, straggling = hp.straggler_sample(policy, health.straggler,
+                                                    obs.replica_step_s, obs.step)
     health = replace(health, reports=health.reports + 1,
                      longest_gap_s=max(health.longest_gap_s, gap),
                      report_interval_s=obs.report_interval_s or health.report_interval_s,
-                     rate=rate, loss=loss)
+                     rate=rate, loss=loss, straggler=straggler)
     attempts = list(run.attempts)  # one copy of the run for attempt and health together
     attempts[attempt.number - 1] = replace(attempt, last_report_at=max(
         obs.at, attempt.last_report_at or obs.at))
@@ -85,6 +90,9 @@ def trainer_health(run: Run, obs: TrainerReported, ctx: Context,
         run = _known_checkpoint(run, ctx, obs)
     if slow is not None:
         run = _on_slow(run, ctx, slow)
+    current = run.current
+    if straggling is not None and current is not None and _watched(run, current):
+        run = _on_straggler(run, ctx, straggling)
     current = run.current
     if diverged is not None and current is not None and _watched(run, current):
         run = _on_diverged(run, ctx, diverged)
@@ -123,6 +131,26 @@ def _on_slow(run: Run, ctx: Context, finding: hp.Finding) -> Run:
                    fraction=finding.values.get("fraction"), reason=finding.message,
                    action="relaunch" if relaunch else "warn")
     run = note(run, ctx, f"step rate collapsed on attempt {current.number}", finding.message)
+    if not relaunch:
+        return run
+    return _cancel_for_health(run, ctx, CANCEL_SLOW, f"{finding.rule}: {finding.message}")
+
+
+def _on_straggler(run: Run, ctx: Context, finding: hp.Finding) -> Run:
+    """One replica holds the collective back: tell it (which replica, how slow); relaunch on new
+    VMs from the latest checkpoint when health.straggler_relaunch says so."""
+    current = run.current
+    assert current is not None
+    relaunch = ctx.health.straggler_relaunch
+    rank = int(finding.values.get("rank") or 0)
+    replica = rank_replica(rank)
+    run = publish(run, ctx, "run.straggler", attempt=current.number, step=finding.step,
+                   rank=rank, replica=replica, step_s=finding.values.get("step_s"),
+                   median_s=finding.values.get("median_s"),
+                   factor=finding.values.get("factor"), reason=finding.message,
+                   action="relaunch" if relaunch else "warn")
+    run = note(run, ctx, f"replica {replica} is a straggler on attempt {current.number}",
+               finding.message)
     if not relaunch:
         return run
     return _cancel_for_health(run, ctx, CANCEL_SLOW, f"{finding.rule}: {finding.message}")

@@ -1,5 +1,6 @@
-"""The operator HTTP API (function `api`): read, list, submit, cancel and retry runs; list, read,
-submit and cancel sweeps. JSON in and out.
+"""The operator HTTP API (function `api`): read, list, submit, cancel, retry and rerun runs; list,
+read, submit and cancel sweeps. JSON in and out. POST /rerun {run_id, request_id}: a new run on
+exactly the run's recorded inputs (spotorch.app.runs.rerun_run).
 
 Times are ISO 8601 (UTC). GET /runs lists every run newest first: ?status=active,FAILED
 &pipeline=NAME&since=6h|ISO&limit=N&page_token=T; the reply carries next_page_token. GET /sweeps
@@ -138,6 +139,14 @@ def _retry(deps: Deps, body: Mapping[str, Any]) -> Response:
     return _reply(_view(deps, run), 201)
 
 
+def _rerun(deps: Deps, body: Mapping[str, Any]) -> Response:
+    from spotorch.app.runs import rerun_run
+
+    run = rerun_run(deps, _id(body, "run_id"), _id(body, "request_id", required=False) or "1",
+                    hardware=str(body.get("hardware") or "recorded")[:20])
+    return _reply(_view(deps, run), 201)
+
+
 def _submit(deps: Deps, body: Mapping[str, Any]) -> Response:
     from spotorch.app.runs import submit
 
@@ -207,6 +216,7 @@ ROUTES: Mapping[tuple[str, str], Route] = {
     ("GET", "run"): _get,
     ("POST", "cancel"): _cancel,
     ("POST", "retry"): _retry,
+    ("POST", "rerun"): _rerun,
     ("POST", "submit"): _submit,
     ("GET", "sweeps"): _sweeps,
     ("GET", "sweep"): lambda deps, body: _sweep_view(deps, _field(body, "sweep_id")),

@@ -134,6 +134,21 @@ def _seconds(data: Mapping[str, Any], key: str) -> float | None:
     return float(value)
 
 
+MAX_REPLICAS_REPORTED = 512  # replica_step_s entries a report may carry (one per training rank)
+
+
+def _replica_step_s(value: Any) -> tuple[float, ...]:
+    """The chief's per-rank mean step times (straggler rule); absent: ()."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > MAX_REPLICAS_REPORTED or not all(
+            not isinstance(t, bool) and isinstance(t, int | float) and math.isfinite(t)
+            and 0 <= t <= 1e9 for t in value):
+        raise InvalidEvent(f"replica_step_s is not a list of at most {MAX_REPLICAS_REPORTED} "
+                           "numbers of seconds")
+    return tuple(float(t) for t in value)
+
+
 def _metrics(value: Any, nonfinite: tuple[str, ...] = ()) -> dict[str, float]:
     """Named finite numbers, at most MAX_METRICS of them; null only for a name in nonfinite."""
     if value is None:
@@ -191,7 +206,8 @@ def parse_trainer_message(body: bytes) -> tuple[TrainerReported, str, str]:
         exit_code=None if data.get("exit_code") is None
         else _count(data["exit_code"], "exit_code", low=-MAX_INT),
         nonfinite=nonfinite, report_interval_s=_seconds(data, "report_interval_s"),
-        checkpoint_s=_seconds(data, "checkpoint_s"))
+        checkpoint_s=_seconds(data, "checkpoint_s"),
+        replica_step_s=_replica_step_s(data.get("replica_step_s")))
     return report, run_id, event_id
 
 

@@ -55,6 +55,13 @@ class PipelineSet:
         return tuple(sorted({b for p in self.loaded for b in p.buckets}))
 
     @property
+    def landing_buckets(self) -> tuple[str, ...]:
+        """The buckets the pipelines watch: versioned, as production's must be (a rerun reads
+        an object's recorded generation after it was overwritten; docs/reproducibility.md)."""
+        return tuple(sorted({p.trigger.removeprefix("gs://").partition("/")[0]
+                             for p in self.loaded}))
+
+    @property
     def routes(self) -> tuple[RouteInfo, ...]:
         return tuple(dict.fromkeys(r for p in self.loaded for r in p.routes))
 

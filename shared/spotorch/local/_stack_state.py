@@ -25,9 +25,13 @@ REQUESTS = "requests"
 
 
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
+    """Write data atomically, readable by this user only: a stack's state holds the local
+    operator's emulator token (never exported by `dev up`, read from here)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
 
 

@@ -37,6 +37,10 @@ log = logging.getLogger("spotorch.local.vertex_emulator")
 # code), or Vertex restarts that replica in place, as it does a worker that exits non-zero.
 FAIL_JOB, RESTART_REPLICA = "fail_job", "restart_replica"
 REPLICA_PREEMPTION = (FAIL_JOB, RESTART_REPLICA)
+# Vertex restarts a failed worker in place up to five times, then gives up on the job
+# (FACTS.md): a replica preempted once more than that fails the job as fail_job would.
+MAX_IN_PLACE_RESTARTS = 5
+PRIMARY = "workerpool0-0"  # the primary replica: its status is the job's (docs/vertex-emulator.md)
 
 
 def resident_mb(leader: int) -> float:
@@ -123,6 +127,15 @@ class JobRunner:
         self._oom_kill(job)
         self._restart_in_place(job, now)
         codes = [(r, r.exit_code()) for r in job.replicas if r.name not in job.restarting]
+        if all(c == 0 for _, c in codes) and not job.restarting:
+            self.set_state(job, JobState.SUCCEEDED, now)
+            return
+        if dict((r.name, c) for r, c in codes).get(PRIMARY) == 0:
+            # The primary "reports status for the job as a whole": once it exited 0 the job has
+            # succeeded, whatever the others do after (a peer whose collective lost the primary
+            # exits non-zero); the replicas still running are shut down (SIGTERM, then SIGKILL).
+            self.begin_stop(job, now, JobState.SUCCEEDED, 0, "")
+            return
         failed = next(((r, c) for r, c in codes if c not in (None, 0)), None)
         if failed is not None:
             replica, code = failed
@@ -132,9 +145,6 @@ class JobRunner:
                             f"The replica {replica.name} exited with a non-zero status of {code}."
                             f" Termination reason: {reason}. To find out more about why your job "
                             f"exited please check the logs: {replica.log_path.parent}")
-            return
-        if all(c == 0 for _, c in codes) and not job.restarting:
-            self.set_state(job, JobState.SUCCEEDED, now)
             return
         if self._spot_lost(job, now, spot_ok, schedule):
             return
@@ -202,7 +212,7 @@ class JobRunner:
         log.info("%s: the Spot VM of %s is preempted (%s)", job.proto.name, name,
                  self.replica_preemption)
         replica.signal(signal.SIGTERM)
-        if self.replica_preemption == RESTART_REPLICA:
+        if self.replica_preemption == RESTART_REPLICA and replica.restarts < MAX_IN_PLACE_RESTARTS:
             job.restarting[name] = now + self.grace_s
             if job.proto.job_spec.scheduling.restart_job_on_worker_restart:
                 # Scheduling.restart_job_on_worker_restart: every worker restarts with it.
@@ -211,10 +221,13 @@ class JobRunner:
                         other.signal(signal.SIGTERM)
                         job.restarting[other.name] = now + self.grace_s
             return True
+        spent = (f" after {replica.restarts} restarts in place"
+                 if self.replica_preemption == RESTART_REPLICA else "")
         job.stop = Stop(JobState.FAILED, CODE_RESOURCE_EXHAUSTED,
                         f"STOCKOUT: the Spot VM of {name} was preempted by Compute Engine in "
-                        f"{job.region} (it got SIGTERM and {self.grace_s:g}s before SIGKILL; the "
-                        "other replicas were stopped).", now + self.grace_s, only=name)
+                        f"{job.region}{spent} (it got SIGTERM and {self.grace_s:g}s before "
+                        "SIGKILL; the other replicas were stopped).", now + self.grace_s,
+                        only=name)
         return True
 
     def _restart_in_place(self, job: JobRecord, now: float) -> None:

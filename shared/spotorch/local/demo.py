@@ -317,6 +317,9 @@ def _report(run: Any, uploaded_at: float,
         "model_uri": f"{run.output_uri}/model.npz" if metrics is not None else None,
         "metrics": metrics, "history": summary["history"],
         "hardware": dict(run.hardware) if run.hardware else None,
+        # issue 30: what the run trained on and with, as recorded when it was created
+        "provenance": dict(run.provenance) if run.provenance else None,
+        "rerun_of": run.rerun_of,
         "probes": summary["probes"], "counters": {"probes": run.counters.probes,
                                                    "stockouts": run.counters.stockouts},
     }

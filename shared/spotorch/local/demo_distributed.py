@@ -33,7 +33,11 @@ PREEMPTED_REPLICA = (1, 0)  # workerpool1-0: the worker
 # The unpreempted run must match the resumed one exactly: same data order, same world size,
 # float64 state, one all-reduce of two addends (commutative): bitwise equal parameters.
 TOLERANCE = {"params_sha256": "equal", "test_accuracy": 0.0}
-_TRAINER_ENV = {"EXAMPLE_TOTAL_STEPS": "600", "EXAMPLE_STEP_SLEEP": "0.03",
+# The worker's steps take 30 ms more than the chief's (the example sleeps longer on rank 1):
+# the local stack cannot make one VM slower, the training code stands in for it.
+_SLOW_WORKER = "1:0.03"
+_TRAINER_ENV = {"EXAMPLE_TOTAL_STEPS": "600", "EXAMPLE_STEP_SLEEP": "0.02",
+                "EXAMPLE_SLOW_RANK": _SLOW_WORKER,
                 "EXAMPLE_CHECKPOINT_EVERY": "25", "EXAMPLE_PROGRESS_INTERVAL": "1",
                 "EXAMPLE_COLLECTIVE_TIMEOUT": "30", "OMP_NUM_THREADS": "1",
                 "OPENBLAS_NUM_THREADS": "1"}
@@ -63,7 +67,10 @@ def extend(report: dict[str, Any], run: Any, stack: Any) -> None:
     resumed = [a for a in report.get("attempts", [])[1:] if a.get("resumed_from_step")]
     report["resumed_from_chief_checkpoint"] = bool(resumed)
     metrics = report.get("metrics") or {}
-    reference = _unpreempted(run.data_uri) if run is not None else None
+    # The same seed as the run's (spotorch hands each run one; a run that does not get it
+    # would draw other batches and end with other parameters).
+    seed = ((run.provenance or {}).get("seed") if run is not None else None)
+    reference = _unpreempted(run.data_uri, seed) if run is not None else None
     report["reference"] = reference
     report["tolerance"] = dict(TOLERANCE)
     report["comparison"] = None if reference is None or not metrics else {
@@ -108,8 +115,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _unpreempted(data_uri: str) -> dict[str, Any] | None:
-    """The same training on the same snapshot, two local replicas, never preempted."""
+def _unpreempted(data_uri: str, seed: int | None) -> dict[str, Any] | None:
+    """The same training on the same snapshot and seed, two local replicas, never preempted."""
     out = Path(tempfile.mkdtemp(prefix="spotorch-demo-reference-"))
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SPOTORCH_", "CLUSTER_SPEC", "TF_CONFIG"))}
@@ -118,6 +125,8 @@ def _unpreempted(data_uri: str) -> dict[str, Any] | None:
                                                str(REPO / "trainer")]),
                 "EXAMPLE_DATA": data_uri, "EXAMPLE_MODEL_DIR": str(out / "model"),
                 "SPOTORCH_CHECKPOINT_URI": str(out / "checkpoints"), "EXAMPLE_STEP_SLEEP": "0",
+                "EXAMPLE_SLOW_RANK": "",
+                **({"SPOTORCH_SEED": str(seed)} if seed is not None else {}),
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2"})
     procs = []
     for rank in (0, 1):
@@ -144,7 +153,9 @@ SETTINGS: Mapping[str, Any] = {
     "name": "distributed",
     "title": "two replicas, one preempted",
     "setup": "A Spot job of two replicas (the chief and one worker) trains a data-parallel MLP, "
-             "averaging gradients over torch.distributed (gloo, CPU). 14 s after it starts "
+             "averaging gradients over torch.distributed (gloo, CPU); the worker's steps take "
+             "longer than the chief's (its code sleeps 30 ms more per step, standing in for a "
+             "slower VM). 14 s after it starts "
              "running, the Vertex emulator takes back the worker's Spot VM alone "
              "(--replica-preemption fail_job: the job fails with STOCKOUT once that replica is "
              "gone). At the end the same training runs here once more, never preempted, to "
@@ -155,7 +166,7 @@ SETTINGS: Mapping[str, Any] = {
                  # a replica that lost its peer (spotorch_trainer.contract.EXIT_PEER_LOST)
                  "retryable_exit_codes": [75]},
     # From RUNNING: the first attempt installs its package, starts torch on both replicas
-    # (seconds), then trains 600 steps of 30 ms; the worker's VM goes 14 s in.
+    # (seconds), then trains 600 steps of 50 ms; the worker's VM goes 14 s in.
     "vertex_schedule": {"preempt": [{"attempt": 1, "after_s": 14.0,
                                      "pool": PREEMPTED_REPLICA[0],
                                      "index": PREEMPTED_REPLICA[1]}]},

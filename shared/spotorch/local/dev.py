@@ -47,7 +47,7 @@ from spotorch.local._stack_state import (
     supervisor_alive,
     write_json,
 )
-from spotorch.settings import ENV_STATE
+from spotorch.settings import ENV_STATE, ENV_VERTEX_TOKEN
 
 if TYPE_CHECKING:
     from spotorch.local.stack import DevStack
@@ -210,8 +210,12 @@ def _env_pairs(pairs: Sequence[str]) -> dict[str, str]:
 
 
 def up_exports(state: Mapping[str, Any], state_path: Path) -> str:
-    """The exports of a running stack: its env, and its state file (every command reads it)."""
-    return exports({**(state.get("env") or {}), ENV_STATE: str(state_path)})
+    """The exports of a running stack: its env, and its state file (every command reads it).
+
+    Not the operator's emulator token: printed exports end up in terminals and pasted logs, so
+    commands read it from the state file (mode 600) instead (operate.target)."""
+    env = {k: v for k, v in (state.get("env") or {}).items() if k != ENV_VERTEX_TOKEN}
+    return exports({**env, ENV_STATE: str(state_path)})
 
 
 def _already_up(args: SimpleNamespace, state: Mapping[str, Any], state_path: Path) -> int:

@@ -173,7 +173,7 @@ class DevStack:
             raise StackError("processes lost their reserved ports three times in a row")
         self._pubsub_admin.create_subscriptions(self.push_endpoint)
         if self.pipelines is not None:
-            self._gcs.create_buckets(self.pipelines.buckets)
+            self._gcs.create_buckets(self.pipelines.buckets, self.pipelines.landing_buckets)
         if cfg.tick_seconds:
             self._ticker = Ticker(self.tick, cfg.tick_seconds, self.run_dir / "ticker.log")
             self._ticker.start()
@@ -285,7 +285,7 @@ class DevStack:
         if key == "emulator:gcs":
             self._gcs.forget()
             if self.pipelines is not None:
-                self._gcs.create_buckets(self.pipelines.buckets)
+                self._gcs.create_buckets(self.pipelines.buckets, self.pipelines.landing_buckets)
         self._note(f"restarted {key}")
         return key
 
@@ -327,7 +327,7 @@ class DevStack:
             if self._pipelines_source is None:
                 raise StackError("this stack serves no pipelines directory")
             pipelines = self._activate(check_pipelines(self._pipelines_source))
-            self._gcs.create_buckets(pipelines.buckets)
+            self._gcs.create_buckets(pipelines.buckets, pipelines.landing_buckets)
             self.processes.respawn(*[k for k in self.processes.children
                                      if k.startswith("function:")])
             return pipelines
@@ -497,9 +497,17 @@ class DevStack:
 
     # -------------------------------------------------------------- GCS
 
-    def create_buckets(self, names: Sequence[str]) -> None:
-        """Create buckets in fake-gcs-server (existing ones are fine)."""
-        self._gcs.create_buckets(names)
+    @property
+    def unversioned_buckets(self) -> frozenset[str]:
+        """Landing buckets made without the object versioning they were asked for (a durable
+        stack's fake-gcs-server refuses it): a rerun there cannot read an overwritten object."""
+        return frozenset(self._gcs.unversioned)
+
+    def create_buckets(self, names: Sequence[str], versioned: Sequence[str] = ()) -> None:
+        """Create buckets in fake-gcs-server (existing ones are fine); `versioned` ones, and
+        the pipelines' landing buckets, with object versioning (spotorch.local._stack_gcs)."""
+        landing = self.pipelines.landing_buckets if self.pipelines is not None else ()
+        self._gcs.create_buckets(names, (*versioned, *landing))
 
     def upload(self, bucket: str, name: str, data: bytes,
                content_type: str = "application/octet-stream") -> str:

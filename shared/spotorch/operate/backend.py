@@ -32,7 +32,7 @@ class OperatorError(Exception):
 
 
 class Actions(Protocol):
-    """Operator actions through the api function: POST /submit, /cancel, /retry."""
+    """Operator actions through the api function: POST /submit, /cancel, /retry, /rerun."""
 
     def post(self, action: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """POST the action's body; the api's JSON answer, OperatorError naming its refusal."""

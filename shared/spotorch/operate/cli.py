@@ -59,7 +59,8 @@ def cli(ctx: click.Context) -> None:
 
 for _command in (cli_runs.runs, cli_runs.show, cli_runs.status_alias, cli_runs.watch,
                  cli_runs.logs, cli_snapshots.snapshots, cli_sweeps.sweeps, cli_sweeps.sweep,
-                 cli_actions.submit, cli_actions.cancel, cli_actions.retry, cli_tools.ui):
+                 cli_actions.submit, cli_actions.cancel, cli_actions.retry, cli_actions.rerun,
+                 cli_tools.ui):
     cli.add_command(_command)
 
 

@@ -1,4 +1,4 @@
-"""`spotorch submit`, `cancel` and `retry`: actions, through the authenticated api function."""
+"""`spotorch submit`, `cancel`, `retry` and `rerun`: actions, through the authenticated api function."""
 
 from __future__ import annotations
 
@@ -70,3 +70,19 @@ def cancel(ctx: click.Context, run_id: str, reason: str, as_json: bool) -> None:
 def retry(ctx: click.Context, run_id: str, request_id: str, as_json: bool) -> None:
     """Start a new run resuming a failed or cancelled one from its latest checkpoint."""
     act(ctx, "retry", {"run_id": run_id, "request_id": request_id}, as_json)
+
+
+@click.command()
+@click.argument("run_id", metavar="RUN")
+@click.option("--request-id", default="1", help="Reruns with the same id are one rerun.")
+@click.option("--hardware", type=click.Choice(["recorded", "current"]), default="recorded",
+              show_default=True,
+              help="The machines: those RUN ran on, or those the pipeline names now.")
+@json_option
+@target_options()
+@click.pass_context
+def rerun(ctx: click.Context, run_id: str, request_id: str, hardware: str, as_json: bool) -> None:
+    """Start a new run on exactly RUN's recorded inputs: the same object generations, code
+    (package URIs or image), seed, parameters and hardware (docs/reproducibility.md)."""
+    act(ctx, "rerun", {"run_id": run_id, "request_id": request_id, "hardware": hardware},
+        as_json)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from spotorch.operate.backend import Backend
 
 CHIEF_REPLICA = "workerpool0-0"
+DEFAULT_PAGE = 20  # rows per page of a listing when --limit is not given
 
 
 def more_line(command: str, options: Sequence[tuple[str, Any]], token: str) -> str:
@@ -38,13 +39,32 @@ def more_line(command: str, options: Sequence[tuple[str, Any]], token: str) -> s
     return "more: spotorch " + " ".join(shlex.quote(w) for w in words)
 
 
+def print_page(noun: str, rows: list[dict[str, Any]], next_page_token: str | None, *,
+               as_json: bool, table: Callable[[list[dict[str, Any]]], Any],
+               filters: Sequence[tuple[str, Any]], limit: int) -> None:
+    """One page of a listing (`runs`, `sweeps`): JSON, or a table and the command for the next
+    page; "no NOUN yet" (or "match" when filtered) when it is empty."""
+    if as_json:
+        print_json({noun: rows, "next_page_token": next_page_token})
+        return
+    out = console()
+    if not rows:
+        filtered = any(value not in (None, (), "") for _, value in filters)
+        out.print(f"no {noun}" + (" match" if filtered else " yet"))
+        return
+    out.print(table(rows))
+    if next_page_token:
+        options = [*filters, ("--limit", limit if limit != DEFAULT_PAGE else None)]
+        out.print(more_line(noun, options, next_page_token), style="dim", soft_wrap=True)
+
+
 @click.command()
 @click.option("--status", "statuses", multiple=True, metavar="STATUS",
               help="Only these statuses (repeat or comma-separate); also active, ended, failed.")
 @click.option("--pipeline", help="Only runs of this pipeline.")
 @click.option("--since", metavar="WHEN",
               help="Only runs created since: an ISO 8601 time or a span (30m, 6h, 2d, 1w).")
-@click.option("--limit", type=click.IntRange(1, 500), default=20, help="Runs per page.")
+@click.option("--limit", type=click.IntRange(1, 500), default=DEFAULT_PAGE, help="Runs per page.")
 @click.option("--page-token", metavar="TOKEN", help="Continue a listing (its next_page_token).")
 @json_option
 @target_options()
@@ -64,22 +84,13 @@ def runs(ctx: click.Context, statuses: tuple[str, ...], pipeline: str | None, si
                          page_token=page_token)
         return found.reader.list(query)
 
-    page = guard(listing)
-    rows = [run_row(r, found.pipeline(r.pipeline), now) for r in page.runs]
-    if as_json:
-        print_json({"runs": rows, "next_page_token": page.next_page_token})
-        return
-    out = console()
-    if not rows:
-        out.print("no runs" + (" match" if statuses or pipeline or since else " yet"))
-        return
     from spotorch.operate.render import runs_table
 
-    out.print(runs_table(rows))
-    if page.next_page_token:
-        out.print(more_line("runs", [("--status", statuses), ("--pipeline", pipeline),
-                                     ("--since", since), ("--limit", limit if limit != 20 else None)],
-                            page.next_page_token), style="dim", soft_wrap=True)
+    page = guard(listing)
+    rows = [run_row(r, found.pipeline(r.pipeline), now) for r in page.runs]
+    print_page("runs", rows, page.next_page_token, as_json=as_json, table=runs_table,
+               filters=[("--status", statuses), ("--pipeline", pipeline), ("--since", since)],
+               limit=limit)
 
 
 def view_of(found: Backend, run_id: str) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import click
 
 from spotorch.commandline import CONTEXT, SuggestingGroup
 from spotorch.operate.cli_actions import act, gs_uri
-from spotorch.operate.cli_runs import more_line
+from spotorch.operate.cli_runs import DEFAULT_PAGE, print_page
 from spotorch.operate.cli_session import backend, console, guard, json_option, print_json, target_options
 
 
@@ -18,7 +18,7 @@ from spotorch.operate.cli_session import backend, console, guard, json_option, p
 @click.option("--pipeline", help="Only sweeps of this pipeline.")
 @click.option("--since", metavar="WHEN",
               help="Only sweeps created since: an ISO 8601 time or a span (30m, 6h, 2d, 1w).")
-@click.option("--limit", type=click.IntRange(1, 500), default=20, help="Sweeps per page.")
+@click.option("--limit", type=click.IntRange(1, 500), default=DEFAULT_PAGE, help="Sweeps per page.")
 @click.option("--page-token", metavar="TOKEN", help="Continue a listing (its next_page_token).")
 @json_option
 @target_options()
@@ -37,23 +37,13 @@ def sweeps(ctx: click.Context, statuses: tuple[str, ...], pipeline: str | None,
                            limit=limit, page_token=page_token)
         return found.sweeps.list(query)
 
-    page = guard(listing)
-    rows = [sweep_row(sw, found.pipeline(sw.pipeline)) for sw in page.sweeps]
-    if as_json:
-        print_json({"sweeps": rows, "next_page_token": page.next_page_token})
-        return
-    out = console()
-    if not rows:
-        out.print("no sweeps" + (" match" if statuses or pipeline or since else " yet"))
-        return
     from spotorch.operate.render import sweeps_table
 
-    out.print(sweeps_table(rows))
-    if page.next_page_token:
-        out.print(more_line("sweeps", [("--status", statuses), ("--pipeline", pipeline),
-                                       ("--since", since),
-                                       ("--limit", limit if limit != 20 else None)],
-                            page.next_page_token), style="dim", soft_wrap=True)
+    page = guard(listing)
+    rows = [sweep_row(sw, found.pipeline(sw.pipeline)) for sw in page.sweeps]
+    print_page("sweeps", rows, page.next_page_token, as_json=as_json, table=sweeps_table,
+               filters=[("--status", statuses), ("--pipeline", pipeline), ("--since", since)],
+               limit=limit)
 
 
 class SweepGroup(SuggestingGroup):

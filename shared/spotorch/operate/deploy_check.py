@@ -20,12 +20,10 @@ from typing import Any
 
 import click
 
-from spotorch.commandline import SuggestingGroup
+from spotorch.commandline import CONTEXT, SuggestingGroup, run
 from spotorch.operate.iam_roles import PREDEFINED_ROLES
 from spotorch.operate.permissions import CALLS, Call, Identity, Scope
 from spotorch.operate.terraform import TerraformError, Tf, block, load_tf
-
-CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True, "max_content_width": 100}
 
 # Whose grant a member expression is: the member itself first, then (for `each.value`-style
 # members) the for_each it iterates.
@@ -339,18 +337,8 @@ def schema_command(directory: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`spotorch deploy ...` as a delegated command: the exit code."""
-    try:
-        # without standalone mode click returns a command's Exit code instead of raising it
-        code = deploy.main(args=argv, prog_name="spotorch deploy", standalone_mode=False)
-    except click.ClickException as exc:
-        click.echo(f"spotorch deploy: {exc.format_message()}", err=True)
-        return exc.exit_code
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except click.Abort:
-        return 1
-    return code if isinstance(code, int) else 0
+    """`spotorch deploy ...` as a delegated command: the exit code (spotorch.commandline.run)."""
+    return run(deploy, argv, prog_name="spotorch deploy")
 
 
 if __name__ == "__main__":

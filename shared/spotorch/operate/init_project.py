@@ -19,7 +19,8 @@ from typing import Any
 
 import click
 
-CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True, "max_content_width": 100}
+from spotorch.commandline import CONTEXT, run
+
 PLACEHOLDER = "replace-me"  # lowercase: a valid bucket and project name, so the loader reads it
 _PLACEHOLDER_WORD = re.compile(rf"[\w.@/:-]*{PLACEHOLDER}[\w.@/:-]*")
 DEFAULT_DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
@@ -318,17 +319,8 @@ def init(directory: Path, name: str, deploy: Path, force: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`spotorch init ...` as a delegated command: the exit code."""
-    try:
-        code = init.main(args=argv, prog_name="spotorch init", standalone_mode=False)
-    except click.ClickException as exc:
-        click.echo(f"spotorch init: {exc.format_message()}", err=True)
-        return exc.exit_code
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except click.Abort:
-        return 1
-    return code if isinstance(code, int) else 0
+    """`spotorch init ...` as a delegated command: the exit code (spotorch.commandline.run)."""
+    return run(init, argv, prog_name="spotorch init")
 
 
 if __name__ == "__main__":

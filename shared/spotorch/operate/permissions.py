@@ -243,9 +243,11 @@ CALLS: tuple[Call, ...] = (
     # --- Cloud Storage: snapshots (functions) ---------------------------------------------------
     Call("Blob.download_as_bytes", "objects.get", _on(S.LANDING, GET_OBJECT), (F,),
          (f"{OBJECTS}.read",), STORAGE_IAM, "a snapshot's marker or manifest"),
-    Call("Blob.upload_from_filename", "objects.insert", _on(S.STAGING, "storage.objects.create"),
+    Call("Blob.upload_from_filename", "objects.insert",
+         _on((S.STAGING, S.CHECKPOINT), "storage.objects.create"),
          (F,), (f"{OBJECTS}.ensure_file",), STORAGE_IAM,
-         "a built Python package the staging bucket lacks, before the launch that runs it"),
+         "a built Python package the staging bucket lacks, before the launch that runs it; a "
+         "new run's inputs manifest under {checkpoint_uri}/spotorch-inputs/ (create-if-absent)"),
     Call("python_package_spec.package_uris", "objects.get", _on(S.STAGING, GET_OBJECT), TRAINER,
          source=STORAGE_IAM, kind=Kind.PLATFORM,
          why="Vertex's prebuilt container downloads the packages as the job's account (our "
@@ -353,7 +355,7 @@ CALLS: tuple[Call, ...] = (
          "`spotorch logs`: the training job's own output"),
     Call("HTTP POST with an identity token", "the api function (Cloud Run)",
          _on(S.API_SERVICE, "run.routes.invoke"), (OP,), ("spotorch.operate.backend:HttpActions.post",),
-         RUN_IAM, "submit, cancel, retry"),
+         RUN_IAM, "submit, cancel, retry, rerun"),
     Call("GAPIC LoggingServiceV2Client.list_log_entries", "entries.list",
          _on(S.PROJECT, "logging.logEntries.list"), (F,),
          ("spotorch.adapters.gcp.job_logs:CloudLoggingJobLogs.error_tail",), LOGGING_IAM,

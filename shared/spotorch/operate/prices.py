@@ -18,7 +18,7 @@ from pathlib import Path
 
 import click
 
-from spotorch.commandline import CONTEXT, SuggestingGroup
+from spotorch.commandline import CONTEXT, SuggestingGroup, run
 
 API_KEY_ENV = "SPOTORCH_BILLING_API_KEY"
 
@@ -105,18 +105,8 @@ def show(machine: str, accelerator: str, count: int, region: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`spotorch prices ...` as a delegated command: the exit code."""
-    try:
-        # Not standalone, click returns a command's exit code (ctx.exit) rather than raising it.
-        code = prices.main(args=argv, prog_name="spotorch prices", standalone_mode=False)
-    except click.ClickException as exc:
-        click.echo(f"spotorch prices: {exc.format_message()}", err=True)
-        return exc.exit_code
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except click.Abort:
-        return 1
-    return code if isinstance(code, int) else 0
+    """`spotorch prices ...` as a delegated command: the exit code (spotorch.commandline.run)."""
+    return run(prices, argv, prog_name="spotorch prices")
 
 
 if __name__ == "__main__":

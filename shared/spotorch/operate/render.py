@@ -115,6 +115,7 @@ def show_run(view: Mapping[str, Any]) -> list[Any]:
         ("checkpoint", f"step {ckpt['step']}  {ckpt['uri']}" if ckpt else None),
         ("model", view["model_uri"] + ("" if view["model_ready"] else "  (not written yet)")),
         ("retry of", view.get("retry_of")),
+        ("rerun of", view.get("rerun_of")),
         ("cost", cost["summary"]),
         ("saved", f"{money(cost['savings'], cost['currency'])}{_pct(cost['savings_pct'])} against "
                   f"standard VMs ({money(cost['standard_equivalent'], cost['currency'])})"
@@ -142,7 +143,8 @@ def show_run(view: Mapping[str, Any]) -> list[Any]:
     history = Columns3(("AT", "WHAT", "WHY"),
                        [(h["at"] or "", h["what"], h["reason"]) for h in view["history"]])
     hardware = _hardware_table(view.get("hardware"))
-    return [head, *hardware, Rule("attempts", align="left"), attempts,
+    return [head, *provenance_lines(view.get("provenance")), *hardware,
+            Rule("attempts", align="left"), attempts,
             *error_tails(view["attempts"]), Rule("history", align="left"), history,
             Text(f"prices: {'; '.join(cost['basis'])}", style="dim")]
 
@@ -213,6 +215,55 @@ def advice_text(advice: Mapping[str, Any]) -> str:
 
 def _num(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
+
+
+def provenance_lines(prov: Mapping[str, Any] | None) -> list[Any]:
+    """What the run trained on and with (issue 30): data, code, pipeline, seed, hardware."""
+    if not prov:
+        return []
+    from rich.rule import Rule
+
+    data, code = prov.get("data") or {}, prov.get("code") or {}
+    pipeline = prov.get("pipeline") or {}
+    objects = data.get("objects") or []
+    if data.get("pinned"):
+        listed = ", ".join(f"{o['name']}#{o['generation']}" for o in objects[:3])
+        more = data.get("count", 0) - min(len(objects), 3)
+        what = f"{data.get('count', 0)} object(s) at their generations" + \
+            (f": {listed}" if listed else "") + (f" (+{more} more)" if more > 0 else "") + \
+            (f"  manifest {data['manifest_uri']}" if data.get("manifest_uri") else "")
+    else:
+        what = f"{data.get('uri')} (not pinned: no object generations recorded)"
+    if data.get("bigquery"):
+        bq = data["bigquery"]
+        what += f"  bigquery {', '.join(map(str, bq.get('tables') or []))} at " \
+                f"{bq.get('snapshot_time')}"
+    pools = []
+    for pool in code.get("pools") or ():
+        if pool.get("kind") == "python_package":
+            hashes = ",".join(h or "?" for h in pool.get("package_hashes") or ())
+            pools.append(f"package {hashes} on {pool.get('executor_image_uri')} "
+                         f"(-m {pool.get('python_module')})")
+        else:
+            pools.append(str(pool.get("image_digest") or f"{pool.get('image_uri')}"))
+    pinned = "pinned" if code.get("pinned") else \
+        "NOT pinned: an image tag can move, a rerun may run other code"
+    machines = "; ".join(
+        f"{p.get('replica_count')}x {p.get('machine_type')}"
+        + (f" + {p.get('accelerator_count')}x {p.get('accelerator_type')}"
+           if p.get("accelerator_type") else "")
+        for p in (prov.get("hardware") or {}).get("pools") or ())
+    changed = "  (changed since its origin)" if pipeline.get("changed") else ""
+    return [Rule("provenance", align="left"), _kv([
+        ("data", what),
+        ("code", f"{str(code.get('hash', ''))[:16]}  {pinned}"),
+        ("pools", "; ".join(pools) or None),
+        ("pipeline", f"{pipeline.get('name')} {str(pipeline.get('hash', ''))[:16]}{changed}"),
+        ("params", params_text(prov.get("params") or {}) or None),
+        ("seed", str(prov.get("seed"))),
+        ("hardware", machines or None),
+        ("rerun of", prov.get("rerun_of")),
+    ])]
 
 
 def _hardware_table(choice: Mapping[str, Any] | None) -> list[Any]:

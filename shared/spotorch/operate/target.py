@@ -177,5 +177,6 @@ def use_stack_environment(target: Target) -> None:
     """Point Google's clients at the local stack's emulators and project (they find emulators
     only in the environment); what the environment already says wins."""
     for key, value in target.stack_env.items():
-        if key.endswith("_EMULATOR_HOST") or key in (S.ENV_PROJECT, "GOOGLE_CLOUD_PROJECT"):
+        if key.endswith("_EMULATOR_HOST") or key in (S.ENV_PROJECT, "GOOGLE_CLOUD_PROJECT",
+                                                      S.ENV_VERTEX_TOKEN):
             os.environ.setdefault(key, value)

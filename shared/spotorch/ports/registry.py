@@ -91,6 +91,9 @@ class ExperimentRun:
     params: Mapping[str, ParamValue] = field(default_factory=dict)
     metrics: Mapping[str, float] = field(default_factory=dict)  # final metrics, cost, savings
     state: str = "COMPLETE"  # COMPLETE or FAILED
+    # What the run trained on and with (spotorch.core.provenance.metadata): digests, seed,
+    # pinning; stored in the run context's metadata beside the SDK's own keys.
+    provenance: Mapping[str, str] = field(default_factory=dict)
 
 
 class ExperimentTracker(Protocol):

@@ -36,6 +36,7 @@ SCHEMA_EXPERIMENT = "system.Experiment"  # the titles the Vertex AI SDK gives it
 SCHEMA_EXPERIMENT_RUN = "system.ExperimentRun"
 SCHEMA_VERSION = "0.0.1"
 PARAMS_KEY, METRICS_KEY, STATE_KEY = "_params", "_metrics", "_state"  # the SDK's metadata keys
+PROVENANCE_KEY = "spotorch_provenance"  # ours: a flat map of strings (a Struct holds any keys)
 # What the SDK writes on an experiment's context (aiplatform.metadata.constants
 # EXPERIMENT_METADATA); the console lists an experiment only with it.
 EXPERIMENT_METADATA = {"experiment_deleted": False}
@@ -250,8 +251,10 @@ class VertexExperimentTracker:
                 display_name=run.experiment, schema_title=SCHEMA_EXPERIMENT,
                 schema_version=SCHEMA_VERSION, metadata=_struct(EXPERIMENT_METADATA)),
                 update_existing=False)
-            metadata = {PARAMS_KEY: dict(run.params), METRICS_KEY: dict(run.metrics),
-                        STATE_KEY: run.state}
+            metadata: dict[str, Any] = {PARAMS_KEY: dict(run.params),
+                                        METRICS_KEY: dict(run.metrics), STATE_KEY: run.state}
+            if run.provenance:
+                metadata[PROVENANCE_KEY] = dict(run.provenance)
             name = self._ensure(client, store, context_id(f"{run.experiment}-{run.run_id}"),
                                 v1.Context(display_name=run.run_id,
                                            schema_title=SCHEMA_EXPERIMENT_RUN,
@@ -274,7 +277,9 @@ class VertexExperimentTracker:
         return ExperimentRun(experiment=_display_of(self._c, region, parent), run_id=got.display_name,
                              region=region, params=dict(meta.get(PARAMS_KEY) or {}),
                              metrics={k: float(v) for k, v in (meta.get(METRICS_KEY) or {}).items()},
-                             state=str(meta.get(STATE_KEY, "")))
+                             state=str(meta.get(STATE_KEY, "")),
+                             provenance={str(k): str(v) for k, v in
+                                         (meta.get(PROVENANCE_KEY) or {}).items()})
 
     def runs_of(self, experiment: str, region: str) -> tuple[str, ...]:
         """ExperimentTracker.runs_of: the run contexts whose parent is the experiment's."""

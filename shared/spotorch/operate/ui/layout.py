@@ -56,9 +56,10 @@ td.reason{min-width:160px}
 .status.succeeded{background:#dcfce7;color:#166534}.status.failed{background:#fee2e2;color:#991b1b}
 form.filters{display:flex;gap:12px;align-items:end;margin-bottom:12px;flex-wrap:wrap}
 form.filters label{display:flex;flex-direction:column;font-size:12px;color:#475569}
-.facts{display:grid;grid-template-columns:max-content 1fr;gap:4px 16px;background:#fff;
- padding:12px 16px;border:1px solid #e2e8f0}
-.facts dt{font-weight:600;color:#475569}.facts dd{margin:0;overflow-wrap:anywhere}
+.facts,.provenance-facts{display:grid;grid-template-columns:max-content 1fr;gap:4px 16px;
+ background:#fff;padding:12px 16px;border:1px solid #e2e8f0}
+.facts dt,.provenance-facts dt{font-weight:600;color:#475569}
+.facts dd,.provenance-facts dd{margin:0;overflow-wrap:anywhere}
 .ledger,.totals{display:flex;gap:16px;margin:16px 0;flex-wrap:wrap}
 .ledger div,.totals div{background:#fff;border:1px solid #e2e8f0;padding:10px 16px;min-width:150px}
 .totals .statuses{display:block;margin-top:6px}
@@ -70,6 +71,7 @@ section{margin:20px 0}.muted{color:#64748b;font-size:12px}
 .notice{background:#dcfce7;color:#166534;padding:10px 16px;border:1px solid #bbf7d0;margin:8px 0}
 tr.chosen td{background:#dcfce7;font-weight:600}tr.unfit td{color:#64748b}
 tr.best td{background:#dcfce7}.warning{background:#fef3c7;color:#92400e;padding:8px 12px}
+.unpinned{color:#92400e}.pinned{color:#166534}code.hash{font-size:12px}
 pre.tail,pre.log{background:#0f172a;color:#e2e8f0;padding:10px 12px;font:12px/1.4 ui-monospace,
  monospace;white-space:pre-wrap;overflow-wrap:anywhere;margin:6px 0}
 pre.log .stderr{color:#fca5a5}pre.log .service{color:#93c5fd}

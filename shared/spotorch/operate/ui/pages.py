@@ -3,6 +3,7 @@ metric charts, timeline, attempts with their errors, history) and an attempt's l
 
 from __future__ import annotations
 
+import secrets
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from html import escape
@@ -97,9 +98,10 @@ def _facts(view: Mapping[str, Any]) -> str:
              f'{escape(advice_text(view["checkpoint_advice"]))}</span>'),
             ("model", escape(view["model_uri"]) + ("" if view["model_ready"]
                                                    else ' <span class="muted">(not yet)</span>'))]
-    if view.get("retry_of"):
-        link = f"/runs/{urllib.parse.quote(view['retry_of'])}"
-        rows.append(("retry of", f'<a href="{link}">{escape(view["retry_of"])}</a>'))
+    for key, label in (("retry_of", "retry of"), ("rerun_of", "rerun of")):
+        if view.get(key):
+            link = f"/runs/{urllib.parse.quote(view[key])}"
+            rows.append((label, f'<a href="{link}">{escape(view[key])}</a>'))
     if view.get("sweep_id"):
         link = f"/sweeps/{urllib.parse.quote(view['sweep_id'])}"
         rows.append(("sweep", f'<a href="{link}">{escape(view["sweep_id"])}</a> '
@@ -157,8 +159,58 @@ def _hardware(choice: Mapping[str, Any] | None) -> str:
             "</section>")
 
 
+def _provenance(prov: Mapping[str, Any] | None) -> str:
+    """What the run trained on and with, as recorded at its creation (issue 30)."""
+    if not prov:
+        return ""
+    data, code = prov.get("data") or {}, prov.get("code") or {}
+    objects = data.get("objects") or []
+    rows = "".join(f'<tr class="object"><td>{escape(str(o["name"]))}</td>'
+                   f'<td class="num">{int(o["generation"])}</td></tr>' for o in objects)
+    listed = (table("objects", ("object", "generation"), [rows], numeric=frozenset({"generation"}))
+              if rows else "")
+    if data.get("pinned") and not rows:
+        listed = (f'<p class="muted">{data.get("count")} objects: listed in '
+                  f'{escape(str(data.get("manifest_uri")))}</p>')
+    pools = []
+    for pool in code.get("pools") or ():
+        if pool.get("kind") == "python_package":
+            pools.append(f'packages {escape(", ".join(map(str, pool.get("package_uris") or ())))}'
+                         f' on {escape(str(pool.get("executor_image_uri")))}'
+                         f' (-m {escape(str(pool.get("python_module")))})')
+        else:
+            pools.append(escape(str(pool.get("image_uri"))))
+    pinned = ('<span class="pinned">pinned</span>' if code.get("pinned") else
+              '<span class="unpinned">not pinned: an image tag can move; a rerun may run other '
+              "code</span>")
+    machines = "; ".join(f'{h.get("replica_count")}x {h.get("machine_type")}'
+                         + (f' + {h.get("accelerator_count")}x {h.get("accelerator_type")}'
+                            if h.get("accelerator_type") else "")
+                         for h in (prov.get("hardware") or {}).get("pools") or ())
+    facts = [("data", escape(str(data.get("uri"))) + ("" if data.get("pinned") else
+                                                      ' <span class="muted">(not pinned: no '
+                                                      "generations recorded)</span>")),
+             ("code", f'<code class="hash">{escape(str(code.get("hash", ""))[:16])}</code> '
+                      f'{pinned}<br>{"<br>".join(pools)}'),
+             ("pipeline", f'<code class="hash">'
+                          f'{escape(str((prov.get("pipeline") or {}).get("hash", ""))[:16])}'
+                          "</code>"),
+             ("seed", f'<span class="seed">{escape(str(prov.get("seed")))}</span>'),
+             ("params", _params(prov.get("params") or {}) or "-"),
+             ("hardware", escape(machines or "-"))]
+    if isinstance(data.get("bigquery"), Mapping):
+        bq = data["bigquery"]
+        facts.append(("bigquery", escape(f'{", ".join(map(str, bq.get("tables") or []))} at '
+                                         f'{bq.get("snapshot_time")}; exports '
+                                         f'{", ".join(map(str, bq.get("export_uris") or []))}')))
+    dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts)
+    return (f'<section class="provenance"><h2>Provenance</h2>'
+            f'<dl class="provenance-facts">{dl}</dl>'
+            f"{listed}</section>")
+
+
 def _actions(view: Mapping[str, Any], token: str) -> str:
-    """Cancel and retry, through the api (the buttons a run's state allows)."""
+    """Cancel, retry and rerun, through the api (the buttons a run's state allows)."""
     run = urllib.parse.quote(view["run_id"])
     parts = []
     if view.get("can_cancel"):
@@ -166,6 +218,10 @@ def _actions(view: Mapping[str, Any], token: str) -> str:
                                  confirm="Cancel this run…"))
     if view.get("can_retry"):
         parts.append(action_form(f"/runs/{run}/retry", token, "Retry from the latest checkpoint"))
+    if view.get("can_rerun"):
+        # The form's own request id: posting this form twice (a resubmit) is one rerun.
+        parts.append(action_form(f"/runs/{run}/rerun", token, "Rerun on the same inputs",
+                                 fields={"request_id": secrets.token_hex(6)}))
     return f'<div class="actions">{"".join(parts)}</div>' if parts else ""
 
 
@@ -230,7 +286,8 @@ def run_page(view: Mapping[str, Any], svg: str, *, target: str, refresh_s: int,
                       f'<td>{escape(h["what"])}</td><td>{escape(h["reason"])}</td></tr>'
                       for h in view["history"])
     body = (f'<h1>{escape(view["run_id"])}</h1>{notice(args or {})}{_facts(view)}'
-            f'{_actions(view, token)}{_ledger(view["cost"])}{_hardware(view.get("hardware"))}'
+            f'{_actions(view, token)}{_ledger(view["cost"])}{_provenance(view.get("provenance"))}'
+            f'{_hardware(view.get("hardware"))}'
             f'{_charts(view)}'
             f'<section><h2>Timeline</h2><div class="legend">{legend}</div>{svg}</section>'
             f'{_attempts(view)}'

@@ -6,8 +6,8 @@ default), /runs/RUN (a run, its charts and timeline), /runs/RUN/logs?attempt=N,
 /sweeps/SWEEP; /api/runs, /api/runs/RUN, /api/totals, /api/snapshots, /api/pipelines,
 /api/sweeps, /api/sweeps/SWEEP (the same views as JSON); /healthz.
 
-POST (the buttons): /runs/RUN/cancel, /runs/RUN/retry, /sweeps/SWEEP/cancel. Each is handed to
-the api function (Backend.actions: the CLI's path, with the same identity token), never
+POST (the buttons): /runs/RUN/cancel, /runs/RUN/retry, /runs/RUN/rerun, /sweeps/SWEEP/cancel.
+Each is handed to the api function (Backend.actions: the CLI's path, with the same identity token), never
 written to Firestore here. A form carries this server's token and must come from its own
 pages (Origin), so another site's page cannot press them (cross-site request forgery).
 """
@@ -298,6 +298,12 @@ class UIServer:
             reply = self.backend.actions.post("retry", {"run_id": parts[1], "request_id": "1"})
             new = str(reply.get("run_id") or parts[1])
             return _back("runs", new, f"retry of {parts[1]}: {reply.get('status')}")
+        if len(parts) == 3 and parts[0] == "runs" and parts[2] == "rerun":
+            # The form's request id (pages._actions): a resubmitted form is the same rerun.
+            request = (form.get("request_id") or "1")[:32]
+            reply = self.backend.actions.post("rerun", {"run_id": parts[1], "request_id": request})
+            new = str(reply.get("run_id") or parts[1])
+            return _back("runs", new, f"rerun of {parts[1]}: {reply.get('status')}")
         if len(parts) == 3 and parts[0] == "sweeps" and parts[2] == "cancel":
             reply = self.backend.actions.post("cancel-sweep", {"sweep_id": parts[1],
                                                                "reason": reason})

@@ -11,10 +11,19 @@ STAMP := $(VENV)/.installed
 PIPELINES ?=
 TFVARS ?=
 
+# The local stack's BigQuery emulator (PyPI bqemulator: DuckDB and SQLGlot) in a venv of its own:
+# it pins protobuf below what the Google clients in $(VENV) need. DuckDB is pinned with its
+# spatial extension, which the emulator otherwise downloads at start (it cannot, offline);
+# spotorch.local.bigquery copies the extension into the emulator's own HOME.
+BQEMULATOR_VENV := $(VENV)/bqemulator
+BQEMULATOR_PINS := bqemulator==1.4.0 duckdb==1.5.5 duckdb-extension-spatial==1.5.5 numpy
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
+	$(PYTHON) -m venv $(BQEMULATOR_VENV)
+	$(BQEMULATOR_VENV)/bin/pip install --quiet $(BQEMULATOR_PINS)
 	touch $(STAMP)
 
 # Apache Beam for preprocess steps (issue 31), in an environment of its own: it pins protobuf

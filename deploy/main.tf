@@ -57,6 +57,7 @@ locals {
   apis = toset([
     "aiplatform.googleapis.com",
     "artifactregistry.googleapis.com",
+    "bigquery.googleapis.com", # trigger.bigquery (deploy/bigquery.tf)
     "cloudbuild.googleapis.com",
     "cloudfunctions.googleapis.com",
     "cloudresourcemanager.googleapis.com",

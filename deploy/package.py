@@ -65,6 +65,9 @@ class Needs:
     route_secrets: tuple[str, ...] = ()  # sm:// route targets: the notifier reads them
     staging: tuple[str, ...] = ()  # job.staging_uri buckets: functions upload packages, jobs read
     preprocess: tuple[str, ...] = ()  # preprocess.output_uri buckets: Dataflow writes, jobs read
+    export: tuple[str, ...] = ()  # trigger.bigquery.export_uri buckets: the Parquet exports
+    bigquery_watched: tuple[str, ...] = ()  # project:dataset of the watched tables
+    bigquery_snapshots: tuple[str, ...] = ()  # project:dataset of the snapshot tables
     # (account, bucket) of pipelines with their own job.service_account: the data it reads, the
     # checkpoints and models it writes (the training account's grants, for that pipeline only)
     account_data: tuple[tuple[str, str], ...] = ()
@@ -82,6 +85,9 @@ class Needs:
                 "pipeline_route_secrets": list(self.route_secrets),
                 "pipeline_staging_buckets": list(self.staging),
                 "pipeline_preprocess_buckets": list(self.preprocess),
+                "pipeline_export_buckets": list(self.export),
+                "pipeline_bigquery_watched_datasets": list(self.bigquery_watched),
+                "pipeline_bigquery_snapshot_datasets": list(self.bigquery_snapshots),
                 "pipeline_account_data_buckets": pairs(self.account_data),
                 "pipeline_account_output_buckets": pairs(self.account_output)}
 
@@ -269,7 +275,7 @@ def _bucket(uri: Any) -> str | None:
 
 # Where a pipeline names a bucket: key in the YAML -> which kind of bucket it is.
 _URI_KEYS = {"checkpoint_uri": "checkpoint", "output_uri": "model", "base_output_uri": "model",
-             "staging_uri": "staging"}
+             "staging_uri": "staging", "export_uri": "export"}
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")  # what the notifier takes for an env variable
 _SECRET_REF = re.compile(r"^sm://(projects/[^/]+/secrets/[^/]+)(/versions/[^/]+)?$")
 # sm:// route targets are resolved by the notifier at run time with this optional client.
@@ -287,6 +293,26 @@ def _route(route: Any) -> Iterator[tuple[str, str]]:
         yield "route_env", target
 
 
+def _dataset(name: Any) -> str | None:
+    """project:dataset of project.dataset(.table), as deploy/bigquery.tf grants on it."""
+    parts = name.split(".") if isinstance(name, str) else []
+    return f"{parts[0]}:{parts[1]}" if len(parts) >= 2 and all(parts[:2]) else None
+
+
+def _bigquery(source: Any) -> Iterator[tuple[str, str]]:
+    """The datasets a BigQuery trigger watches and writes its snapshots to (export_uri is
+    found by the walk like every other gs:// URI)."""
+    if not isinstance(source, Mapping):
+        return
+    for table in source.get("tables") or ():
+        dataset = _dataset(table)
+        if dataset:
+            yield "bigquery_watched", dataset
+    dataset = _dataset(source.get("snapshot_dataset"))
+    if dataset:
+        yield "bigquery_snapshots", dataset
+
+
 def _walk(node: Any) -> Iterator[tuple[str, str]]:
     """(kind, value) for every bucket, service account and route target a pipeline names."""
     if isinstance(node, Mapping):
@@ -295,6 +321,7 @@ def _walk(node: Any) -> Iterator[tuple[str, str]]:
                 bucket = _bucket(value.get("bucket"))
                 if bucket:
                     yield "landing", bucket
+                yield from _bigquery(value.get("bigquery"))
             elif key == "preprocess" and isinstance(value, Mapping):
                 bucket = _bucket(value.get("output_uri"))
                 if bucket:
@@ -319,7 +346,7 @@ def _walk(node: Any) -> Iterator[tuple[str, str]]:
 def pipeline_needs(files: Iterable[Path]) -> Needs:
     """What pipeline files need; a file that is not valid YAML stops the build."""
     kinds = ("landing", "checkpoint", "model", "service_accounts", "route_env", "route_secrets",
-             "staging", "preprocess")
+             "staging", "preprocess", "export", "bigquery_watched", "bigquery_snapshots")
     found: dict[str, set[str]] = {kind: set() for kind in kinds}
     data: set[tuple[str, str]] = set()
     output: set[tuple[str, str]] = set()
@@ -335,7 +362,7 @@ def pipeline_needs(files: Iterable[Path]) -> Needs:
                 mine[kind].add(value)
             for account in mine["service_accounts"]:
                 data |= {(account, b) for b in mine["landing"] | mine["staging"]
-                         | mine["preprocess"]}
+                         | mine["preprocess"] | mine["export"]}
                 output |= {(account, b) for b in mine["checkpoint"] | mine["model"]}
     return Needs(**{kind: tuple(sorted(found[kind])) for kind in kinds},
                  account_data=tuple(sorted(data)), account_output=tuple(sorted(output)))

@@ -73,7 +73,7 @@ variable "pipeline_preprocess_buckets" {
 }
 
 variable "pipeline_account_data_buckets" {
-  description = "Generated: \"account bucket\" -> {account, bucket} for the trigger, staging and preprocess-output buckets of each pipeline with its own job.service_account (read)."
+  description = "Generated: \"account bucket\" -> {account, bucket} for the trigger, export, staging and preprocess-output buckets of each pipeline with its own job.service_account (read)."
   type        = map(object({ account = string, bucket = string }))
   default     = {}
 }
@@ -231,4 +231,28 @@ variable "alert_notification_channels" {
   description = "Cloud Monitoring notification channels (projects/P/notificationChannels/ID) the alerting policy notifies; empty: incidents show in the console only."
   type        = list(string)
   default     = []
+}
+
+variable "pipeline_bigquery_watched_datasets" {
+  description = "Generated: datasets (project:dataset) of the tables the bundled pipelines' BigQuery triggers watch."
+  type        = list(string)
+  default     = []
+}
+
+variable "pipeline_bigquery_snapshot_datasets" {
+  description = "Generated: the datasets (project:dataset) the bundled pipelines' BigQuery snapshots are written to."
+  type        = list(string)
+  default     = []
+}
+
+variable "pipeline_export_buckets" {
+  description = "Generated: buckets of the bundled pipelines' BigQuery export_uri (the Parquet exports runs train on)."
+  type        = list(string)
+  default     = []
+}
+
+variable "bigquery_trigger_region" {
+  description = "Eventarc location of the BigQuery audit-log trigger. Which location receives a multi-region (US, EU) dataset's entries is not something spotorch has checked: global receives them all."
+  type        = string
+  default     = "global"
 }

@@ -13,6 +13,12 @@ def on_object_finalized(event):  # type: ignore[no-untyped-def]
 
 
 @functions_framework.cloud_event
+def on_table_changed(event):  # type: ignore[no-untyped-def]
+    """New data in BigQuery: a load or DML job's audit-log entry (Eventarc)."""
+    functions.on_table_changed(event)
+
+
+@functions_framework.cloud_event
 def on_job_event(event):  # type: ignore[no-untyped-def]
     """A training job changed state, or its trainer reported progress."""
     functions.on_job_event(event)

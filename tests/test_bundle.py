@@ -141,7 +141,7 @@ def test_bundle_imports_without_repository_or_numpy(bundle: Path) -> None:
     assert report["numpy_blocked"] is True
     assert report["numpy_loaded"] is False
     assert report["entry_points"] == ["api", "on_job_event", "on_object_finalized",
-                                      "on_run_event", "on_tick"]
+                                      "on_run_event", "on_table_changed", "on_tick"]
     assert "spotorch.entrypoints.wiring" in report["imported"]
     assert "spotorch.adapters.gcp.vertex" in report["imported"]
     assert report["outside"] == []

@@ -56,7 +56,7 @@ package = _load_packager()
 
 # What the functions' entry points are and what feeds them (the issue's contract).
 EXPECTED_ENTRY_POINTS = frozenset({"on_object_finalized", "on_job_event", "on_tick",
-                                   "on_run_event", "api"})
+                                   "on_run_event", "on_table_changed", "api"})
 EXPECTED_FEEDS = frozenset({(settings.TOPIC_JOB_EVENTS, "on_job_event"),
                             (settings.TOPIC_TRAINER_EVENTS, "on_job_event"),
                             (settings.TOPIC_TICK, "on_tick"),
@@ -80,6 +80,8 @@ PROJECT_ROLES = {
     "roles/pubsub.viewer": "a dead letter's source subscription, read on replay (subscriber lacks it)",
     "roles/dataflow.developer": "Dataflow jobs are project resources (preprocess steps)",
     "roles/dataflow.worker": "Dataflow work items are leased in the project (preprocess workers)",
+    "${google_project_iam_custom_role.bigquery_jobs[0].name}":
+        "BigQuery jobs are project resources (a custom role: jobs.create and jobs.get only)",
 }
 # Roles on service accounts: acting as the training identity (or a pipeline's own job identity),
 # and Pub/Sub minting push tokens for the functions identity.
@@ -122,6 +124,7 @@ RESOURCE_APIS: dict[str, frozenset[str]] = {
     "google_firestore": frozenset({"firestore.googleapis.com"}),
     "google_secret_manager": frozenset({"secretmanager.googleapis.com"}),
     "google_eventarc_trigger": frozenset({"eventarc.googleapis.com"}),
+    "google_bigquery": frozenset({"bigquery.googleapis.com"}),
     "time_sleep": frozenset(),
 }
 # What the functions call at run time, beyond the resources deploy/ creates.
@@ -422,8 +425,11 @@ def check_iam(tf: Tf) -> list[str]:
     for custom in tf.resource("google_project_iam_custom_role").values():
         perms = custom.get("permissions")
         perms = tf.locals.get(perms[len("${local."):-1], ()) if isinstance(perms, str) else perms
-        # exactly the Vertex AI permissions the permission map says the functions need
-        wanted = {p for p in permissions_of(Identity.FUNCTIONS) if p.startswith("aiplatform.")}
+        # exactly the permissions of its family the permission map says the functions need:
+        # Vertex AI (spotorchVertexJobs), BigQuery jobs (spotorchBigQueryJobs)
+        family = "bigquery.jobs." if any(str(p).startswith("bigquery.") for p in perms or ()) \
+            else "aiplatform."
+        wanted = {p for p in permissions_of(Identity.FUNCTIONS) if p.startswith(family)}
         problems += [f"custom role grants {p}" for p in perms or () if p not in wanted]
         problems += [f"custom role lacks {p}" for p in sorted(wanted - set(perms or ()))]
     return problems
@@ -1069,6 +1075,9 @@ def test_bundle_contents(pipelines: Path, tmp_path: Path) -> None:
         "pipeline_route_secrets": ["projects/p/secrets/oncall"],
         "pipeline_staging_buckets": [],
         "pipeline_preprocess_buckets": [],
+        "pipeline_export_buckets": [],
+        "pipeline_bigquery_watched_datasets": [],
+        "pipeline_bigquery_snapshot_datasets": [],
         "pipeline_account_data_buckets": {
             "trainer@p.iam.gserviceaccount.com landing-a": {
                 "account": "trainer@p.iam.gserviceaccount.com", "bucket": "landing-a"}},
@@ -1078,6 +1087,29 @@ def test_bundle_contents(pipelines: Path, tmp_path: Path) -> None:
             for b in ("ckpt-b", "models-c", "models-d")},
         "bundle_prices": ""}
     assert set(json.loads(tfvars.read_text())) <= set(load_tf(DEPLOY).variables)
+
+
+def test_a_bigquery_trigger_needs_its_datasets_and_export_bucket(tmp_path: Path) -> None:
+    (tmp_path / "bq.yaml").write_text(
+        "name: bq\n"
+        "trigger:\n"
+        "  bigquery:\n"
+        "    tables: [data-proj.sales.rows, data-proj.sales.refunds, other-proj.crm.people]\n"
+        "    snapshot_dataset: snap-proj.snapshots\n"
+        "    export_uri: gs://bq-exports/runs\n"
+        "job:\n"
+        "  service_account: trainer@p.iam.gserviceaccount.com\n"
+        "checkpoint_uri: gs://ckpt/bq\n"
+        "output_uri: gs://models/bq\n")
+    vars_ = package.pipeline_needs([tmp_path / "bq.yaml"]).tfvars()
+    assert vars_["pipeline_bigquery_watched_datasets"] == ["data-proj:sales", "other-proj:crm"]
+    assert vars_["pipeline_bigquery_snapshot_datasets"] == ["snap-proj:snapshots"]
+    assert vars_["pipeline_export_buckets"] == ["bq-exports"]
+    assert vars_["pipeline_landing_buckets"] == []
+    # A pipeline's own job account reads its exports (the run's data) and nothing else's.
+    assert vars_["pipeline_account_data_buckets"] == {
+        "trainer@p.iam.gserviceaccount.com bq-exports": {
+            "account": "trainer@p.iam.gserviceaccount.com", "bucket": "bq-exports"}}
 
 
 def test_lock_pins_every_runtime_dependency() -> None:

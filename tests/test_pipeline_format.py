@@ -127,7 +127,7 @@ def test_attribute_names_are_unchanged() -> None:
                                     "health", "source"]
     assert names[Trigger] == ["bucket", "prefix", "glob", "suffixes", "ignore", "batch", "marker",
                               "manifest", "quiet_period_s", "min_objects", "snapshot_depth",
-                              "on_active_run"]
+                              "on_active_run", "bigquery"]
     assert names[JobTemplate] == ["worker_pools", "regions", "service_account", "network",
                                   "labels", "timeout_s", "flex_max_wait_s", "base_output_uri",
                                   "staging_uri"]

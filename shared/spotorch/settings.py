@@ -30,6 +30,8 @@ ENV_SHARED_BUDGET = "SPOTORCH_SHARED_BUDGET"
 ENV_STATE = "SPOTORCH_STATE"
 # Optional: Cloud Logging's API at host:port (the local Vertex emulator serves ListLogEntries).
 ENV_LOGGING_ENDPOINT = "SPOTORCH_LOGGING_ENDPOINT"
+# A BigQuery REST endpoint (http://host:port: the local stack's emulator); unset: Google's.
+ENV_BIGQUERY_ENDPOINT = "SPOTORCH_BIGQUERY_ENDPOINT"
 # Optional: seconds an upload that matched no pipeline stays quiet before its one alert.
 ENV_UNMATCHED_ALERT_AFTER = "SPOTORCH_UNMATCHED_ALERT_AFTER_S"
 
@@ -63,6 +65,7 @@ COLLECTION_UNMATCHED = "unmatched_uploads"  # bucket x folder -> objects no pipe
 COLLECTION_NOTIFICATIONS = "notifications"  # one doc per (event, channel); TTL on expires_at
 COLLECTION_NOTIFICATION_RUNS = "notification_runs"  # one doc per (run, channel); TTL on expires_at
 COLLECTION_PROBES = "hardware_probes"  # pipeline -> its hardware candidates' cached measurements
+COLLECTION_TABLE_WATCHES = "table_watches"  # pipeline -> its BigQuery tables as last seen
 
 # How long each collection's documents live. A collection that grows with use has a TTL field,
 # a timestamp the code writes (a number is ignored by Firestore) and deploy/firestore.tf has a
@@ -77,6 +80,7 @@ RETENTION: Mapping[str, tuple[str | None, str]] = {
     COLLECTION_LISTINGS: (None, "one per landing prefix, rewritten in place"),
     COLLECTION_BUDGETS: (None, "one per region and request kind, rewritten in place"),
     COLLECTION_PROBES: (None, "one per pipeline, rewritten in place"),
+    COLLECTION_TABLE_WATCHES: (None, "one per BigQuery pipeline, rewritten in place"),
     COLLECTION_DEDUPE: (TTL_FIELD, "an object event's id, 7 days"),
     COLLECTION_REJECTED: (TTL_FIELD, "a rejected event, 30 days"),
     COLLECTION_FAILURES: (TTL_FIELD, "a message's last transient failure, 14 days"),
@@ -103,6 +107,7 @@ class Settings:
     firestore_database: str = "(default)"
     shared_budget: bool = False
     logging_endpoint: str | None = None
+    bigquery_endpoint: str | None = None
     unmatched_alert_after_s: float = 600.0
     dataflow_endpoint: str | None = None
     dataflow_launcher: str | None = None
@@ -126,6 +131,7 @@ class Settings:
             firestore_database=env.get(ENV_FIRESTORE_DATABASE, cls.firestore_database),
             shared_budget=env.get(ENV_SHARED_BUDGET, "").strip().lower() in ("1", "true", "yes"),
             logging_endpoint=env.get(ENV_LOGGING_ENDPOINT) or None,
+            bigquery_endpoint=env.get(ENV_BIGQUERY_ENDPOINT) or None,
             unmatched_alert_after_s=_seconds(env.get(ENV_UNMATCHED_ALERT_AFTER),
                                              cls.unmatched_alert_after_s),
             dataflow_endpoint=env.get(ENV_DATAFLOW_ENDPOINT) or None,

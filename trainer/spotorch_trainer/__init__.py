@@ -34,6 +34,7 @@ from spotorch_trainer.storage import (
     snapshot_objects,
     write_bytes,
 )
+from spotorch_trainer.tabular import parquet_files, read_parquet
 
 __all__ = [
     "STATE_FILE",
@@ -62,9 +63,11 @@ __all__ = [
     "list_files",
     "load_checkpoint",
     "params",
+    "parquet_files",
     "prune_checkpoints",
     "read_at",
     "read_bytes",
+    "read_parquet",
     "resume_point",
     "shard_range",
     "snapshot_objects",

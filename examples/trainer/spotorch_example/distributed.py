@@ -35,7 +35,7 @@ from spotorch_example.train import (
     fresh_state,
     gradients,
     learning_rate,
-    load_csv_shards,
+    load_shards,
     npz_bytes,
     parse_config,
     split,
@@ -110,7 +110,7 @@ def _train(cfg: Config, cluster: Cluster, from_chief: Any, torch: Any, dist: Any
         if not data_uri:
             raise SystemExit("no data: set SPOTORCH_DATA_URI or pass --data")
         pinned = snapshot_objects(run.env.inputs_uri or "") if not cfg.data else None
-        x, y, sha = load_csv_shards(data_uri, pinned)
+        x, y, sha = load_shards(data_uri, pinned)
         data = split(x, y, cfg.holdout, cfg.seed, sha)
         ckpt = run.restore()
         state = ckpt.state if ckpt else fresh_state(cfg, data)

@@ -80,7 +80,7 @@ class Config:
 
 # Option name -> (type, help). The EXAMPLE_* variable is the upper-cased name.
 _OPTIONS: Mapping[str, tuple[type, str]] = {
-    "data": (str, "data snapshot: dir or gs:// prefix of CSV shards (default $SPOTORCH_DATA_URI)"),
+    "data": (str, "data snapshot: dir or gs:// prefix of CSV or Parquet shards (default $SPOTORCH_DATA_URI)"),
     "model_dir": (str, "where model.npz and metrics.json go (default $SPOTORCH_MODEL_URI, "
                        "then $AIP_MODEL_DIR)"),
     "total_steps": (int, "SGD steps in all"),
@@ -164,6 +164,49 @@ def load_csv_shards(uri: str, pinned: list[SnapshotObject] | None = None,
         ys.append(table[:, label].astype(np.int64))
         xs.append(np.delete(table, label, axis=1))
     return np.concatenate(xs), np.concatenate(ys), digest.hexdigest()
+
+
+def parquet_shards(uri: str, pinned: list[SnapshotObject] | None = None
+                   ) -> list[tuple[str, bytes]]:
+    """(name, bytes) of every *.parquet under uri in name order; pinned: as csv_shards."""
+    from spotorch_trainer import parquet_files
+
+    if pinned:
+        prefix = uri.rstrip("/") + "/"
+        return [(o.uri.removeprefix(prefix), o.read()) for o in pinned
+                if o.name.endswith(".parquet") and o.uri.startswith(prefix)]
+    return [(n, read_bytes(join(uri, n))) for n in parquet_files(uri)]
+
+
+def load_parquet_shards(uri: str, pinned: list[SnapshotObject] | None = None,
+                        ) -> tuple[np.ndarray, np.ndarray, str]:
+    """Every *.parquet under uri (a BigQuery snapshot's export) in name order: the numeric
+    columns but the label as features, the label, and a sha256 of the bytes read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shards = parquet_shards(uri, pinned)
+    if not shards:
+        raise FileNotFoundError(f"no .csv or .parquet files under {uri}")
+    digest = hashlib.sha256()
+    for name, raw in shards:
+        digest.update(name.encode() + b"\0" + raw)
+    table = pa.concat_tables([pq.read_table(io.BytesIO(raw)) for _, raw in shards])
+    features = [c for c in table.column_names if c != LABEL]
+    x = np.column_stack([table.column(c).to_numpy(zero_copy_only=False).astype(np.float64)
+                         for c in features])
+    y = table.column(LABEL).to_numpy(zero_copy_only=False).astype(np.int64)
+    return x, y, digest.hexdigest()
+
+
+def load_shards(uri: str, pinned: list[SnapshotObject] | None = None,
+                ) -> tuple[np.ndarray, np.ndarray, str]:
+    """The snapshot's CSV files, or its Parquet files when it has no CSV (a BigQuery export);
+    pinned: the run's snapshot objects at their generations (csv_shards)."""
+    names = [o.name for o in pinned] if pinned else list_files(uri)
+    if any(n.endswith(".csv") for n in names):
+        return load_csv_shards(uri, pinned)
+    return load_parquet_shards(uri, pinned)
 
 
 def split(x: np.ndarray, y: np.ndarray, holdout: float, seed: int, sha: str) -> Dataset:
@@ -281,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = cfg.model_dir or run.env.model_uri
         # The run's own snapshot: its objects at their recorded generations (not --data's).
         pinned = snapshot_objects(run.env.inputs_uri or "") if not cfg.data else None
-        x, y, sha = load_csv_shards(data_uri, pinned)
+        x, y, sha = load_shards(data_uri, pinned)
         data = split(x, y, cfg.holdout, cfg.seed, sha)
         log.info("run %s attempt %d: %d train / %d test rows, %d features, %d classes from %s",
                  run.env.run_id, run.env.attempt, len(data.y_train), len(data.y_test),

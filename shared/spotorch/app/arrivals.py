@@ -67,7 +67,7 @@ def start_snapshot_run(deps: Deps, snap: SnapshotReady, why: str) -> Run | None:
                     reason=f"data snapshot {snap.data_uri} {why}",
                     objects=snapshot_objects(deps, snap),
                     # A BigQuery snapshot's map (the bq intake's), carried into provenance as is.
-                    bigquery=getattr(snap, "bigquery", None))
+                    bigquery=snap.bigquery)
     # Also when skipped (no run): it must not come back.
     intake.mark_dispatched(snap, docs=deps.docs, started=run.run_id if run else None)
     log.info("snapshot %s ready", snap.snapshot_id,

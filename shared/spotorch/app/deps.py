@@ -26,6 +26,7 @@ from spotorch.ports.registry import ExperimentTracker, ModelRegistry
 from spotorch.ports.steps import StepLauncher, StepOutputs
 from spotorch.ports.storage import CheckpointStore, ObjectStore
 from spotorch.ports.store import DocumentStore, RunStore
+from spotorch.ports.tables import TableSource
 from spotorch.settings import COLLECTION_JOBS
 
 log = logging.getLogger("spotorch.app.deps")
@@ -97,6 +98,7 @@ class Deps:
     on_run_ended: tuple[Callable[[Deps, Run], object], ...] = ()
     # What a failed job's replicas wrote to stderr (Cloud Logging; the Vertex emulator locally).
     job_logs: JobLogs | None = None
+    tables: TableSource | None = None  # BigQuery (pipelines with trigger.bigquery)
     # An upload that matched no pipeline is alerted on once it was quiet this long.
     unmatched_alert_after_s: float = 600.0
     # issue 31: the preprocess step's Dataflow jobs and its cached outputs (None: a deployment

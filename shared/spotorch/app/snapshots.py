@@ -70,6 +70,8 @@ class SnapshotReady:
     manual: bool = False
     request_id: str = ""
     overrides: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), hash=False)
+    # A BigQuery snapshot's map (spotorch.app.table_intake), carried into the run's provenance.
+    bigquery: Mapping[str, Any] | None = field(default=None, hash=False)
 
 
 def snapshot_id_of(pipeline: str, bucket: str, key: str,
@@ -203,6 +205,9 @@ class SnapshotState:
     # marker (at most EARLY_SAMPLE; the marker alone makes the snapshot, so none is tracked)
     early: tuple[str, ...] = ()
     started: str | None = None  # the run (or sweep) that took the last completed cycle
+    # A BigQuery snapshot's export (spotorch.app.table_intake): tables, snapshot_time,
+    # snapshot_tables, export_uris, objects; None for a Cloud Storage snapshot.
+    bigquery: Mapping[str, Any] | None = None
 
     @property
     def data_uri(self) -> str:
@@ -242,6 +247,7 @@ class SnapshotState:
             "pending_dispatch": self.pending_dispatch, "dispatched_at": self.dispatched_at,
             "redispatches": self.redispatches, "truncated": self.truncated,
             "early": list(self.early), "started": self.started,
+            **({} if self.bigquery is None else {"bigquery": dict(self.bigquery)}),
         }
 
     @classmethod
@@ -263,6 +269,7 @@ class SnapshotState:
             truncated=bool(doc.get("truncated", False)),
             early=tuple(str(n) for n in doc.get("early") or ()),
             started=doc.get("started"),
+            bigquery=doc.get("bigquery"),
         )
 
 
@@ -288,7 +295,7 @@ def _ready(state: SnapshotState) -> SnapshotReady:
     return SnapshotReady(
         pipeline=state.pipeline, snapshot_id=state.snapshot_id or "", data_uri=state.data_uri,
         objects=tuple(n for n, _ in state.ready), generations=tuple(g for _, g in state.ready),
-        completed_at=state.completed_at or 0.0)
+        completed_at=state.completed_at or 0.0, bigquery=state.bigquery)
 
 
 def _complete(state: SnapshotState, objects: Sequence[tuple[str, int]], now: float,
@@ -597,7 +604,8 @@ def mark_dispatched(ready: SnapshotReady, *, docs: DocumentStore,
 
 def landing_prefixes(pipelines: Sequence[Pipeline]) -> tuple[tuple[str, str], ...]:
     """(bucket, prefix) of every trigger, each once: what the reconcile lists."""
-    return tuple(sorted({(p.trigger.bucket, p.trigger.prefix) for p in pipelines}))
+    return tuple(sorted({(p.trigger.bucket, p.trigger.prefix) for p in pipelines
+                         if p.trigger.bigquery is None}))
 
 
 def listed_event(info: ObjectInfo) -> ObjectEvent:

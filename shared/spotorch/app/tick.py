@@ -290,6 +290,12 @@ def reconcile(deps: Deps) -> list[Run]:
                                            run_exists=run_exists):
         start_snapshot_run(deps, snap, "closed by the tick")
     try:
+        from spotorch.app.table_intake import check_tables
+
+        check_tables(deps)  # what BigQuery audit events missed
+    except Exception as exc:  # a repair, like the listing below
+        log.warning("checking the BigQuery tables failed: %s", exc)
+    try:
         list_landing(deps)
     except Exception as exc:  # listing is a repair; the runs' reconcile must not wait for it
         log.warning("listing the landing buckets failed: %s", exc)

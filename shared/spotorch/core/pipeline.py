@@ -325,12 +325,55 @@ class BatchMode(StrEnum):
 BUILTIN_IGNORE = ("*.tmp", "*/_temporary/*", "*/.*")
 
 
+# project.dataset.table; BigQuery's own limits: project ids 6-30 (or domain:project), dataset ids
+# letters, digits and '_', table ids up to 1024 (letters, digits, '_', '-', ' ' and more: kept lax).
+_TABLE = r"^[a-z][a-z0-9:.-]{4,61}[a-z0-9]\.[A-Za-z0-9_]{1,1024}\.[A-Za-z0-9_-]{1,1024}$"
+_DATASET = r"^[a-z][a-z0-9:.-]{4,61}[a-z0-9]\.[A-Za-z0-9_]{1,1024}$"
+
+
+@dataclass(frozen=True)
+class BigQuerySource(FileSection):
+    """BigQuery tables that start runs: a change (load or DML job) batched like object arrivals;
+    each run trains on a snapshot of the tables at one time, exported to Cloud Storage as
+    Parquet (docs/pipelines.md)."""
+
+    FILE_REQUIRES: ClassVar[tuple[str, ...]] = ("tables", "snapshot_dataset", "export_uri")
+
+    tables: Annotated[tuple[Annotated[str, Matches(
+        _TABLE, "must be a fully qualified table: project.dataset.table")], ...], Field(
+        min_length=1, max_length=20,
+        description="The watched tables, fully qualified (project.dataset.table); each run "
+                    "snapshots every one at the same time."), Unique()] = ()
+    min_rows_changed: Annotated[int, Field(
+        ge=1, description="Rows inserted, deleted or changed (over all the tables) before a "
+                          "snapshot is taken.")] = 1
+    quiet_period_s: Annotated[float, Duration(), Field(
+        validation_alias="quiet_period",
+        description="After the last change, wait this long before the snapshot (the tick "
+                    "notices); 0: at once.")] = 0.0
+    min_interval_s: Annotated[float, Duration(), Field(
+        validation_alias="min_interval",
+        description="At most one snapshot per interval; changes meanwhile wait for the "
+                    "next.")] = 0.0
+    snapshot_dataset: Annotated[str, Matches(
+        _DATASET, "must be a dataset: project.dataset")] = ""
+    snapshot_ttl_s: Annotated[float, Duration(), Field(
+        validation_alias="snapshot_ttl",
+        description="Each snapshot table expires this long after it was taken (the Parquet "
+                    "export stays: it is the run's data).")] = 7 * 24 * 3600.0
+    export_uri: Annotated[GcsUri, Field(
+        description="Root of the Parquet exports; each snapshot is exported below "
+                    "{export_uri}/{pipeline}/{snapshot_id}/.")] = ""
+
+
 @dataclass(frozen=True)
 class Trigger(FileSection):
-    """Which objects start runs, and how they are grouped into snapshots."""
+    """Which objects (or BigQuery table changes) start runs, and how they are grouped into
+    snapshots."""
 
     bucket: Annotated[str, Matches(
-        _BUCKET, "must be a bucket name (lowercase letters, digits, '-', '_' and '.'; no gs://)")]
+        _BUCKET, "must be a bucket name (lowercase letters, digits, '-', '_' and '.'; no gs://)"),
+        Field(description="The Cloud Storage bucket watched; or bigquery.")] = ""
     prefix: Annotated[str, Matches(
         r"^([^/].*/)?$",
         "must be empty or a folder: no leading '/', ending with '/' (e.g. datasets/demo/)")] = ""
@@ -356,6 +399,8 @@ class Trigger(FileSection):
         description="Path segments below the prefix that name a snapshot folder.")] = 1
     on_active_run: Annotated[OnActiveRun, OneOf(("queue", "supersede", "skip"))] = \
         OnActiveRun.QUEUE
+    bigquery: Annotated[BigQuerySource | None, Field(
+        description="BigQuery tables watched instead of a bucket.")] = None
 
 
 @dataclass(frozen=True)

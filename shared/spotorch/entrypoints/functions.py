@@ -311,6 +311,18 @@ def object_event(event: CloudEventLike) -> None:
     data_arrived(deps(), obj)
 
 
+def table_event(event: CloudEventLike) -> None:
+    """A BigQuery InsertJob audit entry (Eventarc): checked against BigQuery, maybe a snapshot."""
+    from spotorch.app.table_intake import table_changed
+    from spotorch.core.table_changes import parse_audit_event
+
+    change = parse_audit_event(_attr(event, "type"), _attr(event, "id"), event.data)
+    if change is None:  # a start entry, a failed job, a plain query: acknowledged, nothing to do
+        log.debug("BigQuery audit entry names no table change", extra={"event_id": _attr(event, "id")})
+        return
+    table_changed(deps(), change)
+
+
 def job_event(event: CloudEventLike) -> None:
     """A job's service log line (log sink) or a trainer report, both via Pub/Sub; or a preprocess
     job's Dataflow statusChanged (its own Eventarc trigger on this function's service)."""
@@ -445,5 +457,6 @@ def dataflow_event(event: CloudEventLike) -> None:
 # What each Cloud Function runs: its handler, guarded so bad events are acknowledged and recorded.
 on_object_finalized = guarded("on_object_finalized", object_event)
 on_job_event = guarded("on_job_event", job_event)
+on_table_changed = guarded("on_table_changed", table_event)
 on_tick = guarded("on_tick", tick_event)
 on_run_event = guarded("on_run_event", run_event)

@@ -18,6 +18,7 @@ class SystemClock:
 
 def production_deps(settings: Settings | None = None) -> Deps:
     """Firestore, Vertex AI, GCS and Pub/Sub adapters configured from SPOTORCH_* variables."""
+    from spotorch.adapters.gcp.bigquery import BigQueryTables
     from spotorch.adapters.gcp.checkpoints import StorageCheckpointStore
     from spotorch.adapters.gcp.dataflow import DataflowStepLauncher, GcsStepOutputs
     from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
@@ -67,4 +68,6 @@ def production_deps(settings: Settings | None = None) -> Deps:
                                    endpoint=settings.dataflow_endpoint,
                                    token=settings.vertex_token),
         step_outputs=GcsStepOutputs(project=settings.project),
+        # The client on first use: only pipelines with trigger.bigquery call it.
+        tables=BigQueryTables(settings.project, endpoint=settings.bigquery_endpoint),
     )

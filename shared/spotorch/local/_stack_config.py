@@ -126,6 +126,9 @@ class StackConfig:
     # Start a webhook and an SMTP receiver and route the pipelines' alert channels to them.
     receivers: bool = False
     pipeline_reload_s: float | None = None  # watch the pipelines' files this often (None: no)
+    # The BigQuery emulator behind its front and on_table_changed (spotorch.local.bigquery);
+    # turned on by any pipeline with trigger.bigquery.
+    bigquery: bool = False
     startup_timeout_s: float = 60.0
     stop_timeout_s: float = 10.0
     bin_dir: Path = field(default_factory=lambda: Path(sys.executable).parent)  # the venv's bin

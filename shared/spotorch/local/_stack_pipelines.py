@@ -87,12 +87,15 @@ def _bucket(uri: str | None) -> str | None:
 
 
 def _describe(pipeline: Any, file: Path) -> LoadedPipeline:
+    source = pipeline.trigger.bigquery
+    # A BigQuery trigger's export bucket holds the runs' data.
     uris = (pipeline.checkpoint_uri, pipeline.output_uri, pipeline.job.base_output_uri,
-            pipeline.job.staging_uri)
-    buckets = [pipeline.trigger.bucket, *(b for u in uris if (b := _bucket(u)))]
+            pipeline.job.staging_uri, source.export_uri if source is not None else None)
+    buckets = [b for b in (pipeline.trigger.bucket, *(_bucket(u) for u in uris)) if b]
     return LoadedPipeline(
         name=pipeline.name, file=file,
-        trigger=f"gs://{pipeline.trigger.bucket}/{pipeline.trigger.prefix}",
+        trigger=(f"bigquery:{','.join(source.tables)}" if source is not None
+                 else f"gs://{pipeline.trigger.bucket}/{pipeline.trigger.prefix}"),
         buckets=tuple(dict.fromkeys(buckets)),
         routes=tuple(RouteInfo(r.channel, r.target) for r in pipeline.routes), pipeline=pipeline)
 

@@ -201,7 +201,8 @@ def demo_stack(scenario: Scenario, *, timeout_s: float, quiet: bool,
                 stack.create_buckets([LANDING, CHECKPOINTS, MODELS, *scenario.buckets])
                 docs = FirestoreDocumentStore(project=stack.project)
                 collected = _upload_and_follow(stack, docs, timeout_s, say, pipelines / "demo.yaml",
-                                               sweep=scenario.sweep is not None)
+                                               sweep=scenario.sweep is not None,
+                                               arrival=scenario.arrival)
                 time.sleep(2.0)  # let the notifier deliver the last alerts
                 collected["published"] = _published(stack)
                 run = collected.pop("run", None)  # not JSON: the report carries its fields
@@ -232,19 +233,14 @@ def run_demo(scenario: Scenario, *, timeout_s: float, quiet: bool,
 
 
 def _upload_and_follow(stack: Any, docs: Any, timeout_s: float, say: Callable[[str], None],
-                       pipeline_file: Path | None = None, *,
-                       sweep: bool = False) -> dict[str, Any]:
-    sys.path.insert(0, str(REPO / "examples"))
-    from make_data import make_dataset, to_csv
-
-    x, y = make_dataset(rows=3000, features=16, classes=3, seed=0)
-    snapshot = f"{DATA_PREFIX}snapshot-{int(time.time())}/"
+                       pipeline_file: Path | None = None, *, sweep: bool = False,
+                       arrival: Callable[[Any, Any, Callable[[str], None]], None] | None = None
+                       ) -> dict[str, Any]:
     uploaded_at = time.time()
-    for i, rows in enumerate(range(0, len(y), 1000)):
-        stack.upload(LANDING, f"{snapshot}part-{i:05d}.csv", to_csv(x[rows:rows + 1000],
-                                                                   y[rows:rows + 1000]))
-    stack.upload(LANDING, f"{snapshot}_SUCCESS", b"")
-    say(f"uploaded 3 CSV shards and _SUCCESS to gs://{LANDING}/{snapshot}")
+    if arrival is not None:  # the story's own data (e.g. rows into a BigQuery table)
+        arrival(stack, docs, say)
+    else:
+        _upload_csv(stack, say)
     if sweep:
         return _follow_sweep(docs, timeout_s, say, uploaded_at)
     run = _follow(docs, timeout_s, say)
@@ -252,6 +248,20 @@ def _upload_and_follow(stack: Any, docs: Any, timeout_s: float, say: Callable[[s
         return {"run_id": None, "status": "NO_RUN", "attempts": [], "timings_ms": {},
                 "preemptions": 0, "escalated": None, "model_uri": None, "metrics": None}
     return _report(run, uploaded_at, lambda name: _job_code(stack, name))
+
+
+def _upload_csv(stack: Any, say: Callable[[str], None]) -> None:
+    """The default arrival: 3 CSV shards and the marker, one snapshot folder of the landing."""
+    sys.path.insert(0, str(REPO / "examples"))
+    from make_data import make_dataset, to_csv
+
+    x, y = make_dataset(rows=3000, features=16, classes=3, seed=0)
+    snapshot = f"{DATA_PREFIX}snapshot-{int(time.time())}/"
+    for i, rows in enumerate(range(0, len(y), 1000)):
+        stack.upload(LANDING, f"{snapshot}part-{i:05d}.csv", to_csv(x[rows:rows + 1000],
+                                                                   y[rows:rows + 1000]))
+    stack.upload(LANDING, f"{snapshot}_SUCCESS", b"")
+    say(f"uploaded 3 CSV shards and _SUCCESS to gs://{LANDING}/{snapshot}")
 
 
 def _job_code(stack: Any, job_name: str | None) -> dict[str, Any] | None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from spotorch.local.demo_bigquery import SETTINGS as BIGQUERY
 from spotorch.local.demo_distributed import SETTINGS as DISTRIBUTED
 from spotorch.local.demo_preprocess import ERROR_SETTINGS as PREPROCESS_ERROR
 from spotorch.local.demo_preprocess import SETTINGS as PREPROCESS
@@ -46,6 +47,9 @@ class Scenario:
     extend: Callable[[dict[str, Any], Any, Any], None] | None = None
     dataflow: bool = False  # the stack runs the local Dataflow (a preprocess step, issue 31)
     buckets: tuple[str, ...] = ()  # more buckets created before the upload
+    # A story's own data arrival instead of the CSV upload (stack, docs, say); e.g. rows into a
+    # BigQuery table (demo_bigquery.py)
+    arrival: Callable[[Any, Any, Callable[[str], None]], None] | None = None
 
 
 _UNHEALTHY = ("python", "examples/unhealthy.py")
@@ -194,6 +198,7 @@ SCENARIOS: Mapping[str, Scenario] = {
     "distributed": Scenario(**DISTRIBUTED),
     "preprocess": Scenario(**PREPROCESS),
     "preprocess-error": Scenario(**PREPROCESS_ERROR),
+    "bigquery": Scenario(**BIGQUERY),
     "quota": Scenario(
         name="quota",
         title="no Spot GPU quota in the first region",

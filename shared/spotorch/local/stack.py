@@ -17,6 +17,7 @@ DevStack composes: StackProcesses (the children, their ports, readiness, restart
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -104,6 +105,8 @@ class DevStack:
         self._started = False
         self._stopped = threading.Event()
         self.startup_s: float | None = None
+        self._bigquery: Any = None  # spotorch.local.emulators.Emulator, when BigQuery runs
+        self._bigquery_front: Any = None  # spotorch.local.bigquery.BigQueryFront
 
     # -------------------------------------------------------------- lifecycle
 
@@ -156,6 +159,10 @@ class DevStack:
         if self._pipelines_source is not None:
             self._activate(check_pipelines(self._pipelines_source.resolve(),
                                            dataflow=self.config.dataflow))
+        if cfg.bigquery or (self.pipelines is not None and any(
+                p.pipeline is not None and p.pipeline.trigger.bigquery is not None
+                for p in self.pipelines.loaded)):
+            self._start_bigquery()
         if cfg.receivers:
             self.receivers = AlertReceivers(self.run_dir / ALERTS_FILE)
             self.receivers.start()
@@ -176,6 +183,33 @@ class DevStack:
             self._watcher = threading.Thread(target=self._watch_pipelines,
                                              name="spotorch-pipelines", daemon=True)
             self._watcher.start()
+
+    def _start_bigquery(self) -> None:
+        """The BigQuery emulator and its front, before the functions (their env names it), and
+        on_table_changed among the functions, fed the front's audit entries as Eventarc would."""
+        from spotorch.local import bigquery as bq
+
+        if "on_table_changed" not in self.config.functions:
+            self.config = dataclasses.replace(self.config, functions={
+                **self.config.functions, "on_table_changed": CLOUDEVENT})
+            self.processes.config = self.config
+        gcs_root = self.run_dir / "bigquery-gcs"
+        self._bigquery = bq.start_bigquery(self.run_dir, self.config.project, gcs_root)
+
+        def upload(bucket: str, name: str, path: Path) -> None:
+            from google.api_core.exceptions import PreconditionFailed
+
+            with contextlib.suppress(PreconditionFailed):  # only if absent: uploaded once
+                self._gcs.client().bucket(bucket).blob(name).upload_from_filename(
+                    str(path), if_generation_match=0)
+
+        def on_job_done(entry: dict[str, Any]) -> None:
+            url = lambda: self.function_url("on_table_changed")  # noqa: E731
+            threading.Thread(target=bq.deliver, args=(url, entry), daemon=True,
+                             name="bigquery-audit").start()
+
+        self._bigquery_front = bq.BigQueryFront(f"http://{self._bigquery.address}", gcs_root,
+                                                upload, on_job_done).start()
 
     def _check_prerequisites(self) -> None:
         cfg = self.config
@@ -214,6 +248,10 @@ class DevStack:
         self.processes.stop(children)
         if self.receivers is not None:
             self.receivers.stop()
+        if self._bigquery_front is not None:
+            self._bigquery_front.stop()
+        if self._bigquery is not None:
+            self._bigquery.stop()
 
     def export_data(self) -> Path | None:
         """Export Firestore into the data directory now (durable stacks; None if it is down)."""
@@ -361,6 +399,8 @@ class DevStack:
             env[S.ENV_DATAFLOW_LAUNCHER] = DATAFLOW_LAUNCHER
         if "api" in procs.function_ports:
             env["SPOTORCH_API_URL"] = self.function_url("api")
+        if self._bigquery_front is not None:
+            env[S.ENV_BIGQUERY_ENDPOINT] = self._bigquery_front.url
         return env
 
     def function_url(self, name: str) -> str:

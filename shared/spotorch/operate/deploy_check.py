@@ -44,11 +44,15 @@ NAMED_SCOPES: Mapping[str, tuple[Scope, ...]] = {
     "model_buckets": (Scope.MODEL,),
     "staging_buckets": (Scope.STAGING,),
     "preprocess_buckets": (Scope.PREPROCESS,),
-    "pipeline_account_data_buckets": (Scope.LANDING, Scope.STAGING, Scope.PREPROCESS),
+    "pipeline_account_data_buckets": (Scope.LANDING, Scope.EXPORT, Scope.STAGING,
+                                      Scope.PREPROCESS),
     "pipeline_account_output_buckets": (Scope.CHECKPOINT, Scope.MODEL),
     "alert_env_names": (Scope.ALERT_SECRETS,),
     "pipeline_route_secrets": (Scope.ROUTE_SECRETS,),
     "pipeline_service_accounts": (Scope.PIPELINE_ACCOUNTS,),
+    "bigquery_watched_datasets": (Scope.WATCHED_DATASETS,),
+    "bigquery_snapshot_datasets": (Scope.SNAPSHOT_DATASETS,),
+    "export_buckets": (Scope.EXPORT,),
 }
 # Resources named in a grant -> the scope they are.
 REFERENCED_SCOPES: tuple[tuple[re.Pattern[str], Scope], ...] = tuple(
@@ -60,6 +64,7 @@ REFERENCED_SCOPES: tuple[tuple[re.Pattern[str], Scope], ...] = tuple(
         (r"google_cloudfunctions2_function\.api\.", Scope.API_SERVICE),
         (r"google_cloudfunctions2_function\.pushed\[", Scope.PUSHED_SERVICES),
         (r"google_cloudfunctions2_function\.objects\[", Scope.OBJECT_SERVICES),
+        (r"google_cloudfunctions2_function\.tables\[", Scope.TABLE_SERVICE),
     ))
 SCOPES = frozenset(s.value for s in Scope)
 # The attribute of each grant resource that names what it is granted on.
@@ -71,6 +76,7 @@ TARGET_ATTRIBUTE: Mapping[str, str] = {
     "google_secret_manager_secret_iam_member": "secret_id",
     "google_service_account_iam_member": "service_account_id",
     "google_cloud_run_v2_service_iam_member": "name",
+    "google_bigquery_dataset_iam_member": "dataset_id",
 }
 
 

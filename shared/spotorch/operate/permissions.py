@@ -60,6 +60,10 @@ class Scope(StrEnum):
     API_SERVICE = "service:api"  # the api function's Cloud Run service
     PUSHED_SERVICES = "services:pushed"  # the Pub/Sub-fed functions' services
     OBJECT_SERVICES = "services:objects"  # the object-finalized functions' services
+    TABLE_SERVICE = "service:tables"  # the on_table_changed function's service (BigQuery)
+    WATCHED_DATASETS = "datasets:watched"  # datasets of trigger.bigquery.tables
+    SNAPSHOT_DATASETS = "datasets:snapshot"  # trigger.bigquery.snapshot_dataset
+    EXPORT = "buckets:export"  # trigger.bigquery.export_uri buckets: the Parquet exports
 
 
 class Kind(StrEnum):
@@ -87,6 +91,8 @@ RUN_IAM = "https://cloud.google.com/run/docs/securing/managing-access"
 EVENTARC_IAM = "https://cloud.google.com/eventarc/docs/access-control"
 DATAFLOW_IAM = "https://cloud.google.com/dataflow/docs/concepts/access-control"
 DATAFLOW_SECURITY = "https://cloud.google.com/dataflow/docs/concepts/security-and-permissions"
+BIGQUERY_IAM = "https://cloud.google.com/bigquery/docs/access-control"
+BIGQUERY_EXPORT = "https://cloud.google.com/bigquery/docs/exporting-data#required_permissions"
 
 
 @dataclass(frozen=True)
@@ -121,6 +127,7 @@ READS = "spotorch.adapters.gcp.firestore_reads:ClientSource"  # the api function
 REST_READS = "spotorch.adapters.gcp.firestore_reads:RestSource"  # the CLI's and the web view's
 OBJECTS = "spotorch.adapters.gcp.storage:GcsObjectStore"
 GCS = "spotorch_trainer.storage:GcsStorage"
+BIGQUERY = "spotorch.adapters.gcp.bigquery:BigQueryTables"
 DEAD = "spotorch.operate.deadletters"
 DATAFLOW = "spotorch.adapters.gcp.dataflow:DataflowStepLauncher"
 OUTPUTS = "spotorch.adapters.gcp.dataflow:GcsStepOutputs"
@@ -128,7 +135,7 @@ OUTPUTS = "spotorch.adapters.gcp.dataflow:GcsStepOutputs"
 CREATE, UPDATE = "datastore.entities.create", "datastore.entities.update"
 GET_OBJECT, LIST_OBJECTS = "storage.objects.get", "storage.objects.list"
 CHECKPOINTS_AND_MODELS = (S.CHECKPOINT, S.MODEL)
-TRAINER_READS = (S.LANDING, S.CHECKPOINT, S.MODEL, S.PREPROCESS)  # preprocess: its output
+TRAINER_READS = (S.LANDING, S.EXPORT, S.CHECKPOINT, S.MODEL, S.PREPROCESS)  # preprocess: its output
 
 CALLS: tuple[Call, ...] = (
     # --- Vertex AI custom jobs (the launcher) -------------------------------------------------
@@ -254,8 +261,9 @@ CALLS: tuple[Call, ...] = (
              "reading: Google names no other identity for it)"),
     Call("Blob.exists", "objects.get", _on(S.LANDING, GET_OBJECT), (F,), (f"{OBJECTS}.exists",),
          STORAGE_IAM, "is a snapshot's object still there"),
-    Call("Client.list_blobs", "objects.list", _on(S.LANDING, LIST_OBJECTS), (F,),
-         (f"{OBJECTS}.list_page",), STORAGE_IAM, "a snapshot's prefix; the reconcile listing"),
+    Call("Client.list_blobs", "objects.list", _on((S.LANDING, S.EXPORT), LIST_OBJECTS), (F,),
+         (f"{OBJECTS}.list_page",), STORAGE_IAM,
+         "a snapshot's prefix; the reconcile listing; a BigQuery export's Parquet files"),
     # --- Cloud Storage: checkpoints (the functions, and the trainer helper in every job) ---------
     Call("Client.list_blobs", "objects.list", _on(S.CHECKPOINT, LIST_OBJECTS), (F,),
          (f"{GCS}.list_dirs", f"{GCS}.sizes"), STORAGE_IAM,
@@ -338,6 +346,36 @@ CALLS: tuple[Call, ...] = (
          _on(S.PUSHED_SERVICES, "run.routes.invoke"), (F,), source=RUN_IAM,
          why="the statusChanged trigger calls spotorch-on-job-event as this account",
          kind=Kind.PLATFORM),
+    # --- BigQuery: the tables a trigger watches, their snapshots and exports ----------------------
+    Call("Client.get_table", "tables.get", _on(S.WATCHED_DATASETS, "bigquery.tables.get"), (F,),
+         (f"{BIGQUERY}.get_table",), BIGQUERY_IAM,
+         "a watched table's lastModifiedTime and numRows (the source of truth; the tick)"),
+    Call("Client.get_table", "tables.get", _on(S.SNAPSHOT_DATASETS, "bigquery.tables.get"), (F,),
+         (f"{BIGQUERY}.snapshot",), BIGQUERY_IAM, "is the snapshot table there already"),
+    Call("Client.get_job", "jobs.get", _on(S.PROJECT, "bigquery.jobs.get"), (F,),
+         (f"{BIGQUERY}.get_job", f"{BIGQUERY}.export_parquet"), BIGQUERY_IAM,
+         "the job an audit entry names (any user's: jobs.get reads any job of the project); "
+         "an export job started before"),
+    Call("Client.query", "jobs.insert", _on(S.PROJECT, "bigquery.jobs.create"), (F,),
+         (f"{BIGQUERY}.snapshot",), BIGQUERY_IAM,
+         "the snapshot: CREATE TABLE ... AS SELECT ... FOR SYSTEM_TIME AS OF"),
+    Call("Client.query", "jobs.insert", _on(S.WATCHED_DATASETS, "bigquery.tables.getData"), (F,),
+         (f"{BIGQUERY}.snapshot",), BIGQUERY_IAM, "the query reads the watched table"),
+    Call("Client.query", "jobs.insert",
+         _on(S.SNAPSHOT_DATASETS, "bigquery.tables.create", "bigquery.tables.updateData"), (F,),
+         (f"{BIGQUERY}.snapshot",), BIGQUERY_IAM, "and writes the snapshot table"),
+    Call("QueryJob.result", "jobs.getQueryResults", _on(S.PROJECT, "bigquery.jobs.get"), (F,),
+         (f"{BIGQUERY}.snapshot",), BIGQUERY_IAM, "wait for the snapshot query"),
+    Call("Client.extract_table", "jobs.insert", _on(S.PROJECT, "bigquery.jobs.create"), (F,),
+         (f"{BIGQUERY}.export_parquet",), BIGQUERY_EXPORT, "the Parquet export (extract job)"),
+    Call("Client.extract_table", "jobs.insert",
+         _on(S.SNAPSHOT_DATASETS, "bigquery.tables.export"), (F,),
+         (f"{BIGQUERY}.export_parquet",), BIGQUERY_EXPORT, "it reads the snapshot table"),
+    Call("Client.extract_table", "jobs.insert", _on(S.EXPORT, "storage.objects.create"), (F,),
+         (f"{BIGQUERY}.export_parquet",), BIGQUERY_EXPORT,
+         "and writes the export bucket as the caller"),
+    Call("ExtractJob.result", "jobs.get", _on(S.PROJECT, "bigquery.jobs.get"), (F,),
+         (f"{BIGQUERY}.export_parquet",), BIGQUERY_IAM, "wait for the export"),
     # --- Pub/Sub --------------------------------------------------------------------------------
     Call("PublisherClient.publish", "projects.topics.publish",
          _on(S.TOPIC_EVENTS, "pubsub.topics.publish"), (F,),
@@ -387,8 +425,10 @@ CALLS: tuple[Call, ...] = (
          _on(S.ALERT_SECRETS, "secretmanager.versions.access"), (F,), source=SECRETS_IAM,
          why="the notifier's alert secrets, mounted when an instance starts", kind=Kind.PLATFORM),
     Call("Pub/Sub push and Eventarc delivery (OIDC token)", "the event functions (Cloud Run)",
-         _on((S.PUSHED_SERVICES, S.OBJECT_SERVICES), "run.routes.invoke"), (F,), source=RUN_IAM,
-         why="push subscriptions and object triggers call the functions as this account",
+         _on((S.PUSHED_SERVICES, S.OBJECT_SERVICES, S.TABLE_SERVICE), "run.routes.invoke"), (F,),
+         source=RUN_IAM,
+         why="push subscriptions, object and audit-log triggers call the functions as this "
+             "account",
          kind=Kind.PLATFORM),
     Call("Eventarc object-finalized trigger", "eventarc event delivery",
          _on(S.PROJECT, "eventarc.events.receiveEvent"), (F,), source=EVENTARC_IAM,

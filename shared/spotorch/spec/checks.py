@@ -136,6 +136,34 @@ def _check_ignore(doc: Any) -> _Found:
                                  "snapshot would never complete")
 
 
+# Options of a Cloud Storage trigger that mean nothing to a BigQuery one.
+_GCS_ONLY = ("prefix", "glob", "suffixes", "ignore", "batch", "marker", "manifest",
+             "quiet_period", "min_objects", "snapshot_depth")
+
+
+def _check_source(doc: Any) -> _Found:
+    trigger = _get(doc, "trigger")
+    if not isinstance(trigger, Mapping):
+        return
+    has_bucket, has_bigquery = "bucket" in trigger, trigger.get("bigquery") is not None
+    if has_bucket == has_bigquery:
+        yield "trigger", ("needs exactly one source: bucket (Cloud Storage) or bigquery "
+                          f"(here: {'both' if has_bucket else 'neither'})")
+    if not has_bigquery:
+        return
+    for option in _GCS_ONLY:
+        if option in trigger:
+            where = ("bigquery.quiet_period" if option == "quiet_period" else "bucket")
+            yield f"trigger.{option}", f"applies to a Cloud Storage trigger only (see {where})"
+    export = _str(doc, "trigger.bigquery.export_uri")
+    for path in _OWN_URIS:
+        uri = _str(doc, path)
+        if export.startswith("gs://") and uri.startswith("gs://") and (
+                export.rstrip("/") + "/").startswith(uri.rstrip("/") + "/"):
+            yield "trigger.bigquery.export_uri", (f"lies inside {path} ({uri}): keep the "
+                                                  "exports apart from the pipeline's outputs")
+
+
 _OWN_URIS = ("checkpoint_uri", "output_uri", "job.base_output_uri")
 
 
@@ -447,6 +475,6 @@ def _check_preprocess(doc: Any) -> _Found:
 
 CHECKS: tuple[Callable[[Any], _Found], ...] = (
     _check_positive_durations, _check_deadline, _check_backoff, _check_batch_options,
-    _check_ignore, _check_overlap, _check_regexes, _check_pools, _check_labels, _check_routes,
-    _check_candidates, _check_preprocess,
+    _check_ignore, _check_overlap, _check_source, _check_regexes, _check_pools, _check_labels,
+    _check_routes, _check_candidates, _check_preprocess,
 )

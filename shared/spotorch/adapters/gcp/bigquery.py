@@ -1,0 +1,138 @@
+"""TableSource on google-cloud-bigquery; the client on first use (cold starts never pay for it).
+
+The snapshot is `CREATE TABLE dest OPTIONS(expiration_timestamp=...) AS SELECT * FROM src FOR
+SYSTEM_TIME AS OF TIMESTAMP_MILLIS(t)`: it runs on real BigQuery and on the bqemulator, which
+parses neither `CREATE SNAPSHOT TABLE` nor a copy job's `table@<ms>` decorator (docs/local-stack.md).
+On real BigQuery this makes a standard table rather than a snapshot table (billed as a query and
+stored in full); it expires all the same. The endpoint (SPOTORCH_BIGQUERY_ENDPOINT) points the
+same client at the emulator with anonymous credentials.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from spotorch.core.table_changes import JobInfo, TableInfo
+from spotorch.ports.tables import TableNotFound
+
+JOB_TIMEOUT_S = 300.0  # a snapshot query or an extract job waited for in one invocation
+
+
+def _table_id(ref: Any) -> str | None:
+    if not isinstance(ref, dict):
+        return None
+    try:
+        return f"{ref['projectId']}.{ref['datasetId']}.{ref['tableId']}"
+    except KeyError:
+        return None
+
+
+def _ms(value: Any) -> int | None:
+    """BigQuery times are epoch milliseconds as decimal strings ("1796177803458"; the emulator
+    writes "1796177803458.0")."""
+    if value in (None, ""):
+        return None
+    return int(float(value))
+
+
+def _quoted(table: str) -> str:
+    return "`" + table.replace("`", "") + "`"
+
+
+class BigQueryTables:
+    """ports.TableSource: tables.get, jobs.get, a query to snapshot, an extract job to export."""
+
+    def __init__(self, project: str, *, endpoint: str | None = None) -> None:
+        self.project = project
+        self.endpoint = endpoint
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    def client(self) -> Any:
+        """The google-cloud-bigquery client, built once on first use."""
+        with self._lock:
+            if self._client is None:
+                from google.cloud import bigquery
+
+                if self.endpoint:
+                    from google.api_core.client_options import ClientOptions
+                    from google.auth.credentials import AnonymousCredentials
+
+                    self._client = bigquery.Client(
+                        project=self.project, credentials=AnonymousCredentials(),
+                        client_options=ClientOptions(api_endpoint=self.endpoint))
+                else:
+                    self._client = bigquery.Client(project=self.project)
+            return self._client
+
+    def get_table(self, table: str) -> TableInfo:
+        """TableSource.get_table (tables.get)."""
+        from google.api_core import exceptions as gexc
+
+        try:
+            found = self.client().get_table(table)
+        except gexc.NotFound:
+            raise TableNotFound(table) from None
+        props = found._properties
+        return TableInfo(table, _ms(props.get("lastModifiedTime")) or 0,
+                         int(props.get("numRows") or 0))
+
+    def get_job(self, project: str, job_id: str, location: str | None = None) -> JobInfo | None:
+        """TableSource.get_job (jobs.get); None when BigQuery has no such job."""
+        from google.api_core import exceptions as gexc
+
+        try:
+            job = self.client().get_job(job_id, project=project, location=location)
+        except gexc.NotFound:
+            return None
+        props = job._properties
+        config, stats = props.get("configuration") or {}, props.get("statistics") or {}
+        kind = str(config.get("jobType") or job.job_type or "").lower()
+        destinations = []
+        if kind == "load":
+            destinations.append(_table_id(config.get("load", {}).get("destinationTable")))
+        elif kind == "copy":
+            destinations.append(_table_id(config.get("copy", {}).get("destinationTable")))
+        rows: Any = None
+        if kind == "load":
+            rows = stats.get("load", {}).get("outputRows")
+        elif kind == "query":
+            rows = stats.get("query", {}).get("numDmlAffectedRows")
+        status = props.get("status") or {}
+        return JobInfo(job_id=job_id, job_type=kind, state=str(status.get("state") or ""),
+                       failed=bool(status.get("errorResult")), end_ms=_ms(stats.get("endTime")),
+                       rows=None if rows is None else int(rows),
+                       destinations=tuple(d for d in destinations if d))
+
+    def snapshot(self, table: str, snapshot_ms: int, destination: str, expires_ms: int) -> None:
+        """TableSource.snapshot: CREATE TABLE ... AS SELECT ... FOR SYSTEM_TIME AS OF."""
+        from google.api_core import exceptions as gexc
+
+        client = self.client()
+        try:
+            client.get_table(destination)
+            return  # taken before (the same decision carried out again)
+        except gexc.NotFound:
+            pass
+        sql = (f"CREATE TABLE {_quoted(destination)} "
+               f"OPTIONS(expiration_timestamp=TIMESTAMP_MILLIS({int(expires_ms)})) "
+               f"AS SELECT * FROM {_quoted(table)} "
+               f"FOR SYSTEM_TIME AS OF TIMESTAMP_MILLIS({int(snapshot_ms)})")
+        try:
+            client.query(sql).result(timeout=JOB_TIMEOUT_S)
+        except gexc.Conflict:
+            return  # a concurrent invocation took it
+
+    def export_parquet(self, table: str, destination_uri: str, job_id: str) -> None:
+        """TableSource.export_parquet: an extract job named job_id, waited for."""
+        from google.api_core import exceptions as gexc
+        from google.cloud import bigquery
+
+        client = self.client()
+        config = bigquery.ExtractJobConfig(destination_format="PARQUET")
+        try:
+            job = client.extract_table(table, destination_uri, job_id=job_id, job_config=config)
+        except gexc.Conflict:  # the job exists: this export was started before
+            job = client.get_job(job_id)
+        job.result(timeout=JOB_TIMEOUT_S)

@@ -1,0 +1,87 @@
+"""An in-memory BigQuery for unit tests: tables with their history, jobs, snapshots, exports.
+
+tests/test_table_source_contract.py runs the same checks against it and the BigQuery emulator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from spotorch.adapters.memory.twins import InMemoryObjectStore
+from spotorch.core.table_changes import JobInfo, TableInfo
+from spotorch.core.triggers import split_gs_uri
+from spotorch.ports.tables import TableNotFound
+
+# The first file name BigQuery gives a wildcard URI's '*' (a 12-digit shard number).
+FIRST_SHARD = "000000000000"
+
+
+@dataclass
+class InMemoryTables:
+    """ports.TableSource over dicts; a test changes tables with load() (as a load or DML job)."""
+
+    objects: InMemoryObjectStore
+    # table -> its versions, oldest first: (BigQuery time in ms, the rows then)
+    history: dict[str, list[tuple[int, tuple[dict[str, Any], ...]]]] = field(default_factory=dict)
+    jobs: dict[tuple[str, str], JobInfo] = field(default_factory=dict)
+    expires: dict[str, int] = field(default_factory=dict)
+    calls: list[str] = field(default_factory=list)
+    generation: int = 1000
+
+    def load(self, table: str, rows: list[dict[str, Any]], *, at_ms: int, job_id: str,
+             kind: str = "load") -> JobInfo:
+        """Append rows as a job would (test helper); the job that did it is recorded DONE."""
+        before = self.history.get(table, [(0, ())])[-1][1]
+        self.history.setdefault(table, []).append((at_ms, (*before, *rows)))
+        job = JobInfo(job_id, kind, "DONE", False, at_ms, len(rows),
+                      (table,) if kind == "load" else ())
+        self.jobs[(table.split(".")[0], job_id)] = job
+        return job
+
+    def rows_at(self, table: str, at_ms: int) -> tuple[dict[str, Any], ...]:
+        """The table's rows as of a time (time travel); TableNotFound before it existed."""
+        versions = [rows for ms, rows in self.history.get(table, []) if ms <= at_ms]
+        if not versions:
+            raise TableNotFound(f"{table} did not exist at {at_ms}")
+        return versions[-1]
+
+    def get_table(self, table: str) -> TableInfo:
+        """TableSource.get_table: the newest version's time and row count."""
+        self.calls.append(f"tables.get {table}")
+        if table not in self.history:
+            raise TableNotFound(table)
+        at_ms, rows = self.history[table][-1]
+        return TableInfo(table, at_ms, len(rows))
+
+    def get_job(self, project: str, job_id: str, location: str | None = None) -> JobInfo | None:
+        """TableSource.get_job."""
+        self.calls.append(f"jobs.get {job_id}")
+        return self.jobs.get((project, job_id))
+
+    def snapshot(self, table: str, snapshot_ms: int, destination: str, expires_ms: int) -> None:
+        """TableSource.snapshot: the rows as of snapshot_ms under a new name, kept if it exists."""
+        self.calls.append(f"snapshot {table}@{snapshot_ms} -> {destination}")
+        if destination in self.history:
+            return
+        self.history[destination] = [(snapshot_ms, self.rows_at(table, snapshot_ms))]
+        self.expires[destination] = expires_ms
+
+    def export_parquet(self, table: str, destination_uri: str, job_id: str) -> None:
+        """TableSource.export_parquet: one Parquet shard of the rows (pyarrow, imported here)."""
+        import io
+
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.calls.append(f"extract {table} -> {destination_uri}")
+        if ("", job_id) in self.jobs:
+            return
+        bucket, _ = split_gs_uri(destination_uri)
+        name = destination_uri[len(f"gs://{bucket}/"):].replace("*", FIRST_SHARD)
+        rows = list(self.history[table][-1][1])
+        out = io.BytesIO()
+        pq.write_table(pa.Table.from_pylist(rows), out)
+        self.generation += 1
+        self.objects.put(bucket, name, self.generation, out.getvalue())
+        self.jobs[("", job_id)] = JobInfo(job_id, "extract", "DONE", False, None, None)

@@ -1,0 +1,359 @@
+"""BigQuery table changes: the audit-log CloudEvent in one shape, and the pure batching rules.
+
+Eventarc delivers `google.cloud.audit.log.v1.written` for serviceName bigquery.googleapis.com and
+methodName google.cloud.bigquery.v2.JobService.InsertJob; its data is a LogEntry whose
+protoPayload is an AuditLog with `metadata` a BigQueryAuditMetadata. That metadata holds one of
+jobInsertion, jobChange, tableDataChange (a oneof): a job writes a start entry and an end entry,
+and a load or DML job may write a tableDataChange entry too. Only the end (jobChange.after DONE)
+and tableDataChange entries name a change; every other entry is acknowledged and skipped. What an
+event says is a hint: spotorch.app.table_intake checks the job it names (jobs.get) and the table
+(tables.get) before anything changes. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from spotorch.core.errors import InvalidEvent
+from spotorch.core.pipeline import BigQuerySource, Pipeline
+
+AUDIT_LOG_TYPE = "google.cloud.audit.log.v1.written"
+BIGQUERY_SERVICE = "bigquery.googleapis.com"
+INSERT_JOB = "google.cloud.bigquery.v2.JobService.InsertJob"
+METADATA_TYPE = "type.googleapis.com/google.cloud.audit.BigQueryAuditMetadata"
+
+# projects/P/datasets/D/tables/T, the audit log's form of a table.
+_TABLE_RESOURCE = re.compile(r"^projects/([^/]+)/datasets/([^/]+)/tables/([^/@$]+)$")
+_JOB_RESOURCE = re.compile(r"^projects/([^/]+)/jobs/([^/]+)$")
+
+
+@dataclass(frozen=True)
+class TableChange:
+    """One audit entry that says a job changed tables (still to be checked against BigQuery)."""
+
+    event_id: str
+    job_project: str
+    job_id: str
+    tables: tuple[str, ...]  # project.dataset.table, the tables the entry names as changed
+    kind: str  # "job_done" (a jobChange end entry) or "table_data_change"
+    inserted_rows: int | None = None  # tableDataChange.insertedRowsCount
+    deleted_rows: int | None = None
+    truncated: bool = False
+    # resource.labels.location of the entry: jobs.get needs it outside the US and EU
+    location: str | None = None
+
+    @property
+    def job_name(self) -> str:
+        """The job as the audit log names it: projects/P/jobs/ID."""
+        return f"projects/{self.job_project}/jobs/{self.job_id}"
+
+
+def table_id(resource: str) -> str | None:
+    """project.dataset.table of projects/P/datasets/D/tables/T; None for anything else."""
+    found = _TABLE_RESOURCE.match(resource)
+    return None if found is None else ".".join(found.groups())
+
+
+def _mapping(node: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(node, Mapping):
+        raise InvalidEvent(f"{where}: missing (expected a JSON object)")
+    return node
+
+
+def _count(value: Any, where: str) -> int | None:
+    """int64 counts arrive as decimal strings in the JSON form of a proto."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise InvalidEvent(f"{where}: not an integer: {value!r}")
+    try:
+        number = int(value)
+    except ValueError:
+        raise InvalidEvent(f"{where}: not an integer: {value!r}") from None
+    if number < 0:
+        raise InvalidEvent(f"{where}: negative: {value!r}")
+    return number
+
+
+def _job(job_name: Any, where: str) -> tuple[str, str]:
+    found = _JOB_RESOURCE.match(job_name) if isinstance(job_name, str) else None
+    if found is None:
+        raise InvalidEvent(f"{where}: not a job name projects/P/jobs/ID: {job_name!r}")
+    return found.group(1), found.group(2)
+
+
+def _destinations(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """The destination tables a JobConfig names (load, query, copy), as project.dataset.table."""
+    out: list[str] = []
+    for section in ("loadConfig", "queryConfig", "tableCopyConfig"):
+        part = config.get(section)
+        if isinstance(part, Mapping) and isinstance(part.get("destinationTable"), str):
+            table = table_id(part["destinationTable"])
+            if table is not None:
+                out.append(table)
+    return tuple(out)
+
+
+def _location(data: Mapping[str, Any]) -> str | None:
+    resource = data.get("resource")
+    labels = resource.get("labels") if isinstance(resource, Mapping) else None
+    location = labels.get("location") if isinstance(labels, Mapping) else None
+    return location if isinstance(location, str) and location else None
+
+
+def _parse(event_id: str, data: Mapping[str, Any]) -> TableChange | None:
+    change = _parse_payload(event_id, data)
+    return None if change is None else replace(change, location=_location(data))
+
+
+def _parse_payload(event_id: str, data: Mapping[str, Any]) -> TableChange | None:
+    payload = _mapping(data.get("protoPayload"), "data.protoPayload")
+    if payload.get("serviceName") != BIGQUERY_SERVICE:
+        raise InvalidEvent(f"data.protoPayload.serviceName: not {BIGQUERY_SERVICE}: "
+                           f"{payload.get('serviceName')!r}")
+    if payload.get("methodName") != INSERT_JOB:
+        raise InvalidEvent(f"data.protoPayload.methodName: not {INSERT_JOB}: "
+                           f"{payload.get('methodName')!r}")
+    metadata = _mapping(payload.get("metadata"), "data.protoPayload.metadata")
+    if metadata.get("@type") not in (None, METADATA_TYPE):
+        raise InvalidEvent(f"data.protoPayload.metadata.@type: not BigQueryAuditMetadata: "
+                           f"{metadata.get('@type')!r}")
+    change = metadata.get("tableDataChange")
+    if change is not None:
+        change = _mapping(change, "data.protoPayload.metadata.tableDataChange")
+        where = "data.protoPayload.metadata.tableDataChange"
+        table = table_id(str(payload.get("resourceName") or ""))
+        if table is None:
+            raise InvalidEvent(f"data.protoPayload.resourceName: not a table: "
+                               f"{payload.get('resourceName')!r}")
+        project, job_id = _job(change.get("jobName"), f"{where}.jobName")
+        return TableChange(event_id, project, job_id, (table,), "table_data_change",
+                           inserted_rows=_count(change.get("insertedRowsCount"),
+                                                f"{where}.insertedRowsCount"),
+                           deleted_rows=_count(change.get("deletedRowsCount"),
+                                               f"{where}.deletedRowsCount"),
+                           truncated=change.get("truncated") is True)
+    job_change = metadata.get("jobChange")
+    if job_change is None:
+        return None  # jobInsertion (the start entry) or another kind: nothing changed yet
+    where = "data.protoPayload.metadata.jobChange"
+    job_change = _mapping(job_change, where)
+    if job_change.get("after") != "DONE":
+        return None
+    entry = _mapping(job_change.get("job"), f"{where}.job")
+    status = entry.get("jobStatus")
+    if isinstance(status, Mapping) and status.get("errorResult"):
+        return None  # a failed job changed nothing
+    project, job_id = _job(entry.get("jobName"), f"{where}.job.jobName")
+    config = entry.get("jobConfig")
+    tables = _destinations(config) if isinstance(config, Mapping) else ()
+    if not tables:
+        return None  # no destination named (a plain SELECT, an extract): no table changed
+    return TableChange(event_id, project, job_id, tables, "job_done")
+
+
+def parse_audit_event(event_type: str, event_id: str, data: Any) -> TableChange | None:
+    """A BigQuery InsertJob audit CloudEvent: the change it names, or None when the entry names
+    none (a job's start entry, a failed job, a query without a destination). InvalidEvent for
+    anything that is not such an entry (wrong type, service or method, malformed fields)."""
+    try:
+        if event_type != AUDIT_LOG_TYPE:
+            raise InvalidEvent(f"type: not {AUDIT_LOG_TYPE}: {event_type!r}")
+        if not isinstance(event_id, str) or not event_id:
+            raise InvalidEvent("id: missing (needed to recognise a redelivered event)")
+        if isinstance(data, bytes | str):
+            try:
+                data = json.loads(data)
+            except ValueError:
+                raise InvalidEvent("data: not JSON") from None
+        return _parse(event_id, _mapping(data, "data"))
+    except InvalidEvent as exc:
+        raise InvalidEvent(exc.reason, event_id=str(event_id or ""),
+                           event_type=str(event_type or "")) from None
+
+
+# --- what BigQuery says (the source of truth), as the decisions see it ----------------------------
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    """tables.get of one table: when it last changed (BigQuery's clock) and its rows."""
+
+    table: str  # project.dataset.table
+    last_modified_ms: int
+    num_rows: int
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """jobs.get of the job an audit entry names."""
+
+    job_id: str
+    job_type: str  # load, query, copy, extract
+    state: str  # PENDING, RUNNING, DONE
+    failed: bool
+    end_ms: int | None  # statistics.endTime
+    rows: int | None  # load outputRows, or a DML query's numDmlAffectedRows
+    destinations: tuple[str, ...] = ()  # project.dataset.table the job resource names
+
+
+def confirm(change: TableChange, job: JobInfo | None) -> str | None:
+    """Why BigQuery's own job contradicts the audit entry, or None when it confirms it."""
+    if job is None:
+        return f"job {change.job_name} does not exist"
+    if job.state != "DONE":
+        return f"job {change.job_name} is {job.state}, not DONE"
+    if job.failed:
+        return f"job {change.job_name} failed: it changed nothing"
+    if job.job_type not in ("load", "query", "copy"):
+        return f"job {change.job_name} is a {job.job_type} job: it writes no table"
+    # A DML query's job resource does not name its target table (only its query text does):
+    # only a destination the job does name must agree.
+    if job.destinations and not set(change.tables) & set(job.destinations):
+        return (f"job {change.job_name} wrote {', '.join(job.destinations)}, not "
+                f"{', '.join(change.tables)}")
+    return None
+
+
+# --- the watch of one pipeline's tables (pure) ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Watch:
+    """Everything known about one pipeline's watched tables between snapshots."""
+
+    pipeline: str
+    seen: Mapping[str, tuple[int, int]]  # table -> (last_modified_ms, num_rows) last seen
+    pending_rows: int = 0  # rows changed since the last snapshot
+    changed_at_ms: int | None = None  # BigQuery time of the newest change counted
+    first_change_at: float | None = None  # our clock: when the pending changes began
+    last_change_at: float | None = None  # our clock: the last counted change (quiet period)
+    last_snapshot_at: float | None = None  # our clock: the last snapshot taken (min interval)
+    jobs: tuple[str, ...] = ()  # job ids counted since the last snapshot (one count per job)
+    taking: Mapping[str, Any] | None = None  # a snapshot decided and not yet exported
+
+    def to_doc(self) -> dict[str, Any]:
+        """The watch's Firestore document."""
+        return {"pipeline": self.pipeline,
+                "tables": [{"table": t, "last_modified_ms": m, "num_rows": n}
+                           for t, (m, n) in sorted(self.seen.items())],
+                "pending_rows": self.pending_rows, "changed_at_ms": self.changed_at_ms,
+                "first_change_at": self.first_change_at, "last_change_at": self.last_change_at,
+                "last_snapshot_at": self.last_snapshot_at, "jobs": list(self.jobs),
+                "taking": None if self.taking is None else dict(self.taking)}
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> Watch:
+        """The watch a stored document holds (the inverse of to_doc)."""
+        return cls(
+            pipeline=str(doc["pipeline"]),
+            seen={str(t["table"]): (int(t["last_modified_ms"]), int(t["num_rows"]))
+                  for t in doc.get("tables") or ()},
+            pending_rows=int(doc.get("pending_rows") or 0),
+            changed_at_ms=doc.get("changed_at_ms"), first_change_at=doc.get("first_change_at"),
+            last_change_at=doc.get("last_change_at"), last_snapshot_at=doc.get("last_snapshot_at"),
+            jobs=tuple(str(j) for j in doc.get("jobs") or ()),
+            taking=doc.get("taking"))
+
+
+MAX_JOBS_KEPT = 500  # job ids remembered per watch between snapshots (older ones: the dedupe)
+
+
+def observe_tables(watch: Watch, tables: Sequence[TableInfo], now: float, *,
+                   baseline: bool) -> Watch:
+    """The tick's look at the tables: a table modified since last seen counts its row change
+    (at least one row: an UPDATE changes none). baseline: a first look records without counting."""
+    seen = dict(watch.seen)
+    rows, newest = 0, watch.changed_at_ms
+    for info in tables:
+        before = seen.get(info.table)
+        seen[info.table] = (max(info.last_modified_ms, before[0] if before else 0), info.num_rows)
+        if before is None and baseline:
+            continue
+        if before is None or info.last_modified_ms > before[0]:
+            rows += max(abs(info.num_rows - (before[1] if before else 0)), 1)
+            newest = max(newest or 0, info.last_modified_ms)
+    grown = replace(watch, seen=seen)
+    return _counted(grown, rows, newest, now) if rows else grown
+
+
+def observe_job(watch: Watch, change: TableChange, job: JobInfo, tables: Sequence[TableInfo],
+                now: float) -> Watch | None:
+    """A confirmed job's change: its rows count once (both of its entries name the same job);
+    None when it was counted already. The tables' state is recorded, so the tick does not count
+    the same change again."""
+    if job.job_id in watch.jobs:
+        return None
+    seen = dict(watch.seen)
+    for info in tables:
+        before = seen.get(info.table, (0, 0))
+        seen[info.table] = (max(info.last_modified_ms, before[0]), info.num_rows)
+    hinted = (change.inserted_rows or 0) + (change.deleted_rows or 0)
+    rows = max(job.rows or 0, hinted, 1)
+    newest = max([watch.changed_at_ms or 0, job.end_ms or 0,
+                  *(t.last_modified_ms for t in tables)])
+    jobs = (*watch.jobs, job.job_id)[-MAX_JOBS_KEPT:]
+    return _counted(replace(watch, seen=seen, jobs=jobs), rows, newest, now)
+
+
+def _counted(watch: Watch, rows: int, newest: int | None, now: float) -> Watch:
+    return replace(watch, pending_rows=watch.pending_rows + rows, changed_at_ms=newest,
+                   first_change_at=watch.first_change_at or now, last_change_at=now)
+
+
+def due(watch: Watch, source: BigQuerySource, now: float) -> str | None:
+    """Why no snapshot is taken now, or None when it is due."""
+    if watch.taking is not None:
+        return "a snapshot is being taken"
+    if watch.pending_rows < source.min_rows_changed:
+        return f"{watch.pending_rows} of {source.min_rows_changed} rows changed"
+    if (watch.last_change_at or 0.0) + source.quiet_period_s > now:
+        return "not quiet yet"
+    if watch.last_snapshot_at is not None and \
+            watch.last_snapshot_at + source.min_interval_s > now:
+        return "the last snapshot is more recent than min_interval"
+    return None
+
+
+def snapshot_id_of(pipeline: str, tables: Sequence[str], snapshot_ms: int) -> str:
+    """Stable id of a table snapshot: the pipeline, its tables and the time they are read at."""
+    canonical = json.dumps([pipeline, sorted(tables), snapshot_ms], separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def take(watch: Watch, pipeline: Pipeline, now: float) -> Watch:
+    """The decision to snapshot: at the newest counted change (BigQuery's clock), recorded before
+    any snapshot job, so a crash is finished by the next tick and never doubled."""
+    source = pipeline.trigger.bigquery
+    assert source is not None
+    snapshot_ms = int(watch.changed_at_ms or 0)
+    sid = snapshot_id_of(pipeline.name, source.tables, snapshot_ms)
+    return replace(watch, taking={"snapshot_id": sid, "snapshot_ms": snapshot_ms,
+                                  "decided_at": now},
+                   pending_rows=0, jobs=(), first_change_at=None, last_snapshot_at=now)
+
+
+def taken(watch: Watch, snapshot_id: str) -> Watch | None:
+    """The snapshot was exported and recorded: the watch takes the next one."""
+    if watch.taking is None or watch.taking.get("snapshot_id") != snapshot_id:
+        return None
+    return replace(watch, taking=None)
+
+
+def snapshot_table_name(table: str, snapshot_id: str) -> str:
+    """The snapshot table's id in the snapshot dataset: the source table's name and the id."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", table.rsplit(".", 1)[-1])[:900]
+    return f"{name}__{snapshot_id}"
+
+
+def rfc3339_ms(ms: int) -> str:
+    """An epoch-milliseconds time as RFC 3339 (UTC, millisecond precision)."""
+    from datetime import UTC
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds") \
+        .replace("+00:00", "Z")

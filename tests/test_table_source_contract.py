@@ -1,0 +1,189 @@
+"""The TableSource contract: the in-memory twin and the real adapter (google-cloud-bigquery)
+against the local stack's BigQuery (bqemulator behind spotorch.local.bigquery's front, its
+extracts bridged into fake-gcs-server), held to the same checks."""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from spotorch.adapters.memory.tables import InMemoryTables
+from spotorch.adapters.memory.twins import InMemoryObjectStore
+from spotorch.core.table_changes import AUDIT_LOG_TYPE, parse_audit_event
+from spotorch.ports.storage import ObjectStore
+from spotorch.ports.tables import TableNotFound, TableSource
+
+PROJECT = "spotorch-test"
+TABLE = f"{PROJECT}.sales.rows"
+BUCKET = "bq-exports"
+
+
+@dataclass
+class World:
+    """A table source, the object store its exports land in, and a way to add rows."""
+
+    tables: TableSource
+    objects: ObjectStore
+    insert: Callable[[list[tuple[float, int]]], tuple[str, int]]  # rows -> (job id, end ms)
+    entries: list[dict[str, Any]]  # audit entries the stack published (emulator only)
+
+
+def _memory() -> Iterator[World]:
+    objects = InMemoryObjectStore()
+    tables = InMemoryTables(objects)
+    tables.load(TABLE, [], at_ms=1_000, job_id="create", kind="query")
+    clock = [2_000]
+
+    def insert(rows: list[tuple[float, int]]) -> tuple[str, int]:
+        clock[0] += 1_000
+        job = tables.load(TABLE, [{"x": x, "label": y} for x, y in rows], at_ms=clock[0],
+                          job_id=f"job-{clock[0]}", kind="query")
+        return job.job_id, clock[0]
+    yield World(tables, objects, insert, [])
+
+
+def _emulator(tmp: Path) -> Iterator[World]:
+    from google.cloud import bigquery, storage
+
+    from spotorch.adapters.gcp.bigquery import BigQueryTables
+    from spotorch.adapters.gcp.storage import GcsObjectStore
+    from spotorch.local.bigquery import BigQueryFront, start_bigquery
+    from spotorch.local.emulators import start_gcs
+
+    gcs = start_gcs(tmp, PROJECT, None, None)
+    bq = None
+    front = None
+    try:
+        bq = start_bigquery(tmp, PROJECT, tmp / "bq-gcs")
+        gcs_client = storage.Client(project=PROJECT, client_options={
+            "api_endpoint": f"http://{gcs.address}"}, credentials=_anonymous())
+        gcs_client.create_bucket(BUCKET)
+
+        def upload(bucket: str, name: str, path: Path) -> None:
+            gcs_client.bucket(bucket).blob(name).upload_from_filename(str(path),
+                                                                      if_generation_match=0)
+        entries: list[dict[str, Any]] = []
+        front = BigQueryFront(f"http://{bq.address}", tmp / "bq-gcs", upload,
+                              on_job_done=entries.append).start()
+        tables = BigQueryTables(PROJECT, endpoint=front.url)
+        client = tables.client()
+        client.create_dataset("sales")
+        client.create_dataset("snapshots")
+        client.create_table(bigquery.Table(TABLE, schema=[
+            bigquery.SchemaField("x", "FLOAT64"), bigquery.SchemaField("label", "INT64")]))
+
+        def insert(rows: list[tuple[float, int]]) -> tuple[str, int]:
+            values = ", ".join(f"({x}, {y})" for x, y in rows)
+            job = client.query(f"INSERT INTO sales.rows (x, label) VALUES {values}")
+            job.result()
+            time.sleep(0.05)  # the next job ends at a later millisecond
+            return job.job_id, int(job.ended.timestamp() * 1000)
+        yield World(tables, GcsObjectStore(gcs_client), insert, entries)
+    finally:
+        if front is not None:
+            front.stop()
+        if bq is not None:
+            bq.stop()
+        gcs.stop()
+
+
+def _anonymous() -> Any:
+    from google.auth.credentials import AnonymousCredentials
+
+    return AnonymousCredentials()
+
+
+@pytest.fixture(scope="module", params=["memory", pytest.param("emulator", marks=[
+    pytest.mark.emulator])])
+def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+          ) -> Iterator[World]:
+    if request.param == "memory":
+        yield from _memory()
+    else:
+        yield from _emulator(tmp_path_factory.mktemp("bq"))
+
+
+def _rows(world: World, prefix: str) -> tuple[list[tuple[str, int]], int]:
+    page = world.objects.list_page(BUCKET, prefix, None, 100)
+    objects = [(o.name, o.generation) for o in page.objects]
+    total = sum(pq.read_table(io.BytesIO(world.objects.read(BUCKET, n, g, 1 << 24))).num_rows
+                for n, g in objects)
+    return objects, total
+
+
+def test_tables_and_jobs_are_read(world: World) -> None:
+    job_id, end_ms = world.insert([(1.0, 0), (2.0, 1)])
+    info = world.tables.get_table(TABLE)
+    # What the tick relies on: the table's time moves with each change, numRows counts the rows.
+    assert (info.table, info.num_rows) == (TABLE, 2)
+    assert info.last_modified_ms >= end_ms - 1
+    with pytest.raises(TableNotFound):
+        world.tables.get_table(f"{PROJECT}.sales.nope")
+    job = world.tables.get_job(PROJECT, job_id)
+    assert job is not None
+    assert (job.job_type, job.state, job.failed, job.rows) == ("query", "DONE", False, 2)
+    assert job.end_ms is not None and abs(job.end_ms - end_ms) <= 1
+    assert world.tables.get_job(PROJECT, "no-such-job") is None
+
+
+def test_a_snapshot_holds_the_table_as_it_was_and_exports_as_parquet(world: World) -> None:
+    _, first_end = world.insert([(3.0, 0)])
+    world.insert([(4.0, 1), (5.0, 0)])  # after the snapshot's time: not in it
+    before = 3  # the two rows of the first test and the one above
+    destination = f"{PROJECT}.snapshots.rows__s1"
+    expires = int(time.time() * 1000) + 86_400_000
+    world.tables.snapshot(TABLE, first_end, destination, expires)
+    world.tables.snapshot(TABLE, first_end, destination, expires)  # again: kept
+    uri = f"gs://{BUCKET}/p/s1/rows/part-*.parquet"
+    world.tables.export_parquet(destination, uri, job_id="spotorch-export-s1-0")
+    objects, total = _rows(world, "p/s1/")
+    assert [n for n, _ in objects] == ["p/s1/rows/part-000000000000.parquet"]
+    assert total == before
+    # The same export again starts no second job: the objects keep their generations.
+    world.tables.export_parquet(destination, uri, job_id="spotorch-export-s1-0")
+    assert _rows(world, "p/s1/")[0] == objects
+
+
+def test_the_stack_publishes_the_audit_entries_of_a_dml_job(world: World) -> None:
+    if isinstance(world.tables, InMemoryTables):
+        pytest.skip("audit entries are the local stack's (the front), not the twin's")
+    world.entries.clear()
+    job_id, _ = world.insert([(6.0, 1)])
+    changes = [parse_audit_event(AUDIT_LOG_TYPE, f"e{i}", e) for i, e in enumerate(world.entries)]
+    assert [(c.kind, c.job_id, c.tables) for c in changes if c] == [
+        ("table_data_change", job_id, (TABLE,))]  # a DML job's end entry names no table
+    data_change = next(c for c in changes if c and c.kind == "table_data_change")
+    assert data_change.inserted_rows == 1
+
+
+def test_the_stack_publishes_the_audit_entries_of_a_load_job(world: World) -> None:
+    if isinstance(world.tables, InMemoryTables):
+        pytest.skip("audit entries are the local stack's (the front), not the twin's")
+    from google.cloud import bigquery
+
+    from spotorch.adapters.gcp.bigquery import BigQueryTables
+
+    assert isinstance(world.tables, BigQueryTables)
+    world.entries.clear()
+    job = world.tables.client().load_table_from_json(
+        [{"x": 7.0, "label": 0}, {"x": 8.0, "label": 1}], TABLE,
+        job_config=bigquery.LoadJobConfig(schema=[bigquery.SchemaField("x", "FLOAT64"),
+                                                  bigquery.SchemaField("label", "INT64")]))
+    job.result()
+    changes = [parse_audit_event(AUDIT_LOG_TYPE, f"l{i}", e) for i, e in enumerate(world.entries)]
+    assert sorted((c.kind, c.tables) for c in changes if c) == [
+        ("job_done", (TABLE,)), ("table_data_change", (TABLE,))]
+    # What the audit entry names is what BigQuery's own job says.
+    named = next(c for c in changes if c)
+    info = world.tables.get_job(named.job_project, named.job_id)
+    assert info is not None and (info.job_type, info.destinations) == ("load", (TABLE,))
+    # BigQuery's outputRows is the rows the load wrote; the emulator's is the table's rows
+    # after it (docs/local-stack.md): at least the two.
+    assert info.rows is not None and info.rows >= 2

@@ -1,0 +1,416 @@
+"""The BigQuery trigger (issue 30): the pipeline format, the audit-log CloudEvent, and the intake
+on in-memory adapters: batching, dedupe, forged events, the snapshot and its export, and the
+tick that repairs a lost event. tests/test_table_source_contract.py runs the adapter against
+the BigQuery emulator."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from cloudevents.conversion import to_structured
+from cloudevents.http import CloudEvent
+
+from fakes import fake_deps
+from spotorch.adapters.memory.tables import InMemoryTables
+from spotorch.adapters.memory.twins import InMemoryObjectStore, ManualClock
+from spotorch.app import table_intake
+from spotorch.app.deps import Deps
+from spotorch.app.snapshots import SnapshotState
+from spotorch.app.tick import reconcile
+from spotorch.core.errors import InvalidEvent
+from spotorch.core.pipeline import BigQuerySource, JobTemplate, Pipeline, Trigger
+from spotorch.core.pipeline_form import from_form, to_form
+from spotorch.core.table_changes import (
+    AUDIT_LOG_TYPE,
+    INSERT_JOB,
+    METADATA_TYPE,
+    TableChange,
+    parse_audit_event,
+)
+from spotorch.entrypoints import functions as entry
+from spotorch.settings import COLLECTION_SNAPSHOTS, COLLECTION_TABLE_WATCHES
+from spotorch.spec.loader import check_file
+
+TABLE = "demo-proj.sales.rows"
+MAIN = str(Path(__file__).resolve().parent.parent / "functions" / "main.py")
+
+
+# --- the pipeline format ------------------------------------------------------------------------
+
+GOOD = """
+name: bq
+trigger:
+  bigquery:
+    tables: [demo-proj.sales.rows]
+    min_rows_changed: 10
+    quiet_period: 5m
+    min_interval: 1h
+    snapshot_dataset: demo-proj.snapshots
+    snapshot_ttl: 2d
+    export_uri: gs://exports/bq
+  on_active_run: queue
+job:
+  worker_pools: [{image_uri: img, machine_type: n1-standard-4}]
+checkpoint_uri: gs://ckpts/c
+output_uri: gs://models/o
+"""
+
+
+def test_a_bigquery_trigger_loads(tmp_path: Path) -> None:
+    (tmp_path / "p.yaml").write_text(GOOD)
+    pipeline, problems = check_file(tmp_path / "p.yaml")
+    assert problems == ()
+    assert pipeline is not None
+    source = pipeline.trigger.bigquery
+    assert source == BigQuerySource(tables=(TABLE,), min_rows_changed=10, quiet_period_s=300.0,
+                                    min_interval_s=3600.0,
+                                    snapshot_dataset="demo-proj.snapshots",
+                                    snapshot_ttl_s=2 * 86400.0, export_uri="gs://exports/bq")
+    assert pipeline.trigger.bucket == ""
+    # The functions read the compiled form: the source survives it.
+    assert from_form(to_form(pipeline)) == pipeline
+
+
+def test_every_problem_of_a_bigquery_trigger_is_listed_at_load(tmp_path: Path) -> None:
+    (tmp_path / "p.yaml").write_text(GOOD.replace(
+        "  bigquery:", "  bucket: landing\n  batch: marker\n  bigquery:").replace(
+        "[demo-proj.sales.rows]", "[rows]").replace("min_rows_changed: 10", "min_rows_changed: 0")
+        .replace("export_uri: gs://exports/bq", "export_uri: gs://ckpts/c/exports"))
+    _, problems = check_file(tmp_path / "p.yaml")
+    said = {p.path: p.message for p in problems}
+    assert "exactly one source" in said["trigger"]
+    assert "Cloud Storage trigger only" in said["trigger.batch"]
+    assert "project.dataset.table" in said["trigger.bigquery.tables[0]"]
+    assert "at least 1" in said["trigger.bigquery.min_rows_changed"]
+    assert "checkpoint_uri" in said["trigger.bigquery.export_uri"]
+
+
+def test_a_trigger_without_a_source_is_refused(tmp_path: Path) -> None:
+    doc = GOOD.split("trigger:")[0] + "trigger:\n  on_active_run: queue\n" + \
+        GOOD.split("  on_active_run: queue\n")[1]
+    (tmp_path / "p.yaml").write_text(doc)
+    _, problems = check_file(tmp_path / "p.yaml")
+    assert any(p.path == "trigger" and "neither" in p.message for p in problems), problems
+
+
+# --- the audit-log CloudEvent ---------------------------------------------------------------------
+
+
+def job_done(job_id: str = "job1", table: str = TABLE, *, error: bool = False,
+             kind: str = "loadConfig") -> dict[str, Any]:
+    """The data of an InsertJob end entry, as Cloud Audit Logs writes it (LogEntry JSON)."""
+    project, dataset, name = table.split(".")
+    job: dict[str, Any] = {
+        "jobName": f"projects/{project}/jobs/{job_id}",
+        "jobConfig": {"type": "IMPORT" if kind == "loadConfig" else "QUERY",
+                      kind: {"destinationTable":
+                             f"projects/{project}/datasets/{dataset}/tables/{name}"}},
+        "jobStatus": {"jobState": "DONE", **({"errorResult": {"code": 3}} if error else {})}}
+    return {"protoPayload": {
+        "@type": "type.googleapis.com/google.cloud.audit.AuditLog",
+        "serviceName": "bigquery.googleapis.com", "methodName": INSERT_JOB,
+        "resourceName": f"projects/{project}/jobs/{job_id}",
+        "metadata": {"@type": METADATA_TYPE, "jobChange": {"before": "RUNNING", "after": "DONE",
+                                                           "job": job}}},
+        "insertId": f"i-{job_id}", "logName": f"projects/{project}/logs/"
+                                              "cloudaudit.googleapis.com%2Fdata_access",
+        "resource": {"type": "bigquery_project", "labels": {"project_id": project}},
+        "timestamp": "2026-12-02T02:00:00.000Z", "severity": "INFO",
+        "operation": {"id": job_id, "producer": "bigquery.googleapis.com", "last": True}}
+
+
+def data_change(job_id: str = "job1", inserted: int = 3) -> dict[str, Any]:
+    """The data of a tableDataChange entry (a load or DML job's change to one table)."""
+    project, dataset, name = TABLE.split(".")
+    return {"protoPayload": {
+        "serviceName": "bigquery.googleapis.com", "methodName": INSERT_JOB,
+        "resourceName": f"projects/{project}/datasets/{dataset}/tables/{name}",
+        "metadata": {"@type": METADATA_TYPE, "tableDataChange": {
+            "insertedRowsCount": str(inserted), "reason": "JOB",
+            "jobName": f"projects/{project}/jobs/{job_id}"}}}}
+
+
+def test_an_end_entry_names_its_job_and_destination() -> None:
+    data = job_done()
+    data["resource"]["labels"]["location"] = "asia-northeast1"
+    change = parse_audit_event(AUDIT_LOG_TYPE, "e1", data)
+    assert change == TableChange("e1", "demo-proj", "job1", (TABLE,), "job_done",
+                                 location="asia-northeast1")  # jobs.get needs it there
+    assert change.job_name == "projects/demo-proj/jobs/job1"
+
+
+def test_a_table_data_change_entry_names_the_table_and_its_counts() -> None:
+    change = parse_audit_event(AUDIT_LOG_TYPE, "e2", json.dumps(data_change(inserted=7)))
+    assert change is not None
+    assert (change.tables, change.inserted_rows, change.kind) == \
+        ((TABLE,), 7, "table_data_change")
+
+
+def test_entries_that_name_no_change_are_none() -> None:
+    start = job_done()
+    start["protoPayload"]["metadata"] = {"@type": METADATA_TYPE, "jobInsertion": {
+        "job": start["protoPayload"]["metadata"]["jobChange"]["job"], "reason": "JOB_INSERT_REQUEST"}}
+    assert parse_audit_event(AUDIT_LOG_TYPE, "s", start) is None  # the start entry
+    assert parse_audit_event(AUDIT_LOG_TYPE, "f", job_done(error=True)) is None  # failed
+    running = job_done()
+    running["protoPayload"]["metadata"]["jobChange"]["after"] = "RUNNING"
+    assert parse_audit_event(AUDIT_LOG_TYPE, "r", running) is None
+
+
+@pytest.mark.parametrize(("mutate", "words"), [
+    (lambda d: d["protoPayload"].update(methodName="google.cloud.bigquery.v2.TableService."
+                                                   "InsertTable"), "methodName"),
+    (lambda d: d["protoPayload"].update(serviceName="storage.googleapis.com"), "serviceName"),
+    (lambda d: d["protoPayload"]["metadata"]["jobChange"]["job"].update(jobName="job1"),
+     "jobName"),
+    (lambda d: d.pop("protoPayload"), "protoPayload"),
+    (lambda d: d["protoPayload"].update(metadata="x"), "metadata"),
+])
+def test_malformed_entries_are_invalid_events(mutate: Any, words: str) -> None:
+    data = job_done()
+    mutate(data)
+    with pytest.raises(InvalidEvent, match=words) as caught:
+        parse_audit_event(AUDIT_LOG_TYPE, "bad", data)
+    assert caught.value.event_id == "bad"
+
+
+def test_other_event_types_and_garbage_are_invalid() -> None:
+    with pytest.raises(InvalidEvent, match="type"):
+        parse_audit_event("google.cloud.storage.object.v1.finalized", "x", job_done())
+    with pytest.raises(InvalidEvent, match="not JSON"):
+        parse_audit_event(AUDIT_LOG_TYPE, "x", b"{nope")
+    with pytest.raises(InvalidEvent, match="negative"):
+        parse_audit_event(AUDIT_LOG_TYPE, "x", data_change(inserted=-1))
+
+
+# --- the intake on in-memory adapters -------------------------------------------------------------
+
+
+def pipeline(**source: Any) -> Pipeline:
+    settings: dict[str, Any] = {"tables": (TABLE,), "snapshot_dataset": "demo-proj.snapshots",
+                                "export_uri": "gs://exports/bq", **source}
+    return Pipeline(name="bq", trigger=Trigger(bigquery=BigQuerySource(**settings)),
+                    job=JobTemplate(), checkpoint_uri="gs://ckpts/bq",
+                    output_uri="gs://models/bq")
+
+
+@pytest.fixture
+def world() -> Iterator[tuple[Deps, InMemoryTables]]:
+    deps = fake_deps(pipeline(min_rows_changed=3))
+    assert isinstance(deps.objects, InMemoryObjectStore)
+    tables = InMemoryTables(deps.objects)
+    deps.tables = tables
+    tables.load(TABLE, [], at_ms=1_000, job_id="create")  # the table exists, empty
+    yield deps, tables
+
+
+def rows(n: int, start: int = 0) -> list[dict[str, Any]]:
+    return [{"x": float(i), "label": i % 2} for i in range(start, start + n)]
+
+
+def clock(deps: Deps) -> ManualClock:
+    assert isinstance(deps.clock, ManualClock)
+    return deps.clock
+
+
+def with_source(deps: Deps, **changes: Any) -> None:
+    old = deps.pipelines["bq"]
+    assert old.trigger.bigquery is not None
+    deps.pipelines = {"bq": replace(old, trigger=replace(
+        old.trigger, bigquery=replace(old.trigger.bigquery, **changes)))}
+
+
+def event(job_id: str, event_id: str | None = None) -> TableChange:
+    change = parse_audit_event(AUDIT_LOG_TYPE, event_id or f"ev-{job_id}", job_done(job_id))
+    assert change is not None
+    return change
+
+
+def snapshot_docs(deps: Deps) -> list[SnapshotState]:
+    return [SnapshotState.from_doc(d) for d in deps.docs.query(COLLECTION_SNAPSHOTS, "pipeline",
+                                                               "bq")]
+
+
+def test_a_load_starts_a_run_on_the_parquet_export_of_a_snapshot(
+        world: tuple[Deps, InMemoryTables]) -> None:
+    deps, tables = world
+    tables.load(TABLE, rows(5), at_ms=2_000, job_id="load1")
+    runs = table_intake.table_changed(deps, event("load1"))
+    assert len(runs) == 1
+    [snap] = snapshot_docs(deps)
+    assert snap.bigquery is not None
+    assert snap.bigquery["tables"] == [TABLE]
+    assert snap.bigquery["snapshot_time"] == "1970-01-01T00:00:02.000Z"  # the job's end
+    [snapshot_table] = snap.bigquery["snapshot_tables"]
+    assert snapshot_table.startswith("demo-proj.snapshots.rows__")
+    assert snap.bigquery["export_uris"] == [f"gs://exports/bq/bq/{snap.snapshot_id}/rows/"
+                                            "part-*.parquet"]
+    # The run trains on the exported objects, at their generations, like any GCS snapshot.
+    [obj] = snap.bigquery["objects"]
+    assert obj["name"] == f"bq/bq/{snap.snapshot_id}/rows/part-000000000000.parquet"
+    assert snap.members() == ((obj["name"], obj["generation"]),)
+    assert (snap.started, snap.pending_dispatch) == (runs[0].run_id, False)  # the run took it
+    # The run's provenance carries the map as the snapshot has it, and pins the exported objects.
+    provenance = runs[0].provenance
+    assert provenance is not None
+    assert provenance["data"]["bigquery"] == snap.bigquery
+    assert provenance["data"]["objects"] == [obj] and provenance["data"]["pinned"]
+    assert runs[0].data_uri == f"gs://exports/bq/bq/{snap.snapshot_id}/"
+    assert pq.read_table(io.BytesIO(deps.objects.read("exports", obj["name"], obj["generation"],
+                                                      1 << 20))).num_rows == 5
+    # The snapshot table expires by the TTL, counted from the decision.
+    assert tables.expires[snapshot_table] == int((clock(deps).t + 7 * 86400) * 1000)
+
+
+def test_rows_gather_until_min_rows_changed(world: tuple[Deps, InMemoryTables]) -> None:
+    deps, tables = world
+    tables.load(TABLE, rows(2), at_ms=2_000, job_id="load1")
+    assert table_intake.table_changed(deps, event("load1")) == []
+    tables.load(TABLE, rows(1, 2), at_ms=3_000, job_id="load2")
+    [_run] = table_intake.table_changed(deps, event("load2"))
+    [snap] = snapshot_docs(deps)
+    assert snap.bigquery is not None and snap.bigquery["snapshot_time"].endswith("03.000Z")
+
+
+def test_a_job_counts_once_whichever_entries_and_redeliveries_arrive(
+        world: tuple[Deps, InMemoryTables]) -> None:
+    deps, tables = world
+    tables.load(TABLE, rows(2), at_ms=2_000, job_id="load1")
+    assert table_intake.table_changed(deps, event("load1")) == []
+    assert table_intake.table_changed(deps, event("load1")) == []  # redelivered
+    other = parse_audit_event(AUDIT_LOG_TYPE, "tdc", data_change("load1", inserted=2))
+    assert other is not None
+    assert table_intake.table_changed(deps, other) == []  # the same job's tableDataChange
+    raw = deps.docs.get(COLLECTION_TABLE_WATCHES, "bq")[0]
+    assert raw is not None and raw["pending_rows"] == 2
+
+
+def test_a_forged_event_is_refused_by_bigquery_s_own_job(
+        world: tuple[Deps, InMemoryTables]) -> None:
+    deps, _ = world
+    with pytest.raises(InvalidEvent, match="does not exist"):
+        table_intake.table_changed(deps, event("never-ran"))
+    assert deps.docs.get(COLLECTION_TABLE_WATCHES, "bq")[0] is None
+    assert snapshot_docs(deps) == []
+
+
+def test_an_event_about_another_table_than_its_job_wrote_is_refused(
+        world: tuple[Deps, InMemoryTables]) -> None:
+    deps, tables = world
+    tables.load("demo-proj.sales.other", rows(5), at_ms=2_000, job_id="load9")
+    with pytest.raises(InvalidEvent, match=r"wrote demo-proj\.sales\.other"):
+        table_intake.table_changed(deps, event("load9"))
+
+
+def test_a_quiet_period_waits_for_the_tick(world: tuple[Deps, InMemoryTables]) -> None:
+    deps, tables = world
+    with_source(deps, quiet_period_s=60.0)
+    tables.load(TABLE, rows(5), at_ms=2_000, job_id="load1")
+    assert table_intake.table_changed(deps, event("load1")) == []
+    clock(deps).advance(30)
+    assert table_intake.check_tables(deps) == []
+    clock(deps).advance(31)
+    assert len(table_intake.check_tables(deps)) == 1
+    assert table_intake.check_tables(deps) == []  # taken: nothing more
+
+
+def test_min_interval_spaces_snapshots_and_the_next_waits_its_turn(
+        world: tuple[Deps, InMemoryTables]) -> None:
+    deps, tables = world
+    with_source(deps, min_interval_s=600.0)
+    tables.load(TABLE, rows(5), at_ms=2_000, job_id="load1")
+    [first] = table_intake.table_changed(deps, event("load1"))
+    tables.load(TABLE, rows(5, 5), at_ms=3_000, job_id="load2")
+    assert table_intake.table_changed(deps, event("load2")) == []
+    clock(deps).advance(599)
+    assert table_intake.check_tables(deps) == []
+    clock(deps).advance(2)
+    [second] = table_intake.check_tables(deps)
+    assert second.run_id != first.run_id
+    times = sorted(s.bigquery["snapshot_time"] for s in snapshot_docs(deps) if s.bigquery)
+    assert times[0].endswith("02.000Z") and times[1].endswith("03.000Z")
+
+
+def test_a_lost_event_is_repaired_by_the_tick(world: tuple[Deps, InMemoryTables]) -> None:
+    deps, tables = world
+    reconcile(deps)  # the first tick: the table as it is is the baseline (no run)
+    assert snapshot_docs(deps) == []
+    tables.load(TABLE, rows(5), at_ms=5_000, job_id="lost")  # its audit event never arrives
+    reconcile(deps)
+    [snap] = snapshot_docs(deps)
+    runs = [r for r in (deps.runs.load(f"bq-{snap.snapshot_id}")[0],) if r is not None]
+    assert len(runs) == 1
+    assert snap.bigquery is not None and snap.bigquery["snapshot_time"].endswith("05.000Z")
+    reconcile(deps)  # nothing new: nothing more
+    assert len(snapshot_docs(deps)) == 1
+    # The event arriving late changes nothing: the tick counted the change already.
+    assert table_intake.table_changed(deps, event("lost")) == []
+    assert len(snapshot_docs(deps)) == 1
+
+
+def test_a_snapshot_decided_before_a_crash_is_finished_by_the_tick(
+        world: tuple[Deps, InMemoryTables], monkeypatch: pytest.MonkeyPatch) -> None:
+    deps, tables = world
+    tables.load(TABLE, rows(5), at_ms=2_000, job_id="load1")
+
+    def crash(*_: Any, **__: Any) -> None:
+        raise ConnectionError("the function died mid-export")
+    monkeypatch.setattr(tables, "export_parquet", crash)
+    with pytest.raises(ConnectionError):
+        table_intake.table_changed(deps, event("load1"))
+    monkeypatch.undo()
+    [_run] = table_intake.check_tables(deps)
+    assert len(snapshot_docs(deps)) == 1
+    assert table_intake.check_tables(deps) == []
+
+
+# --- the function ----------------------------------------------------------------------------------
+
+
+def test_the_function_acknowledges_and_records_a_forged_event(
+        world: tuple[Deps, InMemoryTables], monkeypatch: pytest.MonkeyPatch) -> None:
+    import functions_framework
+
+    deps, _ = world
+    monkeypatch.setattr(entry, "deps", lambda: deps)
+    cloud_event = CloudEvent({"type": AUDIT_LOG_TYPE, "id": "forged-1",
+                              "source": "//cloudaudit.googleapis.com/projects/demo-proj/logs/"
+                                        "data_access",
+                              "serviceName": "bigquery.googleapis.com",
+                              "methodName": INSERT_JOB}, job_done("never-ran"))
+    headers, body = to_structured(cloud_event)
+    app = functions_framework.create_app("on_table_changed", MAIN, "cloudevent").test_client()
+    response = app.post("/", headers=headers, data=body)
+    assert response.status_code == 200
+    record, _ = deps.docs.get("rejected_events", "forged-1")
+    assert record is not None and "does not exist" in record["reason"]
+
+
+@pytest.mark.parametrize(("data", "recorded"), [
+    ({"protoPayload": {"serviceName": "bigquery.googleapis.com", "methodName": INSERT_JOB,
+                       "metadata": {"@type": METADATA_TYPE, "jobInsertion": {}}}}, False),
+    ({"protoPayload": {"serviceName": "bigquery.googleapis.com", "methodName": "nope"}}, True),
+    ("not json", True),
+])
+def test_the_function_acknowledges_start_entries_and_records_malformed_ones(
+        world: tuple[Deps, InMemoryTables], monkeypatch: pytest.MonkeyPatch, data: Any,
+        recorded: bool) -> None:
+    import functions_framework
+
+    deps, _ = world
+    monkeypatch.setattr(entry, "deps", lambda: deps)
+    cloud_event = CloudEvent({"type": AUDIT_LOG_TYPE, "id": "odd-1",
+                              "source": "//cloudaudit.googleapis.com/projects/demo-proj/logs/"
+                                        "data_access"}, data)
+    headers, body = to_structured(cloud_event)
+    app = functions_framework.create_app("on_table_changed", MAIN, "cloudevent").test_client()
+    assert app.post("/", headers=headers, data=body).status_code == 200
+    assert (deps.docs.get("rejected_events", "odd-1")[0] is not None) is recorded
+    assert deps.docs.get(COLLECTION_TABLE_WATCHES, "bq")[0] is None

@@ -37,6 +37,10 @@ EVENT_CLIENTS = ("functions_framework", "google.cloud.firestore", "google.cloud.
 FUNCTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "on_object_finalized": (EVENT_CLIENTS, ("spotorch.entrypoints.wiring",
                                             "spotorch.app.arrivals", "spotorch.core.triggers")),
+    # BigQuery's audit entries: the BigQuery client as well (built at the first table change).
+    "on_table_changed": ((*EVENT_CLIENTS, "google.cloud.bigquery"),
+                         ("spotorch.entrypoints.wiring", "spotorch.app.table_intake",
+                          "spotorch.core.table_changes", "spotorch.adapters.gcp.bigquery")),
     "on_job_event": (EVENT_CLIENTS, ("spotorch.entrypoints.wiring",
                                      "spotorch.entrypoints.log_entries", "spotorch.app.job_events")),
     "on_tick": (EVENT_CLIENTS, ("spotorch.entrypoints.wiring", "spotorch.app.tick")),

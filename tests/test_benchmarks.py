@@ -62,7 +62,8 @@ def test_the_semi_markov_experiment_runs_on_one_trace() -> None:
 def test_the_cold_start_benchmark_imports_what_each_function_imports() -> None:
     done = bench("cold_start.py", "--repeat", "1")
     figures = last_json(done.stdout)
-    for function in ("on_object_finalized", "on_job_event", "on_tick", "api", "on_run_event"):
+    for function in ("on_object_finalized", "on_table_changed", "on_job_event", "on_tick", "api",
+                     "on_run_event"):
         entry = figures[function]
         assert isinstance(entry, dict) and entry["ratio"] > 0
     assert "target <= 1.3x" in done.stdout + done.stderr

@@ -102,7 +102,7 @@ resource "google_cloudfunctions2_function" "tables" {
     ingress_settings               = "ALLOW_INTERNAL_ONLY"
     all_traffic_on_latest_revision = true
     service_account_email          = google_service_account.functions.email
-    environment_variables          = merge(local.function_env, local.price_env)
+    environment_variables          = merge(local.function_env, local.optional_env)
   }
 
   event_trigger {

@@ -134,7 +134,7 @@ resource "google_cloudfunctions2_function" "pushed" {
     ingress_settings               = "ALLOW_INTERNAL_ONLY" # Pub/Sub push counts as internal
     all_traffic_on_latest_revision = true
     service_account_email          = google_service_account.functions.email
-    environment_variables          = merge(local.function_env, local.price_env, each.value.secrets ? var.notifier_env : {})
+    environment_variables          = merge(local.function_env, local.optional_env, each.value.secrets ? var.notifier_env : {})
 
     dynamic "secret_environment_variables" {
       for_each = each.value.secrets ? local.mounted_secrets : {}
@@ -193,7 +193,7 @@ resource "google_cloudfunctions2_function" "objects" {
     ingress_settings               = "ALLOW_INTERNAL_ONLY"
     all_traffic_on_latest_revision = true
     service_account_email          = google_service_account.functions.email
-    environment_variables          = merge(local.function_env, local.price_env)
+    environment_variables          = merge(local.function_env, local.optional_env)
   }
 
   event_trigger {
@@ -280,7 +280,7 @@ resource "google_cloudfunctions2_function" "api" {
     ingress_settings               = "ALLOW_ALL" # operators call from outside; IAM still required
     all_traffic_on_latest_revision = true
     service_account_email          = google_service_account.functions.email
-    environment_variables          = merge(local.function_env, local.price_env)
+    environment_variables          = merge(local.function_env, local.optional_env)
   }
 
   depends_on = [google_project_iam_member.build_builder, google_project_iam_member.functions_firestore]

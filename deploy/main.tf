@@ -12,8 +12,13 @@ locals {
     dead_letter    = "spotorch-dead-letter"
   }
 
-  # A price table the bundle carries (SPOTORCH_PRICES at packaging time), else the list prices.
-  price_env = var.bundle_prices == "" ? {} : { SPOTORCH_PRICES = var.bundle_prices }
+  # Set only when given: a price table the bundle carries (SPOTORCH_PRICES at packaging time,
+  # else the list prices), and spotorch's Dataflow launcher template (preprocess python_module
+  # steps; deploy/dataflow-launcher/README.md builds it).
+  optional_env = merge(
+    var.bundle_prices == "" ? {} : { SPOTORCH_PRICES = var.bundle_prices },
+    var.dataflow_launcher_template == "" ? {} : { SPOTORCH_DATAFLOW_LAUNCHER = var.dataflow_launcher_template },
+  )
 
   firestore_database = var.firestore_database
   scheduler_region   = coalesce(var.scheduler_region, var.region)

@@ -102,6 +102,12 @@ variable "bundle_prices" {
   default     = ""
 }
 
+variable "dataflow_launcher_template" {
+  description = "gs:// path of spotorch's Dataflow launcher flex template spec (built from deploy/dataflow-launcher/), for preprocess steps that name a python_module; empty: such steps are refused at launch, template_uri steps need nothing."
+  type        = string
+  default     = ""
+}
+
 variable "bundle_path" {
   description = "Zip built by deploy/package.py (main.py, spotorch, spotorch_trainer, requirements.txt, pipelines/)."
   type        = string

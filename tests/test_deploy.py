@@ -855,7 +855,7 @@ DOCTORED = [
       'googleapis.com/${google_pubsub_topic.topic["events"]', "log sink"),
     D("env", "main.tf", '    SPOTORCH_PIPELINES                = "pipelines"\n', "",
       "SPOTORCH_PIPELINES"),
-    D("env", "functions.tf", API_ENV.replace("ENV", "merge(local.function_env, local.price_env)"),
+    D("env", "functions.tf", API_ENV.replace("ENV", "merge(local.function_env, local.optional_env)"),
       API_ENV.replace("ENV", "{ SPOTORCH_PROJECT = var.project_id }"),
       "does not get local.function_env"),
     D("secrets", "secrets.tf", '    "SPOTORCH_SMTP_PASSWORD",\n', "",
@@ -1156,8 +1156,10 @@ def test_bundle_carries_a_price_table(pipelines: Path, tmp_path: Path) -> None:
     assert zipfile.ZipFile(out).read(package.BUNDLE_PRICES) == table.read_bytes()
     assert json.loads(tfvars.read_text())["bundle_prices"] == package.BUNDLE_PRICES
     tf = load_tf(DEPLOY)
-    assert tf.locals["price_env"] == \
-        '${var.bundle_prices == "" ? {} : {SPOTORCH_PRICES = var.bundle_prices}}'
+    assert tf.locals["optional_env"] == (
+        '${merge(var.bundle_prices == "" ? {} : {SPOTORCH_PRICES = var.bundle_prices}, '
+        'var.dataflow_launcher_template == "" ? {} : '
+        '{SPOTORCH_DATAFLOW_LAUNCHER = var.dataflow_launcher_template})}')
     table.write_text(json.dumps({"families": {"n1": {"us-central1": {"vcpu": {"standard": -1}}}}}))
     with pytest.raises(package.PackageError, match="SPOTORCH_PRICES"):
         package.build(ROOT, pipelines, tmp_path / "c.zip", validate=False, prices=table)

@@ -62,6 +62,7 @@ READY_LINE = "dataflow emulator listening on {address}"
 SERVICE_HOST = "dataflow.googleapis.com"
 REPO = Path(__file__).resolve().parents[3]
 DEFAULT_BEAM_PYTHON = REPO / ".venv-beam" / "bin" / "python"
+LAUNCHER = REPO / "deploy" / "dataflow-launcher" / "launcher.py"  # spotorch's flex template
 DEFAULT_DISK_GB = 250.0  # Dataflow's default persistent disk of a batch worker
 ERROR_LINES = 40  # of the worker's stderr, in the failed job's error message
 _PATH = re.compile(r"^/v1b3/projects/(?P<project>[^/]+)/locations/(?P<location>[^/]+)/"
@@ -324,7 +325,10 @@ class DataflowEmulator:
               where: Path) -> tuple[int, str]:
         options = [f"--{k}={v}" for k, v in sorted(job.parameters.items())
                    if k not in ("module", "packages", "input", "output")]
-        argv = [str(self.beam_python), "-m", job.parameters["module"],
+        # Through the launcher a deployment's template runs (deploy/dataflow-launcher): its
+        # arguments reach the module as on Dataflow. The code is installed above already (the
+        # Vertex emulator's installer: nothing downloaded), so it gets no --packages.
+        argv = [str(self.beam_python), str(LAUNCHER), f"--module={job.parameters['module']}",
                 "--input", f"{local_in}/", "--output", f"{local_out}/", *options,
                 "--runner", "DirectRunner", "--job_name", job.name]
         env = {k: v for k, v in os.environ.items()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -414,20 +414,26 @@ def query_problems(query: str, tables: Sequence[str]) -> list[str]:
     return problems
 
 
-def query_as_of(query: str, snapshot_ms: int) -> str:
-    """The query with every table it reads replaced by that table as of snapshot_ms: a subquery
-    `(SELECT * FROM t FOR SYSTEM_TIME AS OF TIMESTAMP_MILLIS(ms))` keeping the table's implicit
-    alias (its table id) unless the query gives one (real BigQuery and the bqemulator both run
-    it)."""
-    def as_of(match: re.Match[str]) -> str:
+def with_tables(query: str, read: Callable[[str], str]) -> str:
+    """The query with each table it reads (`project.dataset.table`, not a column's qualifier)
+    replaced by read(table), keeping the table's implicit alias (its table id) unless the query
+    gives one."""
+    def replaced(match: re.Match[str]) -> str:
         table, rest = match.group(1), query[match.end():]
         if table.count(".") != 2 or rest.startswith("."):
             return match.group(0)
         # backticked: a table id may be a reserved word (ROWS, GROUPS, ...)
         alias = "" if _ALIAS_FOLLOWS.match(rest) else f" AS `{table.rsplit('.', 1)[-1]}`"
-        return (f"(SELECT * FROM `{table}` FOR SYSTEM_TIME AS OF "
-                f"TIMESTAMP_MILLIS({int(snapshot_ms)})){alias}")
-    return _BACKTICKED.sub(as_of, query)
+        return read(table) + alias
+    return _BACKTICKED.sub(replaced, query)
+
+
+def query_as_of(query: str, snapshot_ms: int) -> str:
+    """The query with every table it reads as of snapshot_ms: each becomes a subquery
+    `(SELECT * FROM t FOR SYSTEM_TIME AS OF TIMESTAMP_MILLIS(ms))` (real BigQuery and the
+    bqemulator both run it; an alias after FOR SYSTEM_TIME would not be portable)."""
+    return with_tables(query, lambda table: (
+        f"(SELECT * FROM `{table}` FOR SYSTEM_TIME AS OF TIMESTAMP_MILLIS({int(snapshot_ms)}))"))
 
 
 def query_sha256(query: str) -> str:

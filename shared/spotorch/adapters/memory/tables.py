@@ -73,7 +73,7 @@ class InMemoryTables:
         reads as of snapshot_ms, so it takes SQL both dialects share (SELECT, WHERE, JOIN)."""
         import sqlite3
 
-        from spotorch.core.table_changes import query_tables
+        from spotorch.core.table_changes import query_tables, with_tables
 
         self.calls.append(f"snapshot query@{snapshot_ms} -> {destination}")
         if destination in self.history:
@@ -88,7 +88,8 @@ class InMemoryTables:
                 db.execute(f'CREATE TABLE "{table}" ({names})')
                 db.executemany(f'INSERT INTO "{table}" VALUES ({", ".join("?" * len(columns))})',
                                [[row.get(c) for c in columns] for row in rows])
-            cursor = db.execute(query.strip().rstrip(";"))
+            # the same implicit aliases as BigQuery's (the table id)
+            cursor = db.execute(with_tables(query.strip().rstrip(";"), lambda t: f'"{t}"'))
             names = [d[0] for d in cursor.description]
             result = tuple(dict(zip(names, row, strict=True)) for row in cursor.fetchall())
         finally:

@@ -168,6 +168,16 @@ def test_a_query_snapshot_is_its_result_as_of_the_snapshot_time(world: World) ->
     table = pq.read_table(io.BytesIO(world.objects.read(BUCKET, name, generation, 1 << 24)))
     assert table.column_names == ["x", "label"]
     assert sorted(table.column("x").to_pylist()) == [10.0, 12.0]
+    # Aliases the query gives, and a join: both sides read as of the same time.
+    joined = (f"SELECT r.x, s.label FROM `{TABLE}` AS r JOIN `{TABLE}` s ON r.x = s.x "
+              "WHERE r.x >= 10")
+    world.tables.snapshot_query(joined, at, f"{PROJECT}.snapshots.query__q2", expires)
+    world.tables.export_parquet(f"{PROJECT}.snapshots.query__q2",
+                                f"gs://{BUCKET}/p/q2/query/part-*.parquet",
+                                job_id="spotorch-export-q2-query")
+    [(name, generation)] = _rows(world, "p/q2/")[0]
+    table = pq.read_table(io.BytesIO(world.objects.read(BUCKET, name, generation, 1 << 24)))
+    assert sorted(table.column("x").to_pylist()) == [10.0, 11.0, 12.0]
 
 
 def test_the_stack_publishes_the_audit_entries_of_a_dml_job(world: World) -> None:

@@ -84,8 +84,8 @@ class InMemoryTables:
                 rows = self.rows_at(table, snapshot_ms)
                 columns = list(dict.fromkeys(
                     k for _, version in self.history[table] for row in version for k in row))
-                names = ", ".join(f'"{c}"' for c in columns or ["_"])
-                db.execute(f'CREATE TABLE "{table}" ({names})')
+                declared = ", ".join(f'"{c}"' for c in columns or ["_"])
+                db.execute(f'CREATE TABLE "{table}" ({declared})')
                 db.executemany(f'INSERT INTO "{table}" VALUES ({", ".join("?" * len(columns))})',
                                [[row.get(c) for c in columns] for row in rows])
             # the same implicit aliases as BigQuery's (the table id)

@@ -146,6 +146,10 @@ def test_a_well_formed_query_has_no_problems() -> None:
     query = ("WITH recent AS (SELECT * FROM `p-1234.d.t` WHERE x > 0) "
              "SELECT r.x, u.name FROM recent r JOIN `p-1234.d.users` AS u ON r.id = u.id")
     assert query_problems(query, ["p-1234.d.t", "p-1234.d.users"]) == []
+    # An array of an aliased row unnested by a join is not a table.
+    assert query_problems("SELECT i FROM `p-1234.d.t` r JOIN r.items i", ["p-1234.d.t"]) == []
+    assert query_problems("SELECT i FROM `p-1234.d.t` AS r CROSS JOIN r.items AS i",
+                          ["p-1234.d.t"]) == []
 
 
 def test_the_rewrite_reads_every_table_as_of_the_snapshot_time() -> None:

@@ -376,6 +376,9 @@ _LOOSE_REFERENCE = re.compile(
 _NOT_ALIAS = ("WHERE", "JOIN", "INNER", "LEFT", "RIGHT", "FULL", "CROSS", "NATURAL", "ON", "USING",
               "GROUP", "ORDER", "LIMIT", "OFFSET", "HAVING", "QUALIFY", "WINDOW", "UNION",
               "INTERSECT", "EXCEPT", "TABLESAMPLE", "FOR", "PIVOT", "UNPIVOT")
+# A name given to a table or subquery: after AS, or right after a backticked table or a ')'.
+_ALIAS = re.compile(
+    rf"(?:\bAS|[`)])\s+(?!(?:AS|{'|'.join(_NOT_ALIAS)})\b)([A-Za-z_]\w*)", re.IGNORECASE)
 _ALIAS_FOLLOWS = re.compile(
     rf"\s+(?:AS\b|(?!(?:{'|'.join(_NOT_ALIAS)})\b)[A-Za-z_]\w*)", re.IGNORECASE)
 
@@ -400,7 +403,11 @@ def query_problems(query: str, tables: Sequence[str]) -> list[str]:
     if re.search(r"\bFOR\s+SYSTEM_TIME\b", query, re.IGNORECASE):
         problems.append("must not say FOR SYSTEM_TIME AS OF: each snapshot reads the tables as "
                         "of its own time")
+    # `JOIN r.items` unnests an array of the row aliased r: not a table
+    aliases = {a.lower() for a in _ALIAS.findall(query)}
     for loose in dict.fromkeys(m.group(1) for m in _LOOSE_REFERENCE.finditer(query)):
+        if loose.count(".") == 1 and loose.split(".")[0].lower() in aliases:
+            continue
         problems.append(f"reads {loose}: write every table it reads fully qualified and "
                         "backticked (`project.dataset.table`), so the snapshot reads it as of the "
                         "snapshot time")

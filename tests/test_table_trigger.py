@@ -136,6 +136,7 @@ def test_every_problem_of_a_query_is_listed_at_load(tmp_path: Path) -> None:
     ("SELECT 1", "reads none of the tables"),
     ("SELECT * FROM `d.t`", "reads `d.t`"),
     ("SELECT * FROM p-1234.d.t", "reads p-1234.d.t"),
+    ("SELECT * FROM `p-1234`.`d`.`t`", "reads `p-1234`.`d`.`t`"),
 ])
 def test_a_query_that_cannot_be_snapshotted_is_refused(query: str, words: str) -> None:
     assert any(words in p for p in query_problems(query, ["p-1234.d.t"])), \

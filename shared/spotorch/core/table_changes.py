@@ -369,9 +369,10 @@ def rfc3339_ms(ms: int) -> str:
 # A backticked name; a table the query reads is written `project.dataset.table` (fully qualified,
 # backticked), so it can be found and read as of the snapshot time.
 _BACKTICKED = re.compile(r"`([^`]+)`")
-# A table after FROM or JOIN that is not written that way (bare, or a backticked dataset.table).
+# A table after FROM or JOIN not written that way (bare, `dataset.table`, `p`.`d`.`t`).
 _LOOSE_REFERENCE = re.compile(
-    r"\b(?:FROM|JOIN)\s+(`[^`.]+\.[^`.]+`|[A-Za-z_][\w-]*(?:\.[\w-]+)+)(?![\w`.])", re.IGNORECASE)
+    r"\b(?:FROM|JOIN)\s+(`[^`]*`\.[^\s,()]+|`[^`.]+\.[^`.]+`|[A-Za-z_][\w-]*(?:\.[\w-]+)+)"
+    r"(?![\w`.])", re.IGNORECASE)
 # What may follow a table in FROM without being its alias.
 _NOT_ALIAS = ("WHERE", "JOIN", "INNER", "LEFT", "RIGHT", "FULL", "CROSS", "NATURAL", "ON", "USING",
               "GROUP", "ORDER", "LIMIT", "OFFSET", "HAVING", "QUALIFY", "WINDOW", "UNION",

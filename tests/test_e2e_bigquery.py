@@ -1,7 +1,8 @@
 """BigQuery as a data source through the whole local stack (issue 30): rows inserted into a table
 on the BigQuery emulator, the audit entry the stack publishes for the job starts a run on a
-snapshot of the table exported to fake GCS as Parquet, the example trainer trains on it and the
-run succeeds; rows inserted during training make the next snapshot, which waits its turn."""
+snapshot (of a query of the table; the demo story: of the table) exported to fake GCS as
+Parquet, the example trainer trains on it and the run succeeds; rows inserted during training
+make the next snapshot, which waits its turn."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PROJECT = "spotorch-local"
 TABLE = f"{PROJECT}.sales.rows"
 FEATURES = 4
+QUERY = (f"SELECT {', '.join(f'f{i}' for i in range(FEATURES))}, label FROM `{TABLE}` "
+         "WHERE label IN (0, 1)")
 
 
 def pipeline_file() -> dict[str, Any]:
@@ -31,6 +34,8 @@ def pipeline_file() -> dict[str, Any]:
     demo["name"] = "bq"
     demo["trigger"] = {"bigquery": {
         "tables": [TABLE], "min_rows_changed": 20, "snapshot_dataset": f"{PROJECT}.snapshots",
+        # the query form through the whole stack (the table form: the demo story below)
+        "query": QUERY,
         "export_uri": "gs://spotorch-bq-exports/bq", "snapshot_ttl": "1d"},
         "on_active_run": "queue"}
     demo["job"]["worker_pools"][0]["python_package"]["source"] = str(ROOT / "examples" / "trainer")
@@ -95,7 +100,8 @@ def test_rows_in_a_table_start_a_run_on_its_parquet_export(tmp_path: Path) -> No
             mine = next(s for s in snaps if s.snapshot_id == first.snapshot_id)
             assert mine.bigquery is not None
             assert mine.bigquery["tables"] == [TABLE]
-            assert mine.bigquery["export_uris"][0].endswith("/rows/part-*.parquet")
+            assert mine.bigquery["export_uris"][0].endswith("/query/part-*.parquet")
+            assert mine.bigquery["query"] == QUERY and mine.bigquery["query_sha256"]
             assert mine.bigquery["objects"] and first.data_uri == mine.data_uri
             # provenance (issue 30's first half) names the table, snapshot time and export
             assert first.provenance is not None

@@ -170,6 +170,19 @@ def test_a_bigquery_snapshot_map_is_carried_untouched() -> None:
     assert run.provenance is not None and run.provenance["data"]["bigquery"] == bq
 
 
+def test_a_query_snapshot_s_hash_survives_a_long_query_in_the_experiments_metadata() -> None:
+    query = "SELECT x FROM `proj.ds.events` WHERE " + " OR ".join(
+        f"x = {i}" for i in range(400))
+    bq = {"tables": ["proj.ds.events"], "snapshot_time": "2026-12-02T01:00:00Z",
+          "query": query, "query_sha256": "ab" * 32, "snapshot_tables": ["proj.ds.query__1"],
+          "export_uris": ["gs://exports/r1/query/part-*.parquet"],
+          "objects": [{"name": "r1/query/part-000000000000.parquet", "generation": 5}]}
+    run = started(deps_for(pipeline()), snapshot(bigquery=bq))
+    meta = provenance.metadata(run.provenance)
+    assert len(meta["bigquery_snapshot"]) == 2000  # the map is cut...
+    assert meta["bigquery_query_sha256"] == "ab" * 32  # ...its query's hash is not
+
+
 def test_succeeded_event_carries_provenance() -> None:
     deps = deps_for(pipeline())
     run = started(deps)
@@ -310,3 +323,24 @@ def test_a_submit_by_hand_pins_the_folder_as_listed_at_the_decision() -> None:
     objects.put("b", "by-hand/x.csv", 9, b"y")
     again = submit(deps, "p", "gs://b/by-hand/", request_id="one")  # the same request
     assert again is not None and again.provenance == run.provenance
+
+
+def test_show_and_the_ui_name_a_query_snapshot_s_hash() -> None:
+    from rich.console import Console
+
+    from spotorch.operate.render import provenance_lines
+    from spotorch.operate.ui.pages import _provenance
+
+    def shown(prov: object) -> str:
+        console = Console(record=True, width=300)
+        console.print(*provenance_lines(prov))  # type: ignore[arg-type]
+        return console.export_text()
+
+    bq = {"tables": ["proj.ds.events"], "snapshot_time": "2026-12-02T01:00:00Z",
+          "query": "SELECT 1", "query_sha256": "cd" * 32,
+          "export_uris": ["gs://exports/r1/query/part-*.parquet"]}
+    run = started(deps_for(pipeline()), snapshot(bigquery=bq))
+    assert "(query sha256 cdcdcdcdcdcd)" in shown(run.provenance)
+    assert f"query sha256 {'cd' * 32}" in _provenance(run.provenance)
+    plain = started(deps_for(pipeline()), snapshot(bigquery={**bq, "query_sha256": None}))
+    assert "query sha256" not in shown(plain.provenance)

@@ -151,6 +151,35 @@ def test_a_snapshot_holds_the_table_as_it_was_and_exports_as_parquet(world: Worl
     assert _rows(world, "p/s1/")[0] == objects
 
 
+def test_a_query_snapshot_is_its_result_as_of_the_snapshot_time(world: World) -> None:
+    _, at = world.insert([(10.0, 1), (11.0, 0), (12.0, 1)])
+    world.insert([(13.0, 1)])  # after the snapshot's time: not in it
+    # WHERE on the table's implicit alias (rows: a reserved word in GoogleSQL) and a column.
+    query = f"SELECT rows.x, label FROM `{TABLE}` WHERE rows.label = 1 AND x >= 10"
+    destination = f"{PROJECT}.snapshots.query__q1"
+    expires = int(time.time() * 1000) + 86_400_000
+    world.tables.snapshot_query(query, at, destination, expires)
+    world.tables.snapshot_query(query, at, destination, expires)  # again: kept
+    world.tables.export_parquet(destination, f"gs://{BUCKET}/p/q1/query/part-*.parquet",
+                                job_id="spotorch-export-q1-query")
+    objects, _ = _rows(world, "p/q1/")
+    assert [n for n, _ in objects] == ["p/q1/query/part-000000000000.parquet"]
+    [(name, generation)] = objects
+    table = pq.read_table(io.BytesIO(world.objects.read(BUCKET, name, generation, 1 << 24)))
+    assert table.column_names == ["x", "label"]
+    assert sorted(table.column("x").to_pylist()) == [10.0, 12.0]
+    # Aliases the query gives, and a join: both sides read as of the same time.
+    joined = (f"SELECT r.x, s.label FROM `{TABLE}` AS r JOIN `{TABLE}` s ON r.x = s.x "
+              "WHERE r.x >= 10")
+    world.tables.snapshot_query(joined, at, f"{PROJECT}.snapshots.query__q2", expires)
+    world.tables.export_parquet(f"{PROJECT}.snapshots.query__q2",
+                                f"gs://{BUCKET}/p/q2/query/part-*.parquet",
+                                job_id="spotorch-export-q2-query")
+    [(name, generation)] = _rows(world, "p/q2/")[0]
+    table = pq.read_table(io.BytesIO(world.objects.read(BUCKET, name, generation, 1 << 24)))
+    assert sorted(table.column("x").to_pylist()) == [10.0, 11.0, 12.0]
+
+
 def test_the_stack_publishes_the_audit_entries_of_a_dml_job(world: World) -> None:
     if isinstance(world.tables, InMemoryTables):
         pytest.skip("audit entries are the local stack's (the front), not the twin's")

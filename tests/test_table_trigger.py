@@ -33,6 +33,9 @@ from spotorch.core.table_changes import (
     METADATA_TYPE,
     TableChange,
     parse_audit_event,
+    query_as_of,
+    query_problems,
+    query_sha256,
 )
 from spotorch.entrypoints import functions as entry
 from spotorch.settings import COLLECTION_SNAPSHOTS, COLLECTION_TABLE_WATCHES
@@ -99,6 +102,70 @@ def test_a_trigger_without_a_source_is_refused(tmp_path: Path) -> None:
     _, problems = check_file(tmp_path / "p.yaml")
     assert any(p.path == "trigger" and "neither" in p.message for p in problems), problems
 
+
+
+QUERY = "SELECT x, label FROM `demo-proj.sales.rows` WHERE label = 1"
+
+
+def test_a_query_trigger_loads_and_survives_the_compiled_form(tmp_path: Path) -> None:
+    (tmp_path / "p.yaml").write_text(GOOD.replace(
+        "    min_rows_changed: 10\n", f"    min_rows_changed: 10\n    query: {QUERY}\n"))
+    pipeline, problems = check_file(tmp_path / "p.yaml")
+    assert problems == ()
+    assert pipeline is not None and pipeline.trigger.bigquery is not None
+    assert pipeline.trigger.bigquery.query == QUERY
+    assert from_form(to_form(pipeline)) == pipeline
+
+
+def test_every_problem_of_a_query_is_listed_at_load(tmp_path: Path) -> None:
+    query = ("SELECT * FROM `demo-proj.sales.rows` r JOIN `demo-proj.sales.other` o USING (id) "
+             "JOIN sales.extra e USING (id) FOR SYSTEM_TIME AS OF CURRENT_TIMESTAMP(); SELECT 1")
+    (tmp_path / "p.yaml").write_text(GOOD.replace(
+        "    min_rows_changed: 10\n", f"    min_rows_changed: 10\n    query: \"{query}\"\n"))
+    _, problems = check_file(tmp_path / "p.yaml")
+    said = [p.message for p in problems if p.path == "trigger.bigquery.query"]
+    assert len(said) == 4, said
+    assert any("one statement" in m for m in said)
+    assert any("FOR SYSTEM_TIME" in m for m in said)
+    assert any("reads sales.extra" in m and "backticked" in m for m in said)
+    assert any("`demo-proj.sales.other`, which is not in tables" in m for m in said)
+
+
+@pytest.mark.parametrize(("query", "words"), [
+    ("DELETE FROM `p-1234.d.t` WHERE TRUE", "SELECT"),
+    ("SELECT 1", "reads none of the tables"),
+    ("SELECT * FROM `d.t`", "reads `d.t`"),
+    ("SELECT * FROM p-1234.d.t", "reads p-1234.d.t"),
+    ("SELECT * FROM `p-1234`.`d`.`t`", "reads `p-1234`.`d`.`t`"),
+])
+def test_a_query_that_cannot_be_snapshotted_is_refused(query: str, words: str) -> None:
+    assert any(words in p for p in query_problems(query, ["p-1234.d.t"])), \
+        query_problems(query, ["p-1234.d.t"])
+
+
+def test_a_well_formed_query_has_no_problems() -> None:
+    query = ("WITH recent AS (SELECT * FROM `p-1234.d.t` WHERE x > 0) "
+             "SELECT r.x, u.name FROM recent r JOIN `p-1234.d.users` AS u ON r.id = u.id")
+    assert query_problems(query, ["p-1234.d.t", "p-1234.d.users"]) == []
+    # An array of an aliased row unnested by a join is not a table.
+    assert query_problems("SELECT i FROM `p-1234.d.t` r JOIN r.items i", ["p-1234.d.t"]) == []
+    assert query_problems("SELECT i FROM `p-1234.d.t` AS r CROSS JOIN r.items AS i",
+                          ["p-1234.d.t"]) == []
+
+
+def test_the_rewrite_reads_every_table_as_of_the_snapshot_time() -> None:
+    as_of = "FOR SYSTEM_TIME AS OF TIMESTAMP_MILLIS(1700000000123)"
+    # No alias: the table id stays the implicit one (backticked: ROWS is a reserved word).
+    assert query_as_of("SELECT rows.x FROM `p-1234.d.rows` WHERE x > 1", 1700000000123) == (
+        f"SELECT rows.x FROM (SELECT * FROM `p-1234.d.rows` {as_of}) AS `rows` WHERE x > 1")
+    # An alias the query gives is kept; a column qualified by the full path is not a table.
+    assert query_as_of("SELECT r.x FROM `p-1234.d.t` r JOIN `p-1234.d.u` AS u USING (id)",
+                       1700000000123) == (
+        f"SELECT r.x FROM (SELECT * FROM `p-1234.d.t` {as_of}) r "
+        f"JOIN (SELECT * FROM `p-1234.d.u` {as_of}) AS u USING (id)")
+    assert query_as_of("SELECT `p-1234.d.t`.x FROM `p-1234.d.t` JOIN b", 5).startswith(
+        "SELECT `p-1234.d.t`.x FROM (SELECT * FROM `p-1234.d.t` FOR SYSTEM_TIME AS OF "
+        "TIMESTAMP_MILLIS(5)) AS `t` JOIN")
 
 # --- the audit-log CloudEvent ---------------------------------------------------------------------
 
@@ -268,6 +335,41 @@ def test_a_load_starts_a_run_on_the_parquet_export_of_a_snapshot(
     # The snapshot table expires by the TTL, counted from the decision.
     assert tables.expires[snapshot_table] == int((clock(deps).t + 7 * 86400) * 1000)
 
+
+
+def test_a_query_snapshot_is_the_query_result_as_of_the_snapshot_time(
+        world: tuple[Deps, InMemoryTables]) -> None:
+    deps, tables = world
+    query = f"SELECT x, label FROM `{TABLE}` WHERE label = 1"
+    with_source(deps, query=query)
+    tables.load(TABLE, rows(5), at_ms=2_000, job_id="load1")
+    tables.load(TABLE, rows(4, start=5), at_ms=3_000, job_id="load2")  # the event missed it
+    [run] = table_intake.table_changed(deps, event("load1"))
+    [snap] = snapshot_docs(deps)
+    assert snap.bigquery is not None
+    # The newest change tables.get saw (rows after it: the contract test, on the emulator).
+    assert snap.bigquery["snapshot_time"] == "1970-01-01T00:00:03.000Z"
+    # ONE snapshot table and export, of the query; the map records it and its hash.
+    assert (snap.bigquery["query"], snap.bigquery["query_sha256"]) == (query, query_sha256(query))
+    [snapshot_table] = snap.bigquery["snapshot_tables"]
+    assert snapshot_table == f"demo-proj.snapshots.query__{snap.snapshot_id}"
+    assert snap.bigquery["export_uris"] == [f"gs://exports/bq/bq/{snap.snapshot_id}/query/"
+                                            "part-*.parquet"]
+    [obj] = snap.bigquery["objects"]
+    table = pq.read_table(io.BytesIO(deps.objects.read("exports", obj["name"], obj["generation"],
+                                                       1 << 20)))
+    assert sorted(table.column("x").to_pylist()) == [1.0, 3.0, 5.0, 7.0]  # label 1 of 9 rows
+    assert run.provenance is not None and run.provenance["data"]["bigquery"] == snap.bigquery
+    assert tables.expires[snapshot_table] == int((clock(deps).t + 7 * 86400) * 1000)
+
+
+def test_a_changed_query_is_another_snapshot_of_the_same_time() -> None:
+    from spotorch.core.table_changes import snapshot_id_of
+
+    plain = snapshot_id_of("bq", [TABLE], 2_000)
+    assert snapshot_id_of("bq", [TABLE], 2_000, None) == plain  # table pipelines keep their ids
+    assert len({plain, snapshot_id_of("bq", [TABLE], 2_000, "SELECT 1"),
+                snapshot_id_of("bq", [TABLE], 2_000, "SELECT 2")}) == 3
 
 def test_rows_gather_until_min_rows_changed(world: tuple[Deps, InMemoryTables]) -> None:
     deps, tables = world

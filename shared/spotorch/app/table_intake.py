@@ -32,6 +32,7 @@ from spotorch.core.table_changes import (
     due,
     observe_job,
     observe_tables,
+    query_sha256,
     rfc3339_ms,
     snapshot_table_name,
     take,
@@ -193,7 +194,14 @@ def finish_snapshot(deps: Deps, pipeline: Pipeline) -> list[Run]:
     expires_ms = int((float(watch.taking["decided_at"]) + source.snapshot_ttl_s) * 1000)
     root = export_root(pipeline, sid)
     snapshot_tables, export_uris = [], []
-    for i, table in enumerate(source.tables):
+    if source.query is not None:  # one table: the query's result as of the snapshot time
+        destination = f"{source.snapshot_dataset}.{snapshot_table_name('query', sid)}"
+        tables.snapshot_query(source.query, snapshot_ms, destination, expires_ms)
+        uri = f"{root}query/part-*.parquet"
+        tables.export_parquet(destination, uri, job_id=f"spotorch-export-{sid}-query")
+        snapshot_tables.append(destination)
+        export_uris.append(uri)
+    for i, table in enumerate(() if source.query is not None else source.tables):
         destination = f"{source.snapshot_dataset}.{snapshot_table_name(table, sid)}"
         tables.snapshot(table, snapshot_ms, destination, expires_ms)
         uri = f"{root}{table.rsplit('.', 1)[-1]}/part-*.parquet"
@@ -209,6 +217,8 @@ def finish_snapshot(deps: Deps, pipeline: Pipeline) -> list[Run]:
         "tables": list(source.tables), "snapshot_time": rfc3339_ms(snapshot_ms),
         "snapshot_tables": snapshot_tables, "export_uris": export_uris,
         "objects": [{"name": n, "generation": g} for n, g in objects]}
+    if source.query is not None:
+        bigquery |= {"query": source.query, "query_sha256": query_sha256(source.query)}
     state = intake.SnapshotState(
         pipeline=pipeline.name, bucket=bucket, key=key, batch="bigquery", cycle=1,
         entries=tuple(intake.Entry(n, g, 1) for n, g in objects), first_seen=now,

@@ -343,7 +343,13 @@ class BigQuerySource(FileSection):
         _TABLE, "must be a fully qualified table: project.dataset.table")], ...], Field(
         min_length=1, max_length=20,
         description="The watched tables, fully qualified (project.dataset.table); each run "
-                    "snapshots every one at the same time."), Unique()] = ()
+                    "snapshots every one at the same time. With query: every table the query "
+                    "reads (their changes start runs)."), Unique()] = ()
+    query: Annotated[str | None, Field(
+        min_length=1,
+        description="A GoogleSQL SELECT whose result, as of the snapshot time, is the run's data "
+                    "(one snapshot table, one export) instead of the tables themselves; it names "
+                    "each table it reads `project.dataset.table`, all of them in tables.")] = None
     min_rows_changed: Annotated[int, Field(
         ge=1, description="Rows inserted, deleted or changed (over all the tables) before a "
                           "snapshot is taken.")] = 1

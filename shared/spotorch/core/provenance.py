@@ -283,6 +283,8 @@ def metadata(prov: Mapping[str, Any] | None) -> dict[str, str]:
            "inputs_manifest": data.get("manifest_uri"), "rerun_of": prov.get("rerun_of")}
     if isinstance(data.get("bigquery"), Mapping):
         out["bigquery_snapshot"] = json.dumps(data["bigquery"], sort_keys=True)[:2000]
+        # whole, whatever the cut above leaves of a long query
+        out["bigquery_query_sha256"] = data["bigquery"].get("query_sha256")
     return {k: str(v) for k, v in out.items() if v is not None}
 
 

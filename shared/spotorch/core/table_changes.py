@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -321,9 +321,14 @@ def due(watch: Watch, source: BigQuerySource, now: float) -> str | None:
     return None
 
 
-def snapshot_id_of(pipeline: str, tables: Sequence[str], snapshot_ms: int) -> str:
-    """Stable id of a table snapshot: the pipeline, its tables and the time they are read at."""
-    canonical = json.dumps([pipeline, sorted(tables), snapshot_ms], separators=(",", ":"))
+def snapshot_id_of(pipeline: str, tables: Sequence[str], snapshot_ms: int,
+                   query: str | None = None) -> str:
+    """Stable id of a table snapshot: the pipeline, its tables and the time they are read at
+    (and the query, if any: a changed query is another snapshot of the same time)."""
+    key: list[Any] = [pipeline, sorted(tables), snapshot_ms]
+    if query is not None:
+        key.append(query_sha256(query))
+    canonical = json.dumps(key, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
@@ -333,7 +338,7 @@ def take(watch: Watch, pipeline: Pipeline, now: float) -> Watch:
     source = pipeline.trigger.bigquery
     assert source is not None
     snapshot_ms = int(watch.changed_at_ms or 0)
-    sid = snapshot_id_of(pipeline.name, source.tables, snapshot_ms)
+    sid = snapshot_id_of(pipeline.name, source.tables, snapshot_ms, source.query)
     return replace(watch, taking={"snapshot_id": sid, "snapshot_ms": snapshot_ms,
                                   "decided_at": now},
                    pending_rows=0, jobs=(), first_change_at=None, last_snapshot_at=now)
@@ -357,3 +362,88 @@ def rfc3339_ms(ms: int) -> str:
     from datetime import UTC
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds") \
         .replace("+00:00", "Z")
+
+
+# --- a query as the run's data (trigger.bigquery.query) -------------------------------------------
+
+# A backticked name; a table the query reads is written `project.dataset.table` (fully qualified,
+# backticked), so it can be found and read as of the snapshot time.
+_BACKTICKED = re.compile(r"`([^`]+)`")
+# A table after FROM or JOIN not written that way (bare, `dataset.table`, `p`.`d`.`t`).
+_LOOSE_REFERENCE = re.compile(
+    r"\b(?:FROM|JOIN)\s+(`[^`]*`\.[^\s,()]+|`[^`.]+\.[^`.]+`|[A-Za-z_][\w-]*(?:\.[\w-]+)+)"
+    r"(?![\w`.])", re.IGNORECASE)
+# What may follow a table in FROM without being its alias.
+_NOT_ALIAS = ("WHERE", "JOIN", "INNER", "LEFT", "RIGHT", "FULL", "CROSS", "NATURAL", "ON", "USING",
+              "GROUP", "ORDER", "LIMIT", "OFFSET", "HAVING", "QUALIFY", "WINDOW", "UNION",
+              "INTERSECT", "EXCEPT", "TABLESAMPLE", "FOR", "PIVOT", "UNPIVOT")
+# A name given to a table or subquery: after AS, or right after a backticked table or a ')'.
+_ALIAS = re.compile(
+    rf"(?:\bAS|[`)])\s+(?!(?:AS|{'|'.join(_NOT_ALIAS)})\b)([A-Za-z_]\w*)", re.IGNORECASE)
+_ALIAS_FOLLOWS = re.compile(
+    rf"\s+(?:AS\b|(?!(?:{'|'.join(_NOT_ALIAS)})\b)[A-Za-z_]\w*)", re.IGNORECASE)
+
+
+def query_tables(query: str) -> tuple[str, ...]:
+    """The fully qualified tables a query names (`project.dataset.table`), first use first."""
+    seen: dict[str, None] = {}
+    for match in _BACKTICKED.finditer(query):
+        if match.group(1).count(".") == 2 and not query[match.end():].startswith("."):
+            seen.setdefault(match.group(1))
+    return tuple(seen)
+
+
+def query_problems(query: str, tables: Sequence[str]) -> list[str]:
+    """What keeps a query from being snapshotted as of one time: not a single SELECT, a table
+    not written `project.dataset.table`, or one that is not among the watched tables."""
+    problems = []
+    if not re.match(r"^\s*(\(\s*)*(SELECT|WITH)\b", query, re.IGNORECASE):
+        problems.append("must be a GoogleSQL query: SELECT ... (or WITH ... SELECT ...)")
+    if ";" in query.strip().rstrip(";"):
+        problems.append("must be one statement (no ';' inside)")
+    if re.search(r"\bFOR\s+SYSTEM_TIME\b", query, re.IGNORECASE):
+        problems.append("must not say FOR SYSTEM_TIME AS OF: each snapshot reads the tables as "
+                        "of its own time")
+    # `JOIN r.items` unnests an array of the row aliased r: not a table
+    aliases = {a.lower() for a in _ALIAS.findall(query)}
+    for loose in dict.fromkeys(m.group(1) for m in _LOOSE_REFERENCE.finditer(query)):
+        if loose.count(".") == 1 and loose.split(".")[0].lower() in aliases:
+            continue
+        problems.append(f"reads {loose}: write every table it reads fully qualified and "
+                        "backticked (`project.dataset.table`), so the snapshot reads it as of the "
+                        "snapshot time")
+    named = query_tables(query)
+    for table in named:
+        if table not in tables:
+            problems.append(f"reads `{table}`, which is not in tables: list every table the "
+                            "query reads there (the audit events and the tick watch those)")
+    if not named:
+        problems.append("reads none of the tables: name them `project.dataset.table`")
+    return problems
+
+
+def with_tables(query: str, read: Callable[[str], str]) -> str:
+    """The query with each table it reads (`project.dataset.table`, not a column's qualifier)
+    replaced by read(table), keeping the table's implicit alias (its table id) unless the query
+    gives one."""
+    def replaced(match: re.Match[str]) -> str:
+        table, rest = match.group(1), query[match.end():]
+        if table.count(".") != 2 or rest.startswith("."):
+            return match.group(0)
+        # backticked: a table id may be a reserved word (ROWS, GROUPS, ...)
+        alias = "" if _ALIAS_FOLLOWS.match(rest) else f" AS `{table.rsplit('.', 1)[-1]}`"
+        return read(table) + alias
+    return _BACKTICKED.sub(replaced, query)
+
+
+def query_as_of(query: str, snapshot_ms: int) -> str:
+    """The query with every table it reads as of snapshot_ms: each becomes a subquery
+    `(SELECT * FROM t FOR SYSTEM_TIME AS OF TIMESTAMP_MILLIS(ms))` (real BigQuery and the
+    bqemulator both run it; an alias after FOR SYSTEM_TIME would not be portable)."""
+    return with_tables(query, lambda table: (
+        f"(SELECT * FROM `{table}` FOR SYSTEM_TIME AS OF TIMESTAMP_MILLIS({int(snapshot_ms)}))"))
+
+
+def query_sha256(query: str) -> str:
+    """The query's hash as provenance records it (hex SHA-256 of its exact text)."""
+    return hashlib.sha256(query.encode()).hexdigest()

@@ -258,6 +258,8 @@ def provenance_lines(prov: Mapping[str, Any] | None) -> list[Any]:
         bq = data["bigquery"]
         what += f"  bigquery {', '.join(map(str, bq.get('tables') or []))} at " \
                 f"{bq.get('snapshot_time')}"
+        if bq.get("query_sha256"):
+            what += f" (query sha256 {str(bq['query_sha256'])[:12]})"
     pools = []
     for pool in code.get("pools") or ():
         if pool.get("kind") == "python_package":

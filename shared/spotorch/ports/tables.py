@@ -30,6 +30,13 @@ class TableSource(Protocol):
         same decision taken again)."""
         ...
 
+    def snapshot_query(self, query: str, snapshot_ms: int, destination: str,
+                       expires_ms: int) -> None:
+        """Create `destination` holding the result of `query` (a SELECT naming each table it
+        reads `project.dataset.table`) with every table read as it was at snapshot_ms, expiring
+        at expires_ms; a destination that exists already is kept."""
+        ...
+
     def export_parquet(self, table: str, destination_uri: str, job_id: str) -> None:
         """An extract job of `table` to a gs:// wildcard URI as Parquet, waited for; the same
         job_id again waits for that job instead of starting another."""

@@ -22,6 +22,7 @@ from spotorch.core.pipeline import (
     RecoveryPolicy,
     Trigger,
 )
+from spotorch.core.table_changes import query_problems
 from spotorch.core.triggers import ignore_rule, split_gs_uri
 from spotorch.spec.yaml_source import join_path
 
@@ -155,6 +156,11 @@ def _check_source(doc: Any) -> _Found:
         if option in trigger:
             where = ("bigquery.quiet_period" if option == "quiet_period" else "bucket")
             yield f"trigger.{option}", f"applies to a Cloud Storage trigger only (see {where})"
+    query = _get(doc, "trigger.bigquery.query")
+    if isinstance(query, str) and query.strip():
+        tables = [t for t in _items(doc, "trigger.bigquery.tables") if isinstance(t, str)]
+        for problem in query_problems(query, tables):
+            yield "trigger.bigquery.query", problem
     export = _str(doc, "trigger.bigquery.export_uri")
     for path in _OWN_URIS:
         uri = _str(doc, path)

@@ -107,6 +107,21 @@ class BigQueryTables:
 
     def snapshot(self, table: str, snapshot_ms: int, destination: str, expires_ms: int) -> None:
         """TableSource.snapshot: CREATE TABLE ... AS SELECT ... FOR SYSTEM_TIME AS OF."""
+        self._create_as(destination, expires_ms,
+                        f"SELECT * FROM {_quoted(table)} "
+                        f"FOR SYSTEM_TIME AS OF TIMESTAMP_MILLIS({int(snapshot_ms)})")
+
+    def snapshot_query(self, query: str, snapshot_ms: int, destination: str,
+                       expires_ms: int) -> None:
+        """TableSource.snapshot_query: CREATE TABLE ... AS the query, each table it reads
+        rewritten to FOR SYSTEM_TIME AS OF the snapshot time (core.table_changes.query_as_of)."""
+        from spotorch.core.table_changes import query_as_of
+
+        self._create_as(destination, expires_ms, query_as_of(query.strip().rstrip(";"),
+                                                             snapshot_ms))
+
+    def _create_as(self, destination: str, expires_ms: int, select: str) -> None:
+        """CREATE TABLE destination (expiring) AS select, unless it exists already."""
         from google.api_core import exceptions as gexc
 
         client = self.client()
@@ -117,8 +132,7 @@ class BigQueryTables:
             pass
         sql = (f"CREATE TABLE {_quoted(destination)} "
                f"OPTIONS(expiration_timestamp=TIMESTAMP_MILLIS({int(expires_ms)})) "
-               f"AS SELECT * FROM {_quoted(table)} "
-               f"FOR SYSTEM_TIME AS OF TIMESTAMP_MILLIS({int(snapshot_ms)})")
+               f"AS {select}")
         try:
             client.query(sql).result(timeout=JOB_TIMEOUT_S)
         except gexc.Conflict:

@@ -67,6 +67,36 @@ class InMemoryTables:
         self.history[destination] = [(snapshot_ms, self.rows_at(table, snapshot_ms))]
         self.expires[destination] = expires_ms
 
+    def snapshot_query(self, query: str, snapshot_ms: int, destination: str,
+                       expires_ms: int) -> None:
+        """TableSource.snapshot_query: the query run by SQLite (stdlib) over every table it
+        reads as of snapshot_ms, so it takes SQL both dialects share (SELECT, WHERE, JOIN)."""
+        import sqlite3
+
+        from spotorch.core.table_changes import query_tables, with_tables
+
+        self.calls.append(f"snapshot query@{snapshot_ms} -> {destination}")
+        if destination in self.history:
+            return
+        db = sqlite3.connect(":memory:")
+        try:
+            for table in query_tables(query):
+                rows = self.rows_at(table, snapshot_ms)
+                columns = list(dict.fromkeys(
+                    k for _, version in self.history[table] for row in version for k in row))
+                declared = ", ".join(f'"{c}"' for c in columns or ["_"])
+                db.execute(f'CREATE TABLE "{table}" ({declared})')
+                db.executemany(f'INSERT INTO "{table}" VALUES ({", ".join("?" * len(columns))})',
+                               [[row.get(c) for c in columns] for row in rows])
+            # the same implicit aliases as BigQuery's (the table id)
+            cursor = db.execute(with_tables(query.strip().rstrip(";"), lambda t: f'"{t}"'))
+            names = [d[0] for d in cursor.description]
+            result = tuple(dict(zip(names, row, strict=True)) for row in cursor.fetchall())
+        finally:
+            db.close()
+        self.history[destination] = [(snapshot_ms, result)]
+        self.expires[destination] = expires_ms
+
     def export_parquet(self, table: str, destination_uri: str, job_id: str) -> None:
         """TableSource.export_parquet: one Parquet shard of the rows (pyarrow, imported here)."""
         import io

@@ -218,8 +218,9 @@ def _provenance(prov: Mapping[str, Any] | None) -> str:
              ("hardware", escape(machines or "-"))]
     if isinstance(data.get("bigquery"), Mapping):
         bq = data["bigquery"]
+        query = f'; query sha256 {bq["query_sha256"]}' if bq.get("query_sha256") else ""
         facts.append(("bigquery", escape(f'{", ".join(map(str, bq.get("tables") or []))} at '
-                                         f'{bq.get("snapshot_time")}; exports '
+                                         f'{bq.get("snapshot_time")}{query}; exports '
                                          f'{", ".join(map(str, bq.get("export_uris") or []))}')))
     dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts)
     return (f'<section class="provenance"><h2>Provenance</h2>'

@@ -3,6 +3,7 @@ statusChanged hint, its state machine, its place in the run's statuses and its c
 
 from __future__ import annotations
 
+import re
 import textwrap
 from dataclasses import replace
 from pathlib import Path
@@ -102,6 +103,17 @@ def test_a_preprocess_step_needs_code_and_an_output(tmp_path: Path) -> None:
     assert "preprocess.output_uri" in found
 
 
+def test_a_preprocess_step_after_a_bigquery_trigger_is_refused(tmp_path: Path) -> None:
+    base = BASE.replace("  bucket: landing\n  prefix: data/\n",
+                        "  bigquery:\n    tables: [p.d.t]\n    export_uri: gs://exports/p\n")
+    found = problems(tmp_path, """
+        preprocess:
+          python_module: trainer.preprocess
+          output_uri: gs://prep-out/p
+        """, base=base)
+    assert "trigger.bigquery" in found["preprocess"]
+
+
 def test_a_beam_module_needs_the_chief_pools_code_package(tmp_path: Path) -> None:
     image_only = BASE.replace("""      python_package:
         package_uri: gs://staging/prep/pkg.tar.gz
@@ -119,7 +131,8 @@ def test_a_beam_module_needs_the_chief_pools_code_package(tmp_path: Path) -> Non
 # --- cache key, job names ------------------------------------------------------------------------
 
 
-def pipeline_with(step: Preprocess, package_uris: tuple[str, ...] = ("gs://s/packages/abc/p.tgz",)
+def pipeline_with(step: Preprocess,
+                  package_uris: tuple[str, ...] = ("gs://s/packages/0123456789abcdef/p.tgz",)
                   ) -> Pipeline:
     package = PythonPackage(package_uri="gs://s/p.tgz", executor_image_uri="img",
                             python_module="trainer.task", package_uris=package_uris)
@@ -138,7 +151,7 @@ def test_the_cache_key_follows_input_code_and_options_only() -> None:
     assert pp.new_step(pipeline_with(replace(STEP, max_workers=50)), "content:aaa").cache_key \
         == base.cache_key  # scaling does not change the output
     others = {pp.new_step(pipeline_with(STEP), "content:bbb").cache_key,
-              pp.new_step(pipeline_with(STEP, ("gs://s/packages/def/p.tgz",)),
+              pp.new_step(pipeline_with(STEP, ("gs://s/packages/fedcba9876543210/p.tgz",)),
                           "content:aaa").cache_key,
               pp.new_step(pipeline_with(replace(STEP, options=(("num_shards", "3"),))),
                           "content:aaa").cache_key}
@@ -150,6 +163,8 @@ def test_the_cache_key_follows_input_code_and_options_only() -> None:
 def test_an_unbuilt_package_is_not_cacheable() -> None:
     assert not pp.cacheable(pipeline_with(STEP, package_uris=()))
     assert pp.cacheable(pipeline_with(STEP))
+    # A package URI given by hand names no content: it can be overwritten in place.
+    assert not pp.cacheable(pipeline_with(STEP, package_uris=("gs://s/mine/p.tgz",)))
     assert pp.cacheable(pipeline_with(Preprocess(template_uri="gs://t/t.json",
                                                  output_uri="gs://o/p"), package_uris=()))
 
@@ -158,6 +173,13 @@ def test_input_identity_prefers_content_then_snapshot_then_uri() -> None:
     assert pp.input_identity("s1", "gs://b/d/", "abc") == "content:abc"
     assert pp.input_identity("s1", "gs://b/d/", None) == "snapshot:s1"
     assert pp.input_identity(None, "gs://b/d/", None) == "uri:gs://b/d/"
+
+
+def test_long_run_ids_keep_distinct_job_names() -> None:
+    trial = "a" * 40 + "-20261202t030000z-abcdef012345-t1"  # a sweep trial of a long pipeline
+    one, twelve = pp.job_name(trial, 1), pp.job_name(trial + "2", 1)
+    assert one != twelve and len(one) <= len("spotorch-") + 60 + len("-pre1")
+    assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", one)
 
 
 def test_job_names_are_deterministic_and_valid_for_dataflow() -> None:

@@ -394,6 +394,19 @@ def test_a_job_counts_once_whichever_entries_and_redeliveries_arrive(
     assert raw is not None and raw["pending_rows"] == 2
 
 
+def test_an_entry_that_comes_before_its_job_is_done_is_acknowledged_and_waits(
+        world: tuple[Deps, InMemoryTables]) -> None:
+    deps, tables = world
+    done = tables.load(TABLE, rows(2), at_ms=2_000, job_id="load7")
+    tables.jobs[(TABLE.split(".")[0], "load7")] = replace(done, state="RUNNING")
+    assert table_intake.table_changed(deps, event("load7")) == []  # not refused as forged
+    assert deps.docs.get(COLLECTION_TABLE_WATCHES, "bq")[0] is None  # nothing counted yet
+    tables.jobs[(TABLE.split(".")[0], "load7")] = done
+    assert table_intake.table_changed(deps, event("load7", "end")) == []
+    raw = deps.docs.get(COLLECTION_TABLE_WATCHES, "bq")[0]
+    assert raw is not None and raw["pending_rows"] == 2
+
+
 def test_a_forged_event_is_refused_by_bigquery_s_own_job(
         world: tuple[Deps, InMemoryTables]) -> None:
     deps, _ = world

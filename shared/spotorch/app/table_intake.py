@@ -116,6 +116,12 @@ def table_changed(deps: Deps, change: TableChange) -> list[Run]:
         return []
     tables = _tables(deps)
     job = tables.get_job(change.job_project, change.job_id, change.location)
+    if job is not None and job.state != "DONE" and not job.failed:
+        # BigQuery may write a tableDataChange entry before jobs.get says DONE: not a forgery,
+        # just early; the job's end entry (or the tick's tables.get) counts it.
+        log.info("BigQuery job %s is %s: its entry waits for the end entry", change.job_name,
+                 job.state, extra={"event_id": change.event_id})
+        return []
     why = confirm(change, job)
     if why is not None:
         raise InvalidEvent(f"BigQuery contradicts the audit entry: {why}",

@@ -52,3 +52,20 @@ def message_key(data: bytes, attributes: Mapping[str, str]) -> str:
     digest = hashlib.sha256(data)
     digest.update(json.dumps(kept).encode())
     return digest.hexdigest()[:40]
+
+
+MAX_LABEL_LEN = 63
+_LABEL_BAD = re.compile(r"[^a-z0-9_-]")
+
+
+def label_value(value: str) -> str:
+    """A Vertex-valid label value (lowercase letters, digits, - and _; at most 63 characters).
+
+    A value that had to change gets a short hash of the original, so two different run ids never
+    map to one label (find() depends on it); valid values pass through unchanged.
+    """
+    clean = _LABEL_BAD.sub("-", value.lower())
+    if clean == value and len(value) <= MAX_LABEL_LEN:
+        return value
+    digest = hashlib.sha256(value.encode()).hexdigest()[:8]
+    return f"{clean[:MAX_LABEL_LEN - 9]}-{digest}"

@@ -538,8 +538,8 @@ class Preprocess(FileSection):
     service_account: Annotated[str | None, Matches(
         r"^[^@\s]+@[^@\s]+\.gserviceaccount\.com$",
         "must be a service account email (...@PROJECT.iam.gserviceaccount.com)"),
-        Field(description="The Dataflow worker service account (absent: the project's "
-                          "Compute Engine default).")] = None
+        Field(description="The Dataflow worker service account (absent: spotorch-dataflow, "
+                          "SPOTORCH_DATAFLOW_SERVICE_ACCOUNT).")] = None
     timeout_s: Annotated[float, Duration(), Field(
         validation_alias="timeout",
         description="A job still running after this is cancelled and counted a timeout.")] = \

@@ -24,6 +24,7 @@ from typing import Any
 
 from spotorch.core.model import FailureClass, RunStatus
 from spotorch.core.pipeline import Pipeline, Preprocess
+from spotorch.core.provenance import package_hash
 
 # Dataflow's JobState names (google.dataflow.v1beta3.JobState), as GetJob and the event send them.
 JOB_STATE_DONE = "JOB_STATE_DONE"
@@ -119,7 +120,10 @@ def code_identity(pipeline: Pipeline) -> str | None:
     if step.template_uri:
         return f"template:{step.template_uri}"
     chief = pipeline.job.worker_pools[0].python_package
-    if chief is None or not chief.package_uris:
+    # Only URIs that name their content (spotorch's {staging}/packages/{sha256}/...): a package
+    # given by hand can be overwritten in place, and would reuse another code's output.
+    if chief is None or not chief.package_uris \
+            or any(package_hash(u) is None for u in chief.package_uris):
         return None
     return f"module:{step.python_module}:" + ",".join(chief.package_uris)
 
@@ -184,7 +188,10 @@ def job_name(run_id: str, launch: int) -> str:
     """The Dataflow job name of a run's launch number `launch`: deterministic, so a relaunched
     intent finds the job it already created (Dataflow refuses a second live job of one name).
     Dataflow's rule: [a-z]([-a-z0-9]{0,1022}[a-z0-9])?"""
-    base = _JOB_NAME_RE.sub("-", run_id.lower()).strip("-")[:60].strip("-") or "run"
+    base = _JOB_NAME_RE.sub("-", run_id.lower()).strip("-") or "run"
+    if len(base) > 60:  # cut, with a hash of the whole id: two long run ids never share a job
+        digest = hashlib.sha256(run_id.encode()).hexdigest()[:8]
+        base = f"{base[:51].strip('-')}-{digest}"
     return f"spotorch-{base}-pre{launch}"
 
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from spotorch.core.ids import label_value
 from spotorch.core.pipeline import JobTemplate, Pipeline, WorkerPool
 from spotorch.core.pipeline_form import to_form
 from spotorch.core.shapes import run_pipeline
@@ -227,14 +228,6 @@ def _on_machine(pool: WorkerPool, rec: Mapping[str, Any]) -> WorkerPool:
                    accelerator_type=rec.get("accelerator_type"),
                    accelerator_count=int(rec.get("accelerator_count") or 0),
                    tpu_topology=rec.get("tpu_topology"))
-
-
-LABEL_VALUE = re.compile(r"[^a-z0-9_-]")
-
-
-def label_value(value: str) -> str:
-    """A Vertex AI label value: lowercase letters, digits, _ and -, at most 63 characters."""
-    return LABEL_VALUE.sub("-", value.lower())[:63]
 
 
 def labels(prov: Mapping[str, Any]) -> dict[str, str]:

@@ -58,8 +58,8 @@ class PipelineSet:
     def landing_buckets(self) -> tuple[str, ...]:
         """The buckets the pipelines watch: versioned, as production's must be (a rerun reads
         an object's recorded generation after it was overwritten; docs/reproducibility.md)."""
-        return tuple(sorted({p.trigger.removeprefix("gs://").partition("/")[0]
-                             for p in self.loaded}))
+        return tuple(sorted({p.pipeline.trigger.bucket for p in self.loaded
+                             if p.pipeline is not None and p.pipeline.trigger.bucket}))
 
     @property
     def routes(self) -> tuple[RouteInfo, ...]:

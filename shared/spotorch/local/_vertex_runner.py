@@ -38,7 +38,8 @@ log = logging.getLogger("spotorch.local.vertex_emulator")
 FAIL_JOB, RESTART_REPLICA = "fail_job", "restart_replica"
 REPLICA_PREEMPTION = (FAIL_JOB, RESTART_REPLICA)
 # Vertex restarts a failed worker in place up to five times, then gives up on the job
-# (FACTS.md): a replica preempted once more than that fails the job as fail_job would.
+# (Google's "Understanding the training service" page): a replica preempted once more
+# than that fails the job as fail_job would.
 MAX_IN_PLACE_RESTARTS = 5
 PRIMARY = "workerpool0-0"  # the primary replica: its status is the job's (docs/vertex-emulator.md)
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from spotorch.core.hardware import PROBE_LABEL
+
+# The label rules are the core's (core.ids); the port names them for its adapters.
+from spotorch.core.ids import MAX_LABEL_LEN as MAX_LABEL_LEN
+from spotorch.core.ids import label_value as label_value
 from spotorch.core.model import JobStatus
 from spotorch.core.pipeline import Capacity, JobTemplate
 
@@ -21,21 +23,6 @@ LABEL_PROBE = PROBE_LABEL  # on every probe job (capacity or hardware); never an
 LIST_PAGE_SIZE = 100
 
 
-MAX_LABEL_LEN = 63
-_LABEL_BAD = re.compile(r"[^a-z0-9_-]")
-
-
-def label_value(value: str) -> str:
-    """A Vertex-valid label value (lowercase letters, digits, - and _; at most 63 characters).
-
-    A value that had to change gets a short hash of the original, so two different run ids never
-    map to one label (find() depends on it); valid values pass through unchanged.
-    """
-    clean = _LABEL_BAD.sub("-", value.lower())
-    if clean == value and len(value) <= MAX_LABEL_LEN:
-        return value
-    digest = hashlib.sha256(value.encode()).hexdigest()[:8]
-    return f"{clean[:MAX_LABEL_LEN - 9]}-{digest}"
 
 
 @dataclass(frozen=True)

@@ -462,6 +462,12 @@ def _check_preprocess(doc: Any) -> _Found:
         yield "preprocess", ("needs python_module (a Beam pipeline in your code package) or "
                              "template_uri (your flex template), not both" if module else
                              "needs python_module or template_uri")
+    trigger = _get(doc, "trigger")
+    if isinstance(trigger, Mapping) and trigger.get("bigquery") is not None:
+        # The step's workers are granted the landing buckets only (deploy/iam.tf), and its cache
+        # key lists a landing folder: a BigQuery export as its input is not built.
+        yield "preprocess", ("cannot follow a trigger.bigquery yet: a preprocess step reads a "
+                             "Cloud Storage trigger's snapshot")
     if module:
         pools = _items(doc, "job.worker_pools")
         chief = pools[0] if pools and isinstance(pools[0], Mapping) else {}

@@ -37,10 +37,11 @@ class InMemorySteps:
         return next((j for j in reversed(self.jobs) if j.view.name == name), None)
 
     def launch(self, request: StepLaunch) -> JobView:
-        """StepLauncher.launch: the existing job of that name, else a new JOB_STATE_QUEUED one."""
+        """StepLauncher.launch: the live job of that name, else a new JOB_STATE_QUEUED one (a
+        finished job of that name is not reused: Dataflow takes the name again)."""
         with self._lock:
             existing = self._newest(request.job_name)
-            if existing is not None:
+            if existing is not None and existing.view.state in LIVE_STATES:
                 return existing.view
             if self.fail_launch is not None:
                 raise self.fail_launch

@@ -747,7 +747,8 @@ def test_one_replicas_preemption_can_restart_it_in_place_instead(
     h.until(name, JobPhase.RUNNING)
     assert h.until(name, JobPhase.SUCCEEDED, timeout=30).failure is None
     hit = notes(tmp_path, "workerpool3-0")
-    assert [k for k, _ in hit] == ["start", "SIGTERM", "start"]
+    kinds = [k for k, _ in hit]  # a last SIGTERM may be the job's end (see below)
+    assert kinds[:3] == ["start", "SIGTERM", "start"] and kinds.count("start") == 2
     starts = [line for line in (tmp_path / "workerpool3-0").read_text().splitlines()
               if line.startswith("start")]
     assert starts[0].rsplit(" ", 1)[0] == starts[1].rsplit(" ", 1)[0]  # same CLUSTER_SPEC
@@ -764,7 +765,10 @@ def test_with_restart_job_on_worker_restart_every_replica_restarts_with_the_pree
         .restart_job_on_worker_restart  # three replicas train together
     assert h.until(name, JobPhase.SUCCEEDED, timeout=30).failure is None
     for replica in ("workerpool0-0", "workerpool1-0", "workerpool1-1"):
-        assert [k for k, _ in notes(tmp_path, replica)] == ["start", "SIGTERM", "start"]
+        # A worker still in its last step when the primary exits 0 is stopped by the job's
+        # end: a second SIGTERM after the second start is the job finishing, not a restart.
+        kinds = [k for k, _ in notes(tmp_path, replica)]
+        assert kinds[:3] == ["start", "SIGTERM", "start"] and kinds.count("start") == 2
 
 
 def test_the_job_succeeds_when_its_primary_exits_0_and_the_others_are_shut_down(

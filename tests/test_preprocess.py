@@ -13,7 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spotorch.core import preprocess as pp
-from spotorch.core.cost import DATAFLOW_VCPU_HOUR, ledger, preprocess_cost
+from spotorch.core.cost import ledger, preprocess_cost, step_cost
+from spotorch.core.price_list import LIST_PRICES
+from spotorch.core.prices import DATAFLOW_VCPU, PriceTable, Rate
 from spotorch.core.errors import ConfigError
 from spotorch.core.model import TRANSITIONS, FailureClass, Run, RunStatus
 from spotorch.core.pipeline import (
@@ -357,16 +359,36 @@ def test_the_step_round_trips_through_the_run_document() -> None:
 
 
 def test_the_ledger_counts_the_steps_dataflow_resources_and_not_a_cache_hit() -> None:
-    step = replace(launched(), vcpu_s=7200.0)
-    assert preprocess_cost(step.to_doc()) == pytest.approx(2 * DATAFLOW_VCPU_HOUR)
+    vcpu_hour = LIST_PRICES.dataflow[DATAFLOW_VCPU]["us-central1"].standard
+    step = replace(launched(), vcpu_s=7200.0, region="us-central1")
+    assert preprocess_cost(step.to_doc()) == pytest.approx(2 * vcpu_hour)
     assert preprocess_cost(replace(step, cache_hit=True).to_doc()) == 0.0
     run = Run(run_id="prep-r1", pipeline="prep", status=RunStatus.PREPROCESSING, created_at=1.0,
               data_uri="gs://raw/", checkpoint_uri="gs://c/", output_uri="gs://m/",
               preprocess=step.to_doc())
     book = ledger(run, None, now=10.0)
-    assert book.total == pytest.approx(2 * DATAFLOW_VCPU_HOUR)
+    assert book.total == pytest.approx(2 * vcpu_hour)
     assert "preprocess step cost" in book.sentence()
     assert any("dataflow/pricing" in b for b in book.basis)
+
+
+def test_the_step_is_priced_from_the_ledgers_table_in_its_region() -> None:
+    """One cost: the step's Dataflow prices are the price table's (SPOTORCH_PRICES may replace
+    them), by region, with the table's one rule for a region it does not list."""
+    step = replace(launched(), vcpu_s=3600.0, memory_gb_s=0.0, pd_gb_s=0.0, region="europe-west4")
+    mine = PriceTable(dataflow={DATAFLOW_VCPU: {
+        "europe-west4": Rate(0.07, 0.07, "negotiated", "2026-12-01"),
+        "us-central1": Rate(0.05, 0.05, "negotiated", "2026-12-01")}})
+    assert step_cost(step.to_doc(), mine).cost == pytest.approx(0.07)
+    shipped = step_cost(step.to_doc())  # us-central1's price stands in, and the basis says so
+    assert shipped.cost == pytest.approx(LIST_PRICES.dataflow[DATAFLOW_VCPU]["us-central1"].standard)
+    assert any("none listed for europe-west4" in b for b in shipped.basis)
+    unknown = step_cost(step.to_doc(), PriceTable())  # a table without Dataflow prices
+    assert unknown.cost == 0.0 and unknown.unknown == (f"Dataflow {DATAFLOW_VCPU}",)
+    run = Run(run_id="prep-r2", pipeline="prep", status=RunStatus.PREPROCESSING, created_at=1.0,
+              data_uri="gs://raw/", checkpoint_uri="gs://c/", output_uri="gs://m/",
+              preprocess=step.to_doc())
+    assert ledger(run, None, now=10.0, table=PriceTable()).unpriced == (f"Dataflow {DATAFLOW_VCPU}",)
 
 
 def test_the_alerts_say_what_the_step_did() -> None:

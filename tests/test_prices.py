@@ -184,6 +184,18 @@ def test_the_shipped_table_round_trips_through_its_json_form() -> None:
     assert again == LIST_PRICES
 
 
+def test_a_table_without_dataflow_prices_keeps_the_shipped_ones_and_a_typo_is_refused() -> None:
+    doc = table_doc(LIST_PRICES)
+    assert "dataflow" in doc and doc["dataflow"]
+    del doc["dataflow"]  # a file written before the section existed
+    assert table_from_doc(doc).dataflow == LIST_PRICES.dataflow
+    rate = {"standard": 0.06, "spot": 0.06, "source": "mine", "as_of": "2026-12-01"}
+    with pytest.raises(ConfigError) as caught:
+        table_from_doc({"dataflow": {"batch_cpu": {"us-central1": rate}}})
+    assert [p.path for p in caught.value.problems] == ["dataflow"]
+    assert "batch_cpu" in str(caught.value) and "batch_vcpu" in str(caught.value)
+
+
 def test_a_bad_table_lists_every_problem(tmp_path: Path) -> None:
     path = tmp_path / "bad.json"
     path.write_text(json.dumps({

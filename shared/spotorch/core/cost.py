@@ -20,7 +20,17 @@ from typing import Any
 from spotorch.core.model import Attempt, Run, RunStatus
 from spotorch.core.pipeline import Capacity, Pipeline, WorkerPool, pool_role
 from spotorch.core.price_list import LIST_PRICES
-from spotorch.core.prices import ANY_REGION, PriceTable, Rate, UnitRates, region_entry, shape_of
+from spotorch.core.prices import (
+    ANY_REGION,
+    DATAFLOW_MEMORY_GB,
+    DATAFLOW_PD_GB,
+    DATAFLOW_VCPU,
+    PriceTable,
+    Rate,
+    UnitRates,
+    region_entry,
+    shape_of,
+)
 from spotorch.core.shapes import run_pipeline
 
 
@@ -117,24 +127,42 @@ def _pool_rates(pools: tuple[WorkerPool, ...], rates: Sequence[float | None]
                  for i, (p, rate) in enumerate(zip(pools, rates, strict=True)))
 
 
-# Dataflow batch workers are billed per second for the resources GetJobMetrics reports
-# (TotalVcpuTime, TotalMemoryUsage, TotalPdUsage), not by machine type. These are the us-central1
-# batch list prices of cloud.google.com/dataflow/pricing as we last read them (USD per hour;
-# not re-checked from this machine, which has no internet): other regions differ by a few percent.
-DATAFLOW_PRICE_SOURCE = "cloud.google.com/dataflow/pricing, batch workers, us-central1 (2025)"
-DATAFLOW_VCPU_HOUR = 0.056
-DATAFLOW_MEMORY_GB_HOUR = 0.003557
-DATAFLOW_PD_GB_HOUR = 0.000054
+@dataclass(frozen=True)
+class StepCost:
+    """What a preprocess step cost at the table's Dataflow prices, and how that was found."""
+
+    cost: float  # every resource priced; `unknown` names any the table does not price
+    basis: tuple[str, ...] = ()
+    unknown: tuple[str, ...] = ()
 
 
-def preprocess_cost(step: Mapping[str, Any] | None) -> float:
-    """What a run's preprocess step cost (its record's billed resources at Dataflow's prices); a
-    cache hit cost nothing (its job was another run's)."""
+# A step record's billed resources (GetJobMetrics' totals, in unit-seconds) by the table's key.
+_STEP_USAGE = ((DATAFLOW_VCPU, "vcpu_s"), (DATAFLOW_MEMORY_GB, "memory_gb_s"),
+               (DATAFLOW_PD_GB, "pd_gb_s"))
+
+
+def step_cost(step: Mapping[str, Any] | None, table: PriceTable = LIST_PRICES) -> StepCost:
+    """What a run's preprocess step cost: its record's billed resources at the table's Dataflow
+    prices for the step's region; a cache hit cost nothing (its job was another run's)."""
     if not step or step.get("cache_hit"):
-        return 0.0
-    return (float(step.get("vcpu_s") or 0.0) / 3600 * DATAFLOW_VCPU_HOUR
-            + float(step.get("memory_gb_s") or 0.0) / 3600 * DATAFLOW_MEMORY_GB_HOUR
-            + float(step.get("pd_gb_s") or 0.0) / 3600 * DATAFLOW_PD_GB_HOUR)
+        return StepCost(0.0)
+    region = str(step.get("region") or "")
+    cost, notes, unknown = 0.0, [], []
+    for key, field_name in _STEP_USAGE:
+        used_s = float(step.get(field_name) or 0.0)
+        rate, found_in = region_entry(table.dataflow, key, region)
+        if not isinstance(rate, Rate):
+            if used_s:
+                unknown.append(f"Dataflow {key}")
+            continue
+        cost += used_s / 3600 * rate.standard
+        notes.append(f"Dataflow: {rate.source} ({rate.as_of})" + _where(key, found_in, region))
+    return StepCost(cost, tuple(dict.fromkeys(notes)), tuple(unknown))
+
+
+def preprocess_cost(step: Mapping[str, Any] | None, table: PriceTable = LIST_PRICES) -> float:
+    """step_cost's figure alone (events and views that show the step's cost)."""
+    return step_cost(step, table).cost
 
 
 @dataclass(frozen=True)
@@ -315,13 +343,13 @@ def ledger(run: Run, pipeline: Pipeline | None, now: float,
             rate = hourly_rate(pipeline, Capacity.SPOT, probe.region, table)
             unpriced += rate.unknown
             probe_cost += billed / 3600 * (rate.per_hour or 0.0)
-    step_cost = preprocess_cost(run.preprocess)
-    if step_cost:
-        basis.append(f"Dataflow: {DATAFLOW_PRICE_SOURCE}")
-    total = sum(line.cost for line in lines) + probe_cost + step_cost
+    step = step_cost(run.preprocess, table)
+    basis += step.basis
+    unpriced += step.unknown
+    total = sum(line.cost for line in lines) + probe_cost + step.cost
     # The preprocess step runs on Dataflow either way: the same cost on both sides.
     standard_equivalent = standard_useful + (startup[0] / 3600 * startup[1] if startup else 0.0) \
-        + step_cost
+        + step.cost
     result = result_of(run)
     savings = standard_equivalent - total if result is RunResult.RESULT and not unpriced else None
     return Ledger(
@@ -332,7 +360,7 @@ def ledger(run: Run, pipeline: Pipeline | None, now: float,
         useful_s=useful_s, lost_steps=sum(line.lost_steps for line in lines),
         lost_cost=sum(line.lost_cost for line in lines), preemptions=run.counters.preemptions,
         basis=tuple(dict.fromkeys(basis)), probes=run.counters.probes, probe_cost=probe_cost,
-        result=result, unpriced=tuple(dict.fromkeys(unpriced)), preprocess_cost=step_cost)
+        result=result, unpriced=tuple(dict.fromkeys(unpriced)), preprocess_cost=step.cost)
 
 
 def _pool_costs(rates: tuple[PoolRate, ...], billed_s: float) -> tuple[PoolCost, ...]:

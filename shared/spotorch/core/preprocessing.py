@@ -117,7 +117,7 @@ def _ended_event(run: Run, ctx: Context, step: pp.PreprocessStep) -> Run:
                    cache_hit=step.cache_hit, job_name=step.job_name, job_id=step.job_id,
                    output_uri=step.output_uri, cache_key=step.cache_key,
                    failure_class=str(step.failure) if step.failure else None, error=step.error,
-                   cost=round(preprocess_cost(step.to_doc()), 4))
+                   cost=round(preprocess_cost(step.to_doc(), ctx.prices), 4))
 
 
 def _apply(run: Run, ctx: Context, decision: pp.StepDecision) -> Run:

@@ -7,6 +7,9 @@ Sources (each Rate names one):
 - [S] skypilot-org/skypilot-catalog catalogs/v8/gcp/vms.csv (commit 006059e0, an undated
   snapshot): hosts and accelerators by region, priced apart.
 - [F] FACTS.md "Prices" (A100, L4 and T4 list prices the project started from).
+- [D] cloud.google.com/dataflow/pricing, batch workers, us-central1, as read in 2025 (from
+  memory, not re-checked from this machine, which has no internet); other regions differ by a
+  few percent: the ledger names us-central1's price standing in for them.
 - [K] Catalog API SKUs quoted in public SKU fixtures: N1 core $0.031611 per vCPU-hour, N1 RAM
   $0.004237 per GiB-hour (n1-standard-4 = 4 x 0.031611 + 15 x 0.004237 = $0.189999, [C]'s figure).
 Where a figure is derived (a total split into unit rates, a host less its GPU), its source says
@@ -17,7 +20,14 @@ K80, P100, P4, H100 Mega, H200, B200, GB200, RTX PRO 6000, TPU v2 and v3.
 
 from __future__ import annotations
 
-from spotorch.core.prices import PriceTable, Rate, UnitRates
+from spotorch.core.prices import (
+    DATAFLOW_MEMORY_GB,
+    DATAFLOW_PD_GB,
+    DATAFLOW_VCPU,
+    PriceTable,
+    Rate,
+    UnitRates,
+)
 
 AS_OF = "2026-12-01"
 _C = "[C] Cyclenerd pricing.yml 2026-07-30"
@@ -114,6 +124,13 @@ ACCELERATORS = {
     "TPU_V4_POD": {"us-central2": _per_unit(3.22, 0.9215, _S + ", per chip (tpu-v4-8 / 4)")},
 }
 
+_D = "[D] cloud.google.com/dataflow/pricing, batch workers (2025)"
+DATAFLOW = {  # per vCPU-hour, GB-hour of memory, GB-hour of standard persistent disk
+    DATAFLOW_VCPU: {US: Rate(0.056, 0.056, _D, AS_OF)},
+    DATAFLOW_MEMORY_GB: {US: Rate(0.003557, 0.003557, _D, AS_OF)},
+    DATAFLOW_PD_GB: {US: Rate(0.000054, 0.000054, _D, AS_OF)},
+}
+
 # What the table does not price (an unknown price wherever they are used): prefixes of machine
 # types and accelerator types of the machine table (spotorch/spec/machines.json).
 UNPRICED_MACHINES = ("c2-", "a3-megagpu-", "a3-ultragpu-", "a4-highgpu-", "cloud-tpu")
@@ -121,7 +138,7 @@ UNPRICED_ACCELERATORS = frozenset({
     "NVIDIA_TESLA_K80", "NVIDIA_TESLA_P100", "NVIDIA_TESLA_P4", "NVIDIA_H100_MEGA_80GB",
     "NVIDIA_H200_141GB", "NVIDIA_B200", "NVIDIA_GB200", "NVIDIA_RTX_PRO_6000", "TPU_V2", "TPU_V3"})
 
-SOURCE = "spotorch's list prices (core/price_list.py; sources [C], [S], [F], [K] there)"
+SOURCE = "spotorch's list prices (core/price_list.py; sources [C], [S], [F], [K], [D] there)"
 
 LIST_PRICES = PriceTable(families=FAMILIES, machines=MACHINES, accelerators=ACCELERATORS,
-                         source=SOURCE, as_of=AS_OF)
+                         dataflow=DATAFLOW, source=SOURCE, as_of=AS_OF)

@@ -19,6 +19,12 @@ from dataclasses import dataclass, field
 
 from spotorch.core.pipeline import Capacity
 
+# Dataflow bills batch workers per second for the resources GetJobMetrics reports (TotalVcpuTime,
+# TotalMemoryUsage, TotalPdUsage), not by machine type: the table's Dataflow keys, each per hour
+# of one unit (a vCPU, a GB of memory, a GB of standard persistent disk).
+DATAFLOW_VCPU, DATAFLOW_MEMORY_GB, DATAFLOW_PD_GB = "batch_vcpu", "batch_memory_gb", "batch_pd_gb"
+DATAFLOW_RESOURCES = (DATAFLOW_VCPU, DATAFLOW_MEMORY_GB, DATAFLOW_PD_GB)
+
 # FLEX_START (Dynamic Workload Scheduler) is billed at a discount of the on-demand rate; the size
 # of that discount varies by resource and was not read here: half, as an estimate.
 FLEX_RATIO = 0.5
@@ -57,6 +63,9 @@ class PriceTable:
     families: Mapping[str, Mapping[str, UnitRates]] = field(default_factory=dict)
     machines: Mapping[str, Mapping[str, Rate]] = field(default_factory=dict)
     accelerators: Mapping[str, Mapping[str, Rate]] = field(default_factory=dict)
+    # Dataflow batch resources (DATAFLOW_RESOURCES) by region, per unit-hour; standard only: the
+    # preprocess step launches no FlexRS job, so a Rate's spot figure is not used for them.
+    dataflow: Mapping[str, Mapping[str, Rate]] = field(default_factory=dict)
     source: str = ""
     as_of: str = ""
     currency: str = "USD"

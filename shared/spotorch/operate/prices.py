@@ -41,6 +41,8 @@ def prices() -> None:
               help="Carry the shipped TPU prices over (their SKUs are not read).")
 def refresh(out: Path, api_key_env: str, regions: str, endpoint: str, keep_tpu: bool) -> None:
     """Read Compute Engine's list prices from the Cloud Billing Catalog API into a table."""
+    from dataclasses import replace
+
     from spotorch.adapters.gcp.billing_catalog import BillingCatalog, CatalogError
     from spotorch.core.price_catalog import COMPUTE_ENGINE, table_from_skus
     from spotorch.core.price_list import LIST_PRICES
@@ -65,6 +67,8 @@ def refresh(out: Path, api_key_env: str, regions: str, endpoint: str, keep_tpu: 
         table = PriceTable(families=table.families, machines=hosts,
                            accelerators={**tpu, **table.accelerators},
                            source=table.source, as_of=table.as_of)
+    # Dataflow's SKUs are another service's (not read here): the shipped ones carry over.
+    table = replace(table, dataflow=LIST_PRICES.dataflow)
     out.write_text(json.dumps(table_doc(table), indent=1, sort_keys=True) + "\n")
     click.echo(f"{out}: {len(table.families)} machine families, {len(table.accelerators)} "
                f"accelerators from {len(skus)} SKUs (as of {today})")

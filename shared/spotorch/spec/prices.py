@@ -3,9 +3,12 @@
 {"source": ..., "as_of": "YYYY-MM-DD", "currency": "USD",
  "families": {"n1": {"us-central1": {"vcpu": RATE, "gib": RATE}}},
  "machines": {"a2-highgpu-1g": {"us-central1": RATE}},
- "accelerators": {"NVIDIA_L4": {"us-central1": RATE}}}
+ "accelerators": {"NVIDIA_L4": {"us-central1": RATE}},
+ "dataflow": {"batch_vcpu": {"us-central1": RATE}}}
 with RATE = {"standard": 0.56, "spot": 0.22, "source": "...", "as_of": "YYYY-MM-DD"}, prices per
-hour (per vCPU-hour, GiB-hour or accelerator-hour for units). Every problem is listed at once.
+hour (per vCPU-hour, GiB-hour or accelerator-hour for units; Dataflow's per vCPU-, GB- of memory
+and GB- of persistent disk hour, standard only). A table without a `dataflow` section (one
+written before it existed) keeps the shipped Dataflow prices. Every problem is listed at once.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 from spotorch.core.errors import ConfigError, Problem
 from spotorch.core.price_list import LIST_PRICES
-from spotorch.core.prices import PriceTable, Rate, UnitRates
+from spotorch.core.prices import DATAFLOW_RESOURCES, PriceTable, Rate, UnitRates
 
 PRICES_ENV = "SPOTORCH_PRICES"
 
@@ -39,6 +42,8 @@ def table_doc(table: PriceTable) -> dict[str, Any]:
                      for m, by_region in table.machines.items()},
         "accelerators": {a: {r: _rate_doc(rate) for r, rate in by_region.items()}
                          for a, by_region in table.accelerators.items()},
+        "dataflow": {k: {r: _rate_doc(rate) for r, rate in by_region.items()}
+                     for k, by_region in table.dataflow.items()},
     }
 
 
@@ -86,7 +91,8 @@ def table_from_doc(doc: Any, file: str = "<prices>") -> PriceTable:
             gib = _rate(units.get("gib"), f"{path}.gib", problems, file)
             if vcpu and gib:
                 families.setdefault(str(family), {})[str(region)] = UnitRates(vcpu, gib)
-    tables: dict[str, dict[str, dict[str, Rate]]] = {"machines": {}, "accelerators": {}}
+    tables: dict[str, dict[str, dict[str, Rate]]] = {"machines": {}, "accelerators": {},
+                                                     "dataflow": {}}
     for section, out in tables.items():
         for key, by_region in (doc.get(section) or {}).items():
             for region, rate_doc in _by_region(by_region, f"{section}.{key}", problems,
@@ -94,10 +100,15 @@ def table_from_doc(doc: Any, file: str = "<prices>") -> PriceTable:
                 rate = _rate(rate_doc, f"{section}.{key}.{region}", problems, file)
                 if rate is not None:
                     out.setdefault(str(key), {})[str(region)] = rate
+    unknown = sorted(set(tables["dataflow"]) - set(DATAFLOW_RESOURCES))
+    if unknown:
+        problems.append(Problem(file, "dataflow", f"unknown Dataflow resources {unknown}: "
+                                f"known are {list(DATAFLOW_RESOURCES)}"))
     if problems:
         raise ConfigError(problems)
+    dataflow = tables["dataflow"] if "dataflow" in doc else LIST_PRICES.dataflow
     return PriceTable(families=families, machines=tables["machines"],
-                      accelerators=tables["accelerators"], source=str(doc.get("source", file)),
+                      accelerators=tables["accelerators"], dataflow=dataflow, source=str(doc.get("source", file)),
                       as_of=str(doc.get("as_of", "")), currency=str(doc.get("currency", "USD")))
 
 

@@ -4,6 +4,7 @@ stops trials through their runs, the winner is registered once, everything logge
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from fakes import fake_deps
 from spotorch.adapters.memory.registry import MemoryExperimentTracker, MemoryModelRegistry
@@ -16,6 +17,7 @@ from spotorch.adapters.memory.twins import (
 from spotorch.app import sweeps as sweep_service
 from spotorch.app.deps import Deps
 from spotorch.app.job_events import job_changed, trainer_reported
+from spotorch.app.snapshots import SnapshotReady
 from spotorch.app.sweeps import cancel_sweep, load_sweep, start_sweep
 from spotorch.app.tick import tick
 from spotorch.core.events import kind_of
@@ -216,3 +218,31 @@ def test_without_a_model_section_nothing_is_registered() -> None:
     sw = load_sweep(deps, "sw")[0]
     assert sw is not None and str(sw.status) == "SUCCEEDED" and sw.model_name is None
     assert isinstance(deps.models, MemoryModelRegistry) and deps.models.uploads == 0
+
+
+def test_every_trial_trains_on_the_snapshots_generations_even_one_started_after_an_overwrite(
+        ) -> None:
+    from spotorch.adapters.memory.twins import InMemoryObjectStore
+    from spotorch.app.sweeps import start_snapshot_sweep, submit_sweep
+
+    deps = make(spec=replace(SPEC, parallelism=1, early_stopping=None))
+    objects = deps.objects
+    assert isinstance(objects, InMemoryObjectStore)
+    objects.put("b", "d/a.csv", 11, b"first")
+    snap = SnapshotReady(pipeline="p", snapshot_id="0123456789abcdef", data_uri="gs://b/d/",
+                         objects=("d/a.csv",), generations=(11,), completed_at=1.0)
+    sw = start_snapshot_sweep(deps, snap, "complete")
+    assert sw.objects == (("d/a.csv", 11),)
+    objects.put("b", "d/a.csv", 12, b"overwritten while trial 1 trains")
+    succeed(deps, sw.trials[0].run_id)  # trial 1 ends: trial 2 starts now
+    second = deps.runs.load(sw.trials[1].run_id)[0]
+    assert second is not None and second.provenance is not None
+    assert second.provenance["data"]["objects"] == [{"name": "d/a.csv", "generation": 11}]
+    first = deps.runs.load(sw.trials[0].run_id)[0]
+    assert first is not None and first.provenance is not None
+    assert first.provenance["data"]["objects_hash"] == second.provenance["data"]["objects_hash"]
+    stored = load_sweep(deps, sw.sweep_id)[0]  # the pinned objects survive the document
+    assert stored is not None and stored.objects == (("d/a.csv", 11),)
+    # A sweep submitted by hand pins its folder as listed at the request.
+    by_hand = submit_sweep(deps, "p", "gs://b/d/", request_id="one")
+    assert by_hand.objects == (("d/a.csv", 12),)

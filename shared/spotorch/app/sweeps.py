@@ -8,7 +8,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, assert_never
 
 from spotorch.app.deps import UnknownRun
@@ -88,8 +88,11 @@ def active_sweeps(deps: Deps) -> list[Sweep]:
 # ---------------------------------------------------------------- starting
 
 def start_sweep(deps: Deps, pipeline_name: str, *, sweep_id: str, data_uri: str,
-                snapshot_id: str | None, reason: str = "") -> Sweep:
-    """Create a sweep exactly once (the id decides) and start its first trials."""
+                snapshot_id: str | None, reason: str = "",
+                objects: tuple[tuple[str, int], ...] = (),
+                bigquery: Mapping[str, Any] | None = None) -> Sweep:
+    """Create a sweep exactly once (the id decides) and start its first trials, every one on
+    the snapshot's objects at these generations (and its BigQuery map)."""
     pipeline = deps.pipeline(pipeline_name)
     if pipeline.sweep is None:
         raise NotASweepPipeline(f"pipeline {pipeline_name} defines no sweep")
@@ -100,7 +103,8 @@ def start_sweep(deps: Deps, pipeline_name: str, *, sweep_id: str, data_uri: str,
     sw = sweep.new_sweep(sweep_id=sweep_id, pipeline=pipeline, spec=pipeline.sweep,
                          now=deps.clock.now(), data_uri=data_uri, snapshot_id=snapshot_id,
                          register=model is not None and deps.models is not None,
-                         experiments=bool(model and model.experiments and deps.experiments))
+                         experiments=bool(model and model.experiments and deps.experiments),
+                         objects=objects, bigquery=bigquery)
     try:
         version = deps.docs.put(COLLECTION_SWEEPS, sweep_id, sw.to_dict(), None)
     except ConflictError:
@@ -114,23 +118,34 @@ def start_sweep(deps: Deps, pipeline_name: str, *, sweep_id: str, data_uri: str,
 def start_snapshot_sweep(deps: Deps, snap: SnapshotReady, why: str) -> Sweep:
     """Start the sweep a complete data snapshot asks for, its id fixed by the snapshot."""
     from spotorch.app import snapshots as intake
+    from spotorch.app.arrivals import snapshot_objects
 
-    return start_sweep(deps, snap.pipeline,
-                       sweep_id=intake.run_id_for(snap.pipeline, snap.snapshot_id),
+    sweep_id = intake.run_id_for(snap.pipeline, snap.snapshot_id)
+    existing, _ = load_sweep(deps, sweep_id)
+    if existing is not None:  # a redelivery: its objects were pinned when it was made
+        return existing
+    return start_sweep(deps, snap.pipeline, sweep_id=sweep_id,
                        data_uri=snap.data_uri, snapshot_id=snap.snapshot_id,
-                       reason=f"data snapshot {snap.data_uri} {why}")
+                       reason=f"data snapshot {snap.data_uri} {why}",
+                       objects=snapshot_objects(deps, snap), bigquery=snap.bigquery)
 
 
 def submit_sweep(deps: Deps, pipeline_name: str, data_uri: str, *,
                  request_id: str = "") -> Sweep:
     """Start a sweep by hand for a data URI (CLI/API); the same request id gives the same sweep."""
+    from spotorch.app.runs import folder_objects
     from spotorch.app.snapshots import manual_snapshot, run_id_for
 
     pipeline = deps.pipeline(pipeline_name)
     snap = manual_snapshot(pipeline, data_uri, request_id=request_id, now=deps.clock.now())
-    return start_sweep(deps, pipeline.name, sweep_id=run_id_for(pipeline.name, snap.snapshot_id),
+    sweep_id = run_id_for(pipeline.name, snap.snapshot_id)
+    existing, _ = load_sweep(deps, sweep_id)
+    if existing is not None:  # the same request: nothing listed again
+        return existing
+    return start_sweep(deps, pipeline.name, sweep_id=sweep_id,
                        data_uri=snap.data_uri, snapshot_id=snap.snapshot_id,
-                       reason=f"submitted by hand for {data_uri}")
+                       reason=f"submitted by hand for {data_uri}",
+                       objects=folder_objects(deps, snap.data_uri))
 
 
 # ---------------------------------------------------------------- the unit of work
@@ -198,7 +213,8 @@ def _perform(deps: Deps, sw: Sweep, intent: SweepIntent) -> SweepObservation | N
                 trial = sw.trial(intent.trial)
                 start_run(deps, sw.pipeline, run_id=trial.run_id, data_uri=sw.data_uri,
                                   snapshot_id=sw.snapshot_id, sweep_id=sw.sweep_id,
-                                  params=trial.params,
+                                  params=trial.params, objects=sw.objects,
+                                  bigquery=sw.bigquery,
                                   reason=f"trial {trial.number} of sweep {sw.sweep_id}")
             case StopTrial():
                 with contextlib.suppress(UnknownRun):  # never created: nothing to stop

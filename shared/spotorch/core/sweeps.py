@@ -206,6 +206,10 @@ class Sweep:
     outbox: tuple[SweepIntent, ...] = ()
     event_seq: int = 0
     intent_seq: int = 0
+    # The snapshot's objects (name, generation) and BigQuery map, pinned when the sweep is made:
+    # every trial's provenance records them, so each trial trains on exactly the same data.
+    objects: tuple[tuple[str, int], ...] = ()
+    bigquery: Mapping[str, Any] | None = None
 
     @property
     def active(self) -> bool:
@@ -225,6 +229,8 @@ class Sweep:
         doc["history"] = [{"at": at, "what": what} for at, what in self.history]
         doc["trials"] = [{**asdict(t), "curve": [{"step": s, "value": v} for s, v in t.curve]}
                          for t in self.trials]
+        doc["objects"] = [{"name": name, "generation": gen} for name, gen in self.objects]
+        doc["bigquery"] = dict(self.bigquery) if self.bigquery is not None else None
         return doc
 
     @classmethod
@@ -241,6 +247,8 @@ class Sweep:
                                                            if k != "kind"})
                                for i in data.get("outbox", ()))
         data["history"] = tuple((float(h["at"]), str(h["what"])) for h in data.get("history", ()))
+        data["objects"] = tuple((str(o["name"]), int(o["generation"]))
+                                for o in data.get("objects") or ())
         return cls(**data)
 
 
@@ -369,15 +377,18 @@ def summary(trial: Trial) -> dict[str, Any]:
 # ---------------------------------------------------------------- creating a sweep
 
 def new_sweep(*, sweep_id: str, pipeline: Pipeline, spec: SweepSpec, now: float, data_uri: str,
-              snapshot_id: str | None, register: bool = False, experiments: bool = False) -> Sweep:
-    """A new sweep: its trials planned, announced, and the first `parallelism` of them started."""
+              snapshot_id: str | None, register: bool = False, experiments: bool = False,
+              objects: tuple[tuple[str, int], ...] = (),
+              bigquery: Mapping[str, Any] | None = None) -> Sweep:
+    """A new sweep: its trials planned, announced, and the first `parallelism` of them started;
+    objects and bigquery: the snapshot's data, pinned for every trial."""
     params = trial_params(spec)
     trials = tuple(Trial(number=n, params=p, run_id=trial_run_id(sweep_id, n))
                    for n, p in enumerate(params, start=1))
     ctx = SweepContext(pipeline, spec, now, register, experiments)
     sweep = Sweep(sweep_id=sweep_id, pipeline=pipeline.name, status=SweepStatus.RUNNING,
                   created_at=now, updated_at=now, data_uri=data_uri, snapshot_id=snapshot_id,
-                  trials=trials)
+                  trials=trials, objects=objects, bigquery=bigquery)
     sweep = _note(sweep, ctx, f"created with {len(trials)} trials")
     sweep = _publish(sweep, ctx, "sweep.created", status=str(sweep.status), trials=len(trials),
                      parallelism=spec.parallelism, metric=spec.metric, goal=str(spec.goal),

@@ -14,8 +14,6 @@ from hypothesis import strategies as st
 
 from spotorch.core import preprocess as pp
 from spotorch.core.cost import ledger, preprocess_cost, step_cost
-from spotorch.core.price_list import LIST_PRICES
-from spotorch.core.prices import DATAFLOW_VCPU, PriceTable, Rate
 from spotorch.core.errors import ConfigError
 from spotorch.core.model import TRANSITIONS, FailureClass, Run, RunStatus
 from spotorch.core.pipeline import (
@@ -26,6 +24,8 @@ from spotorch.core.pipeline import (
     Trigger,
     WorkerPool,
 )
+from spotorch.core.price_list import LIST_PRICES
+from spotorch.core.prices import DATAFLOW_VCPU, PriceTable, Rate
 from spotorch.spec.loader import load_pipeline
 
 BASE = """\

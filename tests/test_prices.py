@@ -186,7 +186,7 @@ def test_the_shipped_table_round_trips_through_its_json_form() -> None:
 
 def test_a_table_without_dataflow_prices_keeps_the_shipped_ones_and_a_typo_is_refused() -> None:
     doc = table_doc(LIST_PRICES)
-    assert "dataflow" in doc and doc["dataflow"]
+    assert doc.get("dataflow")
     del doc["dataflow"]  # a file written before the section existed
     assert table_from_doc(doc).dataflow == LIST_PRICES.dataflow
     rate = {"standard": 0.06, "spot": 0.06, "source": "mine", "as_of": "2026-12-01"}

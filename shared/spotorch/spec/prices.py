@@ -108,7 +108,8 @@ def table_from_doc(doc: Any, file: str = "<prices>") -> PriceTable:
         raise ConfigError(problems)
     dataflow = tables["dataflow"] if "dataflow" in doc else LIST_PRICES.dataflow
     return PriceTable(families=families, machines=tables["machines"],
-                      accelerators=tables["accelerators"], dataflow=dataflow, source=str(doc.get("source", file)),
+                      accelerators=tables["accelerators"], dataflow=dataflow,
+                      source=str(doc.get("source", file)),
                       as_of=str(doc.get("as_of", "")), currency=str(doc.get("currency", "USD")))
 
 

@@ -344,3 +344,16 @@ def test_show_and_the_ui_name_a_query_snapshot_s_hash() -> None:
     assert f"query sha256 {'cd' * 32}" in _provenance(run.provenance)
     plain = started(deps_for(pipeline()), snapshot(bigquery={**bq, "query_sha256": None}))
     assert "query sha256" not in shown(plain.provenance)
+
+
+def test_every_pool_is_named_one_way_in_show_the_ui_and_the_pipelines_page() -> None:
+    from spotorch.operate.ui.pages_data import pipeline_row
+
+    p = pipeline(worker_pools=(
+        WorkerPool(machine_type="g2-standard-8", accelerator_type="NVIDIA_L4",
+                   accelerator_count=1),
+        WorkerPool(machine_type="n1-standard-8", replica_count=2)))
+    text = provenance.machines_text(provenance.hardware_of(p.job, None))
+    assert text == "1x g2-standard-8 + 1x NVIDIA_L4; 2x n1-standard-8"
+    assert pipeline_row(p)["machine"] == text  # every pool, not the first alone
+    assert provenance.machines_text(None) == ""

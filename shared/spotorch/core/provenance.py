@@ -115,6 +115,15 @@ def hardware_of(template: JobTemplate, choice: Mapping[str, Any] | None) -> dict
             "candidate": (choice or {}).get("chosen")}
 
 
+def machines_text(hardware: Mapping[str, Any] | None) -> str:
+    """A hardware record's pools in a few words, as show, the UI and the pipelines page say
+    them: "1x n1-standard-8 + 1x NVIDIA_L4; 2x n1-standard-8"."""
+    return "; ".join(f"{p.get('replica_count')}x {p.get('machine_type')}"
+                     + (f" + {p.get('accelerator_count')}x {p.get('accelerator_type')}"
+                        if p.get("accelerator_type") else "")
+                     for p in (hardware or {}).get("pools") or ())
+
+
 def with_hardware(prov: Mapping[str, Any] | None, pipeline: Pipeline,
                   choice: Mapping[str, Any]) -> dict[str, Any] | None:
     """The provenance once hardware probes chose the run's machines (before its first launch):

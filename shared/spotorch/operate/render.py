@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from spotorch.core.provenance import machines_text
 from spotorch.operate.times import duration
 
 # Status -> Rich style; the UI uses the same families (spotorch.operate.ui.pages.STATUS_CLASS).
@@ -270,11 +271,7 @@ def provenance_lines(prov: Mapping[str, Any] | None) -> list[Any]:
             pools.append(str(pool.get("image_digest") or f"{pool.get('image_uri')}"))
     pinned = "pinned" if code.get("pinned") else \
         "NOT pinned: an image tag can move, a rerun may run other code"
-    machines = "; ".join(
-        f"{p.get('replica_count')}x {p.get('machine_type')}"
-        + (f" + {p.get('accelerator_count')}x {p.get('accelerator_type')}"
-           if p.get("accelerator_type") else "")
-        for p in (prov.get("hardware") or {}).get("pools") or ())
+    machines = machines_text(prov.get("hardware"))
     changed = "  (changed since its origin)" if pipeline.get("changed") else ""
     return [Rule("provenance", align="left"), _kv([
         ("data", what),

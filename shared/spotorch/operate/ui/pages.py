@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
+from spotorch.core.provenance import machines_text
 from spotorch.operate.ui.layout import (
     action_form,
     badge,
@@ -201,10 +202,7 @@ def _provenance(prov: Mapping[str, Any] | None) -> str:
     pinned = ('<span class="pinned">pinned</span>' if code.get("pinned") else
               '<span class="unpinned">not pinned: an image tag can move; a rerun may run other '
               "code</span>")
-    machines = "; ".join(f'{h.get("replica_count")}x {h.get("machine_type")}'
-                         + (f' + {h.get("accelerator_count")}x {h.get("accelerator_type")}'
-                            if h.get("accelerator_type") else "")
-                         for h in (prov.get("hardware") or {}).get("pools") or ())
+    machines = machines_text(prov.get("hardware"))
     facts = [("data", escape(str(data.get("uri"))) + ("" if data.get("pinned") else
                                                       ' <span class="muted">(not pinned: no '
                                                       "generations recorded)</span>")),

@@ -61,17 +61,15 @@ def snapshots_page(snapshots: Sequence[Mapping[str, Any]], unmatched: Sequence[M
 
 def pipeline_row(p: Pipeline) -> dict[str, Any]:
     """A pipeline as the pipelines page (and /api/pipelines) shows it."""
+    from spotorch.core.provenance import hardware_of, machines_text
     from spotorch.core.triggers import expectation, expectation_text
 
-    pool = p.job.worker_pools[0] if p.job.worker_pools else None
     return {
         "name": p.name, "description": p.description,
         "trigger": expectation(p.trigger), "expects": expectation_text(p.trigger),
         "on_active_run": str(p.trigger.on_active_run),
         "regions": list(p.job.regions),
-        "machine": (f"{pool.replica_count} x {pool.machine_type}"
-                    + (f" + {pool.accelerator_count} {pool.accelerator_type}"
-                       if pool.accelerator_type else "")) if pool else None,
+        "machine": machines_text(hardware_of(p.job, None)) or None,
         "deadline_s": p.deadline_s, "escalation": str(p.recovery.escalation),
         "max_cost": p.max_cost, "sweep": p.sweep is not None, "hardware": p.hardware is not None,
         "model": p.model is not None, "checkpoint_uri": p.checkpoint_uri,

@@ -31,10 +31,12 @@ $(STAMP): pyproject.toml
 BEAM_VENV := .venv-beam
 BEAM_STAMP := $(BEAM_VENV)/.installed
 
-$(BEAM_STAMP): pyproject.toml
+BEAM_REQUIREMENTS := deploy/dataflow-launcher/requirements.txt
+
+$(BEAM_STAMP): $(BEAM_REQUIREMENTS)
 	$(PYTHON) -m venv $(BEAM_VENV)
 	$(BEAM_VENV)/bin/pip install --quiet --upgrade pip
-	$(BEAM_VENV)/bin/pip install --quiet 'apache-beam[gcp]==2.77.*' 'protobuf<7'
+	$(BEAM_VENV)/bin/pip install --quiet -r $(BEAM_REQUIREMENTS)
 	touch $(BEAM_STAMP)
 
 beam-venv: $(BEAM_STAMP)

@@ -11,7 +11,8 @@ the trainer reads as its data. A row that does not parse fails the pipeline with
 ValueError: on Dataflow the job ends JOB_STATE_FAILED with that text, a user error for spotorch.
 
 On Dataflow spotorch's launcher template runs this module (docs/preprocess.md); locally the
-Dataflow emulator runs it with Beam's DirectRunner. Needs apache-beam[gcp] (deploy/dataflow-launcher/requirements.txt; `make beam-venv`).
+Dataflow emulator runs it with Beam's DirectRunner. Needs apache-beam[gcp]
+(deploy/dataflow-launcher/requirements.txt; `make beam-venv`).
 """
 
 from __future__ import annotations

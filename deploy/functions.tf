@@ -230,6 +230,7 @@ resource "google_cloud_run_v2_service_iam_member" "objects_invoker" {
 # the job-event function (it tells it from Pub/Sub pushes by its type). A hint only: the function
 # reads the job with GetJob before the run changes; the tick's poll is the backstop.
 resource "google_eventarc_trigger" "dataflow_status" {
+  count           = local.preprocess_enabled ? 1 : 0
   name            = "spotorch-dataflow-status"
   location        = var.region
   service_account = google_service_account.functions.email

@@ -350,6 +350,7 @@ resource "google_project_iam_member" "build_builder" {
 # metrics, and cancelling it need a project-level grant (roles/dataflow.developer: jobs.create,
 # get, list, cancel, messages.list, metrics.get).
 resource "google_project_iam_member" "functions_dataflow" {
+  count   = local.preprocess_enabled ? 1 : 0
   project = var.project_id
   role    = "roles/dataflow.developer"
   member  = local.functions_member
@@ -357,6 +358,7 @@ resource "google_project_iam_member" "functions_dataflow" {
 
 # The right to launch jobs that run as spotorch-dataflow, and no other.
 resource "google_service_account_iam_member" "functions_act_as_dataflow" {
+  count              = local.preprocess_enabled ? 1 : 0
   service_account_id = google_service_account.dataflow.name
   role               = "roles/iam.serviceAccountUser"
   member             = local.functions_member
@@ -372,6 +374,7 @@ resource "google_storage_bucket_iam_member" "functions_preprocess" {
 
 # Dataflow's workers lease and report work items as the worker account (project level only).
 resource "google_project_iam_member" "dataflow_worker" {
+  count   = local.preprocess_enabled ? 1 : 0
   project = var.project_id
   role    = "roles/dataflow.worker"
   member  = local.dataflow_member

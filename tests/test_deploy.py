@@ -1288,3 +1288,25 @@ def test_push_to_topic_path_is_a_pubsub_cloud_event(tmp_path: Path) -> None:
     assert event["id"] == "42"
     assert event.data["message"]["attributes"] == {"k": "v"}
     assert base64.b64decode(event.data["message"]["data"]) == b"{}"
+
+
+def test_dataflow_and_bigquery_grants_exist_only_when_a_bundled_pipeline_uses_them(tf: Tf) -> None:
+    """Least privilege for a project without preprocess steps or BigQuery triggers: the
+    features' project-level roles, actAs and Eventarc triggers are created by count."""
+    gated = {
+        ("google_project_iam_member", "functions_dataflow"): "preprocess_enabled",
+        ("google_project_iam_member", "dataflow_worker"): "preprocess_enabled",
+        ("google_service_account_iam_member", "functions_act_as_dataflow"): "preprocess_enabled",
+        ("google_eventarc_trigger", "dataflow_status"): "preprocess_enabled",
+        ("google_project_iam_custom_role", "bigquery_jobs"): "bigquery_enabled",
+    }
+    for (rtype, name), flag in gated.items():
+        body = tf.resource(rtype).get(name)
+        assert body is not None, f"{rtype}.{name} is gone"
+        assert f"local.{flag}" in str(body.get("count")), f"{rtype}.{name} is not gated on {flag}"
+    assert "length(local.preprocess_buckets)" in str(tf.locals.get("preprocess_enabled"))
+    for rtype in ("google_project_iam_member", "google_service_account_iam_member"):
+        for name, body in tf.resource(rtype).items():
+            role = str(body.get("role"))
+            if "dataflow" in role or "dataflow" in str(body.get("service_account_id")):
+                assert "local.preprocess_enabled" in str(body.get("count")), f"{rtype}.{name}"

@@ -382,14 +382,14 @@ resource "google_project_iam_member" "dataflow_worker" {
 
 # The Beam module reads the snapshot, and the launcher installs the code package.
 resource "google_storage_bucket_iam_member" "dataflow_read_landing" {
-  for_each = local.landing_buckets
+  for_each = local.preprocess_enabled ? local.landing_buckets : toset([])
   bucket   = each.value
   role     = "roles/storage.objectViewer"
   member   = local.dataflow_member
 }
 
 resource "google_storage_bucket_iam_member" "dataflow_read_staging" {
-  for_each = local.staging_buckets
+  for_each = local.preprocess_enabled ? local.staging_buckets : toset([])
   bucket   = each.value
   role     = "roles/storage.objectViewer"
   member   = local.dataflow_member

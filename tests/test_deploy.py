@@ -1310,3 +1310,7 @@ def test_dataflow_and_bigquery_grants_exist_only_when_a_bundled_pipeline_uses_th
             role = str(body.get("role"))
             if "dataflow" in role or "dataflow" in str(body.get("service_account_id")):
                 assert "local.preprocess_enabled" in str(body.get("count")), f"{rtype}.{name}"
+    for name, body in tf.resource("google_storage_bucket_iam_member").items():
+        if "dataflow_member" in str(body.get("member")):  # on preprocess buckets, or gated
+            assert "local.preprocess_enabled" in str(body.get("for_each")) \
+                or "preprocess_buckets" in str(body.get("for_each")), name

@@ -477,7 +477,7 @@ def test_a_snapshot_decided_before_a_crash_is_finished_by_the_tick(
 
     def crash(*_: Any, **__: Any) -> None:
         raise ConnectionError("the function died mid-export")
-    monkeypatch.setattr(tables, "export_parquet", crash)
+    monkeypatch.setattr(tables, "start_extract", crash)
     with pytest.raises(ConnectionError):
         table_intake.table_changed(deps, event("load1"))
     monkeypatch.undo()

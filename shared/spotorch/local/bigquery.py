@@ -10,7 +10,9 @@ and adds two things the emulator does not do (docs/local-stack.md says what is e
   wildcard URI's '*' left in the file name. Before an extract job is forwarded, the front makes
   its folders; before a response that shows the job DONE reaches the client, it uploads the
   files to fake-gcs-server under the names BigQuery gives them ('*' as 000000000000), so the
-  objects exist, with generations, when the client learns the job is done.
+  objects exist, with generations, when the client learns the job is done. An extract to a
+  bucket that does not exist ends DONE with an errorResult (notFound), as on BigQuery; the
+  emulator itself would write the files anyway.
 - Audit entries: BigQuery writes a Cloud Audit Logs entry when a job ends; no emulator does.
   For each load or DML job the front sees end, it hands `on_job_done` the InsertJob entries
   Eventarc would deliver (audit_entries): the jobChange end entry and, for the table the job
@@ -35,7 +37,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from spotorch.core.table_changes import BIGQUERY_SERVICE, INSERT_JOB, METADATA_TYPE
+from spotorch.core.table_changes import (
+    BIGQUERY_SERVICE,
+    INSERT_JOB,
+    METADATA_TYPE,
+    extract_bucket_missing,
+)
 from spotorch.local.emulators import Emulator, EmulatorError, _spawn, free_port
 
 log = logging.getLogger("spotorch.local.bigquery")
@@ -192,7 +199,10 @@ class BigQueryFront:
     gcs_root: Path  # its BQEMU_GCS_LOCAL_ROOT
     upload: Uploader
     on_job_done: Callable[[dict[str, Any]], None] = lambda entry: None
+    bucket_exists: Callable[[str], bool] = lambda bucket: True  # in fake-gcs-server
     port: int = 0
+    # job id -> the errorResult of an extract whose bucket does not exist
+    _failed: dict[str, dict[str, str]] = field(default_factory=dict)
     _seen: set[str] = field(default_factory=set)
     # table resource -> endTime (ms) of the last load or DML job the front saw end on it
     _changed: dict[str, int] = field(default_factory=dict)
@@ -227,7 +237,7 @@ class BigQueryFront:
                 except urllib.error.HTTPError as exc:
                     status, headers, data = exc.code, exc.headers, exc.read()
                 if status == 200 and "/jobs" in self.path:
-                    front._after(data)
+                    data = front._after(data)
                 elif status == 200 and self.command == "GET" and _TABLE_GET.match(self.path):
                     data = front._table(data)
                 self.send_response(status)
@@ -272,14 +282,36 @@ class BigQueryFront:
         for uri in (extract or {}).get("destinationUris") or ():
             if isinstance(uri, str) and uri.startswith("gs://"):
                 self._local(uri).parent.mkdir(parents=True, exist_ok=True)
+                bucket = uri[len("gs://"):].partition("/")[0]
+                job_id = (job.get("jobReference") or {}).get("jobId")
+                if job_id and not self.bucket_exists(bucket):
+                    reason, message = extract_bucket_missing(bucket)
+                    with self._lock:
+                        self._failed.setdefault(str(job_id), {"reason": reason,
+                                                              "message": message})
         return body
 
-    def _after(self, data: bytes) -> None:
-        """A job seen DONE for the first time: bridge its export, hand on its audit entries."""
+    def _failing(self, job: dict[str, Any]) -> bool:
+        """An extract whose bucket does not exist: shown DONE with its errorResult."""
+        error = self._failed.get(str((job.get("jobReference") or {}).get("jobId")))
+        if error is None:
+            return False
+        job["status"] = {"state": "DONE", "errorResult": dict(error), "errors": [dict(error)]}
+        return True
+
+    def _after(self, data: bytes) -> bytes:
+        """A job response as BigQuery would answer (a failing extract's error); a job seen DONE
+        for the first time: bridge its export, hand on its audit entries."""
         try:
             job = json.loads(data or b"{}")
         except ValueError:
-            return
+            return data
+        if isinstance(job, dict) and job.get("kind") == "bigquery#job" and self._failing(job):
+            data = json.dumps(job).encode()
+        self._done(job)
+        return data
+
+    def _done(self, job: Any) -> None:
         if not isinstance(job, dict) or job.get("kind") != "bigquery#job" or \
                 (job.get("status") or {}).get("state") != "DONE":
             return

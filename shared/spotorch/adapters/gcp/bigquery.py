@@ -146,7 +146,7 @@ class BigQueryTables:
                f"OPTIONS(expiration_timestamp=TIMESTAMP_MILLIS({int(expires_ms)})) "
                f"AS {select}")
         with contextlib.suppress(gexc.Conflict):  # that job id exists: started before
-            client.query(sql, job_id=job_id)
+            client.query(sql, job_id=job_id, job_retry=None)  # a retry is ours: a fresh id
         return False
 
     def start_extract(self, table: str, destination_uri: str, job_id: str) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -30,15 +31,19 @@ from spotorch.core.pipeline_form import from_form, to_form
 from spotorch.core.table_changes import (
     AUDIT_LOG_TYPE,
     INSERT_JOB,
+    MAX_JOB_ATTEMPTS,
     METADATA_TYPE,
     TableChange,
+    Watch,
     parse_audit_event,
     query_as_of,
     query_problems,
     query_sha256,
+    snapshot_id_of,
 )
 from spotorch.entrypoints import functions as entry
 from spotorch.settings import COLLECTION_SNAPSHOTS, COLLECTION_TABLE_WATCHES
+from spotorch.spec.event_schemas import validate_event
 from spotorch.spec.loader import check_file
 
 TABLE = "demo-proj.sales.rows"
@@ -484,6 +489,112 @@ def test_a_snapshot_decided_before_a_crash_is_finished_by_the_tick(
     [_run] = table_intake.check_tables(deps)
     assert len(snapshot_docs(deps)) == 1
     assert table_intake.check_tables(deps) == []
+
+
+# --- start, then follow: no invocation waits for a job ------------------------------------------
+
+
+def watch_of(deps: Deps) -> Watch:
+    raw = deps.docs.get(COLLECTION_TABLE_WATCHES, "bq")[0]
+    assert raw is not None
+    return Watch.from_doc(raw)
+
+
+def test_a_job_left_running_never_holds_the_invocation_past_its_budget(
+        world: tuple[Deps, InMemoryTables]) -> None:
+    deps, tables = world
+    deps.table_wait_s = 0.3
+    tables.hold = True  # BigQuery takes its time: every job stays RUNNING
+    tables.load(TABLE, rows(5), at_ms=2_000, job_id="load1")
+    started = time.monotonic()
+    assert table_intake.table_changed(deps, event("load1")) == []
+    assert time.monotonic() - started < 0.3 + 1.0  # the budget, and not a job's duration
+    taking = watch_of(deps).taking
+    assert taking is not None
+    sid = taking["snapshot_id"]
+    assert [j for _, j in tables.jobs if j.startswith("spotorch-")] == [
+        f"spotorch-snapshot-{sid}-0"]  # started once, however often it was looked at
+    # The tick looks again: still running; then BigQuery ends the snapshot query.
+    assert table_intake.check_tables(deps) == []
+    tables.finish_held()
+    [run] = table_intake.check_tables(deps)  # the extract is started and, DONE, recorded
+    assert watch_of(deps).taking is None
+    assert len(snapshot_docs(deps)) == 1 and snapshot_docs(deps)[0].started == run.run_id
+    assert table_intake.check_tables(deps) == []
+    assert table_intake.table_changed(deps, event("load1", "ev-again")) == []
+    assert sorted(j for _, j in tables.jobs if j.startswith("spotorch-")) == [
+        f"spotorch-export-{sid}-0", f"spotorch-snapshot-{sid}-0"]
+
+
+def test_redeliveries_and_ticks_while_jobs_run_start_one_job_each_and_one_run(
+        world: tuple[Deps, InMemoryTables]) -> None:
+    deps, tables = world
+    deps.table_wait_s = 0.0
+    tables.hold = True
+    tables.load(TABLE, rows(5), at_ms=2_000, job_id="load1")
+    assert table_intake.table_changed(deps, event("load1")) == []
+    # A redelivery and the tick, while the job runs: both find the job by its id.
+    assert table_intake.table_changed(deps, event("load1", "ev-dup")) == []
+    assert table_intake.check_tables(deps) == []
+    tables.finish_held()
+    pipeline_ = deps.pipelines["bq"]
+    first = table_intake.finish_snapshot(deps, pipeline_)
+    second = table_intake.finish_snapshot(deps, pipeline_)
+    assert len(first) + len(second) == 1
+    assert len([j for _, j in tables.jobs if j.startswith("spotorch-")]) == 2
+    [snap] = snapshot_docs(deps)
+    assert snap.started == (first + second)[0].run_id
+
+
+def test_a_failed_extract_is_recorded_and_retried_with_a_fresh_job_id(
+        world: tuple[Deps, InMemoryTables]) -> None:
+    deps, tables = world
+    tables.load(TABLE, rows(5), at_ms=2_000, job_id="load1")
+    sid = snapshot_id_of("bq", (TABLE,), 2_000)
+    tables.fail[f"spotorch-export-{sid}-0"] = ("backendError", "the export broke")
+    [run] = table_intake.table_changed(deps, event("load1"))
+    [snap] = snapshot_docs(deps)
+    assert snap.bigquery is not None
+    [failure] = snap.bigquery["job_failures"]
+    assert (failure["job_id"], failure["reason"], failure["message"], failure["phase"]) == (
+        f"spotorch-export-{sid}-0", "backendError", "the export broke", "export")
+    # The retry wrote beside the failed export; the run trains on the retry's objects only.
+    assert snap.bigquery["export_uris"] == [f"gs://exports/bq/bq/{sid}/rows-a2/part-*.parquet"]
+    assert [o["name"] for o in snap.bigquery["objects"]] == [
+        f"bq/bq/{sid}/rows-a2/part-000000000000.parquet"]
+    assert run.data_uri == f"gs://exports/bq/bq/{sid}/"
+    assert deps.publisher.events == [e for e in deps.publisher.events
+                                     if e["type"] != "dev.spotorch.snapshot.failed.v1"]
+
+
+def test_a_job_that_fails_every_attempt_is_given_up_once_and_alerted(
+        world: tuple[Deps, InMemoryTables]) -> None:
+    deps, tables = world
+    tables.buckets = {"other"}  # the export bucket does not exist
+    tables.load(TABLE, rows(5), at_ms=2_000, job_id="load1")
+    deps.publisher.fail_next = 1  # Pub/Sub is briefly down when it is given up
+    assert table_intake.table_changed(deps, event("load1")) == []
+    watch = watch_of(deps)
+    assert watch.taking is None and watch.gave_up is not None
+    sid = watch.gave_up["snapshot_id"]
+    failures = watch.gave_up["failures"]
+    assert [f["job_id"] for f in failures] == [
+        f"spotorch-export-{sid}-0", f"spotorch-export-{sid}-0-a2", f"spotorch-export-{sid}-0-a3"]
+    assert {f["reason"] for f in failures} == {"notFound"}
+    assert not watch.gave_up.get("published")
+    # The tick publishes what was lost, once; later ticks start nothing and publish nothing.
+    assert table_intake.check_tables(deps) == []
+    assert table_intake.check_tables(deps) == []
+    [alert] = [e for e in deps.publisher.events if e["type"] == "dev.spotorch.snapshot.failed.v1"]
+    assert alert["id"] == f"snapshot-{sid}:1"
+    assert (alert["data"]["reason"], alert["data"]["attempts"]) == ("notFound", MAX_JOB_ATTEMPTS)
+    assert validate_event(alert) == []
+    assert snapshot_docs(deps) == []
+    assert len([j for _, j in tables.jobs if j.startswith("spotorch-export")]) == MAX_JOB_ATTEMPTS
+    # New changes take a new snapshot (another time, another id) once the bucket is there.
+    tables.buckets = None
+    tables.load(TABLE, rows(5, 5), at_ms=3_000, job_id="load2")
+    [_run] = table_intake.table_changed(deps, event("load2"))
 
 
 # --- the function ----------------------------------------------------------------------------------

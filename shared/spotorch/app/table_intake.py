@@ -16,12 +16,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from spotorch.app import snapshots as intake
 from spotorch.app.deps import Deps
 from spotorch.core.errors import InvalidEvent, SpotorchError
+from spotorch.core.events import build_event
 from spotorch.core.model import Run
 from spotorch.core.pipeline import BigQuerySource, Pipeline
 from spotorch.core.table_changes import (
@@ -166,6 +168,7 @@ def check_tables(deps: Deps) -> list[Run]:
                 return looked if looked != watch else None
             _update(deps, pipeline.name, decide)
             runs += finish_snapshot(deps, pipeline)
+            publish_given_up(deps, pipeline)
         except ConflictError:
             log.warning("the watch of %s is contended; the next tick tries again", pipeline.name)
         except Exception as exc:  # one pipeline's tables must not stop the others' repair
@@ -245,11 +248,52 @@ def _failed(deps: Deps, pipeline: Pipeline, watch: Watch, part: str, phase: str,
     if written is None:
         return  # another invocation recorded it
     given_up = written.taking is None
+    if given_up:
+        publish_given_up(deps, pipeline)
     log.log(logging.ERROR if given_up else logging.WARNING,
             "BigQuery %s job %s of snapshot %s failed (%s: %s): %s", phase, job.job_id, sid,
             job.error_reason, job.error_message,
             "snapshot given up" if given_up else f"attempt {attempt + 1} starts",
             extra={"pipeline": pipeline.name})
+
+
+def given_up_event(pipeline: Pipeline, gave_up: Mapping[str, Any], now: float
+                   ) -> dict[str, Any]:
+    """The one snapshot.failed event of a snapshot given up (id `snapshot-<id>:1`: the same on
+    every publish, so a republish after a crash is deduplicated downstream)."""
+    failures = [{k: f.get(k) for k in ("part", "phase", "attempt", "job_id", "reason", "message")}
+                for f in gave_up.get("failures") or ()]
+    last = failures[-1] if failures else {}
+    sid = str(gave_up.get("snapshot_id"))
+    return build_event(run_id=f"snapshot-{sid}", pipeline=pipeline.name, sequence=1,
+                       kind="snapshot.failed", time=now, data={
+                           "snapshot_id": sid, "tables": list(_source(pipeline).tables),
+                           "snapshot_time": rfc3339_ms(int(gave_up.get("snapshot_ms") or 0)),
+                           "phase": last.get("phase"), "job_id": last.get("job_id"),
+                           "reason": last.get("reason") or "", "message": last.get("message") or "",
+                           "attempts": int(last.get("attempt") or 1), "failures": failures})
+
+
+def publish_given_up(deps: Deps, pipeline: Pipeline) -> None:
+    """Publish the snapshot.failed event of a snapshot given up and not yet published, then mark
+    it; one lost between the two (a crash, Pub/Sub down) is published again by the next tick."""
+    raw = deps.docs.get(COLLECTION_TABLE_WATCHES, pipeline.name)[0]
+    gave_up = None if raw is None else Watch.from_doc(raw).gave_up
+    if gave_up is None or gave_up.get("published"):
+        return
+    try:
+        deps.publisher.publish(given_up_event(pipeline, gave_up, deps.clock.now()))
+    except Exception as exc:  # the next tick tries again (the same id)
+        log.warning("snapshot.failed of %s not published: %s", gave_up.get("snapshot_id"), exc,
+                    extra={"pipeline": pipeline.name})
+        return
+    sid = gave_up.get("snapshot_id")
+
+    def mark(w: Watch) -> Watch | None:
+        if w.gave_up is None or w.gave_up.get("snapshot_id") != sid or w.gave_up.get("published"):
+            return None
+        return replace(w, gave_up={**w.gave_up, "published": True})
+    _update(deps, pipeline.name, mark)
 
 
 def finish_snapshot(deps: Deps, pipeline: Pipeline, wait_s: float | None = None) -> list[Run]:
@@ -304,6 +348,8 @@ def _record(deps: Deps, pipeline: Pipeline, watch: Watch) -> list[Run]:
         "objects": [{"name": n, "generation": g} for n, g in objects]}
     if source.query is not None:
         bigquery |= {"query": source.query, "query_sha256": query_sha256(source.query)}
+    if watch.taking.get("failures"):  # jobs that failed and were retried on the way
+        bigquery["job_failures"] = [dict(f) for f in watch.taking["failures"]]
     state = intake.SnapshotState(
         pipeline=pipeline.name, bucket=bucket, key=key, batch="bigquery", cycle=1,
         entries=tuple(intake.Entry(n, g, 1) for n, g in objects), first_seen=now,

@@ -170,6 +170,14 @@ def test_a_snapshot_holds_the_table_as_it_was_and_exports_as_parquet(world: Worl
     objects, total = _rows(world, "p/s1/")
     assert [n for n, _ in objects] == ["p/s1/rows/part-000000000000.parquet"]
     assert total == before
+    if not isinstance(world.tables, InMemoryTables):  # one end entry per job, as BigQuery logs
+        [ended] = _end_entries(world, "spotorch-export-s1-0")
+        assert ended["jobConfig"] == {"type": "EXPORT", "extractConfig": {
+            "destinationUris": [uri], "sourceTable": "projects/spotorch-test/datasets/snapshots/"
+                                                     "tables/rows__s1"}}
+        assert "errorResult" not in ended["jobStatus"]
+        [created] = _end_entries(world, "spotorch-snapshot-s1-0")
+        assert created["jobConfig"]["type"] == "QUERY"
     # The same export again starts no second job: the objects keep their generations.
     world.tables.start_extract(destination, uri, job_id="spotorch-export-s1-0")
     _done(world, "spotorch-export-s1-0")
@@ -190,6 +198,20 @@ def test_an_extract_to_a_bucket_that_does_not_exist_ends_done_with_an_error(worl
     # Read again: still failed (nothing is bridged; the error is not a one-off).
     again = world.tables.own_job("spotorch-export-nb-0")
     assert again is not None and again.failed
+    if not isinstance(world.tables, InMemoryTables):  # the front logs the end, as BigQuery does
+        [ended] = _end_entries(world, "spotorch-export-nb-0")
+        assert ended["jobConfig"]["type"] == "EXPORT"
+        assert ended["jobStatus"]["errorResult"]["message"] == job.error_message
+
+
+def _end_entries(world: World, job_id: str) -> list[dict[str, Any]]:
+    """The jobs of the jobChange end entries the stack published for one job."""
+    out = []
+    for e in world.entries:
+        change = e["protoPayload"]["metadata"].get("jobChange")
+        if change and change["job"]["jobName"].endswith(f"/jobs/{job_id}"):
+            out.append(change["job"])
+    return out
 
 
 def test_a_query_snapshot_is_its_result_as_of_the_snapshot_time(world: World) -> None:

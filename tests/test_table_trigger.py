@@ -25,6 +25,7 @@ from spotorch.app import table_intake
 from spotorch.app.deps import Deps
 from spotorch.app.snapshots import SnapshotState
 from spotorch.app.tick import reconcile
+from spotorch.core import table_changes
 from spotorch.core.errors import InvalidEvent
 from spotorch.core.pipeline import BigQuerySource, JobTemplate, Pipeline, Trigger
 from spotorch.core.pipeline_form import from_form, to_form
@@ -642,3 +643,63 @@ def test_the_function_acknowledges_start_entries_and_records_malformed_ones(
     assert app.post("/", headers=headers, data=body).status_code == 200
     assert (deps.docs.get("rejected_events", "odd-1")[0] is not None) is recorded
     assert deps.docs.get(COLLECTION_TABLE_WATCHES, "bq")[0] is None
+
+
+def extract_done(job_id: str) -> dict[str, Any]:
+    """The jobChange end entry of an extract job (BigQueryAuditMetadata: type EXPORT)."""
+    data = job_done(job_id)
+    job = data["protoPayload"]["metadata"]["jobChange"]["job"]
+    job["jobConfig"] = {"type": "EXPORT", "extractConfig": {
+        "destinationUris": ["gs://exports/bq/x/part-*.parquet"]}}
+    return data
+
+
+def test_the_end_entry_of_our_own_job_carries_the_snapshot_on_at_once(
+        world: tuple[Deps, InMemoryTables], monkeypatch: pytest.MonkeyPatch) -> None:
+    import functions_framework
+
+    deps, tables = world
+    deps.table_wait_s = 0.0
+    tables.hold = True
+    tables.load(TABLE, rows(5), at_ms=2_000, job_id="load1")
+    assert table_intake.table_changed(deps, event("load1")) == []
+    taking = watch_of(deps).taking
+    assert taking is not None
+    sid = taking["snapshot_id"]
+    monkeypatch.setattr(entry, "deps", lambda: deps)
+    app = functions_framework.create_app("on_table_changed", MAIN, "cloudevent").test_client()
+
+    def post(event_id: str, data: dict[str, Any]) -> None:
+        cloud_event = CloudEvent({"type": AUDIT_LOG_TYPE, "id": event_id,
+                                  "source": "//cloudaudit.googleapis.com/projects/demo-proj/"
+                                            "logs/data_access"}, data)
+        headers, body = to_structured(cloud_event)
+        assert app.post("/", headers=headers, data=body).status_code == 200
+
+    # An entry claiming our job ended while BigQuery says RUNNING (early, or forged): nothing.
+    post("early", job_done(f"spotorch-snapshot-{sid}-0", f"{TABLE.rsplit('.', 2)[0]}.snapshots.x"))
+    assert watch_of(deps).taking == taking
+    assert snapshot_docs(deps) == []
+    tables.finish_held()
+    tables.hold = True  # the extract the entry starts takes its time too
+    post("query-done", job_done(f"spotorch-snapshot-{sid}-0",
+                                f"{TABLE.rsplit('.', 2)[0]}.snapshots.x"))
+    assert table_changes.part_state(watch_of(deps).taking or {}, "0") == ("export", 1)
+    tables.finish_held()
+    post("export-done", extract_done(f"spotorch-export-{sid}-0"))
+    assert watch_of(deps).taking is None
+    [snap] = snapshot_docs(deps)
+    assert snap.started  # the run started from the entry, before any tick
+    post("export-done-again", extract_done(f"spotorch-export-{sid}-0"))
+    assert len(snapshot_docs(deps)) == 1
+
+
+def test_own_job_entries_are_recognised_by_their_job_id() -> None:
+    sid = "0123456789abcdef"
+    assert table_changes.own_job_snapshot(extract_done(f"spotorch-export-{sid}-0-a2")) == sid
+    assert table_changes.own_job_snapshot(job_done(f"spotorch-snapshot-{sid}-query")) == sid
+    assert table_changes.own_job_snapshot(json.dumps(job_done(f"spotorch-export-{sid}-1"))) == sid
+    assert table_changes.own_job_snapshot(job_done("load1")) is None
+    assert table_changes.own_job_snapshot(job_done("spotorch-export-NOTHEX-0")) is None
+    assert table_changes.own_job_snapshot(data_change(f"spotorch-export-{sid}-0")) is None
+    assert table_changes.own_job_snapshot("not json") is None

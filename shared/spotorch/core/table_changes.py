@@ -178,6 +178,32 @@ def parse_audit_event(event_type: str, event_id: str, data: Any) -> TableChange 
                            event_type=str(event_type or "")) from None
 
 
+# The id of a job finish_snapshot starts (job_id below): its snapshot id is in it.
+_OWN_JOB = re.compile(r"^spotorch-(?:snapshot|export)-([0-9a-f]{8,32})-[A-Za-z0-9_-]+$")
+
+
+def own_job_snapshot(data: Any) -> str | None:
+    """The snapshot id of a jobChange end entry (DONE, failed or not) about one of the jobs
+    finish_snapshot starts, else None. Only a hint that a snapshot may move on: finish_snapshot
+    reads the job itself (jobs.get) before anything changes. Call it after parse_audit_event
+    accepted the entry (this assumes its shape)."""
+    if isinstance(data, bytes | str):
+        try:
+            data = json.loads(data)
+        except ValueError:
+            return None
+    payload = data.get("protoPayload") if isinstance(data, Mapping) else None
+    metadata = payload.get("metadata") if isinstance(payload, Mapping) else None
+    change = metadata.get("jobChange") if isinstance(metadata, Mapping) else None
+    if not isinstance(change, Mapping) or change.get("after") != "DONE":
+        return None
+    job = change.get("job")
+    name = job.get("jobName") if isinstance(job, Mapping) else None
+    found = _JOB_RESOURCE.match(name) if isinstance(name, str) else None
+    own = _OWN_JOB.match(found.group(2)) if found else None
+    return own.group(1) if own else None
+
+
 # --- what BigQuery says (the source of truth), as the decisions see it ----------------------------
 
 

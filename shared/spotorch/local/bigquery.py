@@ -14,9 +14,10 @@ and adds two things the emulator does not do (docs/local-stack.md says what is e
   bucket that does not exist ends DONE with an errorResult (notFound), as on BigQuery; the
   emulator itself would write the files anyway.
 - Audit entries: BigQuery writes a Cloud Audit Logs entry when a job ends; no emulator does.
-  For each load or DML job the front sees end, it hands `on_job_done` the InsertJob entries
-  Eventarc would deliver (audit_entries): the jobChange end entry and, for the table the job
-  changed, a tableDataChange entry, in the real LogEntry shape and no richer.
+  For each load, query or extract job the front sees end, it hands `on_job_done` the InsertJob
+  entries Eventarc would deliver (audit_entries): the jobChange end entry and, for the table a
+  load or DML job changed, a tableDataChange entry, in the real LogEntry shape
+  (BigQueryAuditMetadata) and no richer.
 """
 
 from __future__ import annotations
@@ -138,12 +139,40 @@ def changed_table(job: Mapping[str, Any]) -> str | None:
     return f"projects/{parts[0]}/datasets/{parts[1]}/tables/{parts[2]}"
 
 
+def _job_config(job: Mapping[str, Any], table: str | None) -> dict[str, Any] | None:
+    """The audit log's JobConfig of a job resource (BigQueryAuditMetadata.JobConfig: type and
+    its one config); None for a job kind the front does not log (copy: the emulator has none)."""
+    config = job.get("configuration") or {}
+    stats = job.get("statistics") or {}
+    if "load" in config:
+        return {"type": "IMPORT", "loadConfig": {"destinationTable": table or _table_resource(
+            config["load"]["destinationTable"])}}
+    if isinstance(config.get("query"), Mapping):
+        # No destinationTable: the emulator names an anonymous table even for DML, and which
+        # statements real BigQuery's entry names one for is not known here (docs/local-stack.md).
+        return {"type": "QUERY", "queryConfig": {
+            "query": config["query"].get("query", ""),
+            "statementType": stats.get("query", {}).get("statementType", "")}}
+    if isinstance(config.get("extract"), Mapping):
+        extract = config["extract"]
+        source = extract.get("sourceTable") or {}
+        out: dict[str, Any] = {"destinationUris": list(extract.get("destinationUris") or ())}
+        if source.get("tableId"):
+            out["sourceTable"] = _table_resource(source)
+        return {"type": "EXPORT", "extractConfig": out}
+    return None
+
+
 def audit_entries(job: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The LogEntry data of the InsertJob entries BigQuery writes when a load or DML job ends:
-    the jobChange end entry and the tableDataChange entry; [] for other jobs and failures."""
-    table = changed_table(job)
+    """The LogEntry data of the InsertJob entries BigQuery writes when a job ends: the jobChange
+    end entry of every job (load, query, extract; failed ones with their error), and for a load
+    or DML job that succeeded the tableDataChange entry of the table it changed."""
     status = job.get("status") or {}
-    if table is None or status.get("state") != "DONE" or status.get("errorResult"):
+    if status.get("state") != "DONE":
+        return []
+    table = changed_table(job)
+    job_config = _job_config(job, table)
+    if job_config is None:
         return []
     ref = job.get("jobReference") or {}
     project, job_id = ref.get("projectId", ""), ref.get("jobId", "")
@@ -151,11 +180,6 @@ def audit_entries(job: Mapping[str, Any]) -> list[dict[str, Any]]:
     stats = job.get("statistics") or {}
     config = job.get("configuration") or {}
     load = "load" in config
-    job_config: dict[str, Any] = (
-        {"type": "IMPORT", "loadConfig": {"destinationTable": table}} if load
-        else {"type": "QUERY", "queryConfig": {"query": config["query"].get("query", ""),
-                                               "statementType": stats.get("query", {})
-                                               .get("statementType", "")}})
     rows = (stats.get("load", {}).get("outputRows") if load
             else stats.get("query", {}).get("numDmlAffectedRows"))
 
@@ -173,12 +197,19 @@ def audit_entries(job: Mapping[str, Any]) -> list[dict[str, Any]]:
             "operation": {"id": job_name, "producer": BIGQUERY_SERVICE, "last": True},
             "receiveTimestamp": _time(stats.get("endTime"))}
 
+    job_status: dict[str, Any] = {"jobState": "DONE"}
+    error = status.get("errorResult")
+    if error:
+        # google.rpc.Status: the message only (which code BigQuery maps each reason to is not
+        # known here: docs/local-stack.md)
+        job_status["errorResult"] = {"message": str(error.get("message") or "")}
     done = entry(job_name, {"jobChange": {"before": "RUNNING", "after": "DONE", "job": {
-        "jobName": job_name, "jobConfig": job_config,
-        "jobStatus": {"jobState": "DONE"},
+        "jobName": job_name, "jobConfig": job_config, "jobStatus": job_status,
         "jobStats": {"createTime": _time(stats.get("creationTime")),
                      "startTime": _time(stats.get("startTime")),
                      "endTime": _time(stats.get("endTime"))}}}}, "done")
+    if table is None or error:
+        return [done]
     change: dict[str, Any] = {"jobName": job_name, "reason": "JOB"}
     if rows is not None:
         change["insertedRowsCount" if load or stats.get("query", {}).get("statementType")

@@ -70,5 +70,6 @@ def production_deps(settings: Settings | None = None) -> Deps:
                                    token=settings.vertex_token),
         step_outputs=GcsStepOutputs(project=settings.project),
         # The client on first use: only pipelines with trigger.bigquery call it.
-        tables=BigQueryTables(settings.project, endpoint=settings.bigquery_endpoint),
+        tables=BigQueryTables(settings.project, endpoint=settings.bigquery_endpoint,
+                              location=settings.bigquery_location),
     )

@@ -46,9 +46,13 @@ def _quoted(table: str) -> str:
 class BigQueryTables:
     """ports.TableSource: tables.get, jobs.get, a query to snapshot, an extract job to export."""
 
-    def __init__(self, project: str, *, endpoint: str | None = None) -> None:
+    def __init__(self, project: str, *, endpoint: str | None = None,
+                 location: str | None = None) -> None:
         self.project = project
         self.endpoint = endpoint
+        # Where our snapshot jobs run and are read back (jobs.get needs it outside US and EU):
+        # the snapshot dataset's location (SPOTORCH_BIGQUERY_LOCATION); None: BigQuery's default.
+        self.location = location
         self._client: Any = None
         self._lock = threading.Lock()
 
@@ -64,9 +68,10 @@ class BigQueryTables:
 
                     self._client = bigquery.Client(
                         project=self.project, credentials=AnonymousCredentials(),
-                        client_options=ClientOptions(api_endpoint=self.endpoint))
+                        client_options=ClientOptions(api_endpoint=self.endpoint),
+                        location=self.location)
                 else:
-                    self._client = bigquery.Client(project=self.project)
+                    self._client = bigquery.Client(project=self.project, location=self.location)
             return self._client
 
     def get_table(self, table: str) -> TableInfo:
@@ -112,8 +117,8 @@ class BigQueryTables:
                        error_message=str(error["message"]) if error.get("message") else None)
 
     def own_job(self, job_id: str) -> JobInfo | None:
-        """TableSource.own_job: jobs.get in this source's project (the client's location)."""
-        return self.get_job(self.project, job_id)
+        """TableSource.own_job: jobs.get in this source's project and location."""
+        return self.get_job(self.project, job_id, self.location)
 
     def start_snapshot(self, table: str, snapshot_ms: int, destination: str, expires_ms: int,
                        job_id: str) -> bool:

@@ -128,6 +128,7 @@ def table_changed(deps: Deps, change: TableChange) -> list[Run]:
     assert job is not None
     now = deps.clock.now()
     runs: list[Run] = []
+    deadline = time.monotonic() + deps.table_wait_s  # one wait budget for the invocation
     for pipeline in pipelines:
         source = _source(pipeline)
         infos = _read_tables(tables, source)
@@ -139,7 +140,7 @@ def table_changed(deps: Deps, change: TableChange) -> list[Run]:
                 return None
             return take(counted, pipeline, now) if due(counted, source, now) is None else counted
         _update(deps, pipeline.name, decide)
-        runs += finish_snapshot(deps, pipeline)
+        runs += finish_snapshot(deps, pipeline, wait_s=max(0.0, deadline - time.monotonic()))
     intake.remember_handled(deps.docs, dedupe, {
         "event_id": change.event_id, "source": "bigquery", "job": change.job_name,
         "tables": list(change.tables)}, now)
@@ -164,6 +165,7 @@ def check_tables(deps: Deps) -> list[Run]:
     """The tick: read every watched table (what events missed counts now), take the snapshots
     that are due (a quiet period passed), finish those a crash interrupted; the runs started."""
     runs: list[Run] = []
+    deadline = time.monotonic() + deps.table_wait_s  # one wait budget for the whole tick
     for pipeline in bigquery_pipelines(deps):
         source = _source(pipeline)
         try:
@@ -181,7 +183,8 @@ def check_tables(deps: Deps) -> list[Run]:
                     return take(looked, pipeline, now)
                 return looked if looked != watch else None
             _update(deps, pipeline.name, decide)
-            runs += finish_snapshot(deps, pipeline)
+            runs += finish_snapshot(deps, pipeline,
+                                    wait_s=max(0.0, deadline - time.monotonic()))
             publish_given_up(deps, pipeline)
         except ConflictError:
             log.warning("the watch of %s is contended; the next tick tries again", pipeline.name)

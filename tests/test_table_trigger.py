@@ -547,6 +547,37 @@ def test_redeliveries_and_ticks_while_jobs_run_start_one_job_each_and_one_run(
     assert snap.started == (first + second)[0].run_id
 
 
+def test_invocations_running_at_the_same_time_start_each_job_once_and_one_run(
+        world: tuple[Deps, InMemoryTables]) -> None:
+    import threading
+
+    deps, tables = world
+    deps.table_wait_s = 0.0
+    tables.hold = True
+    tables.load(TABLE, rows(5), at_ms=2_000, job_id="load1")
+    assert table_intake.table_changed(deps, event("load1")) == []
+    pipeline_ = deps.pipelines["bq"]
+    results: list[list[Any]] = []
+    errors: list[BaseException] = []
+
+    def invocation() -> None:
+        try:
+            results.append(table_intake.finish_snapshot(deps, pipeline_, wait_s=1.5))
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+    threads = [threading.Thread(target=invocation) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    tables.finish_held()  # the snapshot query ends while all four follow it
+    for t in threads:
+        t.join(10)
+    assert not errors
+    assert sum(len(r) for r in results) == 1
+    assert len([j for _, j in tables.jobs if j.startswith("spotorch-")]) == 2
+    assert len(snapshot_docs(deps)) == 1
+
+
 def test_a_failed_extract_is_recorded_and_retried_with_a_fresh_job_id(
         world: tuple[Deps, InMemoryTables]) -> None:
     deps, tables = world

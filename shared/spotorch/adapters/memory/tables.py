@@ -5,6 +5,7 @@ tests/test_table_source_contract.py runs the same checks against it and the BigQ
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -33,6 +34,7 @@ class InMemoryTables:
     fail: dict[str, tuple[str, str]] = field(default_factory=dict)  # job id -> (reason, message)
     buckets: set[str] | None = None  # the buckets that exist; None: every bucket
     _work: dict[str, Callable[[], None]] = field(default_factory=dict)
+    _lock: threading.RLock = field(default_factory=threading.RLock)
 
     def load(self, table: str, rows: list[dict[str, Any]], *, at_ms: int, job_id: str,
              kind: str = "load") -> JobInfo:
@@ -72,12 +74,13 @@ class InMemoryTables:
     def _start(self, job_id: str, kind: str, work: Callable[[], None]) -> None:
         """A job of that id: DONE at once (its work done), or RUNNING while `hold` (finish_held
         ends it); DONE with an error when its work raises or `fail` names it."""
-        if ("", job_id) in self.jobs:
-            return  # BigQuery answers Conflict: the job was started before
-        self.jobs[("", job_id)] = JobInfo(job_id, kind, "RUNNING", False, None, None)
-        self._work[job_id] = work
-        if not self.hold:
-            self._end(job_id)
+        with self._lock:  # one job per id, as jobs.insert: concurrent callers get Conflict
+            if ("", job_id) in self.jobs:
+                return  # BigQuery answers Conflict: the job was started before
+            self.jobs[("", job_id)] = JobInfo(job_id, kind, "RUNNING", False, None, None)
+            self._work[job_id] = work
+            if not self.hold:
+                self._end(job_id)
 
     def _end(self, job_id: str) -> None:
         job, work = self.jobs[("", job_id)], self._work.pop(job_id)
@@ -92,9 +95,10 @@ class InMemoryTables:
 
     def finish_held(self) -> None:
         """End every job left RUNNING (test helper)."""
-        self.hold = False
-        for job_id in list(self._work):
-            self._end(job_id)
+        with self._lock:
+            self.hold = False
+            for job_id in list(self._work):
+                self._end(job_id)
 
     def start_snapshot(self, table: str, snapshot_ms: int, destination: str, expires_ms: int,
                        job_id: str) -> bool:

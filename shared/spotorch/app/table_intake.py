@@ -140,7 +140,7 @@ def table_changed(deps: Deps, change: TableChange) -> list[Run]:
                 return None
             return take(counted, pipeline, now) if due(counted, source, now) is None else counted
         _update(deps, pipeline.name, decide)
-        runs += finish_snapshot(deps, pipeline, wait_s=max(0.0, deadline - time.monotonic()))
+        runs += _carry_on(deps, pipeline, max(0.0, deadline - time.monotonic()))
     intake.remember_handled(deps.docs, dedupe, {
         "event_id": change.event_id, "source": "bigquery", "job": change.job_name,
         "tables": list(change.tables)}, now)
@@ -156,9 +156,22 @@ def snapshot_job_ended(deps: Deps, snapshot_id: str) -> list[Run]:
         raw = deps.docs.get(COLLECTION_TABLE_WATCHES, pipeline.name)[0]
         taking = None if raw is None else Watch.from_doc(raw).taking
         if taking is not None and taking.get("snapshot_id") == snapshot_id:
-            runs += finish_snapshot(deps, pipeline)
-            publish_given_up(deps, pipeline)
+            runs += _carry_on(deps, pipeline, deps.table_wait_s)
     return runs
+
+
+def _carry_on(deps: Deps, pipeline: Pipeline, wait_s: float) -> list[Run]:
+    """finish_snapshot from an event: once the decision is recorded, BigQuery failing to start
+    or answer (an error, not a job's errorResult) is the tick's to carry on; the event is
+    acknowledged rather than redelivered in a loop."""
+    try:
+        runs = finish_snapshot(deps, pipeline, wait_s=wait_s)
+        publish_given_up(deps, pipeline)
+        return runs
+    except Exception as exc:
+        log.warning("carrying on the snapshot of %s failed (the tick carries it on): %s",
+                    pipeline.name, exc, extra={"pipeline": pipeline.name})
+        return []
 
 
 def check_tables(deps: Deps) -> list[Run]:
@@ -199,9 +212,8 @@ def export_root(pipeline: Pipeline, snapshot_id: str) -> str:
 
 
 def _part_table(source: BigQuerySource, part: str) -> str:
-    """The destination table of one part in the snapshot dataset."""
-    name = "query" if part == "query" else source.tables[int(part)]
-    return name
+    """What one part snapshots: "query", or the watched table (project.dataset.table)."""
+    return "query" if part == "query" else source.tables[int(part)]
 
 
 def _destination(source: BigQuerySource, part: str, sid: str) -> str:
@@ -256,17 +268,15 @@ def _advance(deps: Deps, pipeline: Pipeline, watch: Watch, part: str) -> str:
 
 def _failed(deps: Deps, pipeline: Pipeline, watch: Watch, part: str, phase: str, attempt: int,
             job: JobInfo) -> None:
-    """A part's job ended with an error: recorded on the watch; retried, or given up (logged
-    as an error for the alerting on logs, as a failed run's reason is)."""
+    """A part's job ended with an error: recorded on the watch; retried (a warning), or given
+    up (an error, and the snapshot.failed event)."""
     assert watch.taking is not None
     sid, now = str(watch.taking["snapshot_id"]), deps.clock.now()
     written = _update(deps, pipeline.name,
                       lambda w: job_failed(w, sid, part, phase, attempt, job, now))
     if written is None:
         return  # another invocation recorded it
-    given_up = written.taking is None
-    if given_up:
-        publish_given_up(deps, pipeline)
+    given_up = written.taking is None  # its event: publish_given_up, after finish_snapshot
     log.log(logging.ERROR if given_up else logging.WARNING,
             "BigQuery %s job %s of snapshot %s failed (%s: %s): %s", phase, job.job_id, sid,
             job.error_reason, job.error_message,

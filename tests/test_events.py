@@ -100,6 +100,13 @@ SAMPLES: dict[str, dict[str, Any]] = {
                              "output_uri": "gs://prep/churn/0123456789abcdef0123/",
                              "cache_key": "0123456789abcdef0123", "failure_class": "user_error",
                              "error": "ValueError: bad row", "cost": 0.01},
+    "snapshot.failed": {"snapshot_id": "0123456789abcdef", "tables": ["p.d.t"],
+                        "snapshot_time": "2025-11-29T14:03:12.345Z", "phase": "export",
+                        "job_id": "spotorch-export-0123456789abcdef-0-a3", "reason": "notFound",
+                        "message": "Not found: Bucket b", "attempts": 3,
+                        "failures": [{"part": "0", "phase": "export", "attempt": 3,
+                                      "job_id": "spotorch-export-0123456789abcdef-0-a3",
+                                      "reason": "notFound", "message": "Not found: Bucket b"}]},
     "upload.unmatched": {"bucket": "b", "folder": "daily/x/", "uri": "gs://b/daily/x/",
                          "objects": ["daily/x/_SUCCESS"], "more_objects": False,
                          "first_seen": "2025-11-29T14:03:12.345Z", "last_seen": None,
@@ -140,6 +147,7 @@ BREAKS: dict[str, tuple[str, Any]] = {
     "run.spot_probed": ("found", "yes"),
     "run.preprocess_started": ("cache_key", "not-a-key"),
     "run.preprocess_ended": ("phase", "RUNNING"),
+    "snapshot.failed": ("phase", "query"),
     "upload.unmatched": ("objects", []),
 }
 

@@ -16,7 +16,7 @@ import pytest
 
 from spotorch.adapters.memory.tables import InMemoryTables
 from spotorch.adapters.memory.twins import InMemoryObjectStore
-from spotorch.core.table_changes import AUDIT_LOG_TYPE, parse_audit_event
+from spotorch.core.table_changes import AUDIT_LOG_TYPE, JobInfo, parse_audit_event
 from spotorch.ports.storage import ObjectStore
 from spotorch.ports.tables import TableNotFound, TableSource
 
@@ -37,7 +37,7 @@ class World:
 
 def _memory() -> Iterator[World]:
     objects = InMemoryObjectStore()
-    tables = InMemoryTables(objects)
+    tables = InMemoryTables(objects, buckets={BUCKET})
     tables.load(TABLE, [], at_ms=1_000, job_id="create", kind="query")
     clock = [2_000]
 
@@ -71,7 +71,9 @@ def _emulator(tmp: Path) -> Iterator[World]:
                                                                       if_generation_match=0)
         entries: list[dict[str, Any]] = []
         front = BigQueryFront(f"http://{bq.address}", tmp / "bq-gcs", upload,
-                              on_job_done=entries.append).start()
+                              on_job_done=entries.append,
+                              bucket_exists=lambda b: gcs_client.lookup_bucket(b) is not None
+                              ).start()
         tables = BigQueryTables(PROJECT, endpoint=front.url)
         client = tables.client()
         client.create_dataset("sales")
@@ -133,22 +135,83 @@ def test_tables_and_jobs_are_read(world: World) -> None:
     assert world.tables.get_job(PROJECT, "no-such-job") is None
 
 
+def _done(world: World, job_id: str, timeout_s: float = 60.0) -> JobInfo:
+    """own_job until the job is DONE (what finish_snapshot does across invocations)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = world.tables.own_job(job_id)
+        if job is not None and job.state == "DONE":
+            return job
+        assert time.monotonic() < deadline, f"job {job_id} not DONE: {job}"
+        time.sleep(0.1)
+
+
 def test_a_snapshot_holds_the_table_as_it_was_and_exports_as_parquet(world: World) -> None:
     _, first_end = world.insert([(3.0, 0)])
     world.insert([(4.0, 1), (5.0, 0)])  # after the snapshot's time: not in it
     before = 3  # the two rows of the first test and the one above
     destination = f"{PROJECT}.snapshots.rows__s1"
     expires = int(time.time() * 1000) + 86_400_000
-    world.tables.snapshot(TABLE, first_end, destination, expires)
-    world.tables.snapshot(TABLE, first_end, destination, expires)  # again: kept
+    assert world.tables.own_job("spotorch-snapshot-s1-0") is None
+    assert world.tables.start_snapshot(TABLE, first_end, destination, expires,
+                                       "spotorch-snapshot-s1-0") is False
+    # Started again (a redelivery, a concurrent invocation): the same job, no second one.
+    world.tables.start_snapshot(TABLE, first_end, destination, expires, "spotorch-snapshot-s1-0")
+    job = _done(world, "spotorch-snapshot-s1-0")
+    assert (job.job_type, job.failed) == ("query", False)
+    # Once the table is there, a start is told so and starts nothing.
+    assert world.tables.start_snapshot(TABLE, first_end, destination, expires,
+                                       "spotorch-snapshot-s1-0-a2") is True
+    assert world.tables.own_job("spotorch-snapshot-s1-0-a2") is None
     uri = f"gs://{BUCKET}/p/s1/rows/part-*.parquet"
-    world.tables.export_parquet(destination, uri, job_id="spotorch-export-s1-0")
+    world.tables.start_extract(destination, uri, job_id="spotorch-export-s1-0")
+    job = _done(world, "spotorch-export-s1-0")
+    assert (job.job_type, job.failed, job.error_reason) == ("extract", False, None)
     objects, total = _rows(world, "p/s1/")
     assert [n for n, _ in objects] == ["p/s1/rows/part-000000000000.parquet"]
     assert total == before
+    if not isinstance(world.tables, InMemoryTables):  # one end entry per job, as BigQuery logs
+        [ended] = _end_entries(world, "spotorch-export-s1-0")
+        assert ended["jobConfig"] == {"type": "EXPORT", "extractConfig": {
+            "destinationUris": [uri], "sourceTable": "projects/spotorch-test/datasets/snapshots/"
+                                                     "tables/rows__s1"}}
+        assert "errorResult" not in ended["jobStatus"]
+        [created] = _end_entries(world, "spotorch-snapshot-s1-0")
+        assert created["jobConfig"]["type"] == "QUERY"
     # The same export again starts no second job: the objects keep their generations.
-    world.tables.export_parquet(destination, uri, job_id="spotorch-export-s1-0")
+    world.tables.start_extract(destination, uri, job_id="spotorch-export-s1-0")
+    _done(world, "spotorch-export-s1-0")
     assert _rows(world, "p/s1/")[0] == objects
+
+
+def test_an_extract_to_a_bucket_that_does_not_exist_ends_done_with_an_error(world: World) -> None:
+    _, at = world.insert([(-1.0, 0)])  # outside what the query test below selects
+    destination = f"{PROJECT}.snapshots.rows__nb"
+    expires = int(time.time() * 1000) + 86_400_000
+    world.tables.start_snapshot(TABLE, at, destination, expires, "spotorch-snapshot-nb-0")
+    _done(world, "spotorch-snapshot-nb-0")
+    world.tables.start_extract(destination, "gs://no-such-bucket/p/nb/rows/part-*.parquet",
+                               job_id="spotorch-export-nb-0")
+    job = _done(world, "spotorch-export-nb-0")
+    assert job.failed and job.error_reason == "notFound"
+    assert job.error_message is not None and "no-such-bucket" in job.error_message
+    # Read again: still failed (nothing is bridged; the error is not a one-off).
+    again = world.tables.own_job("spotorch-export-nb-0")
+    assert again is not None and again.failed
+    if not isinstance(world.tables, InMemoryTables):  # the front logs the end, as BigQuery does
+        [ended] = _end_entries(world, "spotorch-export-nb-0")
+        assert ended["jobConfig"]["type"] == "EXPORT"
+        assert ended["jobStatus"]["errorResult"]["message"] == job.error_message
+
+
+def _end_entries(world: World, job_id: str) -> list[dict[str, Any]]:
+    """The jobs of the jobChange end entries the stack published for one job."""
+    out = []
+    for e in world.entries:
+        change = e["protoPayload"]["metadata"].get("jobChange")
+        if change and change["job"]["jobName"].endswith(f"/jobs/{job_id}"):
+            out.append(change["job"])
+    return out
 
 
 def test_a_query_snapshot_is_its_result_as_of_the_snapshot_time(world: World) -> None:
@@ -158,10 +221,13 @@ def test_a_query_snapshot_is_its_result_as_of_the_snapshot_time(world: World) ->
     query = f"SELECT rows.x, label FROM `{TABLE}` WHERE rows.label = 1 AND x >= 10"
     destination = f"{PROJECT}.snapshots.query__q1"
     expires = int(time.time() * 1000) + 86_400_000
-    world.tables.snapshot_query(query, at, destination, expires)
-    world.tables.snapshot_query(query, at, destination, expires)  # again: kept
-    world.tables.export_parquet(destination, f"gs://{BUCKET}/p/q1/query/part-*.parquet",
-                                job_id="spotorch-export-q1-query")
+    world.tables.start_snapshot_query(query, at, destination, expires, "spotorch-snapshot-q1-q")
+    _done(world, "spotorch-snapshot-q1-q")
+    assert world.tables.start_snapshot_query(query, at, destination, expires,
+                                             "spotorch-snapshot-q1-q") is True  # kept
+    world.tables.start_extract(destination, f"gs://{BUCKET}/p/q1/query/part-*.parquet",
+                               job_id="spotorch-export-q1-query")
+    _done(world, "spotorch-export-q1-query")
     objects, _ = _rows(world, "p/q1/")
     assert [n for n, _ in objects] == ["p/q1/query/part-000000000000.parquet"]
     [(name, generation)] = objects
@@ -171,13 +237,25 @@ def test_a_query_snapshot_is_its_result_as_of_the_snapshot_time(world: World) ->
     # Aliases the query gives, and a join: both sides read as of the same time.
     joined = (f"SELECT r.x, s.label FROM `{TABLE}` AS r JOIN `{TABLE}` s ON r.x = s.x "
               "WHERE r.x >= 10")
-    world.tables.snapshot_query(joined, at, f"{PROJECT}.snapshots.query__q2", expires)
-    world.tables.export_parquet(f"{PROJECT}.snapshots.query__q2",
-                                f"gs://{BUCKET}/p/q2/query/part-*.parquet",
-                                job_id="spotorch-export-q2-query")
+    world.tables.start_snapshot_query(joined, at, f"{PROJECT}.snapshots.query__q2", expires,
+                                      "spotorch-snapshot-q2-q")
+    _done(world, "spotorch-snapshot-q2-q")
+    world.tables.start_extract(f"{PROJECT}.snapshots.query__q2",
+                               f"gs://{BUCKET}/p/q2/query/part-*.parquet",
+                               job_id="spotorch-export-q2-query")
+    _done(world, "spotorch-export-q2-query")
     [(name, generation)] = _rows(world, "p/q2/")[0]
     table = pq.read_table(io.BytesIO(world.objects.read(BUCKET, name, generation, 1 << 24)))
     assert sorted(table.column("x").to_pylist()) == [10.0, 11.0, 12.0]
+
+
+def test_a_snapshot_query_that_fails_ends_done_with_its_error(world: World) -> None:
+    """A CTAS of a table that does not exist: DONE with an errorResult, not a raised call."""
+    expires = int(time.time() * 1000) + 86_400_000
+    world.tables.start_snapshot(f"{PROJECT}.sales.nope", 5_000, f"{PROJECT}.snapshots.nope__f1",
+                                expires, "spotorch-snapshot-f1-0")
+    job = _done(world, "spotorch-snapshot-f1-0")
+    assert job.failed and job.error_reason
 
 
 def test_the_stack_publishes_the_audit_entries_of_a_dml_job(world: World) -> None:

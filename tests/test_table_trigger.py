@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -19,26 +20,31 @@ from cloudevents.http import CloudEvent
 
 from fakes import fake_deps
 from spotorch.adapters.memory.tables import InMemoryTables
-from spotorch.adapters.memory.twins import InMemoryObjectStore, ManualClock
+from spotorch.adapters.memory.twins import InMemoryObjectStore, InMemoryPublisher, ManualClock
 from spotorch.app import table_intake
 from spotorch.app.deps import Deps
 from spotorch.app.snapshots import SnapshotState
 from spotorch.app.tick import reconcile
+from spotorch.core import table_changes
 from spotorch.core.errors import InvalidEvent
 from spotorch.core.pipeline import BigQuerySource, JobTemplate, Pipeline, Trigger
 from spotorch.core.pipeline_form import from_form, to_form
 from spotorch.core.table_changes import (
     AUDIT_LOG_TYPE,
     INSERT_JOB,
+    MAX_JOB_ATTEMPTS,
     METADATA_TYPE,
     TableChange,
+    Watch,
     parse_audit_event,
     query_as_of,
     query_problems,
     query_sha256,
+    snapshot_id_of,
 )
 from spotorch.entrypoints import functions as entry
 from spotorch.settings import COLLECTION_SNAPSHOTS, COLLECTION_TABLE_WATCHES
+from spotorch.spec.event_schemas import validate_event
 from spotorch.spec.loader import check_file
 
 TABLE = "demo-proj.sales.rows"
@@ -305,6 +311,12 @@ def snapshot_docs(deps: Deps) -> list[SnapshotState]:
                                                                "bq")]
 
 
+def watch_of(deps: Deps) -> Watch:
+    raw = deps.docs.get(COLLECTION_TABLE_WATCHES, "bq")[0]
+    assert raw is not None
+    return Watch.from_doc(raw)
+
+
 def test_a_load_starts_a_run_on_the_parquet_export_of_a_snapshot(
         world: tuple[Deps, InMemoryTables]) -> None:
     deps, tables = world
@@ -477,13 +489,147 @@ def test_a_snapshot_decided_before_a_crash_is_finished_by_the_tick(
 
     def crash(*_: Any, **__: Any) -> None:
         raise ConnectionError("the function died mid-export")
-    monkeypatch.setattr(tables, "export_parquet", crash)
-    with pytest.raises(ConnectionError):
-        table_intake.table_changed(deps, event("load1"))
+    monkeypatch.setattr(tables, "start_extract", crash)
+    # The decision is recorded: the event is acknowledged, not redelivered in a loop.
+    assert table_intake.table_changed(deps, event("load1")) == []
+    assert watch_of(deps).taking is not None
     monkeypatch.undo()
     [_run] = table_intake.check_tables(deps)
     assert len(snapshot_docs(deps)) == 1
     assert table_intake.check_tables(deps) == []
+
+
+# --- start, then follow: no invocation waits for a job ------------------------------------------
+
+
+def test_a_job_left_running_never_holds_the_invocation_past_its_budget(
+        world: tuple[Deps, InMemoryTables]) -> None:
+    deps, tables = world
+    deps.table_wait_s = 0.3
+    tables.hold = True  # BigQuery takes its time: every job stays RUNNING
+    tables.load(TABLE, rows(5), at_ms=2_000, job_id="load1")
+    started = time.monotonic()
+    assert table_intake.table_changed(deps, event("load1")) == []
+    assert time.monotonic() - started < 0.3 + 1.0  # the budget, and not a job's duration
+    taking = watch_of(deps).taking
+    assert taking is not None
+    sid = taking["snapshot_id"]
+    assert [j for _, j in tables.jobs if j.startswith("spotorch-")] == [
+        f"spotorch-snapshot-{sid}-0"]  # started once, however often it was looked at
+    # The tick looks again: still running; then BigQuery ends the snapshot query.
+    assert table_intake.check_tables(deps) == []
+    tables.finish_held()
+    [run] = table_intake.check_tables(deps)  # the extract is started and, DONE, recorded
+    assert watch_of(deps).taking is None
+    assert len(snapshot_docs(deps)) == 1 and snapshot_docs(deps)[0].started == run.run_id
+    assert table_intake.check_tables(deps) == []
+    assert table_intake.table_changed(deps, event("load1", "ev-again")) == []
+    assert sorted(j for _, j in tables.jobs if j.startswith("spotorch-")) == [
+        f"spotorch-export-{sid}-0", f"spotorch-snapshot-{sid}-0"]
+
+
+def test_redeliveries_and_ticks_while_jobs_run_start_one_job_each_and_one_run(
+        world: tuple[Deps, InMemoryTables]) -> None:
+    deps, tables = world
+    deps.table_wait_s = 0.0
+    tables.hold = True
+    tables.load(TABLE, rows(5), at_ms=2_000, job_id="load1")
+    assert table_intake.table_changed(deps, event("load1")) == []
+    # A redelivery and the tick, while the job runs: both find the job by its id.
+    assert table_intake.table_changed(deps, event("load1", "ev-dup")) == []
+    assert table_intake.check_tables(deps) == []
+    tables.finish_held()
+    pipeline_ = deps.pipelines["bq"]
+    first = table_intake.finish_snapshot(deps, pipeline_)
+    second = table_intake.finish_snapshot(deps, pipeline_)
+    assert len(first) + len(second) == 1
+    assert len([j for _, j in tables.jobs if j.startswith("spotorch-")]) == 2
+    [snap] = snapshot_docs(deps)
+    assert snap.started == (first + second)[0].run_id
+
+
+def test_invocations_running_at_the_same_time_start_each_job_once_and_one_run(
+        world: tuple[Deps, InMemoryTables]) -> None:
+    import threading
+
+    deps, tables = world
+    deps.table_wait_s = 0.0
+    tables.hold = True
+    tables.load(TABLE, rows(5), at_ms=2_000, job_id="load1")
+    assert table_intake.table_changed(deps, event("load1")) == []
+    pipeline_ = deps.pipelines["bq"]
+    results: list[list[Any]] = []
+    errors: list[BaseException] = []
+
+    def invocation() -> None:
+        try:
+            results.append(table_intake.finish_snapshot(deps, pipeline_, wait_s=1.5))
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+    threads = [threading.Thread(target=invocation) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    tables.finish_held()  # the snapshot query ends while all four follow it
+    for t in threads:
+        t.join(10)
+    assert not errors
+    assert sum(len(r) for r in results) == 1
+    assert len([j for _, j in tables.jobs if j.startswith("spotorch-")]) == 2
+    assert len(snapshot_docs(deps)) == 1
+
+
+def test_a_failed_extract_is_recorded_and_retried_with_a_fresh_job_id(
+        world: tuple[Deps, InMemoryTables]) -> None:
+    deps, tables = world
+    tables.load(TABLE, rows(5), at_ms=2_000, job_id="load1")
+    sid = snapshot_id_of("bq", (TABLE,), 2_000)
+    tables.fail[f"spotorch-export-{sid}-0"] = ("backendError", "the export broke")
+    [run] = table_intake.table_changed(deps, event("load1"))
+    [snap] = snapshot_docs(deps)
+    assert snap.bigquery is not None
+    [failure] = snap.bigquery["job_failures"]
+    assert (failure["job_id"], failure["reason"], failure["message"], failure["phase"]) == (
+        f"spotorch-export-{sid}-0", "backendError", "the export broke", "export")
+    # The retry wrote beside the failed export; the run trains on the retry's objects only.
+    assert snap.bigquery["export_uris"] == [f"gs://exports/bq/bq/{sid}/rows-a2/part-*.parquet"]
+    assert [o["name"] for o in snap.bigquery["objects"]] == [
+        f"bq/bq/{sid}/rows-a2/part-000000000000.parquet"]
+    assert run.data_uri == f"gs://exports/bq/bq/{sid}/"
+    assert isinstance(deps.publisher, InMemoryPublisher)
+    assert not [e for e in deps.publisher.events
+                if e["type"] == "dev.spotorch.snapshot.failed.v1"]  # retried: nothing to alert
+
+
+def test_a_job_that_fails_every_attempt_is_given_up_once_and_alerted(
+        world: tuple[Deps, InMemoryTables]) -> None:
+    deps, tables = world
+    tables.buckets = {"other"}  # the export bucket does not exist
+    tables.load(TABLE, rows(5), at_ms=2_000, job_id="load1")
+    assert isinstance(deps.publisher, InMemoryPublisher)
+    deps.publisher.fail_next = 1  # Pub/Sub is briefly down when it is given up
+    assert table_intake.table_changed(deps, event("load1")) == []
+    watch = watch_of(deps)
+    assert watch.taking is None and watch.gave_up is not None
+    sid = watch.gave_up["snapshot_id"]
+    failures = watch.gave_up["failures"]
+    assert [f["job_id"] for f in failures] == [
+        f"spotorch-export-{sid}-0", f"spotorch-export-{sid}-0-a2", f"spotorch-export-{sid}-0-a3"]
+    assert {f["reason"] for f in failures} == {"notFound"}
+    assert not watch.gave_up.get("published")
+    # The tick publishes what was lost, once; later ticks start nothing and publish nothing.
+    assert table_intake.check_tables(deps) == []
+    assert table_intake.check_tables(deps) == []
+    [alert] = [e for e in deps.publisher.events if e["type"] == "dev.spotorch.snapshot.failed.v1"]
+    assert alert["id"] == f"snapshot-{sid}:1"
+    assert (alert["data"]["reason"], alert["data"]["attempts"]) == ("notFound", MAX_JOB_ATTEMPTS)
+    assert validate_event(alert) == []
+    assert snapshot_docs(deps) == []
+    assert len([j for _, j in tables.jobs if j.startswith("spotorch-export")]) == MAX_JOB_ATTEMPTS
+    # New changes take a new snapshot (another time, another id) once the bucket is there.
+    tables.buckets = None
+    tables.load(TABLE, rows(5, 5), at_ms=3_000, job_id="load2")
+    [_run] = table_intake.table_changed(deps, event("load2"))
 
 
 # --- the function ----------------------------------------------------------------------------------
@@ -529,3 +675,63 @@ def test_the_function_acknowledges_start_entries_and_records_malformed_ones(
     assert app.post("/", headers=headers, data=body).status_code == 200
     assert (deps.docs.get("rejected_events", "odd-1")[0] is not None) is recorded
     assert deps.docs.get(COLLECTION_TABLE_WATCHES, "bq")[0] is None
+
+
+def extract_done(job_id: str) -> dict[str, Any]:
+    """The jobChange end entry of an extract job (BigQueryAuditMetadata: type EXPORT)."""
+    data = job_done(job_id)
+    job = data["protoPayload"]["metadata"]["jobChange"]["job"]
+    job["jobConfig"] = {"type": "EXPORT", "extractConfig": {
+        "destinationUris": ["gs://exports/bq/x/part-*.parquet"]}}
+    return data
+
+
+def test_the_end_entry_of_our_own_job_carries_the_snapshot_on_at_once(
+        world: tuple[Deps, InMemoryTables], monkeypatch: pytest.MonkeyPatch) -> None:
+    import functions_framework
+
+    deps, tables = world
+    deps.table_wait_s = 0.0
+    tables.hold = True
+    tables.load(TABLE, rows(5), at_ms=2_000, job_id="load1")
+    assert table_intake.table_changed(deps, event("load1")) == []
+    taking = watch_of(deps).taking
+    assert taking is not None
+    sid = taking["snapshot_id"]
+    monkeypatch.setattr(entry, "deps", lambda: deps)
+    app = functions_framework.create_app("on_table_changed", MAIN, "cloudevent").test_client()
+
+    def post(event_id: str, data: dict[str, Any]) -> None:
+        cloud_event = CloudEvent({"type": AUDIT_LOG_TYPE, "id": event_id,
+                                  "source": "//cloudaudit.googleapis.com/projects/demo-proj/"
+                                            "logs/data_access"}, data)
+        headers, body = to_structured(cloud_event)
+        assert app.post("/", headers=headers, data=body).status_code == 200
+
+    # An entry claiming our job ended while BigQuery says RUNNING (early, or forged): nothing.
+    post("early", job_done(f"spotorch-snapshot-{sid}-0", f"{TABLE.rsplit('.', 2)[0]}.snapshots.x"))
+    assert watch_of(deps).taking == taking
+    assert snapshot_docs(deps) == []
+    tables.finish_held()
+    tables.hold = True  # the extract the entry starts takes its time too
+    post("query-done", job_done(f"spotorch-snapshot-{sid}-0",
+                                f"{TABLE.rsplit('.', 2)[0]}.snapshots.x"))
+    assert table_changes.part_state(watch_of(deps).taking or {}, "0") == ("export", 1)
+    tables.finish_held()
+    post("export-done", extract_done(f"spotorch-export-{sid}-0"))
+    assert watch_of(deps).taking is None
+    [snap] = snapshot_docs(deps)
+    assert snap.started  # the run started from the entry, before any tick
+    post("export-done-again", extract_done(f"spotorch-export-{sid}-0"))
+    assert len(snapshot_docs(deps)) == 1
+
+
+def test_own_job_entries_are_recognised_by_their_job_id() -> None:
+    sid = "0123456789abcdef"
+    assert table_changes.own_job_snapshot(extract_done(f"spotorch-export-{sid}-0-a2")) == sid
+    assert table_changes.own_job_snapshot(job_done(f"spotorch-snapshot-{sid}-query")) == sid
+    assert table_changes.own_job_snapshot(json.dumps(job_done(f"spotorch-export-{sid}-1"))) == sid
+    assert table_changes.own_job_snapshot(job_done("load1")) is None
+    assert table_changes.own_job_snapshot(job_done("spotorch-export-NOTHEX-0")) is None
+    assert table_changes.own_job_snapshot(data_change(f"spotorch-export-{sid}-0")) is None
+    assert table_changes.own_job_snapshot("not json") is None

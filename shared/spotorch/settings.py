@@ -32,6 +32,11 @@ ENV_STATE = "SPOTORCH_STATE"
 ENV_LOGGING_ENDPOINT = "SPOTORCH_LOGGING_ENDPOINT"
 # A BigQuery REST endpoint (http://host:port: the local stack's emulator); unset: Google's.
 ENV_BIGQUERY_ENDPOINT = "SPOTORCH_BIGQUERY_ENDPOINT"
+# Optional: the location of the BigQuery snapshot datasets (where the snapshot jobs run and are
+# read back: jobs.get needs it outside the US and EU multi-regions); unset: BigQuery's default.
+ENV_BIGQUERY_LOCATION = "SPOTORCH_BIGQUERY_LOCATION"
+# Optional: seconds one invocation waits for a BigQuery snapshot's jobs before it returns (5).
+ENV_BIGQUERY_WAIT = "SPOTORCH_BIGQUERY_WAIT_S"
 # Optional: seconds an upload that matched no pipeline stays quiet before its one alert.
 ENV_UNMATCHED_ALERT_AFTER = "SPOTORCH_UNMATCHED_ALERT_AFTER_S"
 
@@ -108,6 +113,8 @@ class Settings:
     shared_budget: bool = False
     logging_endpoint: str | None = None
     bigquery_endpoint: str | None = None
+    bigquery_wait_s: float = 5.0
+    bigquery_location: str | None = None
     unmatched_alert_after_s: float = 600.0
     dataflow_endpoint: str | None = None
     dataflow_launcher: str | None = None
@@ -132,6 +139,8 @@ class Settings:
             shared_budget=env.get(ENV_SHARED_BUDGET, "").strip().lower() in ("1", "true", "yes"),
             logging_endpoint=env.get(ENV_LOGGING_ENDPOINT) or None,
             bigquery_endpoint=env.get(ENV_BIGQUERY_ENDPOINT) or None,
+            bigquery_wait_s=_seconds(env.get(ENV_BIGQUERY_WAIT), cls.bigquery_wait_s),
+            bigquery_location=env.get(ENV_BIGQUERY_LOCATION) or None,
             unmatched_alert_after_s=_seconds(env.get(ENV_UNMATCHED_ALERT_AFTER),
                                              cls.unmatched_alert_after_s),
             dataflow_endpoint=env.get(ENV_DATAFLOW_ENDPOINT) or None,

@@ -99,6 +99,9 @@ class Deps:
     # What a failed job's replicas wrote to stderr (Cloud Logging; the Vertex emulator locally).
     job_logs: JobLogs | None = None
     tables: TableSource | None = None  # BigQuery (pipelines with trigger.bigquery)
+    # How long one invocation may wait for a BigQuery snapshot's jobs before it returns and
+    # leaves the rest to the next event or tick (never a job's full duration).
+    table_wait_s: float = 5.0
     # An upload that matched no pipeline is alerted on once it was quiet this long.
     unmatched_alert_after_s: float = 600.0
     # issue 31: the preprocess step's Dataflow jobs and its cached outputs (None: a deployment

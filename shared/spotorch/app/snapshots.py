@@ -434,30 +434,76 @@ def snapshot_doc_key(pipeline: str, bucket: str, key: str) -> str:
     return f"{safe}-{where}"
 
 
-def _dedupe_key(event_id: str) -> str:
-    return f"gcs-{hashlib.sha256(event_id.encode()).hexdigest()[:40]}"
+def dedupe_key(source: str, event_id: str) -> str:
+    """Document id in COLLECTION_DEDUPE of one handled event of a source ("gcs", "bq")."""
+    return f"{source}-{hashlib.sha256(event_id.encode()).hexdigest()[:40]}"
+
+
+def handled_before(docs: DocumentStore, key: str) -> bool:
+    """Whether the event of this dedupe key was handled (a redelivery changes nothing)."""
+    return docs.get(COLLECTION_DEDUPE, key)[0] is not None
+
+
+def remember_handled(docs: DocumentStore, key: str, record: Mapping[str, Any],
+                     now: float) -> None:
+    """Record a handled event (expiring after DEDUPE_TTL_S: Firestore's TTL policy)."""
+    doc = {**record, "handled_at": now,
+           "expires_at": datetime.fromtimestamp(now + DEDUPE_TTL_S, UTC)}
+    # A concurrent redelivery may have recorded it first; the writes it made were idempotent.
+    with contextlib.suppress(ConflictError):
+        docs.put(COLLECTION_DEDUPE, key, doc, None)
 
 
 def _pause(attempt: int) -> None:
     time.sleep(random.uniform(0.0, BACKOFF_S * 2 ** attempt))
 
 
-def _update(docs: DocumentStore, doc_key: str,
-            decide: Callable[[SnapshotState | None], Outcome]) -> Outcome:
-    """get -> decide -> conditional put, again on conflict; the last ConflictError propagates."""
+def conditional_update(docs: DocumentStore, collection: str, doc_key: str,
+                       decide: Callable[[Mapping[str, Any] | None], Mapping[str, Any] | None]
+                       ) -> Mapping[str, Any] | None:
+    """get -> decide -> conditional put (the document's version), again after a jittered pause
+    on conflict; the document written, or None when decide changed nothing. The last
+    ConflictError propagates (the caller's event is redelivered, or the next tick tries)."""
     for attempt in range(WRITE_ATTEMPTS):
-        raw, version = docs.get(COLLECTION_SNAPSHOTS, doc_key)
-        outcome = decide(None if raw is None else SnapshotState.from_doc(raw))
-        if outcome.state is None:
-            return outcome
+        raw, version = docs.get(collection, doc_key)
+        changed = decide(raw)
+        if changed is None:
+            return None
         try:
-            docs.put(COLLECTION_SNAPSHOTS, doc_key, outcome.state.to_doc(), version)
-            return outcome
+            docs.put(collection, doc_key, changed, version)
+            return changed
         except ConflictError:
             if attempt + 1 == WRITE_ATTEMPTS:
                 raise
             _pause(attempt)
     raise AssertionError("unreachable")
+
+
+def _update(docs: DocumentStore, doc_key: str,
+            decide: Callable[[SnapshotState | None], Outcome]) -> Outcome:
+    """A snapshot's conditional_update; the outcome of the decision that was written (or the
+    last one, when it changed nothing)."""
+    outcomes: list[Outcome] = []
+
+    def decided(raw: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+        outcomes.append(decide(None if raw is None else SnapshotState.from_doc(raw)))
+        state = outcomes[-1].state
+        return None if state is None else state.to_doc()
+    conditional_update(docs, COLLECTION_SNAPSHOTS, doc_key, decided)
+    return outcomes[-1]
+
+
+def listed_objects(objects: ObjectStore, bucket: str, prefix: str,
+                   page_size: int = 1000) -> tuple[tuple[str, int], ...]:
+    """Every live object (name, generation) under a prefix, sorted."""
+    out: list[tuple[str, int]] = []
+    token: str | None = None
+    while True:
+        page = objects.list_page(bucket, prefix, token, page_size)
+        out += [(o.name, o.generation) for o in page.objects]
+        token = page.next_page_token
+        if token is None:
+            return tuple(sorted(out))
 
 
 def _stateful(found: Match) -> bool:
@@ -537,16 +583,12 @@ def handle_object_event(event: ObjectEvent, *, pipelines: Sequence[Pipeline], do
     found = [m for m in matched if _stateful(m)]
     if not found:
         return []
-    dedupe = _dedupe_key(event.event_id)
-    if docs.get(COLLECTION_DEDUPE, dedupe)[0] is not None:
+    dedupe = dedupe_key("gcs", event.event_id)
+    if handled_before(docs, dedupe):
         return []
     ready = [r for m in found if (r := _apply(m, event, docs, now, reader)) is not None]
-    record = {"event_id": event.event_id, "source": "gcs", "object": event.uri,
-              "generation": event.generation, "handled_at": now,
-              "expires_at": datetime.fromtimestamp(now + DEDUPE_TTL_S, UTC)}
-    # A concurrent redelivery may have recorded it first; the snapshot writes were idempotent.
-    with contextlib.suppress(ConflictError):
-        docs.put(COLLECTION_DEDUPE, dedupe, record, None)
+    remember_handled(docs, dedupe, {"event_id": event.event_id, "source": "gcs",
+                                    "object": event.uri, "generation": event.generation}, now)
     return ready
 
 

@@ -14,26 +14,37 @@ counts what events missed, and finishes a decided snapshot a crash interrupted.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
-from collections.abc import Callable
-from datetime import UTC, datetime
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
+from spotorch.app import snapshots as intake
 from spotorch.app.deps import Deps
 from spotorch.core.errors import InvalidEvent, SpotorchError
+from spotorch.core.events import build_event
 from spotorch.core.model import Run
 from spotorch.core.pipeline import BigQuerySource, Pipeline
 from spotorch.core.table_changes import (
+    DONE,
+    EXPORT,
+    SNAPSHOT,
+    JobInfo,
     TableChange,
     TableInfo,
     Watch,
+    advanced,
     confirm,
     due,
+    job_failed,
+    job_id,
     observe_job,
     observe_tables,
+    part_state,
     query_sha256,
     rfc3339_ms,
+    snapshot_parts,
     snapshot_table_name,
     take,
     taken,
@@ -41,12 +52,11 @@ from spotorch.core.table_changes import (
 from spotorch.core.triggers import split_gs_uri
 from spotorch.ports.store import ConflictError
 from spotorch.ports.tables import TableNotFound, TableSource
-from spotorch.settings import COLLECTION_DEDUPE, COLLECTION_SNAPSHOTS, COLLECTION_TABLE_WATCHES
+from spotorch.settings import COLLECTION_SNAPSHOTS, COLLECTION_TABLE_WATCHES
 
 log = logging.getLogger("spotorch.app.table_intake")
 
-WRITE_ATTEMPTS = 6
-DEDUPE_TTL_S = 7 * 24 * 3600.0
+POLL_S = 0.5  # between two looks at the jobs while an invocation may still wait
 
 
 class NoTableSource(SpotorchError):
@@ -72,20 +82,13 @@ def _tables(deps: Deps) -> TableSource:
 
 def _update(deps: Deps, pipeline: str,
             decide: Callable[[Watch], Watch | None]) -> Watch | None:
-    """get -> decide -> conditional put of a pipeline's watch, again on conflict."""
-    for attempt in range(WRITE_ATTEMPTS):
-        raw, version = deps.docs.get(COLLECTION_TABLE_WATCHES, pipeline)
-        current = Watch(pipeline, {}) if raw is None else Watch.from_doc(raw)
-        changed = decide(current)
-        if changed is None:
-            return None
-        try:
-            deps.docs.put(COLLECTION_TABLE_WATCHES, pipeline, changed.to_doc(), version)
-            return changed
-        except ConflictError:
-            if attempt + 1 == WRITE_ATTEMPTS:
-                raise
-    raise AssertionError("unreachable")
+    """A pipeline's watch, changed by decide (snapshots.conditional_update: get, decide,
+    conditional put, again after a jittered pause on conflict)."""
+    def decided(raw: Any) -> dict[str, Any] | None:
+        changed = decide(Watch(pipeline, {}) if raw is None else Watch.from_doc(raw))
+        return None if changed is None else changed.to_doc()
+    written = intake.conditional_update(deps.docs, COLLECTION_TABLE_WATCHES, pipeline, decided)
+    return None if written is None else Watch.from_doc(written)
 
 
 def _read_tables(tables: TableSource, source: BigQuerySource) -> list[TableInfo]:
@@ -95,10 +98,6 @@ def _read_tables(tables: TableSource, source: BigQuerySource) -> list[TableInfo]
         with contextlib.suppress(TableNotFound):
             out.append(tables.get_table(table))
     return out
-
-
-def _dedupe_key(event_id: str) -> str:
-    return f"bq-{hashlib.sha256(event_id.encode()).hexdigest()[:40]}"
 
 
 def table_changed(deps: Deps, change: TableChange) -> list[Run]:
@@ -111,8 +110,8 @@ def table_changed(deps: Deps, change: TableChange) -> list[Run]:
         log.debug("BigQuery change of %s: no pipeline watches it", ", ".join(change.tables),
                   extra={"event_id": change.event_id})
         return []
-    dedupe = _dedupe_key(change.event_id)
-    if deps.docs.get(COLLECTION_DEDUPE, dedupe)[0] is not None:
+    dedupe = intake.dedupe_key("bq", change.event_id)
+    if intake.handled_before(deps.docs, dedupe):
         return []
     tables = _tables(deps)
     job = tables.get_job(change.job_project, change.job_id, change.location)
@@ -129,6 +128,7 @@ def table_changed(deps: Deps, change: TableChange) -> list[Run]:
     assert job is not None
     now = deps.clock.now()
     runs: list[Run] = []
+    deadline = time.monotonic() + deps.table_wait_s  # one wait budget for the invocation
     for pipeline in pipelines:
         source = _source(pipeline)
         infos = _read_tables(tables, source)
@@ -140,19 +140,45 @@ def table_changed(deps: Deps, change: TableChange) -> list[Run]:
                 return None
             return take(counted, pipeline, now) if due(counted, source, now) is None else counted
         _update(deps, pipeline.name, decide)
-        runs += finish_snapshot(deps, pipeline)
-    record = {"event_id": change.event_id, "source": "bigquery", "job": change.job_name,
-              "tables": list(change.tables), "handled_at": now,
-              "expires_at": datetime.fromtimestamp(now + DEDUPE_TTL_S, UTC)}
-    with contextlib.suppress(ConflictError):
-        deps.docs.put(COLLECTION_DEDUPE, dedupe, record, None)
+        runs += _carry_on(deps, pipeline, max(0.0, deadline - time.monotonic()))
+    intake.remember_handled(deps.docs, dedupe, {
+        "event_id": change.event_id, "source": "bigquery", "job": change.job_name,
+        "tables": list(change.tables)}, now)
     return runs
+
+
+def snapshot_job_ended(deps: Deps, snapshot_id: str) -> list[Run]:
+    """The audit entry of one of our own snapshot jobs ending: the snapshot it belongs to moves
+    on at once rather than at the next tick (finish_snapshot reads the job itself: a forged
+    entry changes nothing). The runs started."""
+    runs: list[Run] = []
+    for pipeline in bigquery_pipelines(deps):
+        raw = deps.docs.get(COLLECTION_TABLE_WATCHES, pipeline.name)[0]
+        taking = None if raw is None else Watch.from_doc(raw).taking
+        if taking is not None and taking.get("snapshot_id") == snapshot_id:
+            runs += _carry_on(deps, pipeline, deps.table_wait_s)
+    return runs
+
+
+def _carry_on(deps: Deps, pipeline: Pipeline, wait_s: float) -> list[Run]:
+    """finish_snapshot from an event: once the decision is recorded, BigQuery failing to start
+    or answer (an error, not a job's errorResult) is the tick's to carry on; the event is
+    acknowledged rather than redelivered in a loop."""
+    try:
+        runs = finish_snapshot(deps, pipeline, wait_s=wait_s)
+        publish_given_up(deps, pipeline)
+        return runs
+    except Exception as exc:
+        log.warning("carrying on the snapshot of %s failed (the tick carries it on): %s",
+                    pipeline.name, exc, extra={"pipeline": pipeline.name})
+        return []
 
 
 def check_tables(deps: Deps) -> list[Run]:
     """The tick: read every watched table (what events missed counts now), take the snapshots
     that are due (a quiet period passed), finish those a crash interrupted; the runs started."""
     runs: list[Run] = []
+    deadline = time.monotonic() + deps.table_wait_s  # one wait budget for the whole tick
     for pipeline in bigquery_pipelines(deps):
         source = _source(pipeline)
         try:
@@ -170,7 +196,9 @@ def check_tables(deps: Deps) -> list[Run]:
                     return take(looked, pipeline, now)
                 return looked if looked != watch else None
             _update(deps, pipeline.name, decide)
-            runs += finish_snapshot(deps, pipeline)
+            runs += finish_snapshot(deps, pipeline,
+                                    wait_s=max(0.0, deadline - time.monotonic()))
+            publish_given_up(deps, pipeline)
         except ConflictError:
             log.warning("the watch of %s is contended; the next tick tries again", pipeline.name)
         except Exception as exc:  # one pipeline's tables must not stop the others' repair
@@ -183,39 +211,161 @@ def export_root(pipeline: Pipeline, snapshot_id: str) -> str:
     return f"{_source(pipeline).export_uri.rstrip('/')}/{pipeline.name}/{snapshot_id}/"
 
 
-def finish_snapshot(deps: Deps, pipeline: Pipeline) -> list[Run]:
-    """Carry out a decided snapshot: snapshot tables, Parquet exports, the snapshot document,
-    then the run. Each step is idempotent by name (tables and job ids derive from the snapshot
-    id), so a retry after a crash repeats nothing."""
-    from spotorch.app import snapshots as intake
+def _part_table(source: BigQuerySource, part: str) -> str:
+    """What one part snapshots: "query", or the watched table (project.dataset.table)."""
+    return "query" if part == "query" else source.tables[int(part)]
+
+
+def _destination(source: BigQuerySource, part: str, sid: str) -> str:
+    return f"{source.snapshot_dataset}.{snapshot_table_name(_part_table(source, part), sid)}"
+
+
+def _export_folder(pipeline: Pipeline, part: str, sid: str, attempt: int) -> str:
+    """gs://... folder of one part's export: a retried extract writes beside the failed one's
+    (whatever that left is not part of the snapshot)."""
+    leaf = _part_table(_source(pipeline), part).rsplit(".", 1)[-1]
+    return f"{export_root(pipeline, sid)}{leaf}{'' if attempt == 1 else f'-a{attempt}'}/"
+
+
+DONE_PART, MOVED, WAITING = "done", "moved", "waiting"  # what one look at a part found
+
+
+def _advance(deps: Deps, pipeline: Pipeline, watch: Watch, part: str) -> str:
+    """One look at a part's job: started if it is not there yet, its end recorded (the next
+    phase, or the failure): DONE_PART, MOVED (look again at once) or WAITING (on BigQuery)."""
+    assert watch.taking is not None
+    source, tables = _source(pipeline), _tables(deps)
+    sid, taking = str(watch.taking["snapshot_id"]), watch.taking
+    phase, attempt = part_state(taking, part)
+    if phase == DONE:
+        return DONE_PART
+    jid = job_id(phase, sid, part, attempt)
+    job = tables.own_job(jid)
+    if job is None:
+        destination = _destination(source, part, sid)
+        if phase == SNAPSHOT:
+            snapshot_ms = int(taking["snapshot_ms"])
+            expires_ms = int((float(taking["decided_at"]) + source.snapshot_ttl_s) * 1000)
+            exists = tables.start_snapshot_query(
+                source.query, snapshot_ms, destination, expires_ms, jid) \
+                if source.query is not None else tables.start_snapshot(
+                    source.tables[int(part)], snapshot_ms, destination, expires_ms, jid)
+            if exists:  # made before (a crash after its job, or an older release)
+                _update(deps, pipeline.name, lambda w: advanced(w, sid, part, phase, attempt))
+                return MOVED
+        else:
+            uri = f"{_export_folder(pipeline, part, sid, attempt)}part-*.parquet"
+            tables.start_extract(destination, uri, jid)
+        job = tables.own_job(jid)
+    if job is None or job.state != "DONE":
+        return WAITING
+    if job.failed:
+        _failed(deps, pipeline, watch, part, phase, attempt, job)
+        return MOVED
+    _update(deps, pipeline.name, lambda w: advanced(w, sid, part, phase, attempt))
+    return DONE_PART if phase == EXPORT else MOVED
+
+
+def _failed(deps: Deps, pipeline: Pipeline, watch: Watch, part: str, phase: str, attempt: int,
+            job: JobInfo) -> None:
+    """A part's job ended with an error: recorded on the watch; retried (a warning), or given
+    up (an error, and the snapshot.failed event)."""
+    assert watch.taking is not None
+    sid, now = str(watch.taking["snapshot_id"]), deps.clock.now()
+    written = _update(deps, pipeline.name,
+                      lambda w: job_failed(w, sid, part, phase, attempt, job, now))
+    if written is None:
+        return  # another invocation recorded it
+    given_up = written.taking is None  # its event: publish_given_up, after finish_snapshot
+    log.log(logging.ERROR if given_up else logging.WARNING,
+            "BigQuery %s job %s of snapshot %s failed (%s: %s): %s", phase, job.job_id, sid,
+            job.error_reason, job.error_message,
+            "snapshot given up" if given_up else f"attempt {attempt + 1} starts",
+            extra={"pipeline": pipeline.name})
+
+
+def given_up_event(pipeline: Pipeline, gave_up: Mapping[str, Any], now: float
+                   ) -> dict[str, Any]:
+    """The one snapshot.failed event of a snapshot given up (id `snapshot-<id>:1`: the same on
+    every publish, so a republish after a crash is deduplicated downstream)."""
+    failures = [{k: f.get(k) for k in ("part", "phase", "attempt", "job_id", "reason", "message")}
+                for f in gave_up.get("failures") or ()]
+    last = failures[-1] if failures else {}
+    sid = str(gave_up.get("snapshot_id"))
+    return build_event(run_id=f"snapshot-{sid}", pipeline=pipeline.name, sequence=1,
+                       kind="snapshot.failed", time=now, data={
+                           "snapshot_id": sid, "tables": list(_source(pipeline).tables),
+                           "snapshot_time": rfc3339_ms(int(gave_up.get("snapshot_ms") or 0)),
+                           "phase": last.get("phase"), "job_id": last.get("job_id"),
+                           "reason": last.get("reason") or "", "message": last.get("message") or "",
+                           "attempts": int(last.get("attempt") or 1), "failures": failures})
+
+
+def publish_given_up(deps: Deps, pipeline: Pipeline) -> None:
+    """Publish the snapshot.failed event of a snapshot given up and not yet published, then mark
+    it; one lost between the two (a crash, Pub/Sub down) is published again by the next tick."""
+    raw = deps.docs.get(COLLECTION_TABLE_WATCHES, pipeline.name)[0]
+    gave_up = None if raw is None else Watch.from_doc(raw).gave_up
+    if gave_up is None or gave_up.get("published"):
+        return
+    try:
+        deps.publisher.publish(given_up_event(pipeline, gave_up, deps.clock.now()))
+    except Exception as exc:  # the next tick tries again (the same id)
+        log.warning("snapshot.failed of %s not published: %s", gave_up.get("snapshot_id"), exc,
+                    extra={"pipeline": pipeline.name})
+        return
+    sid = gave_up.get("snapshot_id")
+
+    def mark(w: Watch) -> Watch | None:
+        if w.gave_up is None or w.gave_up.get("snapshot_id") != sid or w.gave_up.get("published"):
+            return None
+        return replace(w, gave_up={**w.gave_up, "published": True})
+    _update(deps, pipeline.name, mark)
+
+
+def finish_snapshot(deps: Deps, pipeline: Pipeline, wait_s: float | None = None) -> list[Run]:
+    """Carry on a decided snapshot: start each part's snapshot job, then its extract job, as the
+    one before ends, and once every export is done record the snapshot document and start the
+    run. Each call advances what it can, waits at most wait_s (deps.table_wait_s) for the jobs,
+    and returns: the next event or tick carries on. Job ids derive from the snapshot id, part and
+    attempt, and every step is a conditional write of the watch checked against jobs.get, so a
+    redelivery or a concurrent invocation starts no second job and no second run."""
+    budget = deps.table_wait_s if wait_s is None else wait_s
+    deadline = time.monotonic() + budget
+    while True:
+        raw = deps.docs.get(COLLECTION_TABLE_WATCHES, pipeline.name)[0]
+        watch = None if raw is None else Watch.from_doc(raw)
+        if watch is None or watch.taking is None:
+            return []
+        found = [_advance(deps, pipeline, watch, part) for part in snapshot_parts(_source(pipeline))]
+        if all(f == DONE_PART for f in found):
+            return _record(deps, pipeline, watch)
+        if MOVED in found:
+            continue  # a phase ended: the next is started at once, whatever the budget
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return []
+        time.sleep(min(POLL_S, left))
+
+
+def _record(deps: Deps, pipeline: Pipeline, watch: Watch) -> list[Run]:
+    """Every export done: the snapshot document (once), the watch takes the next, the run."""
     from spotorch.app.arrivals import start_snapshot_run
 
-    raw = deps.docs.get(COLLECTION_TABLE_WATCHES, pipeline.name)[0]
-    watch = None if raw is None else Watch.from_doc(raw)
-    if watch is None or watch.taking is None:
-        return []
-    source, tables = _source(pipeline), _tables(deps)
+    assert watch.taking is not None
+    source = _source(pipeline)
     sid = str(watch.taking["snapshot_id"])
     snapshot_ms = int(watch.taking["snapshot_ms"])
-    expires_ms = int((float(watch.taking["decided_at"]) + source.snapshot_ttl_s) * 1000)
     root = export_root(pipeline, sid)
-    snapshot_tables, export_uris = [], []
-    if source.query is not None:  # one table: the query's result as of the snapshot time
-        destination = f"{source.snapshot_dataset}.{snapshot_table_name('query', sid)}"
-        tables.snapshot_query(source.query, snapshot_ms, destination, expires_ms)
-        uri = f"{root}query/part-*.parquet"
-        tables.export_parquet(destination, uri, job_id=f"spotorch-export-{sid}-query")
-        snapshot_tables.append(destination)
-        export_uris.append(uri)
-    for i, table in enumerate(() if source.query is not None else source.tables):
-        destination = f"{source.snapshot_dataset}.{snapshot_table_name(table, sid)}"
-        tables.snapshot(table, snapshot_ms, destination, expires_ms)
-        uri = f"{root}{table.rsplit('.', 1)[-1]}/part-*.parquet"
-        tables.export_parquet(destination, uri, job_id=f"spotorch-export-{sid}-{i}")
-        snapshot_tables.append(destination)
-        export_uris.append(uri)
     bucket, key = split_gs_uri(root)
-    objects = _listed(deps, bucket, key)
+    snapshot_tables, export_uris = [], []
+    objects: tuple[tuple[str, int], ...] = ()
+    for part in snapshot_parts(source):
+        folder = _export_folder(pipeline, part, sid, part_state(watch.taking, part)[1])
+        snapshot_tables.append(_destination(source, part, sid))
+        export_uris.append(f"{folder}part-*.parquet")
+        objects += intake.listed_objects(deps.objects, bucket, split_gs_uri(folder)[1])
+    objects = tuple(sorted(set(objects)))
     if not objects:
         raise SpotorchError(f"the export of snapshot {sid} wrote nothing under {root}")
     now = deps.clock.now()
@@ -225,6 +375,8 @@ def finish_snapshot(deps: Deps, pipeline: Pipeline) -> list[Run]:
         "objects": [{"name": n, "generation": g} for n, g in objects]}
     if source.query is not None:
         bigquery |= {"query": source.query, "query_sha256": query_sha256(source.query)}
+    if watch.taking.get("failures"):  # jobs that failed and were retried on the way
+        bigquery["job_failures"] = [dict(f) for f in watch.taking["failures"]]
     state = intake.SnapshotState(
         pipeline=pipeline.name, bucket=bucket, key=key, batch="bigquery", cycle=1,
         entries=tuple(intake.Entry(n, g, 1) for n, g in objects), first_seen=now,
@@ -247,15 +399,3 @@ def finish_snapshot(deps: Deps, pipeline: Pipeline) -> list[Run]:
              bigquery["snapshot_time"], root, extra={"pipeline": pipeline.name})
     run = start_snapshot_run(deps, ready, "exported")
     return [run] if run else []
-
-
-def _listed(deps: Deps, bucket: str, prefix: str) -> tuple[tuple[str, int], ...]:
-    """Every object (name, generation) under the export folder, sorted."""
-    out: list[tuple[str, int]] = []
-    token: str | None = None
-    while True:
-        page = deps.objects.list_page(bucket, prefix, token, 1000)
-        out += [(o.name, o.generation) for o in page.objects]
-        token = page.next_page_token
-        if token is None:
-            return tuple(sorted(out))

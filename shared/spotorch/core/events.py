@@ -49,6 +49,9 @@ EVENT_KINDS: Mapping[str, str] = {
     "run.machine_changed": "out of memory: the next attempt takes a larger machine",
     "run.checkpoints_deleted": "checkpoints were deleted (retention, or after a divergence)",
     # Data arrival: the event's run_id names the upload's folder record (upload-<digest>).
+    # BigQuery snapshots (trigger.bigquery): the event's run_id names the snapshot (snapshot-<id>).
+    "snapshot.failed": "a BigQuery snapshot was given up: its snapshot query or extract job "
+                       "failed on every attempt; the jobs, reasons and messages",
     "upload.unmatched": "objects landed in a watched bucket, matched no pipeline, and stayed "
                         "quiet: the rule each missed and what each pipeline expects",
 }

@@ -178,6 +178,32 @@ def parse_audit_event(event_type: str, event_id: str, data: Any) -> TableChange 
                            event_type=str(event_type or "")) from None
 
 
+# The id of a job finish_snapshot starts (job_id below): its snapshot id is in it.
+_OWN_JOB = re.compile(r"^spotorch-(?:snapshot|export)-([0-9a-f]{8,32})-[A-Za-z0-9_-]+$")
+
+
+def own_job_snapshot(data: Any) -> str | None:
+    """The snapshot id of a jobChange end entry (DONE, failed or not) about one of the jobs
+    finish_snapshot starts, else None. Only a hint that a snapshot may move on: finish_snapshot
+    reads the job itself (jobs.get) before anything changes. Call it after parse_audit_event
+    accepted the entry (this assumes its shape)."""
+    if isinstance(data, bytes | str):
+        try:
+            data = json.loads(data)
+        except ValueError:
+            return None
+    payload = data.get("protoPayload") if isinstance(data, Mapping) else None
+    metadata = payload.get("metadata") if isinstance(payload, Mapping) else None
+    change = metadata.get("jobChange") if isinstance(metadata, Mapping) else None
+    if not isinstance(change, Mapping) or change.get("after") != "DONE":
+        return None
+    job = change.get("job")
+    name = job.get("jobName") if isinstance(job, Mapping) else None
+    found = _JOB_RESOURCE.match(name) if isinstance(name, str) else None
+    own = _OWN_JOB.match(found.group(2)) if found else None
+    return own.group(1) if own else None
+
+
 # --- what BigQuery says (the source of truth), as the decisions see it ----------------------------
 
 
@@ -201,6 +227,8 @@ class JobInfo:
     end_ms: int | None  # statistics.endTime
     rows: int | None  # load outputRows, or a DML query's numDmlAffectedRows
     destinations: tuple[str, ...] = ()  # project.dataset.table the job resource names
+    error_reason: str | None = None  # status.errorResult.reason of a failed job
+    error_message: str | None = None  # status.errorResult.message
 
 
 def confirm(change: TableChange, job: JobInfo | None) -> str | None:
@@ -237,6 +265,8 @@ class Watch:
     last_snapshot_at: float | None = None  # our clock: the last snapshot taken (min interval)
     jobs: tuple[str, ...] = ()  # job ids counted since the last snapshot (one count per job)
     taking: Mapping[str, Any] | None = None  # a snapshot decided and not yet exported
+    # the last snapshot given up on (a job failed MAX_JOB_ATTEMPTS times): for people
+    gave_up: Mapping[str, Any] | None = None
 
     def to_doc(self) -> dict[str, Any]:
         """The watch's Firestore document."""
@@ -246,7 +276,8 @@ class Watch:
                 "pending_rows": self.pending_rows, "changed_at_ms": self.changed_at_ms,
                 "first_change_at": self.first_change_at, "last_change_at": self.last_change_at,
                 "last_snapshot_at": self.last_snapshot_at, "jobs": list(self.jobs),
-                "taking": None if self.taking is None else dict(self.taking)}
+                "taking": None if self.taking is None else dict(self.taking),
+                "gave_up": None if self.gave_up is None else dict(self.gave_up)}
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> Watch:
@@ -259,7 +290,7 @@ class Watch:
             changed_at_ms=doc.get("changed_at_ms"), first_change_at=doc.get("first_change_at"),
             last_change_at=doc.get("last_change_at"), last_snapshot_at=doc.get("last_snapshot_at"),
             jobs=tuple(str(j) for j in doc.get("jobs") or ()),
-            taking=doc.get("taking"))
+            taking=doc.get("taking"), gave_up=doc.get("gave_up"))
 
 
 MAX_JOBS_KEPT = 500  # job ids remembered per watch between snapshots (older ones: the dedupe)
@@ -340,7 +371,7 @@ def take(watch: Watch, pipeline: Pipeline, now: float) -> Watch:
     snapshot_ms = int(watch.changed_at_ms or 0)
     sid = snapshot_id_of(pipeline.name, source.tables, snapshot_ms, source.query)
     return replace(watch, taking={"snapshot_id": sid, "snapshot_ms": snapshot_ms,
-                                  "decided_at": now},
+                                  "decided_at": now, "rows": watch.pending_rows},
                    pending_rows=0, jobs=(), first_change_at=None, last_snapshot_at=now)
 
 
@@ -349,6 +380,91 @@ def taken(watch: Watch, snapshot_id: str) -> Watch | None:
     if watch.taking is None or watch.taking.get("snapshot_id") != snapshot_id:
         return None
     return replace(watch, taking=None)
+
+
+# --- carrying out a decided snapshot: its jobs, started and followed (pure) ----------------------
+
+MAX_JOB_ATTEMPTS = 3  # a snapshot query or extract that failed this often: the snapshot is given up
+MAX_FAILURES_KEPT = 10  # failed jobs recorded on the taking record
+SNAPSHOT, EXPORT, DONE = "snapshot", "export", "done"  # a part's phases, in order
+
+
+# An extract job to a bucket that does not exist ends DONE with this errorResult (the local
+# stack's BigQuery front and the in-memory twin). The reason is BigQuery's `notFound`; the exact
+# message real BigQuery writes was not found in its documentation: this text is ours
+# (docs/local-stack.md), and nothing decides on it.
+EXTRACT_NO_BUCKET = ("notFound", "Not found: Bucket {bucket} (the extract's destination)")
+
+
+def extract_bucket_missing(bucket: str) -> tuple[str, str]:
+    """(reason, message) of an extract job's errorResult when its bucket does not exist."""
+    return EXTRACT_NO_BUCKET[0], EXTRACT_NO_BUCKET[1].format(bucket=bucket)
+
+
+def snapshot_parts(source: BigQuerySource) -> tuple[str, ...]:
+    """The parts of one snapshot, each a snapshot job then an extract job: "query" for a
+    query's result, else the index of each table (job ids hold no table names)."""
+    return ("query",) if source.query is not None else tuple(
+        str(i) for i in range(len(source.tables)))
+
+
+def part_state(taking: Mapping[str, Any], part: str) -> tuple[str, int]:
+    """(phase, attempt) of one part; a taking record written before parts existed starts over
+    at the snapshot phase (its jobs are found again by their ids)."""
+    found = (taking.get("parts") or {}).get(part) or {}
+    return str(found.get("phase") or SNAPSHOT), int(found.get("attempt") or 1)
+
+
+def job_id(phase: str, snapshot_id: str, part: str, attempt: int) -> str:
+    """The id of a part's job: derived from the snapshot, the part and the attempt, so a
+    redelivery or a concurrent invocation finds the job started before (a Conflict on insert)
+    instead of starting another; a retry after a failure has an id of its own."""
+    base = f"spotorch-{phase}-{snapshot_id}-{part}"
+    return base if attempt == 1 else f"{base}-a{attempt}"
+
+
+def _with_part(watch: Watch, part: str, phase: str, attempt: int,
+               **more: Any) -> Watch:
+    assert watch.taking is not None
+    parts = dict(watch.taking.get("parts") or {})
+    parts[part] = {"phase": phase, "attempt": attempt}
+    return replace(watch, taking={**watch.taking, "parts": parts, **more})
+
+
+def _is_taking(watch: Watch, snapshot_id: str) -> bool:
+    return watch.taking is not None and watch.taking.get("snapshot_id") == snapshot_id
+
+
+def advanced(watch: Watch, snapshot_id: str, part: str, phase: str,
+             attempt: int) -> Watch | None:
+    """The part's job of (phase, attempt) ended well: the part moves to its next phase; None
+    when another invocation moved it already."""
+    if not _is_taking(watch, snapshot_id) or watch.taking is None or \
+            part_state(watch.taking, part) != (phase, attempt):
+        return None
+    after = EXPORT if phase == SNAPSHOT else DONE
+    return _with_part(watch, part, after, 1 if after == EXPORT else attempt)
+
+
+def job_failed(watch: Watch, snapshot_id: str, part: str, phase: str, attempt: int,
+               job: JobInfo, now: float) -> Watch | None:
+    """The part's job of (phase, attempt) ended DONE with an error: recorded; the next attempt
+    (a fresh job id) unless MAX_JOB_ATTEMPTS ran out, then the snapshot is given up: recorded in
+    gave_up, and the watch takes the next one when new changes make it due (the rows of this
+    one are not counted again: the same snapshot time would be the same snapshot id, whose
+    jobs failed). None when recorded before."""
+    if not _is_taking(watch, snapshot_id) or watch.taking is None or \
+            part_state(watch.taking, part) != (phase, attempt):
+        return None
+    failure = {"part": part, "phase": phase, "attempt": attempt, "job_id": job.job_id,
+               "reason": job.error_reason or "", "message": job.error_message or "", "at": now}
+    failures = [*(watch.taking.get("failures") or ()), failure][-MAX_FAILURES_KEPT:]
+    if attempt < MAX_JOB_ATTEMPTS:
+        return _with_part(watch, part, phase, attempt + 1, failures=failures)
+    gave_up = {"snapshot_id": snapshot_id, "snapshot_ms": watch.taking.get("snapshot_ms"),
+               "decided_at": watch.taking.get("decided_at"), "given_up_at": now,
+               "rows": watch.taking.get("rows"), "failures": failures}
+    return replace(watch, taking=None, gave_up=gave_up)
 
 
 def snapshot_table_name(table: str, snapshot_id: str) -> str:

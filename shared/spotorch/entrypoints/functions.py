@@ -313,10 +313,14 @@ def object_event(event: CloudEventLike) -> None:
 
 def table_event(event: CloudEventLike) -> None:
     """A BigQuery InsertJob audit entry (Eventarc): checked against BigQuery, maybe a snapshot."""
-    from spotorch.app.table_intake import table_changed
-    from spotorch.core.table_changes import parse_audit_event
+    from spotorch.app.table_intake import snapshot_job_ended, table_changed
+    from spotorch.core.table_changes import own_job_snapshot, parse_audit_event
 
     change = parse_audit_event(_attr(event, "type"), _attr(event, "id"), event.data)
+    snapshot_id = own_job_snapshot(event.data)
+    if snapshot_id is not None:  # one of our snapshot's jobs ended: carry the snapshot on now
+        snapshot_job_ended(deps(), snapshot_id)
+        return
     if change is None:  # a start entry, a failed job, a plain query: acknowledged, nothing to do
         log.debug("BigQuery audit entry names no table change", extra={"event_id": _attr(event, "id")})
         return

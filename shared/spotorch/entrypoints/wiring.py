@@ -62,6 +62,7 @@ def production_deps(settings: Settings | None = None) -> Deps:
         job_logs=CloudLoggingJobLogs(settings.project, endpoint=settings.logging_endpoint,
                                      token=settings.vertex_token),
         unmatched_alert_after_s=settings.unmatched_alert_after_s,
+        table_wait_s=settings.bigquery_wait_s,
         # issue 31: clients on first use: only pipelines with a `preprocess` step call them.
         steps=DataflowStepLauncher(settings.project, launcher_template=settings.dataflow_launcher,
                                    service_account=settings.dataflow_service_account,
@@ -69,5 +70,6 @@ def production_deps(settings: Settings | None = None) -> Deps:
                                    token=settings.vertex_token),
         step_outputs=GcsStepOutputs(project=settings.project),
         # The client on first use: only pipelines with trigger.bigquery call it.
-        tables=BigQueryTables(settings.project, endpoint=settings.bigquery_endpoint),
+        tables=BigQueryTables(settings.project, endpoint=settings.bigquery_endpoint,
+                              location=settings.bigquery_location),
     )

@@ -10,11 +10,14 @@ and adds two things the emulator does not do (docs/local-stack.md says what is e
   wildcard URI's '*' left in the file name. Before an extract job is forwarded, the front makes
   its folders; before a response that shows the job DONE reaches the client, it uploads the
   files to fake-gcs-server under the names BigQuery gives them ('*' as 000000000000), so the
-  objects exist, with generations, when the client learns the job is done.
+  objects exist, with generations, when the client learns the job is done. An extract to a
+  bucket that does not exist ends DONE with an errorResult (notFound), as on BigQuery; the
+  emulator itself would write the files anyway.
 - Audit entries: BigQuery writes a Cloud Audit Logs entry when a job ends; no emulator does.
-  For each load or DML job the front sees end, it hands `on_job_done` the InsertJob entries
-  Eventarc would deliver (audit_entries): the jobChange end entry and, for the table the job
-  changed, a tableDataChange entry, in the real LogEntry shape and no richer.
+  For each load, query or extract job the front sees end, it hands `on_job_done` the InsertJob
+  entries Eventarc would deliver (audit_entries): the jobChange end entry and, for the table a
+  load or DML job changed, a tableDataChange entry, in the real LogEntry shape
+  (BigQueryAuditMetadata) and no richer.
 """
 
 from __future__ import annotations
@@ -35,7 +38,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from spotorch.core.table_changes import BIGQUERY_SERVICE, INSERT_JOB, METADATA_TYPE
+from spotorch.core.table_changes import (
+    BIGQUERY_SERVICE,
+    INSERT_JOB,
+    METADATA_TYPE,
+    extract_bucket_missing,
+)
 from spotorch.local.emulators import Emulator, EmulatorError, _spawn, free_port
 
 log = logging.getLogger("spotorch.local.bigquery")
@@ -131,12 +139,40 @@ def changed_table(job: Mapping[str, Any]) -> str | None:
     return f"projects/{parts[0]}/datasets/{parts[1]}/tables/{parts[2]}"
 
 
+def _job_config(job: Mapping[str, Any], table: str | None) -> dict[str, Any] | None:
+    """The audit log's JobConfig of a job resource (BigQueryAuditMetadata.JobConfig: type and
+    its one config); None for a job kind the front does not log (copy: the emulator has none)."""
+    config = job.get("configuration") or {}
+    stats = job.get("statistics") or {}
+    if "load" in config:
+        return {"type": "IMPORT", "loadConfig": {"destinationTable": table or _table_resource(
+            config["load"]["destinationTable"])}}
+    if isinstance(config.get("query"), Mapping):
+        # No destinationTable: the emulator names an anonymous table even for DML, and which
+        # statements real BigQuery's entry names one for is not known here (docs/local-stack.md).
+        return {"type": "QUERY", "queryConfig": {
+            "query": config["query"].get("query", ""),
+            "statementType": stats.get("query", {}).get("statementType", "")}}
+    if isinstance(config.get("extract"), Mapping):
+        extract = config["extract"]
+        source = extract.get("sourceTable") or {}
+        out: dict[str, Any] = {"destinationUris": list(extract.get("destinationUris") or ())}
+        if source.get("tableId"):
+            out["sourceTable"] = _table_resource(source)
+        return {"type": "EXPORT", "extractConfig": out}
+    return None
+
+
 def audit_entries(job: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The LogEntry data of the InsertJob entries BigQuery writes when a load or DML job ends:
-    the jobChange end entry and the tableDataChange entry; [] for other jobs and failures."""
-    table = changed_table(job)
+    """The LogEntry data of the InsertJob entries BigQuery writes when a job ends: the jobChange
+    end entry of every job (load, query, extract; failed ones with their error), and for a load
+    or DML job that succeeded the tableDataChange entry of the table it changed."""
     status = job.get("status") or {}
-    if table is None or status.get("state") != "DONE" or status.get("errorResult"):
+    if status.get("state") != "DONE":
+        return []
+    table = changed_table(job)
+    job_config = _job_config(job, table)
+    if job_config is None:
         return []
     ref = job.get("jobReference") or {}
     project, job_id = ref.get("projectId", ""), ref.get("jobId", "")
@@ -144,11 +180,6 @@ def audit_entries(job: Mapping[str, Any]) -> list[dict[str, Any]]:
     stats = job.get("statistics") or {}
     config = job.get("configuration") or {}
     load = "load" in config
-    job_config: dict[str, Any] = (
-        {"type": "IMPORT", "loadConfig": {"destinationTable": table}} if load
-        else {"type": "QUERY", "queryConfig": {"query": config["query"].get("query", ""),
-                                               "statementType": stats.get("query", {})
-                                               .get("statementType", "")}})
     rows = (stats.get("load", {}).get("outputRows") if load
             else stats.get("query", {}).get("numDmlAffectedRows"))
 
@@ -166,12 +197,19 @@ def audit_entries(job: Mapping[str, Any]) -> list[dict[str, Any]]:
             "operation": {"id": job_name, "producer": BIGQUERY_SERVICE, "last": True},
             "receiveTimestamp": _time(stats.get("endTime"))}
 
+    job_status: dict[str, Any] = {"jobState": "DONE"}
+    error = status.get("errorResult")
+    if error:
+        # google.rpc.Status: the message only (which code BigQuery maps each reason to is not
+        # known here: docs/local-stack.md)
+        job_status["errorResult"] = {"message": str(error.get("message") or "")}
     done = entry(job_name, {"jobChange": {"before": "RUNNING", "after": "DONE", "job": {
-        "jobName": job_name, "jobConfig": job_config,
-        "jobStatus": {"jobState": "DONE"},
+        "jobName": job_name, "jobConfig": job_config, "jobStatus": job_status,
         "jobStats": {"createTime": _time(stats.get("creationTime")),
                      "startTime": _time(stats.get("startTime")),
                      "endTime": _time(stats.get("endTime"))}}}}, "done")
+    if table is None or error:
+        return [done]
     change: dict[str, Any] = {"jobName": job_name, "reason": "JOB"}
     if rows is not None:
         change["insertedRowsCount" if load or stats.get("query", {}).get("statementType")
@@ -192,7 +230,10 @@ class BigQueryFront:
     gcs_root: Path  # its BQEMU_GCS_LOCAL_ROOT
     upload: Uploader
     on_job_done: Callable[[dict[str, Any]], None] = lambda entry: None
+    bucket_exists: Callable[[str], bool] = lambda bucket: True  # in fake-gcs-server
     port: int = 0
+    # job id -> the errorResult of an extract whose bucket does not exist
+    _failed: dict[str, dict[str, str]] = field(default_factory=dict)
     _seen: set[str] = field(default_factory=set)
     # table resource -> endTime (ms) of the last load or DML job the front saw end on it
     _changed: dict[str, int] = field(default_factory=dict)
@@ -227,7 +268,7 @@ class BigQueryFront:
                 except urllib.error.HTTPError as exc:
                     status, headers, data = exc.code, exc.headers, exc.read()
                 if status == 200 and "/jobs" in self.path:
-                    front._after(data)
+                    data = front._after(data)
                 elif status == 200 and self.command == "GET" and _TABLE_GET.match(self.path):
                     data = front._table(data)
                 self.send_response(status)
@@ -272,14 +313,36 @@ class BigQueryFront:
         for uri in (extract or {}).get("destinationUris") or ():
             if isinstance(uri, str) and uri.startswith("gs://"):
                 self._local(uri).parent.mkdir(parents=True, exist_ok=True)
+                bucket = uri[len("gs://"):].partition("/")[0]
+                job_id = (job.get("jobReference") or {}).get("jobId")
+                if job_id and not self.bucket_exists(bucket):
+                    reason, message = extract_bucket_missing(bucket)
+                    with self._lock:
+                        self._failed.setdefault(str(job_id), {"reason": reason,
+                                                              "message": message})
         return body
 
-    def _after(self, data: bytes) -> None:
-        """A job seen DONE for the first time: bridge its export, hand on its audit entries."""
+    def _failing(self, job: dict[str, Any]) -> bool:
+        """An extract whose bucket does not exist: shown DONE with its errorResult."""
+        error = self._failed.get(str((job.get("jobReference") or {}).get("jobId")))
+        if error is None:
+            return False
+        job["status"] = {"state": "DONE", "errorResult": dict(error), "errors": [dict(error)]}
+        return True
+
+    def _after(self, data: bytes) -> bytes:
+        """A job response as BigQuery would answer (a failing extract's error); a job seen DONE
+        for the first time: bridge its export, hand on its audit entries."""
         try:
             job = json.loads(data or b"{}")
         except ValueError:
-            return
+            return data
+        if isinstance(job, dict) and job.get("kind") == "bigquery#job" and self._failing(job):
+            data = json.dumps(job).encode()
+        self._done(job)
+        return data
+
+    def _done(self, job: Any) -> None:
         if not isinstance(job, dict) or job.get("kind") != "bigquery#job" or \
                 (job.get("status") or {}).get("state") != "DONE":
             return

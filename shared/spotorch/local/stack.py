@@ -208,8 +208,11 @@ class DevStack:
             threading.Thread(target=bq.deliver, args=(url, entry), daemon=True,
                              name="bigquery-audit").start()
 
+        def bucket_exists(bucket: str) -> bool:
+            return self._gcs.client().lookup_bucket(bucket) is not None
+
         self._bigquery_front = bq.BigQueryFront(f"http://{self._bigquery.address}", gcs_root,
-                                                upload, on_job_done).start()
+                                                upload, on_job_done, bucket_exists).start()
 
     def _check_prerequisites(self) -> None:
         cfg = self.config

@@ -24,20 +24,26 @@ class TableSource(Protocol):
         such job."""
         ...
 
-    def snapshot(self, table: str, snapshot_ms: int, destination: str, expires_ms: int) -> None:
-        """Create `destination` (project.dataset.table) holding `table` as it was at snapshot_ms
-        (time travel), expiring at expires_ms; a destination that exists already is kept (the
-        same decision taken again)."""
+    def own_job(self, job_id: str) -> JobInfo | None:
+        """jobs.get of a job this source started (its project and location); None when there
+        is no such job yet."""
         ...
 
-    def snapshot_query(self, query: str, snapshot_ms: int, destination: str,
-                       expires_ms: int) -> None:
-        """Create `destination` holding the result of `query` (a SELECT naming each table it
-        reads `project.dataset.table`) with every table read as it was at snapshot_ms, expiring
-        at expires_ms; a destination that exists already is kept."""
+    def start_snapshot(self, table: str, snapshot_ms: int, destination: str, expires_ms: int,
+                       job_id: str) -> bool:
+        """Start the job (id job_id) that creates `destination` (project.dataset.table) holding
+        `table` as it was at snapshot_ms (time travel), expiring at expires_ms; returns at once
+        (own_job follows it). A job of that id started before is left as it is. True when the
+        destination exists already (the same decision carried out before): no job started."""
         ...
 
-    def export_parquet(self, table: str, destination_uri: str, job_id: str) -> None:
-        """An extract job of `table` to a gs:// wildcard URI as Parquet, waited for; the same
-        job_id again waits for that job instead of starting another."""
+    def start_snapshot_query(self, query: str, snapshot_ms: int, destination: str,
+                             expires_ms: int, job_id: str) -> bool:
+        """start_snapshot of the result of `query` (a SELECT naming each table it reads
+        `project.dataset.table`) with every table read as it was at snapshot_ms."""
+        ...
+
+    def start_extract(self, table: str, destination_uri: str, job_id: str) -> None:
+        """Start the extract job (id job_id) of `table` to a gs:// wildcard URI as Parquet;
+        returns at once (own_job follows it); a job of that id started before is left as it is."""
         ...

@@ -6,17 +6,20 @@ parses neither `CREATE SNAPSHOT TABLE` nor a copy job's `table@<ms>` decorator (
 On real BigQuery this makes a standard table rather than a snapshot table (billed as a query and
 stored in full); it expires all the same. The endpoint (SPOTORCH_BIGQUERY_ENDPOINT) points the
 same client at the emulator with anonymous credentials.
+
+Nothing here waits for a job: the snapshot query and the extract are started with the ids the
+caller derives (a Conflict on insert: started before) and followed with jobs.get (own_job), so
+no invocation is held for a job's duration (spotorch.app.table_intake.finish_snapshot).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
 
 from spotorch.core.table_changes import JobInfo, TableInfo
 from spotorch.ports.tables import TableNotFound
-
-JOB_TIMEOUT_S = 300.0  # a snapshot query or an extract job waited for in one invocation
 
 
 def _table_id(ref: Any) -> str | None:
@@ -43,9 +46,13 @@ def _quoted(table: str) -> str:
 class BigQueryTables:
     """ports.TableSource: tables.get, jobs.get, a query to snapshot, an extract job to export."""
 
-    def __init__(self, project: str, *, endpoint: str | None = None) -> None:
+    def __init__(self, project: str, *, endpoint: str | None = None,
+                 location: str | None = None) -> None:
         self.project = project
         self.endpoint = endpoint
+        # Where our snapshot jobs run and are read back (jobs.get needs it outside US and EU):
+        # the snapshot dataset's location (SPOTORCH_BIGQUERY_LOCATION); None: BigQuery's default.
+        self.location = location
         self._client: Any = None
         self._lock = threading.Lock()
 
@@ -61,9 +68,10 @@ class BigQueryTables:
 
                     self._client = bigquery.Client(
                         project=self.project, credentials=AnonymousCredentials(),
-                        client_options=ClientOptions(api_endpoint=self.endpoint))
+                        client_options=ClientOptions(api_endpoint=self.endpoint),
+                        location=self.location)
                 else:
-                    self._client = bigquery.Client(project=self.project)
+                    self._client = bigquery.Client(project=self.project, location=self.location)
             return self._client
 
     def get_table(self, table: str) -> TableInfo:
@@ -100,53 +108,58 @@ class BigQueryTables:
         elif kind == "query":
             rows = stats.get("query", {}).get("numDmlAffectedRows")
         status = props.get("status") or {}
+        error = status.get("errorResult") or {}
         return JobInfo(job_id=job_id, job_type=kind, state=str(status.get("state") or ""),
-                       failed=bool(status.get("errorResult")), end_ms=_ms(stats.get("endTime")),
+                       failed=bool(error), end_ms=_ms(stats.get("endTime")),
                        rows=None if rows is None else int(rows),
-                       destinations=tuple(d for d in destinations if d))
+                       destinations=tuple(d for d in destinations if d),
+                       error_reason=str(error["reason"]) if error.get("reason") else None,
+                       error_message=str(error["message"]) if error.get("message") else None)
 
-    def snapshot(self, table: str, snapshot_ms: int, destination: str, expires_ms: int) -> None:
-        """TableSource.snapshot: CREATE TABLE ... AS SELECT ... FOR SYSTEM_TIME AS OF."""
-        self._create_as(destination, expires_ms,
-                        f"SELECT * FROM {_quoted(table)} "
-                        f"FOR SYSTEM_TIME AS OF TIMESTAMP_MILLIS({int(snapshot_ms)})")
+    def own_job(self, job_id: str) -> JobInfo | None:
+        """TableSource.own_job: jobs.get in this source's project and location."""
+        return self.get_job(self.project, job_id, self.location)
 
-    def snapshot_query(self, query: str, snapshot_ms: int, destination: str,
-                       expires_ms: int) -> None:
-        """TableSource.snapshot_query: CREATE TABLE ... AS the query, each table it reads
+    def start_snapshot(self, table: str, snapshot_ms: int, destination: str, expires_ms: int,
+                       job_id: str) -> bool:
+        """TableSource.start_snapshot: CREATE TABLE ... AS SELECT ... FOR SYSTEM_TIME AS OF."""
+        return self._start_create_as(destination, expires_ms, job_id,
+                                     f"SELECT * FROM {_quoted(table)} "
+                                     f"FOR SYSTEM_TIME AS OF TIMESTAMP_MILLIS({int(snapshot_ms)})")
+
+    def start_snapshot_query(self, query: str, snapshot_ms: int, destination: str,
+                             expires_ms: int, job_id: str) -> bool:
+        """TableSource.start_snapshot_query: CREATE TABLE ... AS the query, each table it reads
         rewritten to FOR SYSTEM_TIME AS OF the snapshot time (core.table_changes.query_as_of)."""
         from spotorch.core.table_changes import query_as_of
 
-        self._create_as(destination, expires_ms, query_as_of(query.strip().rstrip(";"),
-                                                             snapshot_ms))
+        return self._start_create_as(destination, expires_ms, job_id,
+                                     query_as_of(query.strip().rstrip(";"), snapshot_ms))
 
-    def _create_as(self, destination: str, expires_ms: int, select: str) -> None:
-        """CREATE TABLE destination (expiring) AS select, unless it exists already."""
+    def _start_create_as(self, destination: str, expires_ms: int, job_id: str,
+                         select: str) -> bool:
+        """Start CREATE TABLE destination (expiring) AS select, unless the table exists."""
         from google.api_core import exceptions as gexc
 
         client = self.client()
         try:
             client.get_table(destination)
-            return  # taken before (the same decision carried out again)
+            return True  # taken before (the same decision carried out again)
         except gexc.NotFound:
             pass
         sql = (f"CREATE TABLE {_quoted(destination)} "
                f"OPTIONS(expiration_timestamp=TIMESTAMP_MILLIS({int(expires_ms)})) "
                f"AS {select}")
-        try:
-            client.query(sql).result(timeout=JOB_TIMEOUT_S)
-        except gexc.Conflict:
-            return  # a concurrent invocation took it
+        with contextlib.suppress(gexc.Conflict):  # that job id exists: started before
+            client.query(sql, job_id=job_id, job_retry=None)  # a retry is ours: a fresh id
+        return False
 
-    def export_parquet(self, table: str, destination_uri: str, job_id: str) -> None:
-        """TableSource.export_parquet: an extract job named job_id, waited for."""
+    def start_extract(self, table: str, destination_uri: str, job_id: str) -> None:
+        """TableSource.start_extract: an extract job named job_id, not waited for."""
         from google.api_core import exceptions as gexc
         from google.cloud import bigquery
 
-        client = self.client()
         config = bigquery.ExtractJobConfig(destination_format="PARQUET")
-        try:
-            job = client.extract_table(table, destination_uri, job_id=job_id, job_config=config)
-        except gexc.Conflict:  # the job exists: this export was started before
-            job = client.get_job(job_id)
-        job.result(timeout=JOB_TIMEOUT_S)
+        with contextlib.suppress(gexc.Conflict):  # that job id exists: started before
+            self.client().extract_table(table, destination_uri, job_id=job_id,
+                                        job_config=config)

@@ -18,6 +18,7 @@ locals {
   optional_env = merge(
     var.bundle_prices == "" ? {} : { SPOTORCH_PRICES = var.bundle_prices },
     var.dataflow_launcher_template == "" ? {} : { SPOTORCH_DATAFLOW_LAUNCHER = var.dataflow_launcher_template },
+    var.bigquery_location == "" ? {} : { SPOTORCH_BIGQUERY_LOCATION = var.bigquery_location },
   )
 
   firestore_database = var.firestore_database

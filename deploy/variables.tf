@@ -108,6 +108,12 @@ variable "dataflow_launcher_template" {
   default     = ""
 }
 
+variable "bigquery_location" {
+  description = "Location of the BigQuery snapshot datasets when it is neither US nor EU (e.g. europe-west4): jobs.get of spotorch's snapshot and export jobs needs it (SPOTORCH_BIGQUERY_LOCATION); empty: US or EU."
+  type        = string
+  default     = ""
+}
+
 variable "bundle_path" {
   description = "Zip built by deploy/package.py (main.py, spotorch, spotorch_trainer, requirements.txt, pipelines/)."
   type        = string

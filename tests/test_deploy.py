@@ -1159,7 +1159,9 @@ def test_bundle_carries_a_price_table(pipelines: Path, tmp_path: Path) -> None:
     assert tf.locals["optional_env"] == (
         '${merge(var.bundle_prices == "" ? {} : {SPOTORCH_PRICES = var.bundle_prices}, '
         'var.dataflow_launcher_template == "" ? {} : '
-        '{SPOTORCH_DATAFLOW_LAUNCHER = var.dataflow_launcher_template})}')
+        '{SPOTORCH_DATAFLOW_LAUNCHER = var.dataflow_launcher_template}, '
+        'var.bigquery_location == "" ? {} : '
+        '{SPOTORCH_BIGQUERY_LOCATION = var.bigquery_location})}')
     table.write_text(json.dumps({"families": {"n1": {"us-central1": {"vcpu": {"standard": -1}}}}}))
     with pytest.raises(package.PackageError, match="SPOTORCH_PRICES"):
         package.build(ROOT, pipelines, tmp_path / "c.zip", validate=False, prices=table)

@@ -7,7 +7,7 @@ import logging
 
 from spotorch.app import unmatched
 from spotorch.app.deps import Deps
-from spotorch.app.runs import folder_objects, start_run
+from spotorch.app.runs import snapshot_objects, start_run
 from spotorch.app.snapshots import SnapshotReady
 from spotorch.core.errors import InvalidEvent, SpotorchError
 from spotorch.core.model import Run
@@ -73,22 +73,6 @@ def start_snapshot_run(deps: Deps, snap: SnapshotReady, why: str) -> Run | None:
     log.info("snapshot %s ready", snap.snapshot_id,
              extra={"run_id": run.run_id if run else None, "pipeline": snap.pipeline})
     return run
-
-
-def snapshot_objects(deps: Deps, snap: SnapshotReady) -> tuple[tuple[str, int], ...]:
-    """The snapshot's objects with their generations, for the run's provenance. The intake
-    tracks them for every batch mode but a plain marker (the marker alone makes that snapshot):
-    there the folder is listed now, at the decision, the producer having written the marker
-    last. More than MAX_PINNED_OBJECTS: none (the run's data is then not pinned; logged)."""
-    from spotorch.core.pipeline import BatchMode
-
-    tracked = tuple(zip(snap.objects, snap.generations, strict=True))
-    trigger = deps.pipeline(snap.pipeline).trigger
-    # getattr: a trigger of another source (a BigQuery table) has no batch mode of this kind.
-    if snap.manual or getattr(trigger, "batch", None) is not BatchMode.MARKER \
-            or getattr(trigger, "manifest", False):
-        return tracked
-    return folder_objects(deps, snap.data_uri, tracked)
 
 
 LISTING_PAGE_SIZE = 500

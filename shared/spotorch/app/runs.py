@@ -20,6 +20,7 @@ from spotorch.app.deps import (
     probe_cache,
     region_order,
 )
+from spotorch.app.snapshots import SnapshotReady
 from spotorch.app.spot_record import shape_of
 from spotorch.app.unit_of_work import apply, carry_out
 from spotorch.core import provenance, shapes
@@ -125,6 +126,22 @@ def write_inputs_manifest(deps: Deps, prov: Mapping[str, Any],
         tmp.write(body)
         tmp.flush()
         deps.objects.ensure_file(str(uri), tmp.name)
+
+
+def snapshot_objects(deps: Deps, snap: SnapshotReady) -> tuple[tuple[str, int], ...]:
+    """The snapshot's objects with their generations, for the run's provenance. The intake
+    tracks them for every batch mode but a plain marker (the marker alone makes that snapshot):
+    there the folder is listed now, at the decision, the producer having written the marker
+    last. More than MAX_PINNED_OBJECTS: none (the run's data is then not pinned; logged)."""
+    from spotorch.core.pipeline import BatchMode
+
+    tracked = tuple(zip(snap.objects, snap.generations, strict=True))
+    trigger = deps.pipeline(snap.pipeline).trigger
+    # getattr: a trigger of another source (a BigQuery table) has no batch mode of this kind.
+    if snap.manual or getattr(trigger, "batch", None) is not BatchMode.MARKER \
+            or getattr(trigger, "manifest", False):
+        return tracked
+    return folder_objects(deps, snap.data_uri, tracked)
 
 
 MAX_PINNED_OBJECTS = 2000  # a folder's objects listed for a run's provenance, at most

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, assert_never
 
 from spotorch.app.deps import UnknownRun
-from spotorch.app.runs import cancel_run, start_run
+from spotorch.app.runs import cancel_run, snapshot_objects, start_run
 from spotorch.core import sweeps as sweep
 from spotorch.core.context import Context
 from spotorch.core.errors import SpotorchError
@@ -118,7 +118,6 @@ def start_sweep(deps: Deps, pipeline_name: str, *, sweep_id: str, data_uri: str,
 def start_snapshot_sweep(deps: Deps, snap: SnapshotReady, why: str) -> Sweep:
     """Start the sweep a complete data snapshot asks for, its id fixed by the snapshot."""
     from spotorch.app import snapshots as intake
-    from spotorch.app.arrivals import snapshot_objects
 
     sweep_id = intake.run_id_for(snap.pipeline, snap.snapshot_id)
     existing, _ = load_sweep(deps, sweep_id)

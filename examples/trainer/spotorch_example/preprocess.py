@@ -1,8 +1,13 @@
 """The example's preprocess step: an Apache Beam pipeline that normalizes the CSV shards.
 
     python -m spotorch_example.preprocess --input gs://B/snapshot/ --output gs://B/out/KEY/
-        [--num_shards 2] [--expected_features N]
+        [--inputs gs://.../inputs.json] [--num_shards 2] [--expected_features N]
         [Beam options: --runner DataflowRunner --project ... --region ...]
+
+With --inputs (spotorch passes the run's inputs manifest when the run pinned its data) the
+shards read are exactly the manifest's objects at their recorded generations
+(spotorch_trainer.snapshot_objects), not what the --input folder holds now: a rerun after an
+overwrite reads what its origin read.
 
 Reads every *.csv under --input (a header line f0..fN,label, then rows), scales each feature to
 zero mean and unit variance over the whole snapshot (one pass for the statistics, one to apply
@@ -99,6 +104,12 @@ def _data_lines(path_and_line: Any) -> Iterator[str]:
         yield line
 
 
+def _pinned_lines(obj: Any) -> Iterator[tuple[str, str]]:
+    """(uri, line) of every line of one pinned object, read at its recorded generation."""
+    for line in obj.read().decode().splitlines():
+        yield obj.uri, line
+
+
 def run(argv: Sequence[str] | None = None) -> None:
     """Build and run the pipeline; the rest of argv are Beam's own options."""
     import apache_beam as beam
@@ -109,22 +120,36 @@ def run(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--input", required=True)
     parser.add_argument("--output", required=True)
+    parser.add_argument("--inputs", default=None,
+                        help="the run's inputs manifest: read its objects at their generations")
     parser.add_argument("--num_shards", type=int, default=2)
     parser.add_argument("--expected_features", type=int, default=None,
                         help="fail on rows with another number of features")
     known, beam_args = parser.parse_known_args(argv)
     pattern = known.input.rstrip("/") + "/*.csv"
-    matched = FileSystems.match([pattern])[0].metadata_list
-    if not matched:
-        raise SystemExit(f"no .csv files under {known.input}")
-    with FileSystems.open(sorted(m.path for m in matched)[0]) as first:
-        header = first.readline().decode().strip()
+    pinned: list[Any] = []
+    if known.inputs:
+        from spotorch_trainer import snapshot_objects
+
+        pinned = [o for o in snapshot_objects(known.inputs) if o.name.endswith(".csv")]
+        if not pinned:
+            raise SystemExit(f"no .csv objects in the inputs manifest {known.inputs}")
+        first_name, header = pinned[0].uri, pinned[0].read().decode().split("\n", 1)[0].strip()
+    else:
+        matched = FileSystems.match([pattern])[0].metadata_list
+        if not matched:
+            raise SystemExit(f"no .csv files under {known.input}")
+        first_name = sorted(m.path for m in matched)[0]
+        with FileSystems.open(first_name) as first:
+            header = first.readline().decode().strip()
     width = len(header.split(","))
     if not header.endswith("," + LABEL):
-        raise SystemExit(f"{matched[0].path}: the header must end with ,{LABEL}: {header!r}")
+        raise SystemExit(f"{first_name}: the header must end with ,{LABEL}: {header!r}")
     with beam.Pipeline(options=PipelineOptions(beam_args)) as pipeline:
-        rows = (pipeline
-                | "Read shards" >> ReadFromTextWithFilename(pattern)
+        lines = (pipeline | "Pinned shards" >> beam.Create(pinned)
+                 | "Read at generation" >> beam.FlatMap(_pinned_lines)) if pinned else \
+            (pipeline | "Read shards" >> ReadFromTextWithFilename(pattern))
+        rows = (lines
                 | "Drop headers" >> beam.FlatMap(_data_lines)
                 | "Parse rows" >> beam.Map(parse_row, width, known.expected_features))
         stats = (rows

@@ -166,7 +166,7 @@ def poll(deps: Deps, run: Run) -> list[Observation]:
     if step is None or not step.live or not step.job_name or deps.steps is None:
         return []
     try:
-        return [PreprocessObserved(deps.steps.get(step.job_name, step.region))]
+        return [PreprocessObserved(deps.steps.get(step.job_name, step.region, step.job_id))]
     except Exception as exc:  # the next tick asks again
         log.warning("polling Dataflow job %s failed: %s", step.job_name, exc,
                     extra={"run_id": run.run_id})

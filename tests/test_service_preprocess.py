@@ -412,7 +412,7 @@ def test_a_rerun_whose_cache_is_gone_runs_the_step_on_the_recorded_inputs_and_co
 
 
 def test_a_pinned_generation_that_is_gone_is_not_keyed_by_the_live_folder() -> None:
-    deps, _, outputs = pinned_deps()
+    _, _, outputs = pinned_deps()
     outputs.versions.pop(("d1/b.csv", 2))  # a bucket without versioning lost it
     assert outputs.content_digest("gs://b/d1/", PINNED) is None
 

@@ -12,8 +12,9 @@ overwrite reads what its origin read.
 Reads every *.csv under --input (a header line f0..fN,label, then rows), scales each feature to
 zero mean and unit variance over the whole snapshot (one pass for the statistics, one to apply
 them), and writes CSV shards with the same header under --output (part-0000i-of-0000n.csv), which
-the trainer reads as its data. A row that does not parse fails the pipeline with the row's
-ValueError: on Dataflow the job ends JOB_STATE_FAILED with that text, a user error for spotorch.
+the trainer reads as its data; each row's shard and place are a function of its content, so the
+same input gives the same bytes on every run. A row that does not parse fails the pipeline with
+the row's ValueError: on Dataflow the job ends JOB_STATE_FAILED with that text, a user error for spotorch.
 
 On Dataflow spotorch's launcher template runs this module (docs/preprocess.md); locally the
 Dataflow emulator runs it with Beam's DirectRunner. Needs apache-beam[gcp]
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -113,7 +115,7 @@ def _pinned_lines(obj: Any) -> Iterator[tuple[str, str]]:
 def run(argv: Sequence[str] | None = None) -> None:
     """Build and run the pipeline; the rest of argv are Beam's own options."""
     import apache_beam as beam
-    from apache_beam.io import ReadFromTextWithFilename, WriteToText
+    from apache_beam.io import ReadFromTextWithFilename
     from apache_beam.io.filesystems import FileSystems
     from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -155,11 +157,37 @@ def run(argv: Sequence[str] | None = None) -> None:
         stats = (rows
                  | "Features" >> beam.Map(lambda r: r[0])
                  | "Moments" >> beam.CombineGlobally(_moments_fn()))
-        _ = (rows
-             | "Normalize" >> beam.Map(normalize, beam.pvalue.AsSingleton(stats))
-             | "Write shards" >> WriteToText(known.output.rstrip("/") + "/part",
-                                             file_name_suffix=".csv", header=header,
-                                             num_shards=known.num_shards))
+        keyed = (rows
+                 | "Normalize" >> beam.Map(normalize, beam.pvalue.AsSingleton(stats))
+                 | "Shard" >> beam.Map(lambda line: (shard_of(line, known.num_shards), line)))
+        # Every shard index once, so that a shard no row hashes to is still written (empty).
+        every = pipeline | "Every shard" >> beam.Create([(i, None) for i in
+                                                         range(known.num_shards)])
+        _ = ((keyed, every) | "Shards" >> beam.Flatten() | "By shard" >> beam.GroupByKey()
+             | "Write shards" >> beam.Map(_write_shard, known.output, known.num_shards, header))
+
+
+def shard_of(line: str, shards: int) -> int:
+    """The shard of an output line: a function of its content, so that the same input gives
+    the same files byte for byte on every run (Beam's own sharding and order are not stable,
+    and a rerun that rebuilds the output must train on the same bytes)."""
+    return zlib.crc32(line.encode()) % shards
+
+
+def shard_lines(lines: Iterable[str | None]) -> list[str]:
+    """A shard's lines in a stable order that is not the features' (a content hash)."""
+    return sorted((x for x in lines if x is not None), key=lambda x: (zlib.crc32(x.encode()), x))
+
+
+def _write_shard(keyed: tuple[int, Iterable[str | None]], output: str, shards: int,
+                 header: str) -> str:
+    from apache_beam.io.filesystems import FileSystems
+
+    index, lines = keyed
+    path = f"{output.rstrip('/')}/part-{index:05d}-of-{shards:05d}.csv"
+    with FileSystems.create(path) as out:
+        out.write(("\n".join([header, *shard_lines(lines)]) + "\n").encode())
+    return path
 
 
 def _moments_fn() -> Any:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from google.api_core.exceptions import GoogleAPICallError
 
 from spotorch.adapters.gcp.dataflow import DataflowStepLauncher, GcsStepOutputs
 from spotorch.core import preprocess as pp
@@ -235,7 +236,8 @@ def test_a_worker_account_the_caller_may_not_act_as_is_refused(
     ask = replace(request(staged, "spotorch-r5-pre1", "good"), service_account=other)
     with pytest.raises(StepLaunchError, match=rf"cannot act as service account {other}") as no:
         launcher(emu).launch(ask)
-    assert no.value.permanent and "403" in str(no.value.__cause__.code)
+    cause = no.value.__cause__
+    assert no.value.permanent and isinstance(cause, GoogleAPICallError) and cause.code == 403
     # Without a worker account Dataflow uses the Compute Engine default: not granted either.
     bare = DataflowStepLauncher(PROJECT, launcher_template=LAUNCHER, endpoint=emu.address,
                                 token="fn-token")
@@ -261,7 +263,8 @@ def test_labels_google_refuses_are_invalid_argument_naming_the_label(
     ask = replace(request(staged, "spotorch-r6-pre1", "good"), labels=labels)
     with pytest.raises(StepLaunchError, match=re.escape(named)) as bad:
         launcher(emu).launch(ask)
-    assert bad.value.permanent and bad.value.__cause__.code == 400
+    cause = bad.value.__cause__
+    assert bad.value.permanent and isinstance(cause, GoogleAPICallError) and cause.code == 400
     ok = {"spotorch_pipeline": "churn-model_2", "spotorch_key": "0123abcd", "empty": ""}
     assert launcher(emu).launch(replace(ask, job_name="spotorch-r6-pre2", labels=ok)).job_id
 

@@ -356,7 +356,7 @@ def test_a_pinned_run_is_keyed_by_its_generations_and_its_job_gets_the_manifest(
     deps, steps, outputs = pinned_deps()
     run = start_pinned(deps, "r1")
     request = steps.jobs[0].request
-    assert request.inputs_uri == pp.inputs_uri(step(run))
+    assert request.inputs_uri is not None and request.inputs_uri == pp.inputs_uri(step(run))
     staged = outputs.markers[request.inputs_uri]
     assert staged["objects"] == [{"name": "d1/a.csv", "generation": 1},
                                  {"name": "d1/b.csv", "generation": 2}]
@@ -406,7 +406,7 @@ def test_a_rerun_whose_cache_is_gone_runs_the_step_on_the_recorded_inputs_and_co
     assert steps.created == 2 and not step(again).cache_hit
     assert step(again).cache_key == step(origin).cache_key
     request = steps.jobs[-1].request
-    assert request.package_uris == PACKAGE.package_uris
+    assert request.package_uris == PACKAGE.package_uris and request.inputs_uri is not None
     assert outputs.markers[request.inputs_uri]["objects"] == [
         {"name": "d1/a.csv", "generation": 1}, {"name": "d1/b.csv", "generation": 2}]
 

@@ -9,6 +9,7 @@ permission map against), so the stack and the check never disagree about deploy/
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -83,6 +84,7 @@ def read_grants(deploy_dir: Path, project: str,
                   {a: tuple(dict.fromkeys(m)) for a, m in act_as.items()})
 
 
+@functools.lru_cache(maxsize=16)  # the stack's env asks on every read: parse deploy/ once
 def account_email(deploy_dir: Path, project: str, resource: str) -> str:
     """The email of deploy/'s service account resource `resource` (e.g. "dataflow")."""
     from spotorch.operate.terraform import load_tf

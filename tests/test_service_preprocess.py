@@ -425,3 +425,39 @@ def test_the_poll_follows_the_job_by_its_id_once_known() -> None:
     tick(deps)  # the launch answered the id: GetJob by it
     tick(deps)
     assert steps.reads == ["by_id", "by_id"]
+
+
+def _many(n: int = 1200) -> tuple[tuple[str, int], ...]:
+    return tuple((f"d1/{'x' * 90}-{i:05d}.csv", i + 1) for i in range(n))
+
+
+def test_a_long_object_list_is_read_from_the_manifest() -> None:
+    deps, steps, outputs = make_deps()
+    many = _many()
+    for name, generation in many:
+        outputs.versions[(name, generation)] = (1, "crc")
+    from spotorch.core import provenance
+
+    data = provenance.data_of(deps.pipeline("p"), "gs://b/d1/", "b", many)
+    assert data["objects"] is None  # too many for the run document: the manifest lists them
+    outputs.markers[data["manifest_uri"]] = provenance.manifest(data, many)
+    run = start_run(deps, "p", run_id="r1", data_uri="gs://b/d1/", snapshot_id="r1",
+                    reason="t", objects=many)
+    assert run is not None and steps.created == 1
+    request = steps.jobs[0].request
+    assert request.inputs_uri is not None
+    assert len(outputs.markers[request.inputs_uri]["objects"]) == len(many)
+    assert step(run).cache_key == pp.new_step(deps.pipeline("p"), pp.input_identity(
+        "r1", "gs://b/d1/", outputs.content_digest("gs://b/d1/", many))).cache_key
+
+
+def test_a_lost_manifest_fails_the_launch_for_good_instead_of_reading_the_live_folder() -> None:
+    deps, steps, _ = make_deps()
+    run = start_run(deps, "p", run_id="r1", data_uri="gs://b/d1/", snapshot_id="r1",
+                    reason="t", objects=_many())
+    assert run is not None
+    run = load(deps, "r1")
+    assert steps.created == 0 and run.status is RunStatus.FAILED_LAUNCH
+    assert run.end_reason is not None and "inputs manifest" in run.end_reason
+    assert step(run).cache_key == pp.new_step(deps.pipeline("p"), pp.input_identity(
+        "r1", "gs://b/d1/", None)).cache_key  # keyed by its snapshot: never a false hit

@@ -39,6 +39,10 @@ class StepsNotConfigured(RuntimeError):
     """A pipeline has a preprocess step but this deployment wired no Dataflow adapters."""
 
 
+class InputsGone(RuntimeError):
+    """A pinned run's inputs manifest is gone: its recorded objects cannot be named."""
+
+
 def _launcher(deps: Deps) -> StepLauncher:
     if deps.steps is None:
         raise StepsNotConfigured("no Dataflow launcher configured (Deps.steps)")
@@ -61,7 +65,10 @@ def perform(deps: Deps, run: Run, intent: PreprocessIntent) -> Observation | Non
     if intent.action == PREPROCESS_LOOKUP:
         # A job that reads the run's pinned generations is keyed by them; one that reads the
         # live folder (a template of the user's) by what the folder holds now.
-        pinned = _pinned(deps, run) if pp.reads_pinned(pipeline) else None
+        try:
+            pinned = _pinned(deps, run) if pp.reads_pinned(pipeline) else None
+        except InputsGone:
+            pinned = ()  # no content key (never the live folder's): keyed by the snapshot
         digest = _outputs(deps).content_digest(run.data_uri, pinned)
         input_id = pp.input_identity(run.snapshot_id, run.data_uri, digest)
         keyed = pp.new_step(pipeline, input_id)
@@ -73,9 +80,12 @@ def perform(deps: Deps, run: Run, intent: PreprocessIntent) -> Observation | Non
             return IntentDone(intent.id)  # the step moved on: this launch is no longer wanted
         if pipeline.preprocess is not None and pipeline.preprocess.python_module:
             stage_template_packages(deps, pipeline.job)  # the launcher installs the package
-        inputs = _stage_inputs(deps, run, step) if pp.reads_pinned(pipeline) else None
         try:
+            inputs = _stage_inputs(deps, run, step) if pp.reads_pinned(pipeline) else None
             job = _launcher(deps).launch(launch_request(deps, run, step, inputs))
+        except InputsGone as exc:  # for good: the run's recorded inputs cannot be named
+            job = pp.JobView(job_id="", name=intent.job_name, state=pp.JOB_STATE_FAILED,
+                             error=str(exc), refused=True)
         except StepLaunchError as exc:
             if not exc.permanent:
                 raise
@@ -106,7 +116,8 @@ def _pinned(deps: Deps, run: Run) -> tuple[tuple[str, int], ...] | None:
         return listed
     doc = _outputs(deps).read_manifest(manifest)
     if doc is None:
-        raise FileNotFoundError(f"run {run.run_id}: its inputs manifest {manifest} is gone")
+        raise InputsGone(f"run {run.run_id}: its inputs manifest {manifest} is gone, so its "
+                         "recorded objects cannot be preprocessed exactly")
     return tuple((str(o["name"]), int(o["generation"])) for o in doc.get("objects") or ())
 
 

@@ -330,7 +330,8 @@ CALLS: tuple[Call, ...] = (
     Call("Blob.upload_from_string", "objects.insert",
          _on(S.PREPROCESS, "storage.objects.create", "storage.objects.delete"), (F,),
          (f"{OUTPUTS}.write_marker",), STORAGE_IAM,
-         "the completion marker, after GetJob said JOB_STATE_DONE (rewriting needs delete)"),
+         "the completion marker, after GetJob said JOB_STATE_DONE, and the copy of the run's "
+         "inputs manifest the job reads (rewriting needs delete)"),
     Call("Dataflow launcher VM and workers", "the Beam pipeline's reads and writes",
          _on(S.PROJECT, "dataflow.workItems.lease", "dataflow.workItems.update",
              "dataflow.workItems.sendMessage", "logging.logEntries.create"), (DW,),

@@ -157,3 +157,78 @@ def test_a_marker_is_read_back(outputs: tuple[StepOutputs, Putter]) -> None:
     assert store.read_marker(uri) is None
     store.write_marker(uri, {"cache_key": "key1", "job_name": "spotorch-r-pre1"})
     assert store.read_marker(uri) == {"cache_key": "key1", "job_name": "spotorch-r-pre1"}
+
+
+def test_a_job_is_read_by_its_id_and_an_unknown_id_falls_back_to_its_name(
+        launcher: StepLauncher) -> None:
+    first = launcher.launch(launch_of("spotorch-c3-pre1"))
+    by_id = launcher.get("spotorch-c3-pre1", REGION, first.job_id)
+    assert by_id is not None and by_id.job_id == first.job_id
+    stale = launcher.get("spotorch-c3-pre1", REGION, "2000-01-01_00_00_00-404")
+    assert stale is not None and stale.job_id == first.job_id
+    other = launcher.launch(launch_of("spotorch-c3-pre9"))  # an id of another name: by name
+    mixed = launcher.get("spotorch-c3-pre9", REGION, first.job_id)
+    assert mixed is not None and mixed.job_id == other.job_id
+
+
+Versions = Callable[[str, dict[str, bytes]], list[tuple[str, int]]]
+
+
+@pytest.fixture(params=["memory", "gcs"])
+def versioned(request: pytest.FixtureRequest) -> tuple[StepOutputs, Versions]:
+    """The outputs port, and a writer of objects returning their (name, generation)."""
+    import base64
+
+    import google_crc32c
+
+    if request.param == "memory":
+        memory = InMemoryStepOutputs()
+        counter = iter(range(1, 10_000))
+
+        def put_memory(folder: str, files: dict[str, bytes]) -> list[tuple[str, int]]:
+            prefix = folder.removeprefix("gs://").partition("/")[2]
+            out = []
+            for name, data in files.items():
+                generation = next(counter)
+                crc = base64.b64encode(google_crc32c.value(data).to_bytes(4, "big")).decode()
+                memory.versions[(prefix + name, generation)] = (len(data), crc)
+                memory.folders.setdefault(folder, {})[name] = (len(data), crc)
+                out.append((prefix + name, generation))
+            return out
+
+        return memory, put_memory
+    request.getfixturevalue("gcs")
+    from google.cloud import storage
+
+    client = storage.Client.create_anonymous_client()
+    if client.lookup_bucket("vland") is None:
+        bucket = client.bucket("vland")
+        bucket.versioning_enabled = True
+        client.create_bucket(bucket)
+
+    def put_gcs(folder: str, files: dict[str, bytes]) -> list[tuple[str, int]]:
+        bucket, _, prefix = folder.removeprefix("gs://").partition("/")
+        out = []
+        for name, data in files.items():
+            blob = client.bucket(bucket).blob(prefix + name)
+            blob.upload_from_string(data)
+            out.append((prefix + name, int(blob.generation)))
+        return out
+
+    return GcsStepOutputs(client=client), put_gcs
+
+
+def test_pinned_generations_keep_their_digest_after_an_overwrite(
+        versioned: tuple[StepOutputs, Versions]) -> None:
+    store, put = versioned
+    files = {"a.csv": b"f0,label\n1,0\n", "b.csv": b"f0,label\n2,1\n"}
+    pinned = put("gs://vland/p1/", files)
+    before = store.content_digest("gs://vland/p1/", pinned)
+    assert before is not None and before == store.content_digest("gs://vland/p1/")
+    put("gs://vland/p1/", {"b.csv": b"f0,label\n3,1\n"})  # b.csv overwritten
+    assert store.content_digest("gs://vland/p1/", pinned) == before
+    assert store.content_digest("gs://vland/p1/") != before  # the live folder changed
+    copy = put("gs://vland/p2/", files)  # the same files elsewhere: the same digest
+    assert store.content_digest("gs://vland/p2/", copy) == before
+    gone = [(pinned[0][0], pinned[0][1] + 10_000_000)]  # a generation that never was
+    assert store.content_digest("gs://vland/p1/", gone) is None

@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tarfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from google.api_core.exceptions import GoogleAPICallError
 
 from spotorch.adapters.gcp.dataflow import DataflowStepLauncher, GcsStepOutputs
 from spotorch.core import preprocess as pp
@@ -24,11 +27,12 @@ from spotorch.local._vertex_iam import IamPolicy
 from spotorch.local.dataflow_emulator import DataflowEmulator, beam_available
 from spotorch.local.emulators import EmulatorSet, running
 from spotorch.ports.steps import StepLaunch
-from spotorch.spec.packages import build_sdist
+from spotorch.spec.packages import build_sdist, trainer_sdist
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = "spotorch-df"
 LAUNCHER = "gs://staging/dataflow/spotorch-launcher.json"
+WORKERS = f"spotorch-dataflow@{PROJECT}.iam.gserviceaccount.com"  # fn may act as it alone
 
 pytestmark = pytest.mark.skipif(not beam_available(), reason="no Beam environment: make beam-venv")
 
@@ -68,7 +72,10 @@ def staged(gcs: EmulatorSet) -> dict[str, str]:
             text + ("oops,1,2,0\n" if i == 1 else ""))
     name, data = build_sdist(ROOT / "examples" / "trainer")
     client.bucket("staging").blob(f"packages/{name}").upload_from_string(data)
-    return {"package": f"gs://staging/packages/{name}"}
+    helper, helper_data = trainer_sdist()  # staged beside every package (spec.packages)
+    client.bucket("staging").blob(f"packages/{helper}").upload_from_string(helper_data)
+    return {"package": f"gs://staging/packages/{name}",
+            "trainer": f"gs://staging/packages/{helper}"}
 
 
 class Receiver:
@@ -101,7 +108,8 @@ def emulator(tmp_path: Path, staged: dict[str, str]) -> Iterator[tuple[DataflowE
     receiver = Receiver()
     iam = IamPolicy(tokens={"fn-token": "serviceAccount:fn", "ro-token": "user:ro"},
                     grants={"serviceAccount:fn": ("dataflow.*",),
-                            "user:ro": ("dataflow.jobs.get", "dataflow.jobs.list")})
+                            "user:ro": ("dataflow.jobs.get", "dataflow.jobs.list")},
+                    act_as={WORKERS: ("serviceAccount:fn",)})
     emu = DataflowEmulator(PROJECT, workdir=tmp_path / "df", launcher_template=LAUNCHER,
                            events_url=receiver.url, iam=iam).start()
     try:
@@ -113,7 +121,7 @@ def emulator(tmp_path: Path, staged: dict[str, str]) -> Iterator[tuple[DataflowE
 
 def launcher(emu: DataflowEmulator, token: str = "fn-token") -> DataflowStepLauncher:
     return DataflowStepLauncher(PROJECT, launcher_template=LAUNCHER, endpoint=emu.address,
-                                token=token)
+                                token=token, service_account=WORKERS)
 
 
 def request(staged: dict[str, str], name: str, snapshot: str) -> StepLaunch:
@@ -121,7 +129,8 @@ def request(staged: dict[str, str], name: str, snapshot: str) -> StepLaunch:
                       output_uri=f"gs://prep/{name}/", temp_uri=f"gs://prep/{name}/_temp/",
                       machine_type="n1-standard-2", max_workers=2,
                       python_module="spotorch_example.preprocess",
-                      package_uris=(staged["package"],), options=(("num_shards", "2"),))
+                      package_uris=(staged["package"], staged["trainer"]),
+                      options=(("num_shards", "2"),))
 
 
 def wait_ended(steps: DataflowStepLauncher, name: str, timeout: float = 120.0) -> pp.JobView:
@@ -213,3 +222,129 @@ def test_the_package_holds_the_beam_module() -> None:
 
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         assert any(m.name.endswith("spotorch_example/preprocess.py") for m in tar.getmembers())
+
+
+# --- no kinder than Dataflow: actAs, labels, the template's parameters -------------------------
+
+
+def test_a_worker_account_the_caller_may_not_act_as_is_refused(
+        emulator: tuple[DataflowEmulator, Receiver], staged: dict[str, str]) -> None:
+    from spotorch.ports.steps import StepLaunchError
+
+    emu, _ = emulator
+    other = f"someone@{PROJECT}.iam.gserviceaccount.com"
+    ask = replace(request(staged, "spotorch-r5-pre1", "good"), service_account=other)
+    with pytest.raises(StepLaunchError, match=rf"cannot act as service account {other}") as no:
+        launcher(emu).launch(ask)
+    cause = no.value.__cause__
+    assert no.value.permanent and isinstance(cause, GoogleAPICallError) and cause.code == 403
+    # Without a worker account Dataflow uses the Compute Engine default: not granted either.
+    bare = DataflowStepLauncher(PROJECT, launcher_template=LAUNCHER, endpoint=emu.address,
+                                token="fn-token")
+    with pytest.raises(StepLaunchError, match="cannot act as service account"):
+        bare.launch(request(staged, "spotorch-r5-pre1", "good"))
+    assert launcher(emu).get("spotorch-r5-pre1", "us-central1") is None  # no job was made
+
+
+@pytest.mark.parametrize(("labels", "named"), [
+    ({"Spotorch": "x"}, "user_labels.Spotorch"),
+    ({"9lives": "x"}, "user_labels.9lives"),
+    ({"k" * 64: "x"}, "user_labels." + "k" * 64),
+    ({"spotorch_pipeline": "Churn.Model"}, "user_labels.spotorch_pipeline"),
+    ({"spotorch_key": "v" * 64}, "user_labels.spotorch_key"),
+    ({f"k{i}": "v" for i in range(65)}, "at most 64 user labels"),
+])
+def test_labels_google_refuses_are_invalid_argument_naming_the_label(
+        emulator: tuple[DataflowEmulator, Receiver], staged: dict[str, str],
+        labels: dict[str, str], named: str) -> None:
+    from spotorch.ports.steps import StepLaunchError
+
+    emu, _ = emulator
+    ask = replace(request(staged, "spotorch-r6-pre1", "good"), labels=labels)
+    with pytest.raises(StepLaunchError, match=re.escape(named)) as bad:
+        launcher(emu).launch(ask)
+    cause = bad.value.__cause__
+    assert bad.value.permanent and isinstance(cause, GoogleAPICallError) and cause.code == 400
+    ok = {"spotorch_pipeline": "churn-model_2", "spotorch_key": "0123abcd", "empty": ""}
+    assert launcher(emu).launch(replace(ask, job_name="spotorch-r6-pre2", labels=ok)).job_id
+
+
+def test_parameters_the_launchers_metadata_does_not_declare_are_refused(
+        emulator: tuple[DataflowEmulator, Receiver], staged: dict[str, str]) -> None:
+    from google.api_core import exceptions
+    from google.cloud import dataflow_v1beta3 as df
+
+    from spotorch.ports.steps import StepLaunchError
+
+    emu, _ = emulator
+    steps = launcher(emu)
+    with pytest.raises(StepLaunchError, match=r"module: Required parameter is missing"):
+        steps.launch(replace(request(staged, "spotorch-r7-pre1", "good"), python_module=None))
+    # The real client with a parameter the metadata lacks (spotorch sends options as one).
+    parameter = df.LaunchFlexTemplateParameter(
+        job_name="spotorch-r7-pre2", container_spec_gcs_path=LAUNCHER,
+        parameters={"module": "m", "input": "gs://landing/good/", "output": "gs://prep/x/",
+                    "num_shards": "2"},
+        environment=df.FlexTemplateRuntimeEnvironment(service_account_email=WORKERS))
+    with pytest.raises(exceptions.BadRequest, match=r"The template parameters are invalid"
+                                                    r"(.|\n)*num_shards: Parameter is not "
+                                                    r"declared"):
+        steps._client("flex").launch_flex_template(request=df.LaunchFlexTemplateRequest(
+            project_id=PROJECT, location="us-central1", launch_parameter=parameter))
+
+
+def test_a_live_job_is_followed_by_get_job_alone(
+        emulator: tuple[DataflowEmulator, Receiver], staged: dict[str, str]) -> None:
+    emu, _ = emulator
+    steps = launcher(emu)
+    job = steps.launch(request(staged, "spotorch-r8-pre1", "good"))
+    emu.calls.clear()
+    seen = steps.get("spotorch-r8-pre1", "us-central1", job.job_id)
+    assert seen is not None and seen.job_id == job.job_id
+    if seen.state in pp.LIVE_STATES:  # no messages, no metrics, no ListJobs while it runs
+        assert emu.calls == {"get": 1}
+    wait_ended(steps, "spotorch-r8-pre1")
+    emu.calls.clear()
+    done = steps.get("spotorch-r8-pre1", "us-central1", job.job_id)
+    assert done is not None and done.state == pp.JOB_STATE_DONE and done.vcpu_s > 0
+    assert emu.calls == {"get": 1, "metrics": 1}  # ended: its cost, once; no error to read
+    emu.calls.clear()
+    assert steps.get("spotorch-r8-pre1", "us-central1", "2000-01-01_00_00_00-9") is not None
+    assert emu.calls.get("list") == 1  # an unknown id: found by its name instead
+
+
+def test_the_module_reads_the_pinned_generations_not_the_live_objects(
+        emulator: tuple[DataflowEmulator, Receiver], staged: dict[str, str]) -> None:
+    emu, _ = emulator
+    client = _client()
+    versioned = client.bucket("pinned")
+    versioned.versioning_enabled = True  # as the local stack makes landing buckets
+    client.create_bucket(versioned)
+    header = "f0,f1,label\n"
+    for i in range(2):
+        versioned.blob(f"snap/part-{i}.csv").upload_from_string(
+            header + "".join(f"{i}.{j},{j}.5,{j % 2}\n" for j in range(10)))
+    blobs = [versioned.get_blob(f"snap/part-{i}.csv") for i in range(2)]
+    manifest = {"format": "spotorch.inputs", "bucket": "pinned", "data_uri": "gs://pinned/snap/",
+                "objects": [{"name": b.name, "generation": b.generation} for b in blobs]}
+    client.bucket("prep").blob("inputs/pin.json").upload_from_string(json.dumps(manifest))
+    steps = launcher(emu)
+    live = replace(request(staged, "spotorch-r9-pre1", "good"), input_uri="gs://pinned/snap/",
+                   output_uri="gs://prep/r9-before/")
+    steps.launch(live)
+    assert wait_ended(steps, "spotorch-r9-pre1").state == pp.JOB_STATE_DONE
+    versioned.blob("snap/part-1.csv").upload_from_string(header + "100.0,200.0,1\n")  # overwrite
+    steps.launch(replace(live, job_name="spotorch-r9-pre2", output_uri="gs://prep/r9-pinned/",
+                         inputs_uri="gs://prep/inputs/pin.json"))
+    pinned = wait_ended(steps, "spotorch-r9-pre2")
+    assert pinned.state == pp.JOB_STATE_DONE, pinned.error
+    steps.launch(replace(live, job_name="spotorch-r9-pre3", output_uri="gs://prep/r9-after/"))
+    assert wait_ended(steps, "spotorch-r9-pre3").state == pp.JOB_STATE_DONE
+
+    def rows(prefix: str) -> list[str]:
+        return sorted(line for b in client.list_blobs("prep", prefix=prefix)
+                      if b.name.endswith(".csv")
+                      for line in b.download_as_text().splitlines()[1:])
+
+    assert rows("r9-pinned/") == rows("r9-before/")  # the recorded generations, read again
+    assert rows("r9-after/") != rows("r9-before/")  # what the live folder holds now differs

@@ -332,3 +332,132 @@ def test_every_status_has_a_meaning_for_people() -> None:
     from spotorch.app.views import STATUS_MEANING
 
     assert set(STATUS_MEANING) == set(RunStatus)
+
+
+# --- exact reruns through the step (issue 30): the recorded generations and code -------------
+
+PINNED = (("d1/a.csv", 1), ("d1/b.csv", 2))
+
+
+def pinned_deps() -> tuple[Deps, InMemorySteps, InMemoryStepOutputs]:
+    deps, steps, outputs = make_deps()
+    outputs.versions.update({("d1/a.csv", 1): (10, "crcA"), ("d1/b.csv", 2): (20, "crcB")})
+    return deps, steps, outputs
+
+
+def start_pinned(deps: Deps, run_id: str) -> Run:
+    run = start_run(deps, "p", run_id=run_id, data_uri="gs://b/d1/", snapshot_id=run_id,
+                    reason="t", objects=PINNED)
+    assert run is not None
+    return run
+
+
+def test_a_pinned_run_is_keyed_by_its_generations_and_its_job_gets_the_manifest() -> None:
+    deps, steps, outputs = pinned_deps()
+    run = start_pinned(deps, "r1")
+    request = steps.jobs[0].request
+    assert request.inputs_uri is not None and request.inputs_uri == pp.inputs_uri(step(run))
+    staged = outputs.markers[request.inputs_uri]
+    assert staged["objects"] == [{"name": "d1/a.csv", "generation": 1},
+                                 {"name": "d1/b.csv", "generation": 2}]
+    # The live folder changes (b.csv overwritten): the key stays the recorded generations'.
+    outputs.folders["gs://b/d1/"] = {**CONTENT, "b.csv": (21, "crcB2")}
+    outputs.versions[("d1/b.csv", 3)] = (21, "crcB2")
+    expected = pp.new_step(deps.pipeline("p"), pp.input_identity(
+        "r1", "gs://b/d1/", outputs.content_digest("gs://b/d1/", PINNED))).cache_key
+    assert step(run).cache_key == expected
+    assert expected != pp.new_step(deps.pipeline("p"), pp.input_identity(
+        "r1", "gs://b/d1/", outputs.content_digest("gs://b/d1/"))).cache_key
+
+
+def test_a_rerun_after_an_overwrite_reuses_the_cached_output() -> None:
+    from spotorch.app.runs import rerun_run
+
+    deps, steps, outputs = pinned_deps()
+    start_pinned(deps, "r1")
+    steps.set_state("spotorch-r1-pre1", pp.JOB_STATE_DONE)
+    tick(deps)
+    origin = load(deps, "r1")
+    outputs.folders["gs://b/d1/"] = {**CONTENT, "b.csv": (21, "crcB2")}  # b.csv overwritten
+    outputs.versions[("d1/b.csv", 3)] = (21, "crcB2")
+    again = rerun_run(deps, "r1", "x")
+    assert steps.created == 1 and step(again).cache_hit
+    assert step(again).cache_key == step(origin).cache_key
+
+
+def test_a_rerun_whose_cache_is_gone_runs_the_step_on_the_recorded_inputs_and_code() -> None:
+    from spotorch.app.runs import rerun_run
+
+    deps, steps, outputs = pinned_deps()
+    start_pinned(deps, "r1")
+    steps.set_state("spotorch-r1-pre1", pp.JOB_STATE_DONE)
+    tick(deps)
+    origin = load(deps, "r1")
+    outputs.markers.pop(pp.marker_uri(step(origin)))  # the cached output was deleted
+    # Today's build of the package differs: the rerun still runs the recorded one.
+    today = PythonPackage(package_uri="gs://s/p.tgz", executor_image_uri="img",
+                          python_module="trainer.task",
+                          package_uris=("gs://s/packages/fedcba9876543210/p.tgz",))
+    pipeline = deps.pipeline("p")
+    newer = replace(pipeline, job=replace(pipeline.job, worker_pools=(
+        WorkerPool(python_package=today),)))
+    deps = replace(deps, pipelines={"p": newer})
+    again = rerun_run(deps, "r1", "y")
+    assert steps.created == 2 and not step(again).cache_hit
+    assert step(again).cache_key == step(origin).cache_key
+    request = steps.jobs[-1].request
+    assert request.package_uris == PACKAGE.package_uris and request.inputs_uri is not None
+    assert outputs.markers[request.inputs_uri]["objects"] == [
+        {"name": "d1/a.csv", "generation": 1}, {"name": "d1/b.csv", "generation": 2}]
+
+
+def test_a_pinned_generation_that_is_gone_is_not_keyed_by_the_live_folder() -> None:
+    _, _, outputs = pinned_deps()
+    outputs.versions.pop(("d1/b.csv", 2))  # a bucket without versioning lost it
+    assert outputs.content_digest("gs://b/d1/", PINNED) is None
+
+
+def test_the_poll_follows_the_job_by_its_id_once_known() -> None:
+    deps, steps, _ = make_deps()
+    start(deps, "r1")
+    steps.set_state("spotorch-r1-pre1", "JOB_STATE_RUNNING")
+    steps.reads.clear()
+    tick(deps)  # the launch answered the id: GetJob by it
+    tick(deps)
+    assert steps.reads == ["by_id", "by_id"]
+
+
+def _many(n: int = 1200) -> tuple[tuple[str, int], ...]:
+    return tuple((f"d1/{'x' * 90}-{i:05d}.csv", i + 1) for i in range(n))
+
+
+def test_a_long_object_list_is_read_from_the_manifest() -> None:
+    deps, steps, outputs = make_deps()
+    many = _many()
+    for name, generation in many:
+        outputs.versions[(name, generation)] = (1, "crc")
+    from spotorch.core import provenance
+
+    data = provenance.data_of(deps.pipeline("p"), "gs://b/d1/", "b", many)
+    assert data["objects"] is None  # too many for the run document: the manifest lists them
+    outputs.markers[data["manifest_uri"]] = provenance.manifest(data, many)
+    run = start_run(deps, "p", run_id="r1", data_uri="gs://b/d1/", snapshot_id="r1",
+                    reason="t", objects=many)
+    assert run is not None and steps.created == 1
+    request = steps.jobs[0].request
+    assert request.inputs_uri is not None
+    assert len(outputs.markers[request.inputs_uri]["objects"]) == len(many)
+    assert step(run).cache_key == pp.new_step(deps.pipeline("p"), pp.input_identity(
+        "r1", "gs://b/d1/", outputs.content_digest("gs://b/d1/", many))).cache_key
+
+
+def test_a_lost_manifest_fails_the_launch_for_good_instead_of_reading_the_live_folder() -> None:
+    deps, steps, _ = make_deps()
+    run = start_run(deps, "p", run_id="r1", data_uri="gs://b/d1/", snapshot_id="r1",
+                    reason="t", objects=_many())
+    assert run is not None
+    run = load(deps, "r1")
+    assert steps.created == 0 and run.status is RunStatus.FAILED_LAUNCH
+    assert run.end_reason is not None and "inputs manifest" in run.end_reason
+    assert step(run).cache_key == pp.new_step(deps.pipeline("p"), pp.input_identity(
+        "r1", "gs://b/d1/", None)).cache_key  # keyed by its snapshot: never a false hit

@@ -79,6 +79,20 @@ def test_deploy_grants_the_functions_account_the_custom_jobs_permissions() -> No
                                      ".iam.gserviceaccount.com") if p.startswith("aiplatform")]
 
 
+def test_deploy_lets_the_functions_act_as_the_dataflow_account_and_not_any(tmp_path: Path) -> None:
+    from spotorch.local._deploy_iam import account_email
+
+    dataflow = account_email(ROOT / "deploy", PROJECT, "dataflow")
+    assert dataflow == f"spotorch-dataflow@{PROJECT}.iam.gserviceaccount.com"
+    grants = read_grants(ROOT / "deploy", PROJECT)
+    assert FUNCTIONS in grants.act_as[dataflow]
+    policy = IamPolicy.load(StackIdentities().write_policy(tmp_path / "iam.json", ROOT / "deploy",
+                                                           PROJECT))
+    assert policy.may_act_as(FUNCTIONS, dataflow)
+    assert not policy.may_act_as(FUNCTIONS, f"someone@{PROJECT}.iam.gserviceaccount.com")
+    assert policy.may_act_as("user:developer@localhost", "anyone@example.iam.gserviceaccount.com")
+
+
 def test_the_predefined_vertex_role_is_read_when_the_custom_one_is_off() -> None:
     grants = read_grants(ROOT / "deploy", PROJECT, {"use_custom_vertex_role": False})
     assert {"aiplatform.customJobs.create", "aiplatform.models.upload"} <= set(grants.of(FUNCTIONS))

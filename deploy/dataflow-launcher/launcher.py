@@ -8,7 +8,10 @@ pipeline options Dataflow adds (--runner=DataflowRunner, --project, --region, --
     --module=MODULE                the step's python_module (in the user's code package)
     --packages=URI,URI             the code package and spotorch-trainer, content-addressed
     --input=gs://...  --output=gs://...   the snapshot folder and the cache key's output folder
-    and the step's options         passed on to the module unchanged
+    --inputs=gs://....json         the run's inputs manifest (its objects at their recorded
+                                   generations), when the run pinned them: passed on unchanged
+    --options=JSON                 the step's options, each passed on as --NAME=VALUE (one
+                                   parameter: the template's metadata declares every parameter)
 
 It downloads the packages, installs them, and runs `python -m MODULE --input --output OPTIONS`
 with every other argument, plus one --extra_package per archive so that Beam stages the code for
@@ -22,6 +25,7 @@ the caller, nothing is downloaded from PyPI). Standard library only, besides goo
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -29,19 +33,32 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-OWN = ("module", "packages", "site", "no_deps")  # this launcher's; everything else goes on
+OWN = ("module", "packages", "options", "site", "no_deps")  # this launcher's; the rest goes on
 
 
 def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     """The launcher's own arguments, and the rest (the module's input, output and options)."""
-    parser = argparse.ArgumentParser(description="spotorch's Dataflow launcher")
+    # No abbreviations: a module option such as --option=1 must not be taken for --options.
+    parser = argparse.ArgumentParser(description="spotorch's Dataflow launcher",
+                                     allow_abbrev=False)
     parser.add_argument("--module", required=True, help="the Beam module to run (python -m)")
     parser.add_argument("--packages", default="", help="comma-separated archives (gs:// or paths)")
+    parser.add_argument("--options", default="", help="JSON object: each passed on as --NAME=VALUE")
     parser.add_argument("--site", help="install into this folder (PYTHONPATH) instead of the "
                                        "launcher's environment")
     parser.add_argument("--no-deps", dest="no_deps", action="store_true",
                         help="install the archives without their dependencies (no PyPI)")
     return parser.parse_known_args(list(argv))
+
+
+def option_args(options: str) -> list[str]:
+    """The step's options (a JSON object of strings) as the module's --NAME=VALUE arguments."""
+    if not options:
+        return []
+    doc = json.loads(options)
+    if not isinstance(doc, dict):
+        raise SystemExit(f"--options must be a JSON object, not {options[:80]!r}")
+    return [f"--{name}={value}" for name, value in sorted(doc.items())]
 
 
 def fetch(uri: str, into: Path) -> Path:
@@ -76,6 +93,7 @@ def module_command(module: str, archives: Sequence[Path], rest: Sequence[str]) -
 def main(argv: Sequence[str] | None = None) -> int:
     """Install the code, run the module; its exit status."""
     args, rest = parse(sys.argv[1:] if argv is None else argv)
+    rest = [*rest, *option_args(args.options)]
     uris = [u for u in args.packages.split(",") if u]
     env = dict(os.environ)
     with tempfile.TemporaryDirectory(prefix="spotorch-launcher-") as tmp:

@@ -9,6 +9,8 @@ from typing import Any
 from spotorch.app.deps import Deps
 from spotorch.app.launch_specs import stage_template_packages
 from spotorch.core import preprocess as pp
+from spotorch.core import provenance
+from spotorch.core.ids import label_value
 from spotorch.core.intents import (
     PREPROCESS_CANCEL,
     PREPROCESS_LAUNCH,
@@ -37,6 +39,10 @@ class StepsNotConfigured(RuntimeError):
     """A pipeline has a preprocess step but this deployment wired no Dataflow adapters."""
 
 
+class InputsGone(RuntimeError):
+    """A pinned run's inputs manifest is gone: its recorded objects cannot be named."""
+
+
 def _launcher(deps: Deps) -> StepLauncher:
     if deps.steps is None:
         raise StepsNotConfigured("no Dataflow launcher configured (Deps.steps)")
@@ -55,9 +61,15 @@ def perform(deps: Deps, run: Run, intent: PreprocessIntent) -> Observation | Non
     step = step_of(run)
     if step is None:
         return IntentDone(intent.id)
-    pipeline = deps.pipeline(run.pipeline)
+    pipeline = pp.step_pipeline(deps.pipeline(run.pipeline), run)
     if intent.action == PREPROCESS_LOOKUP:
-        digest = _outputs(deps).content_digest(run.data_uri)
+        # A job that reads the run's pinned generations is keyed by them; one that reads the
+        # live folder (a template of the user's) by what the folder holds now.
+        try:
+            pinned = _pinned(deps, run) if pp.reads_pinned(pipeline) else None
+        except InputsGone:
+            pinned = ()  # no content key (never the live folder's): keyed by the snapshot
+        digest = _outputs(deps).content_digest(run.data_uri, pinned)
         input_id = pp.input_identity(run.snapshot_id, run.data_uri, digest)
         keyed = pp.new_step(pipeline, input_id)
         marker = _outputs(deps).read_marker(pp.marker_uri(keyed)) \
@@ -69,7 +81,11 @@ def perform(deps: Deps, run: Run, intent: PreprocessIntent) -> Observation | Non
         if pipeline.preprocess is not None and pipeline.preprocess.python_module:
             stage_template_packages(deps, pipeline.job)  # the launcher installs the package
         try:
-            job = _launcher(deps).launch(launch_request(deps, run, step))
+            inputs = _stage_inputs(deps, run, step) if pp.reads_pinned(pipeline) else None
+            job = _launcher(deps).launch(launch_request(deps, run, step, inputs))
+        except InputsGone as exc:  # for good: the run's recorded inputs cannot be named
+            job = pp.JobView(job_id="", name=intent.job_name, state=pp.JOB_STATE_FAILED,
+                             error=str(exc), refused=True)
         except StepLaunchError as exc:
             if not exc.permanent:
                 raise
@@ -91,9 +107,37 @@ def perform(deps: Deps, run: Run, intent: PreprocessIntent) -> Observation | Non
     return IntentDone(intent.id)
 
 
-def launch_request(deps: Deps, run: Run, step: pp.PreprocessStep) -> StepLaunch:
-    """The Dataflow job of the step's current launch: the run's data in, the keyed folder out."""
-    pipeline = deps.pipeline(run.pipeline)
+def _pinned(deps: Deps, run: Run) -> tuple[tuple[str, int], ...] | None:
+    """The run's recorded (name, generation) pairs: from its document, or its manifest when the
+    document holds too many to list; None for a run that pinned nothing."""
+    listed = pp.pinned_objects(run)
+    manifest = pp.manifest_of(run)
+    if listed is not None or manifest is None:
+        return listed
+    doc = _outputs(deps).read_manifest(manifest)
+    if doc is None:
+        raise InputsGone(f"run {run.run_id}: its inputs manifest {manifest} is gone, so its "
+                         "recorded objects cannot be preprocessed exactly")
+    return tuple((str(o["name"]), int(o["generation"])) for o in doc.get("objects") or ())
+
+
+def _stage_inputs(deps: Deps, run: Run, step: pp.PreprocessStep) -> str | None:
+    """The run's inputs manifest, copied beside the step's output for the job to read (the
+    same content on every launch of the key: rewriting it is harmless); None if unpinned."""
+    pinned = _pinned(deps, run)
+    if pinned is None:
+        return None
+    data = (run.provenance or {}).get("data") or {}
+    uri = pp.inputs_uri(step)
+    _outputs(deps).write_marker(uri, provenance.manifest(data, pinned))
+    return uri
+
+
+def launch_request(deps: Deps, run: Run, step: pp.PreprocessStep,
+                   inputs_uri: str | None = None) -> StepLaunch:
+    """The Dataflow job of the step's current launch: the run's data in (its pinned objects by
+    their manifest, when given), the keyed folder out."""
+    pipeline = pp.step_pipeline(deps.pipeline(run.pipeline), run)
     spec = pipeline.preprocess
     assert spec is not None and step.job_name is not None
     package = pipeline.job.worker_pools[0].python_package
@@ -104,8 +148,8 @@ def launch_request(deps: Deps, run: Run, step: pp.PreprocessStep) -> StepLaunch:
         python_module=spec.python_module,
         package_uris=package.package_uris if package is not None else (),
         template_uri=spec.template_uri, options=spec.options,
-        service_account=spec.service_account,
-        labels={"spotorch_pipeline": run.pipeline, "spotorch_key": step.cache_key})
+        service_account=spec.service_account, inputs_uri=inputs_uri,
+        labels={"spotorch_pipeline": label_value(run.pipeline), "spotorch_key": step.cache_key})
 
 
 def _record(deps: Deps, run: Run, job_name: str) -> None:
@@ -133,7 +177,7 @@ def poll(deps: Deps, run: Run) -> list[Observation]:
     if step is None or not step.live or not step.job_name or deps.steps is None:
         return []
     try:
-        return [PreprocessObserved(deps.steps.get(step.job_name, step.region))]
+        return [PreprocessObserved(deps.steps.get(step.job_name, step.region, step.job_id))]
     except Exception as exc:  # the next tick asks again
         log.warning("polling Dataflow job %s failed: %s", step.job_name, exc,
                     extra={"run_id": run.run_id})
@@ -157,7 +201,8 @@ def status_changed(deps: Deps, hint: pp.StatusHint, event_id: str) -> Run | None
         step = step_of(fresh)
         if step is None or step.job_name != hint.job_name or not step.live:
             return []  # an earlier launch's job, or a step that has ended: nothing to check
-        return [PreprocessObserved(launcher.get(hint.job_name, step.region))]
+        # By the id GetJob gave before, never the event's (a forged event names any id).
+        return [PreprocessObserved(launcher.get(hint.job_name, step.region, step.job_id))]
 
     from spotorch.app.unit_of_work import apply
 

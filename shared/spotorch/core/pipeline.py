@@ -498,7 +498,8 @@ _PIPELINE_OPTION = Annotated[str, Matches(
 # Options spotorch sets itself on every launch: a file naming them would fight the launcher.
 RESERVED_PREPROCESS_OPTIONS = ("runner", "project", "region", "job_name", "temp_location",
                                "staging_location", "input", "output", "max_num_workers",
-                               "worker_machine_type", "machine_type", "service_account_email")
+                               "worker_machine_type", "machine_type", "service_account_email",
+                               "inputs", "options", "module", "packages")  # the launcher's
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from spotorch.core.model import FailureClass, RunStatus
+from spotorch.core.model import FailureClass, Run, RunStatus
 from spotorch.core.pipeline import Pipeline, Preprocess
-from spotorch.core.provenance import package_hash
+from spotorch.core.provenance import package_hash, pinned_template
 
 # Dataflow's JobState names (google.dataflow.v1beta3.JobState), as GetJob and the event send them.
 JOB_STATE_DONE = "JOB_STATE_DONE"
@@ -39,6 +39,9 @@ LIVE_STATES = frozenset({"JOB_STATE_UNKNOWN", "JOB_STATE_STOPPED", "JOB_STATE_PE
                          "JOB_STATE_DRAINING", "JOB_STATE_RESOURCE_CLEANING_UP"})
 STATUS_CHANGED_TYPE = "google.cloud.dataflow.job.v1beta3.statusChanged"
 MARKER_NAME = "_SPOTORCH_PREPROCESS.json"  # written by spotorch after GetJob said DONE
+# The run's inputs manifest, copied beside the output for the job (spotorch-dataflow reads the
+# preprocess buckets, not the checkpoint bucket the manifest is written to).
+INPUTS_NAME = "_SPOTORCH_INPUTS.json"
 
 _JOB_NAME_RE = re.compile(r"[^a-z0-9-]+")
 
@@ -138,7 +141,8 @@ def cache_key(input_id: str, code: str, options: tuple[tuple[str, str], ...]) ->
 
 def input_identity(snapshot_id: str | None, data_uri: str, content_digest: str | None) -> str:
     """What the step reads: the snapshot's content digest when known (two snapshots with the same
-    objects share it), else the snapshot id, else the data URI (a manual submit)."""
+    objects share it; for a pinned run the digest of its recorded generations, so a rerun after
+    an overwrite has its origin's), else the snapshot id, else the data URI (a manual submit)."""
     if content_digest:
         return f"content:{content_digest}"
     return f"snapshot:{snapshot_id}" if snapshot_id else f"uri:{data_uri}"
@@ -150,6 +154,44 @@ def folder_digest(objects: Iterable[tuple[str, int, str]]) -> str:
     body = json.dumps(sorted([str(n), int(s), str(c)] for n, s, c in objects),
                       separators=(",", ":"))
     return hashlib.sha256(body.encode()).hexdigest()[:32]
+
+
+def step_pipeline(pipeline: Pipeline, run: Run) -> Pipeline:
+    """The pipeline as the run's step runs it: a rerun's chief pool has its origin's recorded
+    code (the package URIs provenance holds, not today's build), so its key and job are the
+    origin's; any other run's is the pipeline as it is."""
+    code = (run.provenance or {}).get("code")
+    if not run.rerun_of or not code:
+        return pipeline
+    return replace(pipeline, job=pinned_template(pipeline.job, code))
+
+
+def reads_pinned(pipeline: Pipeline) -> bool:
+    """Whether the step's job can be handed the run's pinned objects: spotorch's launcher passes
+    them to the module (--inputs); a template of the user's gets input and output only."""
+    return pipeline.preprocess is not None and bool(pipeline.preprocess.python_module)
+
+
+def pinned_objects(run: Run) -> tuple[tuple[str, int], ...] | None:
+    """The run's recorded (object name, generation) pairs when its document lists them; None
+    when it does not (a long list: then only its manifest does; an unpinned run)."""
+    data = (run.provenance or {}).get("data") or {}
+    objects = data.get("objects")
+    if not data.get("objects_hash") or not isinstance(objects, list):
+        return None
+    return tuple((str(o["name"]), int(o["generation"])) for o in objects)
+
+
+def manifest_of(run: Run) -> str | None:
+    """The run's inputs manifest URI (its objects at their generations), None if unpinned."""
+    data = (run.provenance or {}).get("data") or {}
+    uri = data.get("manifest_uri")
+    return str(uri) if data.get("objects_hash") and uri else None
+
+
+def inputs_uri(step: PreprocessStep) -> str:
+    """Where the job's copy of the run's inputs manifest goes: beside the output's marker."""
+    return step.output_uri + INPUTS_NAME
 
 
 def new_step(pipeline: Pipeline, input_id: str) -> PreprocessStep:

@@ -68,7 +68,8 @@ def _intent(run: Run, ctx: Context, action: str, job_name: str = "") -> Run:
 
 def _start(run: Run, ctx: Context, reason: str) -> Run:
     assert ctx.pipeline.preprocess is not None
-    step = pp.new_step(ctx.pipeline, pp.input_identity(run.snapshot_id, run.data_uri, None))
+    step = pp.new_step(pp.step_pipeline(ctx.pipeline, run),
+                       pp.input_identity(run.snapshot_id, run.data_uri, None))
     run = replace(run, preprocess=step.to_doc())
     run = move_to(run, RunStatus.PREPROCESSING, ctx, reason or "preprocess step first")
     return _intent(run, ctx, PREPROCESS_LOOKUP)
@@ -82,8 +83,9 @@ def on_cache_checked(run: Run, obs: Observation, ctx: Context) -> Run:
     if step is None or ctx.pipeline.preprocess is None or run.status is not \
             RunStatus.PREPROCESSING or step.phase is not pp.StepPhase.WAITING:
         return run  # a duplicate answer, or the run moved on (cancelled)
-    keyed = replace(pp.new_step(ctx.pipeline, obs.input_id), phase=step.phase)
-    return _apply(run, ctx, pp.on_cache(keyed, obs.complete and pp.cacheable(ctx.pipeline),
+    pipeline = pp.step_pipeline(ctx.pipeline, run)
+    keyed = replace(pp.new_step(pipeline, obs.input_id), phase=step.phase)
+    return _apply(run, ctx, pp.on_cache(keyed, obs.complete and pp.cacheable(pipeline),
                                         run.run_id, ctx.now))
 
 

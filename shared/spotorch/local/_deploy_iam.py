@@ -9,8 +9,10 @@ permission map against), so the stack and the check never disagree about deploy/
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +28,12 @@ class DeployReadError(ValueError):
 
 @dataclass(frozen=True)
 class Grants:
-    """member ("serviceAccount:EMAIL") -> permission patterns granted at project level."""
+    """member ("serviceAccount:EMAIL") -> permission patterns granted at project level, and
+    service account email -> the members deploy/ lets act as it (iam.serviceAccounts.actAs
+    granted on that account)."""
 
     by_member: Mapping[str, tuple[str, ...]]
+    act_as: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def of(self, member: str) -> tuple[str, ...]:
         return self.by_member.get(member, ())
@@ -59,11 +64,35 @@ def read_grants(deploy_dir: Path, project: str,
         raise DeployReadError(str(exc)) from exc
     accounts = _accounts(tf, project)
     out: dict[str, list[str]] = {}
+    act_as: dict[str, list[str]] = {}
+    on_accounts = tf.resource("google_service_account_iam_member")
     for grant in grants:
         member = accounts.get(str(grant.identity))
-        if member is not None and Scope.PROJECT in grant.scopes:
+        if member is None:
+            continue
+        if Scope.PROJECT in grant.scopes:
             out.setdefault(member, []).extend(sorted(grant.permissions))
-    return Grants({m: tuple(dict.fromkeys(p)) for m, p in out.items()})
+        kind, _, name = grant.address.partition(".")
+        if kind == "google_service_account_iam_member" and \
+                "iam.serviceAccounts.actAs" in grant.permissions:
+            target = re.search(r"google_service_account\.(\w+)\.",
+                               str(on_accounts.get(name, {}).get("service_account_id", "")))
+            account = accounts.get(target.group(1)) if target else None
+            if account is not None:
+                act_as.setdefault(account.removeprefix("serviceAccount:"), []).append(member)
+    return Grants({m: tuple(dict.fromkeys(p)) for m, p in out.items()},
+                  {a: tuple(dict.fromkeys(m)) for a, m in act_as.items()})
+
+
+@functools.lru_cache(maxsize=16)  # the stack's env asks on every read: parse deploy/ once
+def account_email(deploy_dir: Path, project: str, resource: str) -> str:
+    """The email of deploy/'s service account resource `resource` (e.g. "dataflow")."""
+    from spotorch.operate.terraform import load_tf
+
+    member = _accounts(load_tf(deploy_dir), project).get(resource)
+    if member is None:
+        raise DeployReadError(f"deploy/ has no google_service_account.{resource}")
+    return member.removeprefix("serviceAccount:")
 
 
 def functions_member(deploy_dir: Path, project: str) -> str:

@@ -33,7 +33,8 @@ class StackIdentities:
         member = functions_member(deploy_dir, project)
         policy = {"tokens": {self.functions_token: member, self.operator_token: OPERATOR},
                   "grants": {**{m: list(p) for m, p in grants.by_member.items()},
-                             OPERATOR: ["*"]}}
+                             OPERATOR: ["*"]},
+                  "act_as": {a: list(m) for a, m in grants.act_as.items()}}
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(policy, indent=1))
         path.chmod(0o600)

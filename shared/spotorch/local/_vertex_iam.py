@@ -20,6 +20,7 @@ from typing import Any
 from spotorch.local._vertex_jobs import Invalid
 
 SERVICE_HOST = "aiplatform.googleapis.com"
+ACT_AS = "iam.serviceAccounts.actAs"
 
 # The permission each RPC needs (Vertex AI access control page; FACTS.md "IAM for what the
 # functions call"). GetOperation needs the permission to read the resource the operation is of
@@ -69,19 +70,24 @@ class IamPolicy:
 
     tokens: Mapping[str, str] = field(default_factory=dict)
     grants: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # service account email -> members granted iam.serviceAccounts.actAs on that account alone
+    # (deploy/'s google_service_account_iam_member); a project-level grant of it covers all.
+    act_as: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: str | Path) -> IamPolicy:
         """From the JSON file the local stack writes: {"tokens": {...}, "grants": {...}}."""
         data = json.loads(Path(path).read_text())
-        unknown = set(data) - {"tokens", "grants"}
+        unknown = set(data) - {"tokens", "grants", "act_as"}
         if unknown:
-            raise ValueError(f"{path}: unknown keys {sorted(unknown)} (tokens, grants)")
+            raise ValueError(f"{path}: unknown keys {sorted(unknown)} (tokens, grants, act_as)")
         return cls({str(k): str(v) for k, v in data.get("tokens", {}).items()},
-                   {str(k): tuple(str(p) for p in v) for k, v in data.get("grants", {}).items()})
+                   {str(k): tuple(str(p) for p in v) for k, v in data.get("grants", {}).items()},
+                   {str(k): tuple(str(m) for m in v) for k, v in data.get("act_as", {}).items()})
 
     def to_json(self) -> dict[str, Any]:
-        return {"tokens": dict(self.tokens), "grants": {k: list(v) for k, v in self.grants.items()}}
+        return {"tokens": dict(self.tokens), "grants": {k: list(v) for k, v in self.grants.items()},
+                "act_as": {k: list(v) for k, v in self.act_as.items()}}
 
     def principal(self, metadata: Any) -> str:
         """The caller of a request by its `authorization` metadata; Invalid(UNAUTHENTICATED)."""
@@ -93,6 +99,10 @@ class IamPolicy:
         if principal is None:
             raise Invalid("UNAUTHENTICATED", UNAUTHENTICATED_INVALID)
         return principal
+
+    def may_act_as(self, principal: str, account: str) -> bool:
+        """Whether the principal holds iam.serviceAccounts.actAs on the service account."""
+        return self.allows(principal, ACT_AS) or principal in self.act_as.get(account, ())
 
     def allows(self, principal: str, permission: str) -> bool:
         return any(fnmatch.fnmatchcase(permission, p) for p in self.grants.get(principal, ()))

@@ -76,6 +76,31 @@ JOB_STATES = ("JOB_STATE_UNKNOWN", "JOB_STATE_STOPPED", "JOB_STATE_RUNNING", "JO
               "JOB_STATE_DRAINING", "JOB_STATE_DRAINED", "JOB_STATE_PENDING",
               "JOB_STATE_CANCELLING", "JOB_STATE_QUEUED", "JOB_STATE_RESOURCE_CLEANING_UP")
 LIST_FILTERS = ("UNKNOWN", "ALL", "TERMINATED", "ACTIVE")
+LAUNCHER_METADATA = REPO / "deploy" / "dataflow-launcher" / "metadata.json"
+# Dataflow's own words where we found them (API error bodies quoted in public issues); Dataflow
+# prefixes a request id "(hex): " that is left out here. The texts for an undeclared and a
+# missing parameter were not found: ours, in Dataflow's "The template parameters are invalid"
+# form (whose per-parameter form "NAME: DESCRIPTION" is Dataflow's). docs/local-stack.md.
+ACT_AS_DENIED = ("Current user cannot act as service account {account}. "
+                 "https://cloud.google.com/iam/docs/service-accounts-actas "
+                 "Causes: Current user cannot act as service account {account}.")
+LABEL_INVALID = ('Encountered an invalid user label. generic::invalid_argument: Invalid field '
+                 '"user_labels.{key}"; {why}')
+LABEL_KEY_RULE = 'key does not conform to regular expression "[a-z][a-z0-9_-]{0,62}"'
+LABEL_VALUE_RULE = 'value {value!r} does not conform to regular expression "[a-z0-9_-]{{0,63}}"'
+LABELS_TOO_MANY = ("Encountered an invalid user label. generic::invalid_argument: a job has at "
+                   "most {limit} user labels, not {count}")
+PARAMETERS_INVALID = "The template parameters are invalid. Details: \n{details}"
+PARAMETER_UNKNOWN = "Parameter is not declared in the template's metadata"
+PARAMETER_MISSING = "Required parameter is missing"
+MAX_LABELS = 64
+# Google's label rules (cloud.google.com/resource-manager/docs/labels-overview), ASCII only: the
+# international letters Google also allows are not needed by spotorch and not emulated.
+_LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}")
+_LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}")
+# Dataflow runs a job without a service account as the Compute Engine default account,
+# PROJECT_NUMBER-compute@developer.gserviceaccount.com; the local project has no number.
+DEFAULT_WORKER_ACCOUNT = "{project}-compute@developer.gserviceaccount.com"
 METHOD_PERMISSIONS = {"launch": "dataflow.jobs.create", "list": "dataflow.jobs.list",
                       "get": "dataflow.jobs.get", "update": "dataflow.jobs.cancel",
                       "messages": "dataflow.messages.list", "metrics": "dataflow.metrics.get"}
@@ -139,6 +164,8 @@ class DataflowEmulator:
         self.beam_python = beam_python
         self.events_url = events_url
         self.iam = iam
+        self.metadata = _template_parameters(LAUNCHER_METADATA)
+        self.calls: dict[str, int] = {}  # method -> requests served (tests count them)
         self.jobs: dict[str, Job] = {}
         self._lock = threading.Lock()
         self._seq = 0
@@ -172,8 +199,11 @@ class DataflowEmulator:
 
     # --- the API --------------------------------------------------------------------------
 
-    def launch(self, project: str, location: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        """flexTemplates:launch: a new QUEUED job, run in the background."""
+    def launch(self, project: str, location: str, body: Mapping[str, Any],
+               principal: str | None = None) -> dict[str, Any]:
+        """flexTemplates:launch: a new QUEUED job, run in the background. Refused as Dataflow
+        refuses it: a bad name, labels or template parameters (INVALID_ARGUMENT), a worker
+        account the caller may not act as (PERMISSION_DENIED, when IAM is checked)."""
         param = body.get("launchParameter") or {}
         name = str(param.get("jobName") or "")
         if not re.fullmatch(r"[a-z]([-a-z0-9]{0,1022}[a-z0-9])?", name):
@@ -182,6 +212,15 @@ class DataflowEmulator:
         template = str(param.get("containerSpecGcsPath") or "")
         if not template.startswith("gs://"):
             raise Invalid("INVALID_ARGUMENT", "containerSpecGcsPath must be a gs:// path")
+        environment = param.get("environment") or {}
+        _check_labels(environment.get("additionalUserLabels") or {})
+        if template == self.launcher_template:  # its metadata is ours; another's is unknown
+            _check_parameters(param.get("parameters") or {}, self.metadata)
+        if self.iam is not None and principal is not None:
+            account = str(environment.get("serviceAccountEmail") or "") or \
+                DEFAULT_WORKER_ACCOUNT.format(project=project)
+            if not self.iam.may_act_as(principal, account):
+                raise Invalid("PERMISSION_DENIED", ACT_AS_DENIED.format(account=account))
         with self._lock:
             if any(j.name == name and j.live and j.location == location
                    for j in self.jobs.values()):
@@ -286,14 +325,15 @@ class DataflowEmulator:
                                 f"({self.launcher_template}) only, not {job.template}: it has "
                                 "no container runtime for other flex templates.")
                 return
-            missing = [k for k in ("module", "input", "output") if not job.parameters.get(k)]
-            if missing:
-                self._fail(job, f"Invalid launch parameters: missing {', '.join(missing)}")
-                return
             where = self.workdir / "jobs" / job.id
             site = self._install(job)
-            local_in, local_out = where / "input", where / "output"
-            _download_folder(job.parameters["input"], local_in)
+            local_out = where / "output"
+            # With an inputs manifest the module reads the pinned generations itself (GCS reads
+            # reach fake-gcs-server), so the live folder is not staged: it is not the input.
+            local_in: Path | None = None
+            if not job.parameters.get("inputs"):
+                local_in = where / "input"
+                _download_folder(job.parameters["input"], local_in)
             local_out.mkdir(parents=True, exist_ok=True)
             if job.requested_state:
                 self._set(job, "JOB_STATE_CANCELLED")
@@ -321,7 +361,7 @@ class DataflowEmulator:
         archives = [(uri.rsplit("/", 1)[1], packages.download(uri)) for uri in uris]
         return packages.install(self.workdir / "packages", archives)
 
-    def _beam(self, job: Job, site: Path | None, local_in: Path, local_out: Path,
+    def _beam(self, job: Job, site: Path | None, local_in: Path | None, local_out: Path,
               where: Path) -> tuple[int, str]:
         options = [f"--{k}={v}" for k, v in sorted(job.parameters.items())
                    if k not in ("module", "packages", "input", "output")]
@@ -329,7 +369,8 @@ class DataflowEmulator:
         # arguments reach the module as on Dataflow. The code is installed above already (the
         # Vertex emulator's installer: nothing downloaded), so it gets no --packages.
         argv = [str(self.beam_python), str(LAUNCHER), f"--module={job.parameters['module']}",
-                "--input", f"{local_in}/", "--output", f"{local_out}/", *options,
+                "--input", f"{local_in}/" if local_in is not None else job.parameters["input"],
+                "--output", f"{local_out}/", *options,
                 "--runner", "DirectRunner", "--job_name", job.name]
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("SPOTORCH_", "PYTHON"))}
@@ -437,13 +478,15 @@ class _Handler(BaseHTTPRequestHandler):
             method, job_id = _method(verb, rest)
             resource = f"projects/{project}/locations/{location}" + (
                 f"/jobs/{job_id}" if job_id else "")
-            self._authorize(method, resource)
+            principal = self._authorize(method, resource)
+            with self.service._lock:
+                self.service.calls[method] = self.service.calls.get(method, 0) + 1
             if project != self.service.project:
                 raise Invalid("NOT_FOUND", f"project {project} is not this emulator's "
                                            f"({self.service.project})")
             svc = self.service
             if method == "launch":
-                self._reply(200, svc.launch(project, location, self._body()))
+                self._reply(200, svc.launch(project, location, self._body(), principal))
             elif method == "list":
                 self._reply(200, svc.list(location, parse_qs(url.query)))
             elif method == "get":
@@ -462,10 +505,11 @@ class _Handler(BaseHTTPRequestHandler):
             log.exception("request failed")
             self._reply(500, {"error": {"code": 500, "message": str(exc), "status": "INTERNAL"}})
 
-    def _authorize(self, method: str, resource: str) -> None:
+    def _authorize(self, method: str, resource: str) -> str | None:
+        """The caller, who holds the method's permission (None when IAM is not checked)."""
         iam = self.service.iam
         if iam is None:
-            return
+            return None
         principal = iam.principal([("authorization", self.headers.get("Authorization") or "")]
                                   if self.headers.get("Authorization") else [])
         permission = METHOD_PERMISSIONS[method]
@@ -473,6 +517,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise Invalid("PERMISSION_DENIED",
                           f"Permission '{permission}' denied on resource "
                           f"'//{SERVICE_HOST}/{resource}' (or it may not exist).")
+        return principal
 
     def do_GET(self) -> None:
         self._route("GET")
@@ -482,6 +527,35 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_PUT(self) -> None:
         self._route("PUT")
+
+
+def _template_parameters(path: Path) -> dict[str, bool]:
+    """A flex template's metadata.json parameters: name -> required."""
+    doc = json.loads(path.read_text())
+    return {str(p["name"]): not p.get("isOptional", False) for p in doc.get("parameters", ())}
+
+
+def _check_parameters(given: Mapping[str, Any], declared: Mapping[str, bool]) -> None:
+    """Invalid(INVALID_ARGUMENT) naming each undeclared or missing parameter, as Dataflow
+    checks a flex template launch against the template's metadata."""
+    details = [f"{name}: {PARAMETER_UNKNOWN}" for name in sorted(given) if name not in declared]
+    details += [f"{name}: {PARAMETER_MISSING}" for name, required in sorted(declared.items())
+                if required and not str(given.get(name) or "")]
+    if details:
+        raise Invalid("INVALID_ARGUMENT", PARAMETERS_INVALID.format(details="\n".join(details)))
+
+
+def _check_labels(labels: Mapping[str, Any]) -> None:
+    """Invalid(INVALID_ARGUMENT) naming the first label Google's rules refuse."""
+    if len(labels) > MAX_LABELS:
+        raise Invalid("INVALID_ARGUMENT", LABELS_TOO_MANY.format(limit=MAX_LABELS,
+                                                                 count=len(labels)))
+    for key, value in sorted(labels.items()):
+        if not _LABEL_KEY.fullmatch(str(key)):
+            raise Invalid("INVALID_ARGUMENT", LABEL_INVALID.format(key=key, why=LABEL_KEY_RULE))
+        if not _LABEL_VALUE.fullmatch(str(value)):
+            raise Invalid("INVALID_ARGUMENT", LABEL_INVALID.format(
+                key=key, why=LABEL_VALUE_RULE.format(value=str(value))))
 
 
 def _enum(value: Any, names: tuple[str, ...]) -> str:

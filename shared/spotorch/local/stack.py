@@ -30,6 +30,7 @@ from typing import Any
 
 from spotorch import settings as S
 from spotorch.local import _stack_emulators as _emu
+from spotorch.local._deploy_iam import account_email
 from spotorch.local._stack_alerts import ALERTS_FILE, AlertReceivers, read_alerts
 from spotorch.local._stack_config import (
     CLOUDEVENT,
@@ -400,6 +401,10 @@ class DevStack:
         if procs.dataflow_port is not None:  # issue 31: preprocess steps on the local Dataflow
             env[S.ENV_DATAFLOW_ENDPOINT] = f"http://{HOST}:{procs.dataflow_port}"
             env[S.ENV_DATAFLOW_LAUNCHER] = DATAFLOW_LAUNCHER
+            # As deploy/functions.tf sets it: the jobs run as spotorch-dataflow, which the
+            # local Dataflow checks the functions may act as (deploy/'s actAs grant).
+            env[S.ENV_DATAFLOW_SERVICE_ACCOUNT] = account_email(
+                cfg.deploy_dir.resolve(), cfg.project, "dataflow")
         if "api" in procs.function_ports:
             env["SPOTORCH_API_URL"] = self.function_url("api")
         if self._bigquery_front is not None:

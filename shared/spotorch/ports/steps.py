@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -37,6 +37,9 @@ class StepLaunch:
     options: tuple[tuple[str, str], ...] = ()
     service_account: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
+    # The run's inputs manifest (its objects at their recorded generations): spotorch's launcher
+    # hands it to the module as --inputs, which reads those generations, not the live folder.
+    inputs_uri: str | None = None
 
 
 class StepLauncher(Protocol):
@@ -47,9 +50,11 @@ class StepLauncher(Protocol):
         StepLaunchError when Dataflow refuses it."""
         ...
 
-    def get(self, job_name: str, region: str) -> JobView | None:
-        """The newest job of that name in the region with its state, error text and billed
-        resources (GetJob, ListJobMessages, GetJobMetrics); None when Dataflow has none."""
+    def get(self, job_name: str, region: str, job_id: str | None = None) -> JobView | None:
+        """The job of that name in the region (by job_id when it is known, else the newest of
+        the name) with its state; once it has ended also its error text and billed resources
+        (GetJob, and ListJobMessages, GetJobMetrics for an ended job); None when Dataflow has
+        none."""
         ...
 
     def cancel(self, job_name: str, region: str) -> None:
@@ -60,11 +65,18 @@ class StepLauncher(Protocol):
 class StepOutputs(Protocol):
     """The step's input identity and its outputs' completion markers (Cloud Storage)."""
 
-    def content_digest(self, data_uri: str) -> str | None:
+    def content_digest(self, data_uri: str,
+                       pinned: Sequence[tuple[str, int]] | None = None) -> str | None:
         """A digest of the objects under the folder (names below it, sizes and CRC32C): the
         same content in another folder gives the same digest; None when a checksum is missing
         or the folder is empty (the input is then identified by its snapshot, not cached
-        across snapshots)."""
+        across snapshots). With pinned (the run's recorded (object name, generation) pairs)
+        the digest is of exactly those generations, whatever the folder holds now; None when
+        one of them is gone (a bucket without object versioning)."""
+        ...
+
+    def read_manifest(self, uri: str) -> Mapping[str, Any] | None:
+        """The inputs manifest at uri (JSON), None when there is none."""
         ...
 
     def read_marker(self, uri: str) -> Mapping[str, Any] | None:

@@ -17,10 +17,16 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from spotorch.core.preprocess import LIVE_STATES, JobView, folder_digest
+from spotorch.core.preprocess import (
+    JOB_STATE_FAILED,
+    LIVE_STATES,
+    TERMINAL_STATES,
+    JobView,
+    folder_digest,
+)
 from spotorch.core.triggers import split_gs_uri
 from spotorch.ports.steps import StepLaunch, StepLaunchError
 
@@ -110,29 +116,51 @@ class DataflowStepLauncher:
     def _template(self, request: StepLaunch) -> tuple[str, dict[str, str]]:
         """The template spec to launch and its parameters: the user's template gets input,
         output and the options; spotorch's launcher also gets the module and package URIs."""
-        parameters = {"input": request.input_uri, "output": request.output_uri,
-                      **dict(request.options)}
-        if request.template_uri:
-            return request.template_uri, parameters
+        parameters = {"input": request.input_uri, "output": request.output_uri}
+        if request.template_uri:  # the user's template declares its options as parameters
+            return request.template_uri, {**parameters, **dict(request.options)}
         if not self.launcher_template:
             raise StepLaunchError("a Beam module needs spotorch's launcher flex template: set "
                                   "SPOTORCH_DATAFLOW_LAUNCHER to its template spec gs:// URI",
                                   permanent=True)
-        return self.launcher_template, {**parameters, "module": request.python_module or "",
-                                        "packages": ",".join(request.package_uris)}
+        # The launcher's metadata declares its parameters (Dataflow refuses others): the step's
+        # options travel in one, as JSON, and the launcher passes each on as --NAME=VALUE.
+        parameters["module"] = request.python_module or ""
+        if request.package_uris:
+            parameters["packages"] = ",".join(request.package_uris)
+        if request.options:
+            parameters["options"] = json.dumps(dict(request.options), sort_keys=True)
+        if request.inputs_uri:
+            parameters["inputs"] = request.inputs_uri
+        return self.launcher_template, parameters
 
-    def get(self, job_name: str, region: str) -> JobView | None:
-        """StepLauncher.get: the newest job of that name, with its error text and metrics."""
-        found = self._find(job_name, region, active_only=False)
-        if found is None:
-            return None
+    def get(self, job_name: str, region: str, job_id: str | None = None) -> JobView | None:
+        """StepLauncher.get: the job by its id when known (one GetJob while it runs), else the
+        newest of that name (ListJobs, then GetJob); its error text (a failed job) and billed
+        resources are read once it has ended: they serve the error and the cost, not the poll."""
+        from google.api_core import exceptions
         from google.cloud import dataflow_v1beta3 as df
 
-        job = self._client("jobs").get_job(request=df.GetJobRequest(
-            project_id=self.project, location=region, job_id=found.job_id))
-        state = _state_name(job.current_state) or found.state
-        error = self._errors(found.job_id, region) if state == "JOB_STATE_FAILED" else ""
-        vcpu_s, memory_gb_s, pd_gb_s = self._metrics(found.job_id, region)
+        job: Any = None
+        if job_id:
+            try:
+                job = self._client("jobs").get_job(request=df.GetJobRequest(
+                    project_id=self.project, location=region, job_id=job_id))
+            except exceptions.NotFound:
+                job = None
+            if job is not None and job.name != job_name:
+                job = None  # an id recorded for another name: follow the name instead
+        if job is None:
+            found = self._find(job_name, region, active_only=False)
+            if found is None:
+                return None
+            job = self._client("jobs").get_job(request=df.GetJobRequest(
+                project_id=self.project, location=region, job_id=found.job_id))
+        state = _state_name(job.current_state) or "JOB_STATE_UNKNOWN"
+        if state not in TERMINAL_STATES:
+            return JobView(job_id=job.id, name=job.name, state=state)
+        error = self._errors(job.id, region) if state == JOB_STATE_FAILED else ""
+        vcpu_s, memory_gb_s, pd_gb_s = self._metrics(job.id, region)
         return JobView(job_id=job.id, name=job.name, state=state, error=error, vcpu_s=vcpu_s,
                        memory_gb_s=memory_gb_s, pd_gb_s=pd_gb_s)
 
@@ -230,18 +258,41 @@ class GcsStepOutputs:
                 self._client = storage.Client(project=self._project)
             return self._client
 
-    def content_digest(self, data_uri: str) -> str | None:
-        """StepOutputs.content_digest: names below the folder, sizes and CRC32C, by listing."""
+    def content_digest(self, data_uri: str,
+                       pinned: Sequence[tuple[str, int]] | None = None) -> str | None:
+        """StepOutputs.content_digest: names below the folder, sizes and CRC32C, by listing; for
+        pinned generations the listing serves those still live, and each overwritten one is
+        read by its generation (one metadata GET each)."""
         bucket, folder = split_gs_uri(data_uri)
-        triples: list[tuple[str, int, str]] = []
+        live: dict[str, tuple[int, int, str | None]] = {}  # name -> (generation, size, crc32c)
         for blob in self._storage().list_blobs(bucket, prefix=folder):
-            if blob.crc32c is None:
-                return None
-            triples.append((blob.name[len(folder):], int(blob.size or 0), str(blob.crc32c)))
-        return folder_digest(triples) if triples else None
+            live[blob.name] = (int(blob.generation or 0), int(blob.size or 0), blob.crc32c)
+        if pinned is None:
+            picked = [(n, s, c) for n, (_, s, c) in live.items()]
+        else:
+            picked = []
+            for name, generation in pinned:
+                seen = live.get(name)
+                if seen is None or seen[0] != int(generation):
+                    blob = self._storage().bucket(bucket).get_blob(name,
+                                                                   generation=int(generation))
+                    if blob is None:
+                        return None  # that generation is gone: the input cannot be named
+                    seen = (int(generation), int(blob.size or 0), blob.crc32c)
+                picked.append((name, seen[1], seen[2]))
+        if not picked or any(c is None for _, _, c in picked):
+            return None
+        return folder_digest((n.removeprefix(folder), s, str(c)) for n, s, c in picked)
+
+    def read_manifest(self, uri: str) -> Mapping[str, Any] | None:
+        """StepOutputs.read_manifest: the inputs manifest's JSON, None when it is not there."""
+        return self._json(uri)
 
     def read_marker(self, uri: str) -> Mapping[str, Any] | None:
         """StepOutputs.read_marker: the marker's JSON, None when it is not there."""
+        return self._json(uri)
+
+    def _json(self, uri: str) -> Mapping[str, Any] | None:
         from google.api_core import exceptions
 
         bucket, name = _object(uri)

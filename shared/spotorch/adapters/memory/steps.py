@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from spotorch.core.preprocess import LIVE_STATES, JobView, folder_digest
+from spotorch.core.triggers import split_gs_uri
 from spotorch.ports.steps import StepLaunch, StepLaunchError
 
 
@@ -29,6 +30,7 @@ class InMemorySteps:
         self.jobs: list[FakeDataflowJob] = []
         self.created = 0
         self.cancelled: list[str] = []
+        self.reads: list[str] = []  # "by_id" or "by_name", one per get (tests count them)
         self.fail_launch: StepLaunchError | None = None
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -51,10 +53,14 @@ class InMemorySteps:
             self.created += 1
             return view
 
-    def get(self, job_name: str, region: str) -> JobView | None:
-        """StepLauncher.get: the newest job of that name, None if there is none."""
+    def get(self, job_name: str, region: str, job_id: str | None = None) -> JobView | None:
+        """StepLauncher.get: the job of that id and name, else the newest of the name; None if
+        there is none."""
         with self._lock:
-            job = self._newest(job_name)
+            job = next((j for j in self.jobs if job_id and j.view.job_id == job_id
+                        and j.view.name == job_name), None)
+            self.reads.append("by_id" if job is not None else "by_name")
+            job = job or self._newest(job_name)
             return job.view if job is not None and job.request.region == region else None
 
     def cancel(self, job_name: str, region: str) -> None:
@@ -84,13 +90,27 @@ class InMemoryStepOutputs:
 
     folders: dict[str, dict[str, tuple[int, str | None]]] = field(default_factory=dict)
     markers: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    # (object name in its bucket, generation) -> (size, crc32c): every generation still kept
+    versions: dict[tuple[str, int], tuple[int, str | None]] = field(default_factory=dict)
 
-    def content_digest(self, data_uri: str) -> str | None:
+    def content_digest(self, data_uri: str,
+                       pinned: Sequence[tuple[str, int]] | None = None) -> str | None:
         """StepOutputs.content_digest, by the same rule as the Cloud Storage adapter."""
+        if pinned is not None:
+            folder = split_gs_uri(data_uri)[1]
+            kept = [(n, self.versions.get((n, int(g)))) for n, g in pinned]
+            if not kept or any(v is None or v[1] is None for _, v in kept):
+                return None
+            return folder_digest((n.removeprefix(folder), v[0], v[1] or "")
+                                 for n, v in kept if v is not None)
         objects = self.folders.get(data_uri)
         if not objects or any(crc is None for _, crc in objects.values()):
             return None
         return folder_digest((name, size, crc or "") for name, (size, crc) in objects.items())
+
+    def read_manifest(self, uri: str) -> Mapping[str, Any] | None:
+        """StepOutputs.read_manifest (manifests are kept with the markers: JSON by URI)."""
+        return self.markers.get(uri)
 
     def read_marker(self, uri: str) -> Mapping[str, Any] | None:
         """StepOutputs.read_marker."""

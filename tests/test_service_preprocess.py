@@ -411,10 +411,45 @@ def test_a_rerun_whose_cache_is_gone_runs_the_step_on_the_recorded_inputs_and_co
         {"name": "d1/a.csv", "generation": 1}, {"name": "d1/b.csv", "generation": 2}]
 
 
+def test_a_rerun_runs_the_recorded_module_and_options_not_todays() -> None:
+    from spotorch.app.runs import rerun_run
+
+    deps, steps, outputs = pinned_deps()
+    start_pinned(deps, "r1")
+    steps.set_state("spotorch-r1-pre1", pp.JOB_STATE_DONE)
+    tick(deps)
+    origin = load(deps, "r1")
+    assert origin.provenance is not None
+    assert origin.provenance["preprocess"] == {"python_module": "trainer.preprocess",
+                                               "template_uri": None,
+                                               "options": dict(STEP.options)}
+    outputs.markers.pop(pp.marker_uri(step(origin)))  # the step must run again
+    pipeline = deps.pipeline("p")
+    assert pipeline.preprocess is not None
+    renamed = replace(pipeline, preprocess=replace(pipeline.preprocess,
+                                                   python_module="trainer.prep_v2",
+                                                   options=(("sample", "0.5"),)))
+    deps = replace(deps, pipelines={"p": renamed})
+    again = rerun_run(deps, "r1", "z")
+    request = steps.jobs[-1].request
+    assert request.python_module == "trainer.preprocess"
+    assert dict(request.options) == dict(STEP.options)
+    assert step(again).cache_key == step(origin).cache_key
+
+
 def test_a_pinned_generation_that_is_gone_is_not_keyed_by_the_live_folder() -> None:
     _, _, outputs = pinned_deps()
     outputs.versions.pop(("d1/b.csv", 2))  # a bucket without versioning lost it
     assert outputs.content_digest("gs://b/d1/", PINNED) is None
+
+
+def test_a_run_whose_pinned_generation_is_gone_is_refused_at_launch_not_failed_job_by_job(
+        ) -> None:
+    deps, steps, outputs = pinned_deps()
+    outputs.versions.pop(("d1/b.csv", 2))
+    run = start_pinned(deps, "r1")
+    assert steps.created == 0 and run.status is RunStatus.FAILED_LAUNCH
+    assert "recorded generation" in (step(run).error or "")
 
 
 def test_the_poll_follows_the_job_by_its_id_once_known() -> None:

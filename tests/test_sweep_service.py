@@ -246,3 +246,16 @@ def test_every_trial_trains_on_the_snapshots_generations_even_one_started_after_
     # A sweep submitted by hand pins its folder as listed at the request.
     by_hand = submit_sweep(deps, "p", "gs://b/d/", request_id="one")
     assert by_hand.objects == (("d/a.csv", 12),)
+
+
+def test_a_snapshot_too_large_for_the_sweeps_document_is_not_pinned_for_its_trials() -> None:
+    from spotorch.core.provenance import INLINE_OBJECTS_BYTES
+
+    deps = make(spec=replace(SPEC, parallelism=1, early_stopping=None))
+    many = tuple((f"d/{i:06d}-{'x' * 40}.csv", 1) for i in range(INLINE_OBJECTS_BYTES // 50))
+    sw = start_sweep(deps, "p", sweep_id="big", data_uri="gs://b/d/", snapshot_id="d",
+                     objects=many)
+    assert sw.objects == ()  # the document stays small; the trials read the folder as it is
+    run = deps.runs.load(sw.trials[0].run_id)[0]
+    assert run is not None and run.provenance is not None
+    assert run.provenance["data"]["pinned"] is False

@@ -139,7 +139,8 @@ def _done(world: World, job_id: str, timeout_s: float = 60.0) -> JobInfo:
     """own_job until the job is DONE (what finish_snapshot does across invocations)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        job = world.tables.own_job(job_id)
+        # In the snapshot dataset's location (datasets.get, once), as finish_snapshot asks.
+        job = world.tables.own_job(job_id, f"{PROJECT}.snapshots")
         if job is not None and job.state == "DONE":
             return job
         assert time.monotonic() < deadline, f"job {job_id} not DONE: {job}"

@@ -101,6 +101,15 @@ def test_every_problem_of_a_bigquery_trigger_is_listed_at_load(tmp_path: Path) -
     assert "checkpoint_uri" in said["trigger.bigquery.export_uri"]
 
 
+def test_two_watched_tables_of_one_name_are_refused_at_load(tmp_path: Path) -> None:
+    """Their snapshot tables and export folders are named after the table: they would be one."""
+    (tmp_path / "p.yaml").write_text(GOOD.replace(
+        "[demo-proj.sales.rows]", "[demo-proj.sales.rows, demo-proj.archive.rows]"))
+    _, problems = check_file(tmp_path / "p.yaml")
+    [problem] = [p for p in problems if p.path == "trigger.bigquery.tables"]
+    assert "demo-proj.sales.rows and demo-proj.archive.rows" in problem.message
+
+
 def test_a_trigger_without_a_source_is_refused(tmp_path: Path) -> None:
     doc = GOOD.split("trigger:")[0] + "trigger:\n  on_active_run: queue\n" + \
         GOOD.split("  on_active_run: queue\n")[1]
@@ -630,6 +639,79 @@ def test_a_job_that_fails_every_attempt_is_given_up_once_and_alerted(
     tables.buckets = None
     tables.load(TABLE, rows(5, 5), at_ms=3_000, job_id="load2")
     [_run] = table_intake.table_changed(deps, event("load2"))
+
+
+def _alerts(deps: Deps) -> list[dict[str, Any]]:
+    assert isinstance(deps.publisher, InMemoryPublisher)
+    return [e for e in deps.publisher.events if e["type"] == "dev.spotorch.snapshot.failed.v1"]
+
+
+def test_a_job_bigquery_refuses_to_start_is_a_failed_attempt_and_nothing_starts_after_giving_up(
+        ) -> None:
+    """A 4xx answer to jobs.insert (a bad query, no access) is no rate: each attempt counts, the
+    snapshot is given up after MAX_JOB_ATTEMPTS and the other table's part starts nothing more."""
+    other = "demo-proj.demo.more"
+    deps = fake_deps(pipeline(min_rows_changed=3, tables=(TABLE, other)))
+    assert isinstance(deps.objects, InMemoryObjectStore)
+    tables = InMemoryTables(deps.objects)
+    deps.tables = tables
+    tables.load(TABLE, [], at_ms=1_000, job_id="create")
+    tables.load(other, [], at_ms=1_000, job_id="create2")
+    tables.load(TABLE, rows(5), at_ms=2_000, job_id="load1")
+    sid = table_changes.snapshot_id_of("bq", (TABLE, other), 2_000)
+    for attempt in ("", "-a2", "-a3"):
+        tables.refuse[f"spotorch-snapshot-{sid}-0{attempt}"] = ("accessDenied", "no access")
+    assert table_intake.table_changed(deps, event("load1")) == []
+    watch = watch_of(deps)
+    assert watch.taking is None and watch.gave_up is not None
+    assert [f["job_id"] for f in watch.gave_up["failures"]] == [
+        f"spotorch-snapshot-{sid}-0", f"spotorch-snapshot-{sid}-0-a2",
+        f"spotorch-snapshot-{sid}-0-a3"]
+    assert {f["reason"] for f in watch.gave_up["failures"]} == {"accessDenied"}
+    # Part 1 started its snapshot on the first pass at most; nothing after the give-up.
+    started = [j for _, j in tables.jobs if j.startswith("spotorch-")]
+    assert all(j.endswith("-1") for j in started) and len(started) <= 2
+    [alert] = _alerts(deps)
+    assert validate_event(alert) == [] and alert["data"]["reason"] == "accessDenied"
+    assert table_intake.check_tables(deps) == []  # the tick starts nothing for it either
+    assert [j for _, j in tables.jobs if j.startswith("spotorch-")] == started
+
+
+def test_a_snapshot_still_being_taken_a_day_later_is_given_up_and_the_next_can_come(
+        world: tuple[Deps, InMemoryTables]) -> None:
+    deps, tables = world
+    tables.hold = True  # its jobs never end (a lost job, or a location never found)
+    tables.load(TABLE, rows(5), at_ms=2_000, job_id="load1")
+    assert table_intake.table_changed(deps, event("load1")) == []
+    assert watch_of(deps).taking is not None
+    clock(deps).advance(table_changes.MAX_TAKING_S - 60)
+    assert table_intake.check_tables(deps) == [] and watch_of(deps).taking is not None
+    clock(deps).advance(120)
+    assert table_intake.check_tables(deps) == []
+    watch = watch_of(deps)
+    assert watch.taking is None and watch.gave_up is not None
+    assert watch.gave_up["failures"][-1]["reason"] == "timeout"
+    [alert] = _alerts(deps)
+    assert validate_event(alert) == [] and alert["data"]["job_id"] is None
+    from spotorch.core.alerts import render_alert
+    assert "given up (timeout)" in render_alert(alert).headline
+    tables.hold = False
+    tables.load(TABLE, rows(5, 5), at_ms=3_000, job_id="load2")
+    [_run] = table_intake.table_changed(deps, event("load2"))  # the pipeline is not blocked
+
+
+def test_an_export_that_wrote_nothing_is_given_up_not_retried_forever(
+        world: tuple[Deps, InMemoryTables], monkeypatch: pytest.MonkeyPatch) -> None:
+    deps, tables = world
+    tables.load(TABLE, rows(5), at_ms=2_000, job_id="load1")
+    from spotorch.app import snapshots
+
+    monkeypatch.setattr(snapshots, "listed_objects", lambda *_: ())
+    assert table_intake.table_changed(deps, event("load1")) == []
+    watch = watch_of(deps)
+    assert watch.taking is None and watch.gave_up is not None
+    assert watch.gave_up["failures"][-1]["reason"] == "empty"
+    assert len(_alerts(deps)) == 1 and snapshot_docs(deps) == []
 
 
 # --- the function ----------------------------------------------------------------------------------

@@ -127,6 +127,12 @@ def _stage_inputs(deps: Deps, run: Run, step: pp.PreprocessStep) -> str | None:
     pinned = _pinned(deps, run)
     if pinned is None:
         return None
+    if pinned and _outputs(deps).content_digest(run.data_uri, pinned) is None:
+        # A recorded generation is gone (a bucket without object versioning): the job would
+        # fail reading it, under the user-error budget, launch after launch. Refused for good.
+        raise InputsGone(f"run {run.run_id}: a recorded generation under {run.data_uri} is gone "
+                         "(is object versioning on?), so its inputs cannot be preprocessed "
+                         "exactly")
     data = (run.provenance or {}).get("data") or {}
     uri = pp.inputs_uri(step)
     _outputs(deps).write_marker(uri, provenance.manifest(data, pinned))

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, assert_never
 
 from spotorch.app.deps import UnknownRun
 from spotorch.app.runs import cancel_run, snapshot_objects, start_run
+from spotorch.core import provenance
 from spotorch.core import sweeps as sweep
 from spotorch.core.context import Context
 from spotorch.core.errors import SpotorchError
@@ -99,6 +100,13 @@ def start_sweep(deps: Deps, pipeline_name: str, *, sweep_id: str, data_uri: str,
     existing, _ = load_sweep(deps, sweep_id)
     if existing is not None:
         return existing
+    if objects and not provenance.fits_inline(objects):
+        # The sweep's document is rewritten at every trial's change and must stay far below
+        # Firestore's 1 MiB: a snapshot this large is not pinned for its trials (logged), as a
+        # folder beyond MAX_PINNED_OBJECTS is not for a run.
+        log.warning("sweep %s: %d objects are too many to pin for its trials; they read %s as "
+                    "it is", sweep_id, len(objects), data_uri)
+        objects = ()
     model = pipeline.model
     sw = sweep.new_sweep(sweep_id=sweep_id, pipeline=pipeline, spec=pipeline.sweep,
                          now=deps.clock.now(), data_uri=data_uri, snapshot_id=snapshot_id,

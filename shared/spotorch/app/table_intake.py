@@ -29,6 +29,7 @@ from spotorch.core.pipeline import BigQuerySource, Pipeline
 from spotorch.core.table_changes import (
     DONE,
     EXPORT,
+    MAX_TAKING_S,
     SNAPSHOT,
     JobInfo,
     TableChange,
@@ -37,6 +38,7 @@ from spotorch.core.table_changes import (
     advanced,
     confirm,
     due,
+    give_up,
     job_failed,
     job_id,
     observe_job,
@@ -48,10 +50,11 @@ from spotorch.core.table_changes import (
     snapshot_table_name,
     take,
     taken,
+    taking_overdue,
 )
 from spotorch.core.triggers import split_gs_uri
 from spotorch.ports.store import ConflictError
-from spotorch.ports.tables import TableNotFound, TableSource
+from spotorch.ports.tables import JobRefused, TableNotFound, TableSource
 from spotorch.settings import COLLECTION_SNAPSHOTS, COLLECTION_TABLE_WATCHES
 
 log = logging.getLogger("spotorch.app.table_intake")
@@ -227,7 +230,9 @@ def _export_folder(pipeline: Pipeline, part: str, sid: str, attempt: int) -> str
     return f"{export_root(pipeline, sid)}{leaf}{'' if attempt == 1 else f'-a{attempt}'}/"
 
 
-DONE_PART, MOVED, WAITING = "done", "moved", "waiting"  # what one look at a part found
+# What one look at a part found: done, moved on (look again at once), waiting on BigQuery, or
+# the snapshot given up (the other parts start nothing more for it).
+DONE_PART, MOVED, WAITING, GAVE_UP = "done", "moved", "waiting", "gave up"
 
 
 def _advance(deps: Deps, pipeline: Pipeline, watch: Watch, part: str) -> str:
@@ -240,48 +245,67 @@ def _advance(deps: Deps, pipeline: Pipeline, watch: Watch, part: str) -> str:
     if phase == DONE:
         return DONE_PART
     jid = job_id(phase, sid, part, attempt)
-    job = tables.own_job(jid)
+    job = tables.own_job(jid, source.snapshot_dataset)
     if job is None:
         destination = _destination(source, part, sid)
-        if phase == SNAPSHOT:
-            snapshot_ms = int(taking["snapshot_ms"])
-            expires_ms = int((float(taking["decided_at"]) + source.snapshot_ttl_s) * 1000)
-            exists = tables.start_snapshot_query(
-                source.query, snapshot_ms, destination, expires_ms, jid) \
-                if source.query is not None else tables.start_snapshot(
-                    source.tables[int(part)], snapshot_ms, destination, expires_ms, jid)
-            if exists:  # made before (a crash after its job, or an older release)
-                _update(deps, pipeline.name, lambda w: advanced(w, sid, part, phase, attempt))
-                return MOVED
-        else:
-            uri = f"{_export_folder(pipeline, part, sid, attempt)}part-*.parquet"
-            tables.start_extract(destination, uri, jid)
-        job = tables.own_job(jid)
+        try:
+            if phase == SNAPSHOT:
+                snapshot_ms = int(taking["snapshot_ms"])
+                expires_ms = int((float(taking["decided_at"]) + source.snapshot_ttl_s) * 1000)
+                exists = tables.start_snapshot_query(
+                    source.query, snapshot_ms, destination, expires_ms, jid) \
+                    if source.query is not None else tables.start_snapshot(
+                        source.tables[int(part)], snapshot_ms, destination, expires_ms, jid)
+                if exists:  # made before (a crash after its job, or an older release)
+                    _update(deps, pipeline.name,
+                            lambda w: advanced(w, sid, part, phase, attempt))
+                    return MOVED
+            else:
+                uri = f"{_export_folder(pipeline, part, sid, attempt)}part-*.parquet"
+                tables.start_extract(destination, uri, jid)
+        except JobRefused as refused:  # an attempt that failed at its start: counted as one
+            job = JobInfo(job_id=jid, job_type="query" if phase == SNAPSHOT else "extract",
+                          state="DONE", failed=True, end_ms=None, rows=None,
+                          error_reason=refused.reason, error_message=refused.message)
+            return GAVE_UP if _failed(deps, pipeline, watch, part, phase, attempt, job) \
+                else MOVED
+        job = tables.own_job(jid, source.snapshot_dataset)
     if job is None or job.state != "DONE":
         return WAITING
     if job.failed:
-        _failed(deps, pipeline, watch, part, phase, attempt, job)
-        return MOVED
+        return GAVE_UP if _failed(deps, pipeline, watch, part, phase, attempt, job) else MOVED
     _update(deps, pipeline.name, lambda w: advanced(w, sid, part, phase, attempt))
     return DONE_PART if phase == EXPORT else MOVED
 
 
 def _failed(deps: Deps, pipeline: Pipeline, watch: Watch, part: str, phase: str, attempt: int,
-            job: JobInfo) -> None:
+            job: JobInfo) -> bool:
     """A part's job ended with an error: recorded on the watch; retried (a warning), or given
-    up (an error, and the snapshot.failed event)."""
+    up (an error, and the snapshot.failed event). Whether the snapshot is given up."""
     assert watch.taking is not None
     sid, now = str(watch.taking["snapshot_id"]), deps.clock.now()
     written = _update(deps, pipeline.name,
                       lambda w: job_failed(w, sid, part, phase, attempt, job, now))
-    if written is None:
-        return  # another invocation recorded it
+    if written is None:  # another invocation recorded it: look again
+        return False
     given_up = written.taking is None  # its event: publish_given_up, after finish_snapshot
     log.log(logging.ERROR if given_up else logging.WARNING,
             "BigQuery %s job %s of snapshot %s failed (%s: %s): %s", phase, job.job_id, sid,
             job.error_reason, job.error_message,
             "snapshot given up" if given_up else f"attempt {attempt + 1} starts",
             extra={"pipeline": pipeline.name})
+    return given_up
+
+
+def _give_up(deps: Deps, pipeline: Pipeline, watch: Watch, reason: str, message: str) -> None:
+    """Give the snapshot being taken up for a reason of its own (overdue, an empty export);
+    its snapshot.failed event: publish_given_up, as for a job's failure."""
+    assert watch.taking is not None
+    sid = str(watch.taking["snapshot_id"])
+    if _update(deps, pipeline.name,
+               lambda w: give_up(w, sid, reason, message, deps.clock.now())) is not None:
+        log.error("BigQuery snapshot %s given up: %s", sid, message,
+                  extra={"pipeline": pipeline.name})
 
 
 def given_up_event(pipeline: Pipeline, gave_up: Mapping[str, Any], now: float
@@ -337,7 +361,15 @@ def finish_snapshot(deps: Deps, pipeline: Pipeline, wait_s: float | None = None)
         watch = None if raw is None else Watch.from_doc(raw)
         if watch is None or watch.taking is None:
             return []
-        found = [_advance(deps, pipeline, watch, part) for part in snapshot_parts(_source(pipeline))]
+        if taking_overdue(watch, deps.clock.now()):
+            _give_up(deps, pipeline, watch, "timeout",
+                     f"not finished {MAX_TAKING_S / 3600:g} hours after it was decided")
+            return []
+        found: list[str] = []
+        for part in snapshot_parts(_source(pipeline)):
+            found.append(_advance(deps, pipeline, watch, part))
+            if found[-1] == GAVE_UP:  # nothing more is started for a snapshot given up
+                return []
         if all(f == DONE_PART for f in found):
             return _record(deps, pipeline, watch)
         if MOVED in found:
@@ -366,8 +398,9 @@ def _record(deps: Deps, pipeline: Pipeline, watch: Watch) -> list[Run]:
         export_uris.append(f"{folder}part-*.parquet")
         objects += intake.listed_objects(deps.objects, bucket, split_gs_uri(folder)[1])
     objects = tuple(sorted(set(objects)))
-    if not objects:
-        raise SpotorchError(f"the export of snapshot {sid} wrote nothing under {root}")
+    if not objects:  # waiting changes nothing: given up, and said (snapshot.failed)
+        _give_up(deps, pipeline, watch, "empty", f"the export wrote nothing under {root}")
+        return []
     now = deps.clock.now()
     bigquery: dict[str, Any] = {
         "tables": list(source.tables), "snapshot_time": rfc3339_ms(snapshot_ms),

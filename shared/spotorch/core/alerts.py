@@ -192,8 +192,9 @@ _HEADLINES: Mapping[str, tuple[Severity, Callable[[Mapping[str, Any]], str]]] = 
     "run.preprocess_ended": (Severity.INFO, _preprocess_end),
     "snapshot.failed": (Severity.ERROR, lambda d: (
         f"BigQuery snapshot {_get(d, 'snapshot_id')} of {', '.join(d.get('tables') or ())} "
-        f"given up: {_get(d, 'phase')} job {_get(d, 'job_id')} failed "
-        f"({_get(d, 'reason')}: {_get(d, 'message')}) after {_get(d, 'attempts')} attempts")),
+        + (f"given up: {_get(d, 'phase')} job {_get(d, 'job_id')} failed "
+           f"({_get(d, 'reason')}: {_get(d, 'message')}) after {_get(d, 'attempts')} attempts"
+           if d.get("job_id") else f"given up ({_get(d, 'reason')}): {_get(d, 'message')}"))),
     "upload.unmatched": (Severity.WARNING, lambda d: (
         f"Upload to {_get(d, 'uri')} matched no pipeline: {_get(d, 'reason')}")),
     "run.checkpoints_deleted": (Severity.INFO, lambda d: (

@@ -163,7 +163,14 @@ def step_pipeline(pipeline: Pipeline, run: Run) -> Pipeline:
     code = (run.provenance or {}).get("code")
     if not run.rerun_of or not code:
         return pipeline
-    return replace(pipeline, job=pinned_template(pipeline.job, code))
+    pinned = replace(pipeline, job=pinned_template(pipeline.job, code))
+    recorded = (run.provenance or {}).get("preprocess")
+    if pinned.preprocess is None or not isinstance(recorded, Mapping):
+        return pinned  # recorded before the step's own record existed: today's module
+    return replace(pinned, preprocess=replace(
+        pinned.preprocess, python_module=recorded.get("python_module"),
+        template_uri=recorded.get("template_uri"),
+        options=tuple((str(k), str(v)) for k, v in (recorded.get("options") or {}).items())))
 
 
 def reads_pinned(pipeline: Pipeline) -> bool:

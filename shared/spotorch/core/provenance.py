@@ -145,6 +145,12 @@ def manifest_uri(pipeline: Pipeline, objects_digest: str) -> str:
            f"{objects_digest[:HASH_PREFIX]}.json"
 
 
+def fits_inline(objects: Sequence[tuple[str, int]]) -> bool:
+    """Whether a list of (name, generation) is small enough to keep in a document (a run's,
+    a sweep's) rather than only in its manifest: INLINE_OBJECTS_BYTES."""
+    return sum(len(str(name).encode()) + 24 for name, _ in objects) <= INLINE_OBJECTS_BYTES
+
+
 def data_of(pipeline: Pipeline, data_uri: str, bucket: str | None,
             objects: Sequence[tuple[str, int]],
             bigquery: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -156,8 +162,7 @@ def data_of(pipeline: Pipeline, data_uri: str, bucket: str | None,
     if listed:
         data["objects_hash"] = objects_hash(listed)
         data["manifest_uri"] = manifest_uri(pipeline, data["objects_hash"])
-        inline = sum(len(str(o["name"]).encode()) + 24 for o in listed) <= INLINE_OBJECTS_BYTES
-        data["objects"] = listed if inline else None
+        data["objects"] = listed if fits_inline(objects) else None
     if bigquery is not None:
         data["bigquery"] = dict(bigquery)
     return data
@@ -177,7 +182,17 @@ def build(*, pipeline: Pipeline, run_id: str, data: Mapping[str, Any],
         "seed": seed_for(run_id) if seed is None else int(seed),
         "hardware": hardware_of(template, hardware),
         "rerun_of": None,
+        **({"preprocess": step_code_of(pipeline)} if pipeline.preprocess is not None else {}),
     }
+
+
+def step_code_of(pipeline: Pipeline) -> dict[str, Any]:
+    """What the preprocess step runs besides the code package (recorded under code): its Beam
+    module or template and its options, so a rerun's step runs as its origin's did."""
+    step = pipeline.preprocess
+    assert step is not None
+    return {"python_module": step.python_module, "template_uri": step.template_uri,
+            "options": dict(step.options)}
 
 
 def for_rerun(origin: Mapping[str, Any], origin_run: str, pipeline: Pipeline) -> dict[str, Any]:

@@ -386,6 +386,9 @@ def taken(watch: Watch, snapshot_id: str) -> Watch | None:
 
 MAX_JOB_ATTEMPTS = 3  # a snapshot query or extract that failed this often: the snapshot is given up
 MAX_FAILURES_KEPT = 10  # failed jobs recorded on the taking record
+# A snapshot still being taken this long after its decision is given up: BigQuery's limit on a
+# query job is 6 hours, each part runs a query then an extract, and a retry starts them again.
+MAX_TAKING_S = 24 * 3600.0
 SNAPSHOT, EXPORT, DONE = "snapshot", "export", "done"  # a part's phases, in order
 
 
@@ -461,10 +464,38 @@ def job_failed(watch: Watch, snapshot_id: str, part: str, phase: str, attempt: i
     failures = [*(watch.taking.get("failures") or ()), failure][-MAX_FAILURES_KEPT:]
     if attempt < MAX_JOB_ATTEMPTS:
         return _with_part(watch, part, phase, attempt + 1, failures=failures)
+    return _given_up(watch, snapshot_id, failures, now)
+
+
+def _given_up(watch: Watch, snapshot_id: str, failures: list[dict[str, Any]],
+              now: float) -> Watch:
+    assert watch.taking is not None
     gave_up = {"snapshot_id": snapshot_id, "snapshot_ms": watch.taking.get("snapshot_ms"),
                "decided_at": watch.taking.get("decided_at"), "given_up_at": now,
                "rows": watch.taking.get("rows"), "failures": failures}
     return replace(watch, taking=None, gave_up=gave_up)
+
+
+def give_up(watch: Watch, snapshot_id: str, reason: str, message: str,
+            now: float) -> Watch | None:
+    """The snapshot being taken is given up for a reason of its own, not a job's error (it ran
+    past MAX_TAKING_S; its export wrote nothing): recorded as its last failure, as job_failed
+    records one. None when it is not the one being taken (given up or finished before)."""
+    if not _is_taking(watch, snapshot_id) or watch.taking is None:
+        return None
+    failure = {"part": None, "phase": None, "attempt": None, "job_id": None, "reason": reason,
+               "message": message, "at": now}
+    failures = [*(watch.taking.get("failures") or ()), failure][-MAX_FAILURES_KEPT:]
+    return _given_up(watch, snapshot_id, failures, now)
+
+
+def taking_overdue(watch: Watch, now: float) -> bool:
+    """Whether the snapshot being taken was decided more than MAX_TAKING_S ago: its jobs are
+    not coming (BigQuery ends a query job within 6 hours), so waiting longer only blocks the
+    pipeline's next snapshot."""
+    if watch.taking is None:
+        return False
+    return now - float(watch.taking.get("decided_at") or now) > MAX_TAKING_S
 
 
 def snapshot_table_name(table: str, snapshot_id: str) -> str:

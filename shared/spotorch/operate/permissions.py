@@ -360,6 +360,10 @@ CALLS: tuple[Call, ...] = (
     Call("Client.get_table", "tables.get", _on(S.SNAPSHOT_DATASETS, "bigquery.tables.get"), (F,),
          (f"{BIGQUERY}._start_create_as",), BIGQUERY_IAM,
          "is the snapshot table (of the tables or of the query) there already"),
+    Call("Client.get_dataset", "datasets.get", _on(S.SNAPSHOT_DATASETS, "bigquery.datasets.get"),
+         (F,), (f"{BIGQUERY}._location_of",), BIGQUERY_IAM,
+         "the snapshot dataset's location, once: jobs.get of our own jobs needs it outside the "
+         "US and EU (unless SPOTORCH_BIGQUERY_LOCATION names it)"),
     Call("Client.get_job", "jobs.get", _on(S.PROJECT, "bigquery.jobs.get"), (F,),
          (f"{BIGQUERY}.get_job", f"{BIGQUERY}.own_job"), BIGQUERY_IAM,
          "the job an audit entry names (any user's: jobs.get reads any job of the project); "

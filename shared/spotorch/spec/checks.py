@@ -161,6 +161,18 @@ def _check_source(doc: Any) -> _Found:
         tables = [t for t in _items(doc, "trigger.bigquery.tables") if isinstance(t, str)]
         for problem in query_problems(query, tables):
             yield "trigger.bigquery.query", problem
+    else:  # a snapshot table and an export folder per table, named after the table
+        named: dict[str, str] = {}
+        for table in _items(doc, "trigger.bigquery.tables"):
+            if not isinstance(table, str):
+                continue
+            leaf = table.rsplit(".", 1)[-1]
+            if leaf in named and named[leaf] != table:
+                yield "trigger.bigquery.tables", (
+                    f"{named[leaf]} and {table} share the table name {leaf!r}: their snapshot "
+                    "tables and exports would be one; watch them from two pipelines, or snapshot "
+                    "them through a query")
+            named.setdefault(leaf, table)
     export = _str(doc, "trigger.bigquery.export_uri")
     for path in _OWN_URIS:
         uri = _str(doc, path)

@@ -14,12 +14,11 @@ no invocation is held for a job's duration (spotorch.app.table_intake.finish_sna
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from typing import Any
 
 from spotorch.core.table_changes import JobInfo, TableInfo
-from spotorch.ports.tables import TableNotFound
+from spotorch.ports.tables import JobRefused, TableNotFound
 
 
 def _table_id(ref: Any) -> str | None:
@@ -43,6 +42,21 @@ def _quoted(table: str) -> str:
     return "`" + table.replace("`", "") + "`"
 
 
+# BigQuery answers a rate or quota limit with 403 too: those pass with time (the tick tries again).
+TRANSIENT_REASONS = frozenset({"rateLimitExceeded", "quotaExceeded", "backendError"})
+
+
+def _refusal(job_id: str, exc: Exception) -> JobRefused | None:
+    """The attempt's failure when a 4xx answer to jobs.insert is one no waiting changes (a bad
+    query, no such table or bucket, no access); None for a rate or quota (403 as well)."""
+    errors = getattr(exc, "errors", None) or [{}]
+    first = errors[0] if isinstance(errors[0], dict) else {}
+    reason = str(first.get("reason") or type(exc).__name__)
+    if reason in TRANSIENT_REASONS:
+        return None
+    return JobRefused(job_id, reason, str(getattr(exc, "message", exc)))
+
+
 class BigQueryTables:
     """ports.TableSource: tables.get, jobs.get, a query to snapshot, an extract job to export."""
 
@@ -55,6 +69,7 @@ class BigQueryTables:
         self.location = location
         self._client: Any = None
         self._lock = threading.Lock()
+        self._locations: dict[str, str | None] = {}
 
     def client(self) -> Any:
         """The google-cloud-bigquery client, built once on first use."""
@@ -116,9 +131,26 @@ class BigQueryTables:
                        error_reason=str(error["reason"]) if error.get("reason") else None,
                        error_message=str(error["message"]) if error.get("message") else None)
 
-    def own_job(self, job_id: str) -> JobInfo | None:
-        """TableSource.own_job: jobs.get in this source's project and location."""
-        return self.get_job(self.project, job_id, self.location)
+    def own_job(self, job_id: str, dataset: str | None = None) -> JobInfo | None:
+        """TableSource.own_job: jobs.get in this source's project, in SPOTORCH_BIGQUERY_LOCATION
+        or else the snapshot dataset's own location (read once: a job outside the US and EU
+        is not found without it)."""
+        return self.get_job(self.project, job_id, self.location or self._location_of(dataset))
+
+    def _location_of(self, dataset: str | None) -> str | None:
+        """datasets.get's location of the dataset, once per dataset; None when unknown."""
+        if not dataset:
+            return None
+        if dataset not in self._locations:
+            from google.api_core import exceptions as gexc
+
+            try:
+                found = self.client().get_dataset(dataset).location
+            except gexc.NotFound:
+                return None  # not cached: it may be created yet
+            self._locations[dataset] = str(found) if found else None
+        return self._locations[dataset]
+
 
     def start_snapshot(self, table: str, snapshot_ms: int, destination: str, expires_ms: int,
                        job_id: str) -> bool:
@@ -150,8 +182,15 @@ class BigQueryTables:
         sql = (f"CREATE TABLE {_quoted(destination)} "
                f"OPTIONS(expiration_timestamp=TIMESTAMP_MILLIS({int(expires_ms)})) "
                f"AS {select}")
-        with contextlib.suppress(gexc.Conflict):  # that job id exists: started before
+        try:
             client.query(sql, job_id=job_id, job_retry=None)  # a retry is ours: a fresh id
+        except gexc.Conflict:
+            pass  # that job id exists: started before
+        except (gexc.BadRequest, gexc.Forbidden, gexc.NotFound) as exc:
+            refused = _refusal(job_id, exc)
+            if refused is None:
+                raise
+            raise refused from None
         return False
 
     def start_extract(self, table: str, destination_uri: str, job_id: str) -> None:
@@ -160,6 +199,13 @@ class BigQueryTables:
         from google.cloud import bigquery
 
         config = bigquery.ExtractJobConfig(destination_format="PARQUET")
-        with contextlib.suppress(gexc.Conflict):  # that job id exists: started before
+        try:
             self.client().extract_table(table, destination_uri, job_id=job_id,
                                         job_config=config)
+        except gexc.Conflict:
+            pass  # that job id exists: started before
+        except (gexc.BadRequest, gexc.Forbidden, gexc.NotFound) as exc:
+            refused = _refusal(job_id, exc)
+            if refused is None:
+                raise
+            raise refused from None

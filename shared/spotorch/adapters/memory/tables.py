@@ -13,7 +13,7 @@ from typing import Any
 from spotorch.adapters.memory.twins import InMemoryObjectStore
 from spotorch.core.table_changes import JobInfo, TableInfo, extract_bucket_missing
 from spotorch.core.triggers import split_gs_uri
-from spotorch.ports.tables import TableNotFound
+from spotorch.ports.tables import JobRefused, TableNotFound
 
 # The first file name BigQuery gives a wildcard URI's '*' (a 12-digit shard number).
 FIRST_SHARD = "000000000000"
@@ -33,6 +33,8 @@ class InMemoryTables:
     hold: bool = False  # started jobs stay RUNNING until finish_held (a job that takes long)
     fail: dict[str, tuple[str, str]] = field(default_factory=dict)  # job id -> (reason, message)
     buckets: set[str] | None = None  # the buckets that exist; None: every bucket
+    # job id -> (reason, message): jobs.insert itself refused (a 4xx; the adapter's JobRefused)
+    refuse: dict[str, tuple[str, str]] = field(default_factory=dict)
     _work: dict[str, Callable[[], None]] = field(default_factory=dict)
     _lock: threading.RLock = field(default_factory=threading.RLock)
 
@@ -66,7 +68,7 @@ class InMemoryTables:
         self.calls.append(f"jobs.get {job_id}")
         return self.jobs.get((project, job_id))
 
-    def own_job(self, job_id: str) -> JobInfo | None:
+    def own_job(self, job_id: str, dataset: str | None = None) -> JobInfo | None:
         """TableSource.own_job: a job this source started."""
         self.calls.append(f"jobs.get {job_id}")
         return self.jobs.get(("", job_id))
@@ -77,6 +79,8 @@ class InMemoryTables:
         with self._lock:  # one job per id, as jobs.insert: concurrent callers get Conflict
             if ("", job_id) in self.jobs:
                 return  # BigQuery answers Conflict: the job was started before
+            if job_id in self.refuse:  # no job made: jobs.get will not find it
+                raise JobRefused(job_id, *self.refuse[job_id])
             self.jobs[("", job_id)] = JobInfo(job_id, kind, "RUNNING", False, None, None)
             self._work[job_id] = work
             if not self.hold:

@@ -128,3 +128,17 @@ class TestGcsObjectStore(ObjectStoreContract):
             blob.upload_from_string(data)
             return int(blob.generation)
         return seed
+
+
+def test_the_functions_share_one_storage_client_made_on_first_use(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Objects and preprocess outputs read Cloud Storage through one client (one auth session
+    and connection pool per instance), and wiring builds none until it is used."""
+    from spotorch.entrypoints import wiring
+    from spotorch.settings import Settings
+
+    monkeypatch.setattr("spotorch.spec.compiled.function_pipelines", lambda path: ())
+    deps = wiring.production_deps(Settings(project="p"))
+    objects, outputs = deps.objects, deps.step_outputs
+    assert objects._clients is outputs._clients  # type: ignore[attr-defined,union-attr]
+    assert objects._clients._client is None  # type: ignore[attr-defined]

@@ -4,7 +4,6 @@ and GcsStepOutputs against fake-gcs-server."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,21 +25,16 @@ REGION = "us-central1"
 
 @pytest.fixture(scope="module")
 def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorSet]:
-    with running(PROJECT, tmp_path_factory.mktemp("gcs"), firestore=False, pubsub=False) as s:
-        saved = os.environ.get("STORAGE_EMULATOR_HOST")
-        os.environ["STORAGE_EMULATOR_HOST"] = f"http://{s.emulators['gcs'].address}"
+    # A module's fixture has no monkeypatch: a context of its own sets the variable.
+    with running(PROJECT, tmp_path_factory.mktemp("gcs"), firestore=False, pubsub=False) as s, \
+            pytest.MonkeyPatch.context() as env:
+        env.setenv("STORAGE_EMULATOR_HOST", f"http://{s.emulators['gcs'].address}")
         from google.cloud import storage
 
         client = storage.Client.create_anonymous_client()
         for name in ("land", "out"):
             client.create_bucket(name)
-        try:
-            yield s
-        finally:
-            if saved is None:
-                os.environ.pop("STORAGE_EMULATOR_HOST", None)
-            else:
-                os.environ["STORAGE_EMULATOR_HOST"] = saved
+        yield s
 
 
 # --- StepLauncher ------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ and POSTs real-shaped statusChanged events."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import tarfile
 import threading
@@ -39,16 +38,11 @@ pytestmark = pytest.mark.skipif(not beam_available(), reason="no Beam environmen
 
 @pytest.fixture(scope="module")
 def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorSet]:
-    with running(PROJECT, tmp_path_factory.mktemp("gcs"), firestore=False, pubsub=False) as s:
-        saved = os.environ.get("STORAGE_EMULATOR_HOST")
-        os.environ["STORAGE_EMULATOR_HOST"] = f"http://{s.emulators['gcs'].address}"
-        try:
-            yield s
-        finally:
-            if saved is None:
-                os.environ.pop("STORAGE_EMULATOR_HOST", None)
-            else:
-                os.environ["STORAGE_EMULATOR_HOST"] = saved
+    # A module's fixture has no monkeypatch: a context of its own sets the variable.
+    with running(PROJECT, tmp_path_factory.mktemp("gcs"), firestore=False, pubsub=False) as s, \
+            pytest.MonkeyPatch.context() as env:
+        env.setenv("STORAGE_EMULATOR_HOST", f"http://{s.emulators['gcs'].address}")
+        yield s
 
 
 def _client() -> Any:

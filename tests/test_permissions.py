@@ -91,6 +91,9 @@ def vocabularies() -> dict[str, frozenset[str]]:
     }
 
 
+SHARED_STORAGE_CLIENT = "spotorch.adapters.gcp._storage_client"
+
+
 def _libraries(tree: ast.Module) -> set[str]:
     """The google.cloud libraries a module imports (anywhere, functions included)."""
     found = set()
@@ -101,6 +104,9 @@ def _libraries(tree: ast.Module) -> set[str]:
         elif isinstance(node, ast.Import):
             found |= {a.name.split(".")[2] for a in node.names
                       if a.name.startswith("google.cloud.") and a.name.count(".") >= 2}
+        # A module on the shared Storage client calls google.cloud.storage's methods through it.
+        if isinstance(node, ast.ImportFrom) and node.module == SHARED_STORAGE_CLIENT:
+            found.add("storage")
     return {name.split("_")[0] if name.startswith("firestore") else name for name in found}
 
 

@@ -18,6 +18,7 @@ class SystemClock:
 
 def production_deps(settings: Settings | None = None) -> Deps:
     """Firestore, Vertex AI, GCS and Pub/Sub adapters configured from SPOTORCH_* variables."""
+    from spotorch.adapters.gcp._storage_client import StorageClient
     from spotorch.adapters.gcp.bigquery import BigQueryTables
     from spotorch.adapters.gcp.checkpoints import StorageCheckpointStore
     from spotorch.adapters.gcp.dataflow import DataflowStepLauncher, GcsStepOutputs
@@ -38,6 +39,7 @@ def production_deps(settings: Settings | None = None) -> Deps:
     pipelines = {p.name: p for p in function_pipelines(settings.pipelines)}
     regions = tuple(sorted({r for p in pipelines.values() for r in p.job.regions}))
     budget = SharedRequestBudget(docs) if settings.shared_budget else RequestBudget()
+    storage = StorageClient(settings.project)  # one Cloud Storage client, made on first use
     return bootstrap.deps(
         prices=price_table(),  # SPOTORCH_PRICES' table, else the shipped list prices
         runs=DocumentRunStore(docs),
@@ -49,7 +51,7 @@ def production_deps(settings: Settings | None = None) -> Deps:
         publisher=PubSubPublisher(settings.topic_path(settings.events_topic)),
         clock=SystemClock(),
         pipelines=pipelines,
-        objects=GcsObjectStore(project=settings.project),
+        objects=GcsObjectStore(storage),
         events_topic=settings.topic_path(settings.trainer_events_topic),
         project=settings.project,
         shards=PubSubShardDispatcher(settings.topic_path(TOPIC_TICK)),
@@ -68,7 +70,7 @@ def production_deps(settings: Settings | None = None) -> Deps:
                                    service_account=settings.dataflow_service_account,
                                    endpoint=settings.dataflow_endpoint,
                                    token=settings.vertex_token),
-        step_outputs=GcsStepOutputs(project=settings.project),
+        step_outputs=GcsStepOutputs(storage),
         # The client on first use: only pipelines with trigger.bigquery call it.
         tables=BigQueryTables(settings.project, endpoint=settings.bigquery_endpoint,
                               location=settings.bigquery_location),

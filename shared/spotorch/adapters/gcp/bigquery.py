@@ -15,6 +15,7 @@ no invocation is held for a job's duration (spotorch.app.table_intake.finish_sna
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from spotorch.core.table_changes import JobInfo, TableInfo
@@ -55,6 +56,22 @@ def _refusal(job_id: str, exc: Exception) -> JobRefused | None:
     if reason in TRANSIENT_REASONS:
         return None
     return JobRefused(job_id, reason, str(getattr(exc, "message", exc)))
+
+
+def _insert(job_id: str, start: Callable[[], Any]) -> None:
+    """jobs.insert of a job named job_id: a Conflict means it was started before (left as it
+    is); a refusal no waiting changes is the port's JobRefused; anything else propagates."""
+    from google.api_core import exceptions as gexc
+
+    try:
+        start()
+    except gexc.Conflict:
+        pass
+    except (gexc.BadRequest, gexc.Forbidden, gexc.NotFound) as exc:
+        refused = _refusal(job_id, exc)
+        if refused is None:
+            raise
+        raise refused from None
 
 
 class BigQueryTables:
@@ -182,30 +199,13 @@ class BigQueryTables:
         sql = (f"CREATE TABLE {_quoted(destination)} "
                f"OPTIONS(expiration_timestamp=TIMESTAMP_MILLIS({int(expires_ms)})) "
                f"AS {select}")
-        try:
-            client.query(sql, job_id=job_id, job_retry=None)  # a retry is ours: a fresh id
-        except gexc.Conflict:
-            pass  # that job id exists: started before
-        except (gexc.BadRequest, gexc.Forbidden, gexc.NotFound) as exc:
-            refused = _refusal(job_id, exc)
-            if refused is None:
-                raise
-            raise refused from None
-        return False
+        _insert(job_id, lambda: client.query(sql, job_id=job_id, job_retry=None))  # a retry
+        return False  # is ours, with a fresh id
 
     def start_extract(self, table: str, destination_uri: str, job_id: str) -> None:
         """TableSource.start_extract: an extract job named job_id, not waited for."""
-        from google.api_core import exceptions as gexc
         from google.cloud import bigquery
 
         config = bigquery.ExtractJobConfig(destination_format="PARQUET")
-        try:
-            self.client().extract_table(table, destination_uri, job_id=job_id,
-                                        job_config=config)
-        except gexc.Conflict:
-            pass  # that job id exists: started before
-        except (gexc.BadRequest, gexc.Forbidden, gexc.NotFound) as exc:
-            refused = _refusal(job_id, exc)
-            if refused is None:
-                raise
-            raise refused from None
+        _insert(job_id, lambda: self.client().extract_table(table, destination_uri,
+                                                            job_id=job_id, job_config=config))

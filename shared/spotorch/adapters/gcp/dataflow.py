@@ -20,6 +20,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from spotorch.adapters.gcp._storage_client import storage_client
 from spotorch.core.preprocess import (
     JOB_STATE_FAILED,
     LIVE_STATES,
@@ -246,17 +247,10 @@ class GcsStepOutputs:
     """StepOutputs: the input folder's checksums by listing, and markers as JSON objects."""
 
     def __init__(self, client: Any = None, *, project: str | None = None) -> None:
-        self._client = client
-        self._project = project
-        self._lock = threading.Lock()
+        self._clients = storage_client(client, project)  # a StorageClient may be shared
 
     def _storage(self) -> Any:
-        with self._lock:
-            if self._client is None:
-                from google.cloud import storage
-
-                self._client = storage.Client(project=self._project)
-            return self._client
+        return self._clients.get()
 
     def content_digest(self, data_uri: str,
                        pinned: Sequence[tuple[str, int]] | None = None) -> str | None:

@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
+from spotorch.adapters.gcp._storage_client import storage_client
 from spotorch.ports.storage import ObjectInfo, ObjectNotFound, ObjectPage
 
 
 class GcsObjectStore:
     """ObjectStore on Cloud Storage: generations read exactly, uploads only if absent."""
     def __init__(self, client: Any = None, *, project: str | None = None) -> None:
-        self._client = client
-        self._project = project
-        self._lock = threading.Lock()
+        self._clients = storage_client(client, project)  # a StorageClient may be shared
 
     def _storage(self) -> Any:
-        with self._lock:
-            if self._client is None:
-                import google.cloud.storage as storage
-
-                self._client = storage.Client(project=self._project)
-            return self._client
+        return self._clients.get()
 
     def read(self, bucket: str, name: str, generation: int, max_bytes: int) -> bytes:
         """ObjectStore.read: a ranged download of the generation; ObjectNotFound if absent."""

@@ -2,7 +2,7 @@
 
 # Run from the repo root:  .venv/bin/python benchmarks/policy_bench.py
 # Grid: task 48 h; deadlines 52, 60, 72, 96 h; restart overhead 0.1 and 0.2 h; 5-minute ticks;
-# a window every 24 h of every trace under ../shared/traces (or $SPOTORCH_TRACES). Each window is
+# a window every 24 h of every trace shipped in shared/spotorch/sim/traces (or $SPOTORCH_TRACES). Each window is
 # replayed in the visible view (Spot known at every tick) and in production's view (Spot probes at
 # three probe prices, and without probes), and once with FLEX_START offered. Prints the tables
 # and rewrites docs/policy-benchmark.md. A second part replays synthetic Markov traces
@@ -1025,7 +1025,7 @@ is a `slow` test).
 ## Caveats
 
 - Trace semantics: this benchmark reads each value as the number of available instances (the
-  spot-traces README, ../shared/traces/README.md and FACTS.md all say so). The authors' own
+  spot-traces README, shared/spotorch/sim/traces/README.md and FACTS.md all say so). The authors' own
   simulator reads the single-node files the other way round (`spot_available = not trace[t]`),
   so single-node availability here is one minus theirs; UP's published gap to the optimum was
   measured under their reading.

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-TRACES = Path(os.environ.get("SPOTORCH_TRACES", ROOT.parent / "shared" / "traces"))
+TRACES = Path(os.environ.get("SPOTORCH_TRACES", ROOT / "shared" / "spotorch" / "sim" / "traces"))
 
 
 def bench(name: str, *args: str, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:

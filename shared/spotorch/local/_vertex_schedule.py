@@ -77,7 +77,7 @@ class SpotTrace:
 
     @classmethod
     def load(cls, path: str | Path, *, speed: float = 1.0, offset: int = 0) -> SpotTrace:
-        """Read a trace file of /work/shared/traces ({"metadata": {"gap_seconds"}, "data"})."""
+        """Read a spot trace file (spotorch/sim/traces ({"metadata": {"gap_seconds"}, "data"})."""
         try:
             raw = json.loads(Path(path).read_text())
             values = tuple(int(v) for v in raw["data"])

@@ -64,7 +64,9 @@ __all__ = [
 
 TRACES_ENV = "SPOTORCH_TRACES"
 REPO_ROOT = Path(__file__).resolve().parents[3]  # shared/spotorch/sim/simulate.py
-DEFAULT_TRACES = REPO_ROOT.parent / "shared" / "traces"
+# The public spot-traces ship inside the package (2 MB; traces/README.md says where they come from),
+# so `spotorch simulate` works from a clone with nothing beside it.
+DEFAULT_TRACES = Path(__file__).resolve().parent / "traces"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -72,7 +74,7 @@ DEFAULT_TRACES = REPO_ROOT.parent / "shared" / "traces"
 
 
 def default_trace_paths() -> list[Path]:
-    """SPOTORCH_TRACES (os.pathsep-separated) if set, else ../shared/traces beside the repo."""
+    """SPOTORCH_TRACES (os.pathsep-separated) if set, else the traces shipped in spotorch.sim."""
     env = os.environ.get(TRACES_ENV)
     if env:
         return [Path(p) for p in env.split(os.pathsep) if p]
@@ -136,7 +138,7 @@ def _hours(value: float) -> float:
 @click.option("--plot-deadline-hours", type=float, multiple=True,
               help="A deadline swept by --plot (repeat)  [default: task + 4, 12, 24, 48 h]")
 def simulate(**options: Any) -> None:
-    """Replay Spot traces (files or folders; default: $SPOTORCH_TRACES, else ../shared/traces
+    """Replay Spot traces (files or folders; default: $SPOTORCH_TRACES, else the shipped traces
     beside the repository) through the escalation policies and the offline optimum."""
     code = _simulate(SimpleNamespace(**options))
     if code:

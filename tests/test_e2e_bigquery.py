@@ -197,3 +197,52 @@ def test_a_lost_bigquery_event_is_repaired_by_the_tick_on_the_stack(tmp_path: Pa
         finally:
             os.environ.clear()
             os.environ.update(saved)
+
+
+def test_an_insert_through_jobs_query_starts_a_run_on_the_stack(tmp_path: Path) -> None:
+    """`query_and_wait("INSERT ...")` goes through jobs.query, which BigQuery logs as
+    ...JobService.Query: its entries alone (the tick is too slow to help here) start the run."""
+    from google.api_core.client_options import ClientOptions
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import bigquery
+
+    from spotorch.core.table_changes import QUERY_JOB
+
+    (tmp_path / "pipelines").mkdir()
+    (tmp_path / "pipelines" / "bq.yaml").write_text(yaml.safe_dump(pipeline_file()))
+    with DevStack(pipelines_dir=tmp_path / "pipelines", run_dir=tmp_path / "stack",
+                  tick_seconds=3600.0, project=PROJECT) as stack:
+        saved = dict(os.environ)
+        os.environ.update(stack.env)
+        try:
+            seen: list[dict[str, Any]] = []
+            deliver = stack._bigquery_front.on_job_done
+
+            def record(entry: dict[str, Any]) -> None:
+                seen.append(entry)
+                deliver(entry)
+            stack._bigquery_front.on_job_done = record
+            client = bigquery.Client(project=PROJECT, credentials=AnonymousCredentials(),
+                                     client_options=ClientOptions(
+                                         api_endpoint=stack.env[ENV_BIGQUERY_ENDPOINT]))
+            client.create_dataset("sales")
+            client.create_dataset("snapshots")
+            client.create_table(bigquery.Table(TABLE, schema=[
+                *(bigquery.SchemaField(f"f{i}", "FLOAT64") for i in range(FEATURES)),
+                bigquery.SchemaField("label", "INT64")]))
+            columns = ", ".join(f"f{i}" for i in range(FEATURES))
+            values = ", ".join("(" + ", ".join(f"{label * 2.0 + i * 0.01:.4f}"
+                                               for _ in range(FEATURES)) + f", {label})"
+                               for i, label in ((i, i % 2) for i in range(60)))
+            client.query_and_wait(f"INSERT INTO sales.rows ({columns}, label) VALUES {values}")
+            assert {e["protoPayload"]["methodName"] for e in seen} == {QUERY_JOB}
+            docs = FirestoreDocumentStore(project=PROJECT)
+            inserted = time.monotonic()
+            runs: list[Run] = []
+            while time.monotonic() - inserted < 60 and not runs:
+                runs = [Run.from_dict(d) for d in docs.query("runs", "pipeline", "bq")]
+                time.sleep(0.5)
+            assert len(runs) == 1, "an INSERT through jobs.query started no run"
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)

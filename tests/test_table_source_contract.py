@@ -16,7 +16,13 @@ import pytest
 
 from spotorch.adapters.memory.tables import InMemoryTables
 from spotorch.adapters.memory.twins import InMemoryObjectStore
-from spotorch.core.table_changes import AUDIT_LOG_TYPE, JobInfo, parse_audit_event
+from spotorch.core.table_changes import (
+    AUDIT_LOG_TYPE,
+    INSERT_JOB,
+    QUERY_JOB,
+    JobInfo,
+    parse_audit_event,
+)
 from spotorch.ports.storage import ObjectStore
 from spotorch.ports.tables import TableNotFound, TableSource
 
@@ -269,6 +275,45 @@ def test_the_stack_publishes_the_audit_entries_of_a_dml_job(world: World) -> Non
         ("table_data_change", job_id, (TABLE,))]  # a DML job's end entry names no table
     data_change = next(c for c in changes if c and c.kind == "table_data_change")
     assert data_change.inserted_rows == 1
+
+
+def _methods(entries: list[dict[str, Any]]) -> set[tuple[str, str | None]]:
+    """(methodName, jobInsertion.reason) of each entry (reason None but on the start entry)."""
+    return {(e["protoPayload"]["methodName"],
+             e["protoPayload"]["metadata"].get("jobInsertion", {}).get("reason"))
+            for e in entries}
+
+
+def test_a_job_made_by_jobs_insert_is_logged_as_insert_job(world: World) -> None:
+    if isinstance(world.tables, InMemoryTables):
+        pytest.skip("audit entries are the local stack's (the front), not the twin's")
+    world.entries.clear()
+    world.insert([(5.5, 0)])  # client.query: jobs.insert
+    assert _methods(world.entries) == {(INSERT_JOB, "JOB_INSERT_REQUEST"), (INSERT_JOB, None)}
+    change = next(e for e in world.entries if "tableDataChange" in e["protoPayload"]["metadata"])
+    assert change["protoPayload"]["metadata"]["tableDataChange"]["reason"] == "QUERY"  # DML
+
+
+def test_a_job_made_by_jobs_query_is_logged_as_query_and_names_its_change(world: World) -> None:
+    if isinstance(world.tables, InMemoryTables):
+        pytest.skip("audit entries are the local stack's (the front), not the twin's")
+    from spotorch.adapters.gcp.bigquery import BigQueryTables
+
+    assert isinstance(world.tables, BigQueryTables)
+    world.entries.clear()
+    # query_and_wait sends jobs.query (the RPC the console, `bq query` and most DML use)
+    rows = world.tables.client().query_and_wait(
+        "INSERT INTO sales.rows (x, label) VALUES (9.0, 1), (9.5, 0)")
+    deadline = time.monotonic() + 10
+    while len(world.entries) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _methods(world.entries) == {(QUERY_JOB, "QUERY_REQUEST"), (QUERY_JOB, None)}
+    changes = [parse_audit_event(AUDIT_LOG_TYPE, f"q{i}", e) for i, e in enumerate(world.entries)]
+    assert [(c.kind, c.job_id, c.tables, c.inserted_rows) for c in changes if c] == [
+        ("table_data_change", rows.job_id, (TABLE,), 2)]
+    # once, however often the job is read again
+    world.tables.client().get_job(rows.job_id)
+    assert len(world.entries) == 3
 
 
 def test_the_stack_publishes_the_audit_entries_of_a_load_job(world: World) -> None:

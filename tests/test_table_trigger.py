@@ -34,6 +34,7 @@ from spotorch.core.table_changes import (
     INSERT_JOB,
     MAX_JOB_ATTEMPTS,
     METADATA_TYPE,
+    QUERY_JOB,
     TableChange,
     Watch,
     parse_audit_event,
@@ -233,6 +234,24 @@ def test_a_table_data_change_entry_names_the_table_and_its_counts() -> None:
     assert change is not None
     assert (change.tables, change.inserted_rows, change.kind) == \
         ((TABLE,), 7, "table_data_change")
+
+
+def test_entries_of_a_job_the_jobs_query_rpc_made_name_the_same_change() -> None:
+    # The console, `bq query`, query_and_wait and most DML go through jobs.query: BigQuery logs
+    # their entries under methodName ...JobService.Query (jobInsertion.reason QUERY_REQUEST).
+    done, change = job_done(kind="queryConfig"), data_change(inserted=4)
+    for data in (done, change):
+        data["protoPayload"]["methodName"] = QUERY_JOB
+    change["protoPayload"]["metadata"]["tableDataChange"]["reason"] = "QUERY"
+    assert parse_audit_event(AUDIT_LOG_TYPE, "q1", done) == TableChange(
+        "q1", "demo-proj", "job1", (TABLE,), "job_done")
+    parsed = parse_audit_event(AUDIT_LOG_TYPE, "q2", change)
+    assert parsed is not None and (parsed.kind, parsed.inserted_rows) == ("table_data_change", 4)
+    start = job_done()
+    start["protoPayload"]["methodName"] = QUERY_JOB
+    start["protoPayload"]["metadata"] = {"@type": METADATA_TYPE, "jobInsertion": {
+        "job": done["protoPayload"]["metadata"]["jobChange"]["job"], "reason": "QUERY_REQUEST"}}
+    assert parse_audit_event(AUDIT_LOG_TYPE, "q0", start) is None  # the start entry
 
 
 def test_entries_that_name_no_change_are_none() -> None:

@@ -1,7 +1,9 @@
 """BigQuery table changes: the audit-log CloudEvent in one shape, and the pure batching rules.
 
 Eventarc delivers `google.cloud.audit.log.v1.written` for serviceName bigquery.googleapis.com and
-methodName google.cloud.bigquery.v2.JobService.InsertJob; its data is a LogEntry whose
+methodName google.cloud.bigquery.v2.JobService.InsertJob (jobs made by jobs.insert) or
+google.cloud.bigquery.v2.JobService.Query (jobs made by the jobs.query RPC: the console, `bq
+query`, `query_and_wait`, most DML; jobInsertion.reason QUERY_REQUEST); its data is a LogEntry whose
 protoPayload is an AuditLog with `metadata` a BigQueryAuditMetadata. That metadata holds one of
 jobInsertion, jobChange, tableDataChange (a oneof): a job writes a start entry and an end entry,
 and a load or DML job may write a tableDataChange entry too. Only the end (jobChange.after DONE)
@@ -26,6 +28,8 @@ from spotorch.core.pipeline import BigQuerySource, Pipeline
 AUDIT_LOG_TYPE = "google.cloud.audit.log.v1.written"
 BIGQUERY_SERVICE = "bigquery.googleapis.com"
 INSERT_JOB = "google.cloud.bigquery.v2.JobService.InsertJob"
+QUERY_JOB = "google.cloud.bigquery.v2.JobService.Query"  # a job the jobs.query RPC made
+JOB_METHODS = (INSERT_JOB, QUERY_JOB)  # deploy/bigquery.tf has one trigger filter for each
 METADATA_TYPE = "type.googleapis.com/google.cloud.audit.BigQueryAuditMetadata"
 
 # projects/P/datasets/D/tables/T, the audit log's form of a table.
@@ -117,8 +121,8 @@ def _parse_payload(event_id: str, data: Mapping[str, Any]) -> TableChange | None
     if payload.get("serviceName") != BIGQUERY_SERVICE:
         raise InvalidEvent(f"data.protoPayload.serviceName: not {BIGQUERY_SERVICE}: "
                            f"{payload.get('serviceName')!r}")
-    if payload.get("methodName") != INSERT_JOB:
-        raise InvalidEvent(f"data.protoPayload.methodName: not {INSERT_JOB}: "
+    if payload.get("methodName") not in JOB_METHODS:
+        raise InvalidEvent(f"data.protoPayload.methodName: not {' or '.join(JOB_METHODS)}: "
                            f"{payload.get('methodName')!r}")
     metadata = _mapping(payload.get("metadata"), "data.protoPayload.metadata")
     if metadata.get("@type") not in (None, METADATA_TYPE):
@@ -159,7 +163,7 @@ def _parse_payload(event_id: str, data: Mapping[str, Any]) -> TableChange | None
 
 
 def parse_audit_event(event_type: str, event_id: str, data: Any) -> TableChange | None:
-    """A BigQuery InsertJob audit CloudEvent: the change it names, or None when the entry names
+    """A BigQuery InsertJob or Query audit CloudEvent: the change it names, or None when the entry names
     none (a job's start entry, a failed job, a query without a destination). InvalidEvent for
     anything that is not such an entry (wrong type, service or method, malformed fields)."""
     try:

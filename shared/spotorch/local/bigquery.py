@@ -13,11 +13,17 @@ and adds two things the emulator does not do (docs/local-stack.md says what is e
   objects exist, with generations, when the client learns the job is done. An extract to a
   bucket that does not exist ends DONE with an errorResult (notFound), as on BigQuery; the
   emulator itself would write the files anyway.
-- Audit entries: BigQuery writes a Cloud Audit Logs entry when a job ends; no emulator does.
-  For each load, query or extract job the front sees end, it hands `on_job_done` the InsertJob
-  entries Eventarc would deliver (audit_entries): the jobChange end entry and, for the table a
-  load or DML job changed, a tableDataChange entry, in the real LogEntry shape
-  (BigQueryAuditMetadata) and no richer.
+- Audit entries: BigQuery writes Cloud Audit Logs entries when a job starts and ends; no
+  emulator does. For each load, query or extract job the front sees end, it hands `on_job_done`
+  the entries Eventarc would deliver (audit_entries): the jobInsertion start entry, the jobChange
+  end entry and, for the table a load or DML job changed, a tableDataChange entry, in the real
+  LogEntry shape (BigQueryAuditMetadata) and no richer. A job made by jobs.insert is logged
+  under methodName ...JobService.InsertJob (jobInsertion.reason JOB_INSERT_REQUEST); one made by
+  the jobs.query RPC (`query_and_wait`, `bq query`, the console, most DML) under
+  ...JobService.Query (reason QUERY_REQUEST), as BigQuery does. jobs.query answers with a
+  QueryResponse, not a job: when one says jobComplete, the front reads the job (jobs.get) to log
+  it. The start entry is handed on with the others, when the job ends (BigQuery writes it
+  when the job is inserted: nothing spotorch does reads it).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from spotorch.core.table_changes import (
     BIGQUERY_SERVICE,
     INSERT_JOB,
     METADATA_TYPE,
+    QUERY_JOB,
     extract_bucket_missing,
 )
 from spotorch.local.emulators import Emulator, EmulatorError, _spawn, free_port
@@ -58,6 +65,8 @@ _DML_TARGET = re.compile(
     r"\s+`?([A-Za-z0-9_.:-]+)`?", re.IGNORECASE)
 
 
+# jobs.query (POST /bigquery/v2/projects/P/queries) and getQueryResults (GET .../queries/ID).
+_QUERIES = re.compile(r"^/bigquery/v2/projects/[^/]+/queries(/[^/?]+)?(\?.*)?$")
 # tables.get: /bigquery/v2/projects/P/datasets/D/tables/T (a query string aside).
 _TABLE_GET = re.compile(r"^/bigquery/v2/projects/[^/]+/datasets/[^/]+/tables/[^/?]+(\?.*)?$")
 # The media part's type in a multipart load (google-resumable-media writes `*/*`).
@@ -163,10 +172,12 @@ def _job_config(job: Mapping[str, Any], table: str | None) -> dict[str, Any] | N
     return None
 
 
-def audit_entries(job: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The LogEntry data of the InsertJob entries BigQuery writes when a job ends: the jobChange
-    end entry of every job (load, query, extract; failed ones with their error), and for a load
-    or DML job that succeeded the tableDataChange entry of the table it changed."""
+def audit_entries(job: Mapping[str, Any], *, via_query: bool = False) -> list[dict[str, Any]]:
+    """The LogEntry data of the entries BigQuery writes for a job that ended: the jobInsertion
+    start entry, the jobChange end entry of every job (load, query, extract; failed ones with
+    their error), and for a load or DML job that succeeded the tableDataChange entry of the
+    table it changed. via_query: the job was made by the jobs.query RPC (methodName
+    ...JobService.Query, reason QUERY_REQUEST), not by jobs.insert (...InsertJob)."""
     status = job.get("status") or {}
     if status.get("state") != "DONE":
         return []
@@ -183,10 +194,12 @@ def audit_entries(job: Mapping[str, Any]) -> list[dict[str, Any]]:
     rows = (stats.get("load", {}).get("outputRows") if load
             else stats.get("query", {}).get("numDmlAffectedRows"))
 
+    method = QUERY_JOB if via_query else INSERT_JOB
+
     def entry(resource: str, metadata: dict[str, Any], suffix: str) -> dict[str, Any]:
         return {"protoPayload": {
             "@type": "type.googleapis.com/google.cloud.audit.AuditLog",
-            "status": {}, "serviceName": BIGQUERY_SERVICE, "methodName": INSERT_JOB,
+            "status": {}, "serviceName": BIGQUERY_SERVICE, "methodName": method,
             "resourceName": resource, "metadata": {"@type": METADATA_TYPE, **metadata}},
             "insertId": f"{job_id}-{suffix}",
             "resource": {"type": "bigquery_project", "labels": {"project_id": project,
@@ -194,9 +207,15 @@ def audit_entries(job: Mapping[str, Any]) -> list[dict[str, Any]]:
                                                                                     "US")}},
             "timestamp": _time(stats.get("endTime")), "severity": "INFO",
             "logName": f"projects/{project}/logs/cloudaudit.googleapis.com%2Fdata_access",
-            "operation": {"id": job_name, "producer": BIGQUERY_SERVICE, "last": True},
+            "operation": {"id": job_name, "producer": BIGQUERY_SERVICE,
+                          **({"first": True} if suffix == "insert" else {"last": True})},
             "receiveTimestamp": _time(stats.get("endTime"))}
 
+    # The start entry: what the job was when inserted (its state then is not known here).
+    inserted = entry(job_name, {"jobInsertion": {"job": {
+        "jobName": job_name, "jobConfig": job_config, "jobStatus": {"jobState": "RUNNING"},
+        "jobStats": {"createTime": _time(stats.get("creationTime"))}},
+        "reason": "QUERY_REQUEST" if via_query else "JOB_INSERT_REQUEST"}}, "insert")
     job_status: dict[str, Any] = {"jobState": "DONE"}
     error = status.get("errorResult")
     if error:
@@ -209,12 +228,13 @@ def audit_entries(job: Mapping[str, Any]) -> list[dict[str, Any]]:
                      "startTime": _time(stats.get("startTime")),
                      "endTime": _time(stats.get("endTime"))}}}}, "done")
     if table is None or error:
-        return [done]
-    change: dict[str, Any] = {"jobName": job_name, "reason": "JOB"}
+        return [inserted, done]
+    # TableDataChange.Reason: JOB (a job's destination: a load), QUERY (DML or DDL)
+    change: dict[str, Any] = {"jobName": job_name, "reason": "JOB" if load else "QUERY"}
     if rows is not None:
         change["insertedRowsCount" if load or stats.get("query", {}).get("statementType")
                == "INSERT" else "deletedRowsCount"] = str(rows)
-    return [done, entry(table, {"tableDataChange": change}, "change")]
+    return [inserted, done, entry(table, {"tableDataChange": change}, "change")]
 
 
 # --- the front ------------------------------------------------------------------------------------
@@ -235,6 +255,8 @@ class BigQueryFront:
     # job id -> the errorResult of an extract whose bucket does not exist
     _failed: dict[str, dict[str, str]] = field(default_factory=dict)
     _seen: set[str] = field(default_factory=set)
+    # "project:job id" of the jobs the jobs.query RPC made (logged as ...JobService.Query)
+    _queried: set[str] = field(default_factory=set)
     # table resource -> endTime (ms) of the last load or DML job the front saw end on it
     _changed: dict[str, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -269,6 +291,8 @@ class BigQueryFront:
                     status, headers, data = exc.code, exc.headers, exc.read()
                 if status == 200 and "/jobs" in self.path:
                     data = front._after(data)
+                elif status == 200 and _QUERIES.match(self.path):
+                    front._queried_job(data)
                 elif status == 200 and self.command == "GET" and _TABLE_GET.match(self.path):
                     data = front._table(data)
                 self.send_response(status)
@@ -342,6 +366,27 @@ class BigQueryFront:
         self._done(job)
         return data
 
+    def _queried_job(self, data: bytes) -> None:
+        """A jobs.query or getQueryResults answer: the job it names was made by jobs.query;
+        once the answer says jobComplete, the job (jobs.get) is logged as BigQuery logs it."""
+        try:
+            answer = json.loads(data or b"{}")
+            ref = answer["jobReference"]
+            key = f"{ref['projectId']}:{ref['jobId']}"
+        except (ValueError, KeyError, TypeError):
+            return
+        with self._lock:
+            self._queried.add(key)
+        if answer.get("jobComplete") is not True:
+            return
+        location = f"?location={ref['location']}" if ref.get("location") else ""
+        url = f"{self.emulator}/bigquery/v2/projects/{ref['projectId']}/jobs/{ref['jobId']}"
+        try:
+            with urllib.request.urlopen(url + location, timeout=60) as response:
+                self._done(json.loads(response.read()))
+        except (urllib.error.URLError, OSError, ValueError) as exc:  # the tick repairs
+            log.warning("job %s of a jobs.query not read: %s", key, exc)
+
     def _done(self, job: Any) -> None:
         if not isinstance(job, dict) or job.get("kind") != "bigquery#job" or \
                 (job.get("status") or {}).get("state") != "DONE":
@@ -360,7 +405,9 @@ class BigQueryFront:
             ended = int(float((job.get("statistics") or {}).get("endTime") or 0))
             with self._lock:
                 self._changed[table] = max(self._changed.get(table, 0), ended)
-        for entry in audit_entries(job):
+        with self._lock:
+            via_query = key in self._queried
+        for entry in audit_entries(job, via_query=via_query):
             try:
                 self.on_job_done(entry)
             except Exception as exc:  # an audit entry lost is what the tick repairs

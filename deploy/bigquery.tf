@@ -2,7 +2,7 @@
 # on_table_changed and the least the functions and the training jobs need. Nothing here is
 # created unless a bundled pipeline watches a table (deploy/package.py fills the variables).
 #
-# The audit entries: BigQuery writes its Data Access audit logs (where InsertJob's job and
+# The audit entries: BigQuery writes its Data Access audit logs (where a job's jobChange and
 # tableDataChange entries are) without an audit config of ours; Google's BigQuery audit-log
 # page says they cannot be turned off, so no google_project_iam_audit_config is needed.
 
@@ -122,11 +122,45 @@ resource "google_cloudfunctions2_function" "tables" {
   }
 
   depends_on = [
-    google_project_iam_member.build_builder,
+    time_sleep.build_account_ready,
     google_project_iam_member.functions_event_receiver,
     google_project_iam_member.functions_firestore,
     time_sleep.eventarc_agent_ready,
   ]
+}
+
+# Jobs made by the jobs.query RPC (the console, `bq query`, client.query_and_wait, most DML) are
+# logged under methodName ...JobService.Query, not ...InsertJob (BigQueryAuditMetadata
+# JobInsertion.Reason QUERY_REQUEST): a second trigger, as a function has only one, to the same
+# service, in the same location and as the same identity.
+resource "google_eventarc_trigger" "tables_query" {
+  count           = local.bigquery_enabled ? 1 : 0
+  name            = "spotorch-on-table-changed-query"
+  location        = var.bigquery_trigger_region
+  service_account = google_service_account.functions.email
+
+  matching_criteria {
+    attribute = "type"
+    value     = "google.cloud.audit.log.v1.written"
+  }
+  matching_criteria {
+    attribute = "serviceName"
+    value     = "bigquery.googleapis.com"
+  }
+  matching_criteria {
+    attribute = "methodName"
+    value     = "google.cloud.bigquery.v2.JobService.Query"
+  }
+
+  destination {
+    cloud_run_service {
+      service = google_cloudfunctions2_function.tables[0].name
+      region  = var.region
+    }
+  }
+
+  depends_on = [time_sleep.eventarc_agent_ready, google_project_iam_member.functions_event_receiver,
+  google_cloud_run_v2_service_iam_member.tables_invoker]
 }
 
 resource "google_cloud_run_v2_service_iam_member" "tables_invoker" {

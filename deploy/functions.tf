@@ -3,7 +3,8 @@
 #   on_job_event         push subscriptions on spotorch-job-events and spotorch-trainer-events;
 #                        Eventarc's Dataflow statusChanged (preprocess steps) on the first
 #   on_tick              push subscription on spotorch-tick (Cloud Scheduler)
-#   on_run_event         push subscription on spotorch-events (the notifier; alert secrets)
+#   on_run_event         push subscription on spotorch-events (the notifier; alert secrets; runs
+#                        as spotorch-notifier, notifier.tf)
 #   api                  HTTP, authenticated: operators only
 
 locals {
@@ -133,8 +134,9 @@ resource "google_cloudfunctions2_function" "pushed" {
     max_instance_count             = each.value.max_instances
     ingress_settings               = "ALLOW_INTERNAL_ONLY" # Pub/Sub push counts as internal
     all_traffic_on_latest_revision = true
-    service_account_email          = google_service_account.functions.email
-    environment_variables          = merge(local.function_env, local.optional_env, each.value.secrets ? var.notifier_env : {})
+    # the notifier runs as its own account: the only one that reads the alert secrets
+    service_account_email = each.value.secrets ? google_service_account.notifier.email : google_service_account.functions.email
+    environment_variables = merge(local.function_env, local.optional_env, each.value.secrets ? var.notifier_env : {})
 
     dynamic "secret_environment_variables" {
       for_each = each.value.secrets ? local.mounted_secrets : {}
@@ -148,15 +150,16 @@ resource "google_cloudfunctions2_function" "pushed" {
   }
 
   depends_on = [
-    google_project_iam_member.build_builder,
+    time_sleep.build_account_ready,
     google_project_iam_member.functions_firestore,
-    google_secret_manager_secret_iam_member.functions_read_alerts,
+    google_secret_manager_secret_iam_member.notifier_read_alerts,
     google_secret_manager_secret_version.alert,
   ]
 }
 
+# The notifier's push authenticates as the notifier account: its invoker grant is notifier.tf's.
 resource "google_cloud_run_v2_service_iam_member" "pushed_invoker" {
-  for_each = local.pushed_functions
+  for_each = { for name, f in local.pushed_functions : name => f if !f.secrets }
   location = var.region
   name     = google_cloudfunctions2_function.pushed[each.key].name
   role     = "roles/run.invoker"
@@ -210,7 +213,7 @@ resource "google_cloudfunctions2_function" "objects" {
 
   # The trigger is created with the function: the Eventarc agent must be ready first (iam.tf).
   depends_on = [
-    google_project_iam_member.build_builder,
+    time_sleep.build_account_ready,
     google_project_iam_member.functions_event_receiver,
     google_project_iam_member.functions_firestore,
     time_sleep.eventarc_agent_ready,
@@ -228,11 +231,13 @@ resource "google_cloud_run_v2_service_iam_member" "objects_invoker" {
 
 # A preprocess step's Dataflow job changed state (issue 31): Eventarc's direct Dataflow event, to
 # the job-event function (it tells it from Pub/Sub pushes by its type). A hint only: the function
-# reads the job with GetJob before the run changes; the tick's poll is the backstop.
+# reads the job with GetJob before the run changes; the tick's poll is the backstop. Dataflow's
+# events are regional: one trigger in each region a step runs in (local.dataflow_regions,
+# dataflow.tf), each delivering to the function in var.region.
 resource "google_eventarc_trigger" "dataflow_status" {
-  count           = local.preprocess_enabled ? 1 : 0
+  for_each        = local.dataflow_regions
   name            = "spotorch-dataflow-status"
-  location        = var.region
+  location        = each.value
   service_account = google_service_account.functions.email
 
   matching_criteria {
@@ -284,7 +289,7 @@ resource "google_cloudfunctions2_function" "api" {
     environment_variables          = merge(local.function_env, local.optional_env)
   }
 
-  depends_on = [google_project_iam_member.build_builder, google_project_iam_member.functions_firestore]
+  depends_on = [time_sleep.build_account_ready, google_project_iam_member.functions_firestore]
 }
 
 resource "google_cloud_run_v2_service_iam_member" "api_invoker" {

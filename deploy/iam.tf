@@ -1,4 +1,5 @@
-# Two identities, each with only what it needs. Resource-level grants wherever the resource
+# Five identities (functions, notifier in notifier.tf, training, dataflow, build in build.tf),
+# each with only what it needs. Resource-level grants wherever the resource
 # supports IAM; project-level only for roles that have no narrower home (each says why).
 
 resource "google_service_account" "functions" {
@@ -267,16 +268,8 @@ resource "google_project_iam_member" "operators_log_reader" {
   depends_on = [google_project_service.api]
 }
 
-# `spotorch dead-letters --replay`: a dead letter's source subscription names its topic
-# (GetSubscription needs pubsub.subscriptions.get, which pubsub.subscriber lacks).
-resource "google_project_iam_member" "operators_pubsub_viewer" {
-  for_each = toset(var.operators)
-  project  = var.project_id
-  role     = "roles/pubsub.viewer"
-  member   = each.value
-
-  depends_on = [google_project_service.api]
-}
+# `spotorch dead-letters --replay` reads a dead letter's source subscription: granted on the
+# push subscriptions themselves (pubsub.tf, operators_read_push_subscriptions).
 
 # --- service agents --------------------------------------------------------------------------------
 
@@ -322,10 +315,11 @@ resource "google_project_iam_member" "eventarc_agent" {
 
 # IAM changes take a while to reach Eventarc; the object-finalized functions (their triggers) wait
 # for this. The workaround in #25294 waits a minute after creating the agents and another after
-# granting them; this waits 90 s after the grant. Only the first apply waits (time_sleep runs on
-# create); a failure after it is fixed by applying again (docs/deploy.md).
+# granting them; Eventarc's own error says "a few minutes": this waits 3 minutes after the grant.
+# Only the first apply waits (time_sleep runs on create); a failure after it is fixed by applying
+# again (docs/deploy.md).
 resource "time_sleep" "eventarc_agent_ready" {
-  create_duration = "90s"
+  create_duration = "180s"
 
   depends_on = [
     google_project_iam_member.eventarc_agent,
@@ -335,24 +329,18 @@ resource "time_sleep" "eventarc_agent_ready" {
 
 # --- builds ----------------------------------------------------------------------------------------
 
-# The role Google's Cloud Run functions docs name for a custom build account: it covers reading
-# the source zip, pushing the image to Artifact Registry and writing build logs. It is broader than
-# that (project-wide); it is granted on the project because Cloud Build has no narrower home for it.
-resource "google_project_iam_member" "build_builder" {
-  project = var.project_id
-  role    = "roles/cloudbuild.builds.builder"
-  member  = "serviceAccount:${google_service_account.build.email}"
-}
+# The build account's grants are in build.tf: logs, the image repository, the source bucket.
 
 # --- preprocess steps: Dataflow (issue 31) --------------------------------------------------------
 
 # Dataflow jobs are project resources: launching a flex template, reading a job, its messages and
-# metrics, and cancelling it need a project-level grant (roles/dataflow.developer: jobs.create,
-# get, list, cancel, messages.list, metrics.get).
+# metrics, and cancelling it need a project-level grant (local.dataflow_role, dataflow.tf: a
+# custom role with jobs.create, get, list, cancel, messages.list, metrics.get, or
+# roles/dataflow.developer).
 resource "google_project_iam_member" "functions_dataflow" {
   count   = local.preprocess_enabled ? 1 : 0
   project = var.project_id
-  role    = "roles/dataflow.developer"
+  role    = local.dataflow_role
   member  = local.functions_member
 }
 

@@ -19,6 +19,9 @@ locals {
     var.bundle_prices == "" ? {} : { SPOTORCH_PRICES = var.bundle_prices },
     var.dataflow_launcher_template == "" ? {} : { SPOTORCH_DATAFLOW_LAUNCHER = var.dataflow_launcher_template },
     var.bigquery_location == "" ? {} : { SPOTORCH_BIGQUERY_LOCATION = var.bigquery_location },
+    # preprocess steps on a project without a `default` VPC (deploy/dataflow.tf)
+    var.dataflow_network == "" ? {} : { SPOTORCH_DATAFLOW_NETWORK = var.dataflow_network },
+    var.dataflow_subnetwork == "" ? {} : { SPOTORCH_DATAFLOW_SUBNETWORK = var.dataflow_subnetwork },
   )
 
   firestore_database = var.firestore_database
@@ -59,6 +62,13 @@ locals {
     }
   }
 
+  # ... and read the push subscriptions a dead letter names (pubsub.tf)
+  operator_push_subscriptions = {
+    for pair in setproduct(var.operators, keys(local.pushed_functions)) : "${pair[1]} ${pair[0]}" => {
+      function = pair[1], member = pair[0]
+    }
+  }
+
   # Every resource below depends on all of these (directly or through another resource), so a
   # fresh project enables them before anything uses them. serviceusage (enabling APIs) and
   # cloudresourcemanager (project IAM) are what Terraform itself calls first: docs/deploy.md
@@ -71,6 +81,7 @@ locals {
     "cloudfunctions.googleapis.com",
     "cloudresourcemanager.googleapis.com",
     "cloudscheduler.googleapis.com",
+    "compute.googleapis.com", # Dataflow's workers are Compute Engine VMs (preprocess steps)
     "dataflow.googleapis.com",
     "eventarc.googleapis.com",
     "firestore.googleapis.com",

@@ -70,6 +70,10 @@ locals {
     },
   ]
 
+  # The monitored resource of spotorch's log-based metrics: the entries' own, which for Cloud
+  # Functions (2nd gen) is the Cloud Run revision. Every alert filter names it.
+  metric_resource_type = "cloud_run_revision"
+
   # the relaunch latency counts relaunches after a preemption only
   log_metric_extra_filter = {
     "spotorch/relaunch_latency" = " AND jsonPayload.after=\"preempted\""
@@ -153,6 +157,14 @@ resource "google_monitoring_dashboard" "spotorch" {
   depends_on = [google_logging_metric.spotorch]
 }
 
+# Monitoring answers 404 "Cannot find metric(s)" for a log-based metric created moments before
+# (hashicorp/terraform-provider-google#11102: up to about 10 minutes): the alert policy waits.
+# A new metric (a new key) makes the wait run again; only creation waits.
+resource "time_sleep" "log_metrics_ready" {
+  create_duration = "600s"
+  triggers        = { metrics = join(",", sort([for m in google_logging_metric.spotorch : m.id])) }
+}
+
 resource "google_monitoring_alert_policy" "spotorch" {
   display_name          = "spotorch: runs failing or the reconciler silent"
   combiner              = "OR"
@@ -162,7 +174,7 @@ resource "google_monitoring_alert_policy" "spotorch" {
   conditions {
     display_name = "a run ended in a FAILED status"
     condition_threshold {
-      filter          = "metric.type=\"${local.metric_prefix}spotorch/runs_ended\" AND metric.label.status=starts_with(\"FAILED\")"
+      filter          = "resource.type=\"${local.metric_resource_type}\" AND metric.type=\"${local.metric_prefix}spotorch/runs_ended\" AND metric.label.status=starts_with(\"FAILED\")"
       comparison      = "COMPARISON_GT"
       threshold_value = 0
       duration        = "0s"
@@ -178,7 +190,7 @@ resource "google_monitoring_alert_policy" "spotorch" {
   conditions {
     display_name = "no reconcile tick for 30 minutes"
     condition_absent {
-      filter   = "metric.type=\"${local.metric_prefix}spotorch/ticks\""
+      filter   = "resource.type=\"${local.metric_resource_type}\" AND metric.type=\"${local.metric_prefix}spotorch/ticks\""
       duration = "1800s"
       aggregations {
         alignment_period   = "300s"
@@ -201,5 +213,5 @@ resource "google_monitoring_alert_policy" "spotorch" {
     EOT
   }
 
-  depends_on = [google_logging_metric.spotorch]
+  depends_on = [google_logging_metric.spotorch, time_sleep.log_metrics_ready]
 }

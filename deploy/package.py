@@ -53,6 +53,10 @@ class PackageError(Exception):
     """The bundle cannot be built as asked."""
 
 
+# spotorch.core.pipeline.Preprocess.region's default (tests/test_deploy.py keeps them equal)
+PREPROCESS_DEFAULT_REGION = "us-central1"
+
+
 @dataclass(frozen=True)
 class Needs:
     """What the bundled pipelines need from the deployment (Terraform grants and mounts it)."""
@@ -65,6 +69,8 @@ class Needs:
     route_secrets: tuple[str, ...] = ()  # sm:// route targets: the notifier reads them
     staging: tuple[str, ...] = ()  # job.staging_uri buckets: functions upload packages, jobs read
     preprocess: tuple[str, ...] = ()  # preprocess.output_uri buckets: Dataflow writes, jobs read
+    # preprocess.region of each step: a Dataflow statusChanged trigger in each
+    preprocess_regions: tuple[str, ...] = ()
     export: tuple[str, ...] = ()  # trigger.bigquery.export_uri buckets: the Parquet exports
     bigquery_watched: tuple[str, ...] = ()  # project:dataset of the watched tables
     bigquery_snapshots: tuple[str, ...] = ()  # project:dataset of the snapshot tables
@@ -85,6 +91,7 @@ class Needs:
                 "pipeline_route_secrets": list(self.route_secrets),
                 "pipeline_staging_buckets": list(self.staging),
                 "pipeline_preprocess_buckets": list(self.preprocess),
+                "pipeline_preprocess_regions": list(self.preprocess_regions),
                 "pipeline_export_buckets": list(self.export),
                 "pipeline_bigquery_watched_datasets": list(self.bigquery_watched),
                 "pipeline_bigquery_snapshot_datasets": list(self.bigquery_snapshots),
@@ -326,6 +333,9 @@ def _walk(node: Any) -> Iterator[tuple[str, str]]:
                 bucket = _bucket(value.get("output_uri"))
                 if bucket:
                     yield "preprocess", bucket
+                region = value.get("region", PREPROCESS_DEFAULT_REGION)
+                if isinstance(region, str) and region:
+                    yield "preprocess_regions", region
                 yield from _walk({k: v for k, v in value.items() if k != "output_uri"})
                 continue
             elif key in _URI_KEYS and str(value).startswith("gs://"):
@@ -346,7 +356,8 @@ def _walk(node: Any) -> Iterator[tuple[str, str]]:
 def pipeline_needs(files: Iterable[Path]) -> Needs:
     """What pipeline files need; a file that is not valid YAML stops the build."""
     kinds = ("landing", "checkpoint", "model", "service_accounts", "route_env", "route_secrets",
-             "staging", "preprocess", "export", "bigquery_watched", "bigquery_snapshots")
+             "staging", "preprocess", "export", "bigquery_watched", "bigquery_snapshots",
+             "preprocess_regions")
     found: dict[str, set[str]] = {kind: set() for kind in kinds}
     data: set[tuple[str, str]] = set()
     output: set[tuple[str, str]] = set()

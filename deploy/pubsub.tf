@@ -39,14 +39,17 @@ resource "google_pubsub_subscription" "push" {
     push_endpoint = "${google_cloudfunctions2_function.pushed[each.key].service_config[0].uri}/${google_pubsub_topic.topic[each.value.topic].id}"
 
     oidc_token {
-      service_account_email = google_service_account.functions.email
+      # the notifier's push authenticates as the notifier (notifier.tf), the others as functions
+      service_account_email = each.value.secrets ? google_service_account.notifier.email : google_service_account.functions.email
       audience              = google_cloudfunctions2_function.pushed[each.key].service_config[0].uri
     }
   }
 
   depends_on = [
     google_cloud_run_v2_service_iam_member.pushed_invoker,
+    google_cloud_run_v2_service_iam_member.notifier_invoker,
     google_service_account_iam_member.pubsub_agent_token_creator,
+    google_service_account_iam_member.pubsub_agent_token_creator_notifier,
   ]
 }
 
@@ -115,6 +118,16 @@ resource "google_pubsub_subscription_iam_member" "operators_dead_letter_hold" {
   subscription = google_pubsub_subscription.dead_letter_hold.id
   role         = "roles/pubsub.subscriber"
   member       = each.value
+}
+
+# `spotorch dead-letters --replay` reads a dead letter's source subscription (one of the push
+# subscriptions) for its topic: GetSubscription needs pubsub.subscriptions.get, which
+# pubsub.subscriber lacks. On each push subscription, not on the project.
+resource "google_pubsub_subscription_iam_member" "operators_read_push_subscriptions" {
+  for_each     = local.operator_push_subscriptions
+  subscription = google_pubsub_subscription.push[each.value.function].id
+  role         = "roles/pubsub.viewer"
+  member       = each.value.member
 }
 
 resource "google_pubsub_topic_iam_member" "operators_replay" {

@@ -38,18 +38,18 @@ resource "google_secret_manager_secret_version" "alert" {
   secret_data = var.alert_secrets[each.value]
 }
 
-# The functions identity reads these secrets and no others.
-resource "google_secret_manager_secret_iam_member" "functions_read_alerts" {
+# The notifier's own account (notifier.tf) reads these secrets, and nothing else does.
+resource "google_secret_manager_secret_iam_member" "notifier_read_alerts" {
   for_each  = local.alert_env_names
   secret_id = google_secret_manager_secret.alert[each.value].id
   role      = "roles/secretmanager.secretAccessor"
-  member    = local.functions_member
+  member    = local.notifier_member
 }
 
 # Secrets pipelines name as sm://projects/P/secrets/S route targets, read by the notifier itself.
-resource "google_secret_manager_secret_iam_member" "functions_read_route_secrets" {
+resource "google_secret_manager_secret_iam_member" "notifier_read_route_secrets" {
   for_each  = toset(var.pipeline_route_secrets)
   secret_id = each.value
   role      = "roles/secretmanager.secretAccessor"
-  member    = local.functions_member
+  member    = local.notifier_member
 }

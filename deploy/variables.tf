@@ -108,6 +108,41 @@ variable "dataflow_launcher_template" {
   default     = ""
 }
 
+variable "dataflow_launcher_image" {
+  description = "The launcher template's container image (REGION-docker.pkg.dev/PROJECT/REPO/IMAGE:TAG, deploy/dataflow-launcher/README.md): spotorch-dataflow gets roles/artifactregistry.reader on its repository, which Dataflow's launcher VM pulls it from. Empty: no grant (set it with dataflow_launcher_template)."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = var.dataflow_launcher_image == "" || can(regex("^[a-z0-9-]+-docker\\.pkg\\.dev/[^/]+/[^/]+/.+", var.dataflow_launcher_image))
+    error_message = "dataflow_launcher_image must be an Artifact Registry image: REGION-docker.pkg.dev/PROJECT/REPO/IMAGE[:TAG]."
+  }
+}
+
+variable "dataflow_network" {
+  description = "VPC network Dataflow's workers use (a name, or projects/P/global/networks/N); empty: Dataflow's default, the project's `default` network, which organisation policy often leaves out. A step's preprocess.network overrides it."
+  type        = string
+  default     = ""
+}
+
+variable "dataflow_subnetwork" {
+  description = "Subnetwork of the workers (https://www.googleapis.com/compute/v1/projects/P/regions/R/subnetworks/S or regions/R/subnetworks/S); needed for a custom-mode network. A step's preprocess.subnetwork overrides it."
+  type        = string
+  default     = ""
+}
+
+variable "use_custom_dataflow_role" {
+  description = "Grant the functions a custom role with only the Dataflow permissions spotorch uses (create, get, list and cancel jobs; messages; metrics) instead of roles/dataflow.developer."
+  type        = bool
+  default     = true
+}
+
+variable "pipeline_preprocess_regions" {
+  description = "Generated: the regions the bundled pipelines' preprocess steps run in (preprocess.region); each gets a Dataflow statusChanged trigger."
+  type        = list(string)
+  default     = []
+}
+
 variable "bigquery_location" {
   description = "Location of the BigQuery snapshot datasets when it is neither US nor EU (e.g. europe-west4): jobs.get of spotorch's snapshot and export jobs needs it (SPOTORCH_BIGQUERY_LOCATION); empty: US or EU."
   type        = string

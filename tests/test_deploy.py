@@ -73,12 +73,11 @@ PROJECT_ROLES = {
     "roles/logging.logWriter": "log entries are written to the project",
     "roles/pubsub.publisher": "the GCS service agent publishes to Eventarc's own topic",
     "${local.vertex_role}": "Vertex AI custom jobs are project resources",
-    "roles/cloudbuild.builds.builder": "a function build runs in the project, no narrower home",
     "roles/eventarc.serviceAgent": "the Eventarc service agent's own role, granted before triggers",
     "roles/logging.viewer": "log entries are read from the project (worker logs, `spotorch logs`)",
     "roles/datastore.viewer": "operators read runs (narrowed by a condition, like datastore.user)",
-    "roles/pubsub.viewer": "a dead letter's source subscription, read on replay (subscriber lacks it)",
     "roles/dataflow.developer": "Dataflow jobs are project resources (preprocess steps)",
+    "${local.dataflow_role}": "Dataflow jobs are project resources (a custom role by default)",
     "roles/dataflow.worker": "Dataflow work items are leased in the project (preprocess workers)",
     "${google_project_iam_custom_role.bigquery_jobs[0].name}":
         "BigQuery jobs are project resources (a custom role: jobs.create and jobs.get only)",
@@ -91,6 +90,7 @@ SERVICE_ACCOUNT_GRANTS = (
     ("roles/iam.serviceAccountUser", r"^projects/-/serviceAccounts/\$\{each\.value\} for "
                                      r"\$\{toset\(var\.pipeline_service_accounts\)\}$"),
     ("roles/iam.serviceAccountTokenCreator", r"google_service_account\.functions\.name"),
+    ("roles/iam.serviceAccountTokenCreator", r"google_service_account\.notifier\.name"),
 )
 BROAD_ROLE = re.compile(r"^roles/(owner|editor|viewer|browser)$|\.admin$|Admin$|^roles/iam\.|"
                         r"^roles/resourcemanager\.")
@@ -427,8 +427,9 @@ def check_iam(tf: Tf) -> list[str]:
         perms = tf.locals.get(perms[len("${local."):-1], ()) if isinstance(perms, str) else perms
         # exactly the permissions of its family the permission map says the functions need:
         # Vertex AI (spotorchVertexJobs), BigQuery jobs (spotorchBigQueryJobs)
-        family = "bigquery.jobs." if any(str(p).startswith("bigquery.") for p in perms or ()) \
-            else "aiplatform."
+        families = ("bigquery.jobs.", "dataflow.", "aiplatform.")
+        family = next((f for f in families if any(str(p).startswith(f.split(".")[0] + ".")
+                                                  for p in perms or ())), "aiplatform.")
         wanted = {p for p in permissions_of(Identity.FUNCTIONS) if p.startswith(family)}
         problems += [f"custom role grants {p}" for p in perms or () if p not in wanted]
         problems += [f"custom role lacks {p}" for p in sorted(wanted - set(perms or ()))]
@@ -601,28 +602,11 @@ def check_first_apply(tf: Tf) -> list[str]:
 
 
 def check_build_identity(tf: Tf) -> list[str]:
-    """Every function builds as a service account of ours that holds the builder role."""
-    problems = []
-    graph = dependency_graph(tf)
-    builders = {name for name, g in tf.resource("google_project_iam_member").items()
-                if g.get("role") == "roles/cloudbuild.builds.builder"}
-    for name, fn in tf.resource("google_cloudfunctions2_function").items():
-        where = f"google_cloudfunctions2_function.{name}"
-        account = str(block(fn, "build_config").get("service_account"))
-        match = re.fullmatch(r"\$\{google_service_account\.(\w+)\.(id|name)\}", account)
-        if not match:
-            problems.append(f"{where} builds as {account}, not as a service account of ours "
-                            f"(projects/P/serviceAccounts/EMAIL)")
-            continue
-        account_ref = f"google_service_account.{match.group(1)}"
-        grants = [f"google_project_iam_member.{g}" for g in sorted(builders)
-                  if f"{account_ref}.email" in str(tf.resource("google_project_iam_member")[g])]
-        if not grants:
-            problems.append(f"{where}: its build account {account_ref} lacks "
-                            f"roles/cloudbuild.builds.builder")
-        elif not any(depends_on(graph, where, g) for g in grants):
-            problems.append(f"{where} does not wait for its build account's role")
-    return problems
+    """Every function builds as a service account of ours with its narrow grants, and waits for
+    them (spotorch deploy check's own check: operate/deploy_readiness.py)."""
+    from spotorch.operate.deploy_readiness import check_build_account
+
+    return check_build_account(tf)
 
 
 def check_scaling(tf: Tf) -> list[str]:
@@ -834,7 +818,7 @@ CHECKS: dict[str, Callable[[Tf], list[str]]] = {
 }
 
 API_ENV = ("    environment_variables          = ENV\n  }\n\n"
-           "  depends_on = [google_project_iam_member.build_builder, "
+           "  depends_on = [time_sleep.build_account_ready, "
            "google_project_iam_member.functions_firestore]")
 HOLD_TOPIC = 'topic                      = google_pubsub_topic.topic["{}"].id'
 TRAINING_LOGS = 'role    = "{}"\n  member  = local.training_member'
@@ -934,7 +918,7 @@ DOCTORED = [
       "time_wait: which APIs it needs is not in RESOURCE_APIS"),
     D("first_apply", "functions.tf", "    time_sleep.eventarc_agent_ready,\n", "",
       "google_cloudfunctions2_function.objects (an Eventarc trigger) does not wait"),
-    D("first_apply", "iam.tf", 'create_duration = "90s"', 'create_duration = "10s"',
+    D("first_apply", "iam.tf", 'create_duration = "180s"', 'create_duration = "10s"',
       "waits 10s, less than 60s"),
     D("first_apply", "iam.tf", '  provider   = google-beta\n  project    = var.project_id\n'
       '  service    = "eventarc.googleapis.com"', '  project    = var.project_id\n'
@@ -943,14 +927,14 @@ DOCTORED = [
       "not granted roles/eventarc.serviceAgent"),
     D("first_apply", "iam.tf", '  service    = "eventarc.googleapis.com"',
       '  service    = "eventarcpublishing.googleapis.com"', "creates the Eventarc service agent"),
-    D("build", "iam.tf", '"roles/cloudbuild.builds.builder"', '"roles/cloudbuild.builds.viewer"',
-      "lacks roles/cloudbuild.builds.builder"),
+    D("build", "build.tf", '"roles/logging.logWriter"', '"roles/cloudbuild.builds.builder"',
+      "holds roles/cloudbuild.builds.builder on the project"),
     D("build", "functions.tf", '    entry_point       = "api"\n    docker_repository = '
       'google_artifact_registry_repository.functions.id\n    service_account   = '
       'google_service_account.build.id', '    entry_point       = "api"\n    docker_repository = '
       'google_artifact_registry_repository.functions.id\n    service_account   = null',
       "google_cloudfunctions2_function.api builds as None"),
-    D("build", "functions.tf", "depends_on = [google_project_iam_member.build_builder, ",
+    D("build", "functions.tf", "depends_on = [time_sleep.build_account_ready, ",
       "depends_on = [", "google_cloudfunctions2_function.api does not wait for its build"),
     D("scaling", "variables.tf", "  default     = 100\n", "  default     = 10\n",
       "max_instance_count 10 is below 50"),
@@ -1075,6 +1059,7 @@ def test_bundle_contents(pipelines: Path, tmp_path: Path) -> None:
         "pipeline_route_secrets": ["projects/p/secrets/oncall"],
         "pipeline_staging_buckets": [],
         "pipeline_preprocess_buckets": [],
+        "pipeline_preprocess_regions": [],
         "pipeline_export_buckets": [],
         "pipeline_bigquery_watched_datasets": [],
         "pipeline_bigquery_snapshot_datasets": [],
@@ -1299,13 +1284,20 @@ def test_dataflow_and_bigquery_grants_exist_only_when_a_bundled_pipeline_uses_th
         ("google_project_iam_member", "functions_dataflow"): "preprocess_enabled",
         ("google_project_iam_member", "dataflow_worker"): "preprocess_enabled",
         ("google_service_account_iam_member", "functions_act_as_dataflow"): "preprocess_enabled",
-        ("google_eventarc_trigger", "dataflow_status"): "preprocess_enabled",
+        ("google_eventarc_trigger", "tables_query"): "bigquery_enabled",
         ("google_project_iam_custom_role", "bigquery_jobs"): "bigquery_enabled",
+        ("google_storage_bucket_iam_member", "functions_read_launcher_spec"): "preprocess_enabled",
+        ("google_artifact_registry_repository_iam_member", "dataflow_read_launcher_image"):
+            "preprocess_enabled",
     }
     for (rtype, name), flag in gated.items():
         body = tf.resource(rtype).get(name)
         assert body is not None, f"{rtype}.{name} is gone"
         assert f"local.{flag}" in str(body.get("count")), f"{rtype}.{name} is not gated on {flag}"
+    # one statusChanged trigger per region a step runs in, none without a step
+    trigger = tf.resource("google_eventarc_trigger")["dataflow_status"]
+    assert trigger["for_each"] == "${local.dataflow_regions}"
+    assert "local.preprocess_enabled" in str(tf.locals["dataflow_regions"])
     assert "length(local.preprocess_buckets)" in str(tf.locals.get("preprocess_enabled"))
     for rtype in ("google_project_iam_member", "google_service_account_iam_member"):
         for name, body in tf.resource(rtype).items():
@@ -1316,3 +1308,16 @@ def test_dataflow_and_bigquery_grants_exist_only_when_a_bundled_pipeline_uses_th
         if "dataflow_member" in str(body.get("member")):  # on preprocess buckets, or gated
             assert "local.preprocess_enabled" in str(body.get("for_each")) \
                 or "preprocess_buckets" in str(body.get("for_each")), name
+
+
+def test_the_packager_knows_the_preprocess_default_region(tmp_path: Path) -> None:
+    """A step without preprocess.region runs in Preprocess.region's default: its statusChanged
+    trigger must be created there (deploy/dataflow.tf local.dataflow_regions)."""
+    from spotorch.core.pipeline import Preprocess
+
+    assert package.PREPROCESS_DEFAULT_REGION == Preprocess.region
+    source = tmp_path / "p.yaml"
+    source.write_text("preprocess: {output_uri: gs://o/p}\n---\n"
+                      "preprocess: {output_uri: gs://o/q, region: europe-west4}\n")
+    needs = package.pipeline_needs([source])
+    assert needs.tfvars()["pipeline_preprocess_regions"] == ["europe-west4", "us-central1"]

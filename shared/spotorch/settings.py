@@ -19,6 +19,8 @@ ENV_VERTEX_ENDPOINT = "SPOTORCH_VERTEX_ENDPOINT"
 ENV_DATAFLOW_ENDPOINT = "SPOTORCH_DATAFLOW_ENDPOINT"
 ENV_DATAFLOW_LAUNCHER = "SPOTORCH_DATAFLOW_LAUNCHER"
 ENV_DATAFLOW_SERVICE_ACCOUNT = "SPOTORCH_DATAFLOW_SERVICE_ACCOUNT"  # preprocess jobs' worker account
+ENV_DATAFLOW_NETWORK = "SPOTORCH_DATAFLOW_NETWORK"  # preprocess workers' VPC (default: Dataflow's)
+ENV_DATAFLOW_SUBNETWORK = "SPOTORCH_DATAFLOW_SUBNETWORK"
 # The access token sent to an emulator endpoint (the local stack's Vertex emulator knows the
 # caller by it); never set in production, where clients use Application Default Credentials.
 ENV_VERTEX_TOKEN = "SPOTORCH_VERTEX_TOKEN"
@@ -119,6 +121,8 @@ class Settings:
     dataflow_endpoint: str | None = None
     dataflow_launcher: str | None = None
     dataflow_service_account: str | None = None
+    dataflow_network: str | None = None
+    dataflow_subnetwork: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -146,6 +150,8 @@ class Settings:
             dataflow_endpoint=env.get(ENV_DATAFLOW_ENDPOINT) or None,
             dataflow_launcher=env.get(ENV_DATAFLOW_LAUNCHER) or None,
             dataflow_service_account=env.get(ENV_DATAFLOW_SERVICE_ACCOUNT) or None,
+            dataflow_network=env.get(ENV_DATAFLOW_NETWORK) or None,
+            dataflow_subnetwork=env.get(ENV_DATAFLOW_SUBNETWORK) or None,
         )
 
     def topic_path(self, topic: str) -> str:

@@ -155,6 +155,7 @@ def launch_request(deps: Deps, run: Run, step: pp.PreprocessStep,
         package_uris=package.package_uris if package is not None else (),
         template_uri=spec.template_uri, options=spec.options,
         service_account=spec.service_account, inputs_uri=inputs_uri,
+        network=spec.network, subnetwork=spec.subnetwork,
         labels={"spotorch_pipeline": label_value(run.pipeline), "spotorch_key": step.cache_key})
 
 

@@ -541,6 +541,18 @@ class Preprocess(FileSection):
         "must be a service account email (...@PROJECT.iam.gserviceaccount.com)"),
         Field(description="The Dataflow worker service account (absent: spotorch-dataflow, "
                           "SPOTORCH_DATAFLOW_SERVICE_ACCOUNT).")] = None
+    network: Annotated[str | None, Matches(
+        r"^([a-z]([-a-z0-9]{0,61}[a-z0-9])?|projects/[^/\s]+/global/networks/[^/\s]+)$",
+        "must be a VPC network name, or projects/PROJECT/global/networks/NAME"),
+        Field(description="The VPC network of the workers (absent: the deployment's "
+                          "SPOTORCH_DATAFLOW_NETWORK, else Dataflow's `default`).")] = None
+    subnetwork: Annotated[str | None, Matches(
+        r"^(https://www\.googleapis\.com/compute/v1/projects/[^/\s]+/)?regions/[a-z0-9-]+/"
+        r"subnetworks/[^/\s]+$",
+        "must be regions/REGION/subnetworks/NAME or its https://www.googleapis.com/compute/v1/"
+        "projects/PROJECT/... URL"),
+        Field(description="The workers' subnetwork, needed on a custom-mode network (absent: "
+                          "the deployment's SPOTORCH_DATAFLOW_SUBNETWORK).")] = None
     timeout_s: Annotated[float, Duration(), Field(
         validation_alias="timeout",
         description="A job still running after this is cancelled and counted a timeout.")] = \

@@ -296,6 +296,22 @@ INFRA_PATTERNS = (r"(?i)internal error", r"(?i)\bunavailable\b", r"(?i)ZONE_RESO
                   r"(?i)lost contact with the service")
 USER_PATTERNS = (r"Traceback \(most recent call last\)", r"(?i)error message from worker",
                  r"(?i)\b[A-Za-z_.]*(Error|Exception)\b: ")
+# The workers' network does not exist or cannot be used (a project without a `default` VPC, as
+# organisation policy often leaves it): the deployment's setting, so a relaunch cannot help.
+NETWORK_PATTERNS = (r"(?i)network \S+ is not accessible", r"(?i)network\S* \S+ (does not|doesn't) "
+                    r"exist", r"(?i)(sub)?networks?/\S+ (was )?not found",
+                    r"(?i)\bnetwork\b.*\b(was not found|cannot be found|does not exist)")
+NETWORK_HINT = ("the Dataflow workers' VPC network is missing or not usable: set dataflow_network "
+                "(and dataflow_subnetwork for a custom-mode network) in terraform.tfvars, or "
+                "preprocess.network / preprocess.subnetwork in the pipeline (docs/deploy.md)")
+
+
+def explain(error: str) -> str:
+    """A failed job's (or refused launch's) error text, led by what to do when it is the
+    network's: Dataflow's own words are kept after it."""
+    if error and any(re.search(p, error) for p in NETWORK_PATTERNS) and NETWORK_HINT not in error:
+        return f"{NETWORK_HINT}. Dataflow said: {error}"
+    return error
 
 
 def classify(state: str, error: str) -> FailureClass:
@@ -304,6 +320,8 @@ def classify(state: str, error: str) -> FailureClass:
     cannot have run the user's code); an unexplained failure is infrastructure, which retries."""
     if state == JOB_STATE_CANCELLED:
         return FailureClass.CANCELLED
+    if any(re.search(p, error) for p in NETWORK_PATTERNS):
+        return FailureClass.USER_ERROR  # the deployment's setting: a relaunch cannot help
     if any(re.search(p, error) for p in QUOTA_PATTERNS):
         return FailureClass.QUOTA
     if any(re.search(p, error) for p in INFRA_PATTERNS):

@@ -68,6 +68,8 @@ def production_deps(settings: Settings | None = None) -> Deps:
         # issue 31: clients on first use: only pipelines with a `preprocess` step call them.
         steps=DataflowStepLauncher(settings.project, launcher_template=settings.dataflow_launcher,
                                    service_account=settings.dataflow_service_account,
+                                   network=settings.dataflow_network,
+                                   subnetwork=settings.dataflow_subnetwork,
                                    endpoint=settings.dataflow_endpoint,
                                    token=settings.vertex_token),
         step_outputs=GcsStepOutputs(storage),

@@ -6,6 +6,9 @@ their own permission lists), and matches every row of the permission map (operat
 against them. Prints the map with the grant that allows each call; exits 1 when a call is not
 granted. Terraform is read the way deploy/ writes it (see GRANT_READERS); a grant it cannot read
 grants nothing, so a new shape of grant shows up as a missing permission, never as a silent pass.
+Beyond the map, operate/deploy_readiness.py checks what makes a first apply on a new project
+succeed and every feature get through: APIs per feature, the build account, trigger locations,
+alert policies, who reads the secrets, waits.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ IDENTITY_PATTERNS: tuple[tuple[re.Pattern[str], Identity], ...] = tuple(
         (r"google_project_service_identity\.aiplatform\b", Identity.VERTEX_AGENT),
         (r"local\.dataflow_member|google_service_account\.dataflow\.email",
          Identity.DATAFLOW_WORKER),
+        (r"local\.notifier_member|google_service_account\.notifier\.email", Identity.NOTIFIER),
+        (r"local\.build_member|google_service_account\.build\.email", Identity.BUILD),
     ))
 # Names of bucket, secret and account sets (locals and variables) -> the scopes they are.
 NAMED_SCOPES: Mapping[str, tuple[Scope, ...]] = {
@@ -53,6 +58,8 @@ NAMED_SCOPES: Mapping[str, tuple[Scope, ...]] = {
     "bigquery_watched_datasets": (Scope.WATCHED_DATASETS,),
     "bigquery_snapshot_datasets": (Scope.SNAPSHOT_DATASETS,),
     "export_buckets": (Scope.EXPORT,),
+    "dataflow_launcher_bucket": (Scope.LAUNCHER_SPEC,),
+    "dataflow_launcher_repo": (Scope.LAUNCHER_IMAGE,),
 }
 # Resources named in a grant -> the scope they are.
 REFERENCED_SCOPES: tuple[tuple[re.Pattern[str], Scope], ...] = tuple(
@@ -65,6 +72,8 @@ REFERENCED_SCOPES: tuple[tuple[re.Pattern[str], Scope], ...] = tuple(
         (r"google_cloudfunctions2_function\.pushed\[", Scope.PUSHED_SERVICES),
         (r"google_cloudfunctions2_function\.objects\[", Scope.OBJECT_SERVICES),
         (r"google_cloudfunctions2_function\.tables\[", Scope.TABLE_SERVICE),
+        (r"google_artifact_registry_repository\.functions\.", Scope.FUNCTIONS_REPOSITORY),
+        (r"google_storage_bucket\.source\.", Scope.SOURCE_BUCKET),
     ))
 SCOPES = frozenset(s.value for s in Scope)
 # The attribute of each grant resource that names what it is granted on.
@@ -77,6 +86,7 @@ TARGET_ATTRIBUTE: Mapping[str, str] = {
     "google_service_account_iam_member": "service_account_id",
     "google_cloud_run_v2_service_iam_member": "name",
     "google_bigquery_dataset_iam_member": "dataset_id",
+    "google_artifact_registry_repository_iam_member": "repository",
 }
 
 
@@ -122,17 +132,19 @@ class Report:
     findings: tuple[Finding, ...]
     grants: tuple[Grant, ...]
     notes: tuple[str, ...]
+    problems: tuple[str, ...] = ()  # deploy_readiness: what is not a missing grant
 
     @property
     def ok(self) -> bool:
-        """Whether every call is granted."""
-        return not any(f.missing for f in self.findings)
+        """Whether every call is granted and nothing else is in the way."""
+        return not any(f.missing for f in self.findings) and not self.problems
 
     def to_dict(self, directory: Path) -> dict[str, Any]:
         """The report as --json prints it."""
         return {"deploy": str(directory), "ok": self.ok,
                 "not_granted": sum(1 for f in self.findings if f.missing),
-                "calls": [f.to_dict() for f in self.findings], "notes": list(self.notes)}
+                "calls": [f.to_dict() for f in self.findings], "notes": list(self.notes),
+                "problems": list(self.problems)}
 
 
 # --- reading grants ---------------------------------------------------------------------------
@@ -266,10 +278,12 @@ def _findings(calls: Iterable[Call], grants: Sequence[Grant]) -> Iterator[Findin
 def check(directory: Path, overrides: Mapping[str, Any] | None = None,
           calls: Sequence[Call] = CALLS) -> Report:
     """The permission map against the Terraform in directory (TerraformError if unreadable)."""
+    from spotorch.operate.deploy_readiness import problems
+
     tf = load_tf(directory)
     notes: list[str] = []
     grants = read_grants(tf, overrides, notes)
-    return Report(tuple(_findings(calls, grants)), grants, tuple(notes))
+    return Report(tuple(_findings(calls, grants)), grants, tuple(notes), problems(tf))
 
 
 # --- the command ------------------------------------------------------------------------------
@@ -299,7 +313,8 @@ def deploy() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the map as JSON.")
 def check_command(directory: Path, variables: tuple[str, ...], as_json: bool) -> None:
     """Every Google API method spotorch calls, the permission it needs and the grant that gives
-    it; exit 1 when one is not granted."""
+    it, and what else a first apply needs (APIs per feature, the build account, trigger
+    locations, alert policies, secrets, waits); exit 1 when one is not granted or not there."""
     try:
         report = check(directory, _parse_var(variables))
     except TerraformError as exc:
@@ -315,9 +330,11 @@ def check_command(directory: Path, variables: tuple[str, ...], as_json: bool) ->
                        f"{f.call.client}: {needed} {where}")
         for note in report.notes:
             click.echo(f"note: {note}", err=True)
+        for problem in report.problems:
+            click.echo(f"PROBLEM {problem}")
         bad = sum(1 for f in report.findings if f.missing)
         click.echo(f"{len(report.findings)} checks (a call, as one identity, on one resource): "
-                   f"{bad} not granted", err=True)
+                   f"{bad} not granted; {len(report.problems)} other problem(s)", err=True)
     if not report.ok:
         raise click.exceptions.Exit(1)
 

@@ -183,4 +183,18 @@ PREDEFINED_ROLES: Mapping[str, frozenset[str]] = {
     "roles/run.invoker": frozenset({
         "run.instances.invoke", "run.jobs.run", "run.routes.invoke",
     }),
+    # The two Artifact Registry roles (issue 40: the build account pushes, Dataflow's launcher
+    # VM pulls): the repository permissions of Google's roles page
+    # (https://cloud.google.com/artifact-registry/docs/access-control#roles), not the dataset
+    # above; their other permissions (tags, versions, files, attachments) are left out.
+    "roles/artifactregistry.reader": frozenset({
+        "artifactregistry.repositories.downloadArtifacts", "artifactregistry.repositories.get",
+        "artifactregistry.repositories.list", "artifactregistry.dockerimages.get",
+        "artifactregistry.dockerimages.list",
+    }),
+    "roles/artifactregistry.writer": frozenset({
+        "artifactregistry.repositories.downloadArtifacts", "artifactregistry.repositories.get",
+        "artifactregistry.repositories.list", "artifactregistry.dockerimages.get",
+        "artifactregistry.dockerimages.list", "artifactregistry.repositories.uploadArtifacts",
+    }),
 }

@@ -34,6 +34,8 @@ class Identity(StrEnum):
     OPERATORS = "operators"  # each member of var.operators, running the CLI
     VERTEX_AGENT = "vertex-agent"  # Vertex AI's service agent (reads model artifacts on upload)
     DATAFLOW_WORKER = "dataflow-worker"  # spotorch-dataflow: preprocess jobs' launcher and workers
+    NOTIFIER = "notifier"  # spotorch-notifier: on_run_event alone, the one that reads secrets
+    BUILD = "build"  # spotorch-build: Cloud Build builds the functions' images as this
 
 
 class Scope(StrEnum):
@@ -64,6 +66,10 @@ class Scope(StrEnum):
     WATCHED_DATASETS = "datasets:watched"  # datasets of trigger.bigquery.tables
     SNAPSHOT_DATASETS = "datasets:snapshot"  # trigger.bigquery.snapshot_dataset
     EXPORT = "buckets:export"  # trigger.bigquery.export_uri buckets: the Parquet exports
+    LAUNCHER_SPEC = "bucket:launcher-spec"  # the bucket of spotorch's launcher template spec
+    LAUNCHER_IMAGE = "repository:launcher-image"  # the repository of the launcher's image
+    FUNCTIONS_REPOSITORY = "repository:functions"  # the functions' build images
+    SOURCE_BUCKET = "bucket:source"  # the functions' source bundle
 
 
 class Kind(StrEnum):
@@ -448,6 +454,58 @@ CALLS: tuple[Call, ...] = (
          source=LOGGING_IAM, why="the functions' structured logs", kind=Kind.PLATFORM),
 )
 
+
+# --- issue 40: the notifier's own account, the build account, the launcher's spec and image ---
+# The notifier (on_run_event) runs as spotorch-notifier: the rows above of the Firestore calls it
+# makes (the alert ledger; the rejected-event records every function writes), its logs and its
+# push are its as well; the secrets are its alone.
+AR_IAM = "https://cloud.google.com/artifact-registry/docs/access-control"
+BUILD_ACCOUNT = "https://cloud.google.com/functions/docs/securing/build-custom-sa"
+FLEX_TEMPLATES = "https://cloud.google.com/dataflow/docs/guides/templates/configuring-flex-templates"
+_NOTIFIER_SCOPES = frozenset({S.DATABASE})
+_SECRETS = frozenset({S.ALERT_SECRETS, S.ROUTE_SECRETS})
+
+
+def _notifier(call: Call) -> Call:
+    scopes = {s for s, _ in call.needs}
+    if Identity.FUNCTIONS not in call.identities:
+        return call
+    if scopes <= _SECRETS:  # the notifier's alone
+        return Call(call.client, call.method, call.needs,
+                    tuple(Identity.NOTIFIER if i is Identity.FUNCTIONS else i
+                          for i in call.identities), call.sites, call.source, call.why, call.kind)
+    if scopes <= _NOTIFIER_SCOPES or call.client == "stdout JSON lines":
+        needs = tuple((s, p) for s, p in call.needs if s in _NOTIFIER_SCOPES or s is S.PROJECT)
+        return Call(call.client, call.method, needs, (*call.identities, Identity.NOTIFIER),
+                    call.sites, call.source, call.why, call.kind) if needs == call.needs else call
+    return call
+
+
+CALLS = tuple(_notifier(c) for c in CALLS) + (
+    Call("Pub/Sub push to on_run_event (OIDC token)", "the notifier function (Cloud Run)",
+         _on(S.PUSHED_SERVICES, "run.routes.invoke"), (Identity.NOTIFIER,), source=RUN_IAM,
+         why="its push subscription calls spotorch-on-run-event as the notifier account",
+         kind=Kind.PLATFORM),
+    Call("LaunchFlexTemplate reads the template spec", "objects.get",
+         _on(S.LAUNCHER_SPEC, GET_OBJECT), (F,), source=FLEX_TEMPLATES, kind=Kind.PLATFORM,
+         why="container_spec_gcs_path (SPOTORCH_DATAFLOW_LAUNCHER) is read as the caller"),
+    Call("Dataflow's launcher VM pulls the template image",
+         "artifactregistry docker pull", _on(S.LAUNCHER_IMAGE,
+                                             "artifactregistry.repositories.downloadArtifacts"),
+         (DW,), source=AR_IAM, kind=Kind.PLATFORM,
+         why="the flex template's launcher VM runs as the worker account (spotorch-dataflow)"),
+    Call("Cloud Build: the function build's logs", "entries.write",
+         _on(S.PROJECT, "logging.logEntries.create"), (Identity.BUILD,), source=BUILD_ACCOUNT,
+         kind=Kind.PLATFORM, why="build logs (roles/logging.logWriter)"),
+    Call("Cloud Build: the function's image", "artifactregistry docker push",
+         _on(S.FUNCTIONS_REPOSITORY, "artifactregistry.repositories.uploadArtifacts",
+             "artifactregistry.repositories.downloadArtifacts"), (Identity.BUILD,),
+         source=BUILD_ACCOUNT, kind=Kind.PLATFORM,
+         why="the built image, pushed to docker_repository (spotorch-functions)"),
+    Call("Cloud Build: the function's source", "objects.get",
+         _on(S.SOURCE_BUCKET, GET_OBJECT), (Identity.BUILD,), source=BUILD_ACCOUNT,
+         kind=Kind.PLATFORM, why="the source zip in spotorch's source bucket"),
+)
 
 def permissions_of(identity: Identity) -> frozenset[str]:
     """Every permission the map says an identity needs, on any resource."""

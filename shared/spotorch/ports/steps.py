@@ -40,6 +40,10 @@ class StepLaunch:
     # The run's inputs manifest (its objects at their recorded generations): spotorch's launcher
     # hands it to the module as --inputs, which reads those generations, not the live folder.
     inputs_uri: str | None = None
+    # The workers' VPC network and subnetwork (the step's, else the deployment's); None:
+    # Dataflow's default (the project's `default` network).
+    network: str | None = None
+    subnetwork: str | None = None
 
 
 class StepLauncher(Protocol):

@@ -26,6 +26,7 @@ from spotorch.core.preprocess import (
     LIVE_STATES,
     TERMINAL_STATES,
     JobView,
+    explain,
     folder_digest,
 )
 from spotorch.core.triggers import split_gs_uri
@@ -43,10 +44,15 @@ class DataflowStepLauncher:
 
     def __init__(self, project: str, *, launcher_template: str | None = None,
                  service_account: str | None = None, endpoint: str | None = None,
-                 token: str | None = None) -> None:
+                 token: str | None = None, network: str | None = None,
+                 subnetwork: str | None = None) -> None:
         self.project = project
         self.launcher_template = launcher_template
         self.service_account = service_account  # spotorch-dataflow, unless the step names one
+        # the deployment's VPC for the workers (SPOTORCH_DATAFLOW_NETWORK/_SUBNETWORK), unless
+        # the step names its own; neither: Dataflow's default, the `default` network
+        self.network = network
+        self.subnetwork = subnetwork
         self.endpoint = endpoint
         self.token = token
         self._clients: dict[str, Any] = {}
@@ -90,6 +96,8 @@ class DataflowStepLauncher:
             max_workers=request.max_workers, machine_type=request.machine_type,
             temp_location=request.temp_uri, staging_location=request.temp_uri,
             service_account_email=request.service_account or self.service_account or "",
+            network=request.network or self.network or "",
+            subnetwork=request.subnetwork or self.subnetwork or "",
             additional_user_labels=dict(request.labels))
         parameter = df.LaunchFlexTemplateParameter(
             job_name=request.job_name, container_spec_gcs_path=template,
@@ -108,7 +116,7 @@ class DataflowStepLauncher:
             code = getattr(exc, "grpc_status_code", None)
             permanent = bool(code is not None and code.value[0] in PERMANENT_CODES) or \
                 exc.code in (400, 403, 412)
-            raise StepLaunchError(f"LaunchFlexTemplate: {exc.message}",
+            raise StepLaunchError(f"LaunchFlexTemplate: {explain(str(exc.message))}",
                                   permanent=permanent) from exc
         job = response.job
         return JobView(job_id=job.id, name=job.name or request.job_name,
@@ -160,7 +168,7 @@ class DataflowStepLauncher:
         state = _state_name(job.current_state) or "JOB_STATE_UNKNOWN"
         if state not in TERMINAL_STATES:
             return JobView(job_id=job.id, name=job.name, state=state)
-        error = self._errors(job.id, region) if state == JOB_STATE_FAILED else ""
+        error = explain(self._errors(job.id, region)) if state == JOB_STATE_FAILED else ""
         vcpu_s, memory_gb_s, pd_gb_s = self._metrics(job.id, region)
         return JobView(job_id=job.id, name=job.name, state=state, error=error, vcpu_s=vcpu_s,
                        memory_gb_s=memory_gb_s, pd_gb_s=pd_gb_s)

@@ -1315,7 +1315,7 @@ def test_the_packager_knows_the_preprocess_default_region(tmp_path: Path) -> Non
     trigger must be created there (deploy/dataflow.tf local.dataflow_regions)."""
     from spotorch.core.pipeline import Preprocess
 
-    assert package.PREPROCESS_DEFAULT_REGION == Preprocess.region
+    assert Preprocess.region == package.PREPROCESS_DEFAULT_REGION
     source = tmp_path / "p.yaml"
     source.write_text("preprocess: {output_uri: gs://o/p}\n---\n"
                       "preprocess: {output_uri: gs://o/q, region: europe-west4}\n")

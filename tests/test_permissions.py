@@ -303,7 +303,8 @@ REMOVALS = [
             'google_pubsub_topic.topic["trainer_events"].id', 'for_each = toset(var.pipeline_'
             'service_accounts)\n  topic    = google_pubsub_topic.topic["events"].id',
             "PublisherClient.publish", "job-accounts", "pubsub.topics.publish"),
-    Removal("iam.tf", 'role     = "roles/pubsub.viewer"', 'role     = "roles/pubsub.subscriber"',
+    Removal("pubsub.tf", 'role         = "roles/pubsub.viewer"',
+            'role         = "roles/pubsub.subscriber"',
             "SubscriberClient.get_subscription", "operators", "pubsub.subscriptions.get"),
     Removal("iam.tf", 'role    = "roles/logging.viewer"\n  member  = local.functions_member',
             'role    = "roles/logging.logWriter"\n  member  = local.functions_member',

@@ -481,7 +481,8 @@ def _notifier(call: Call) -> Call:
     return call
 
 
-CALLS = tuple(_notifier(c) for c in CALLS) + (
+CALLS = (
+    *(_notifier(c) for c in CALLS),
     Call("Pub/Sub push to on_run_event (OIDC token)", "the notifier function (Cloud Run)",
          _on(S.PUSHED_SERVICES, "run.routes.invoke"), (Identity.NOTIFIER,), source=RUN_IAM,
          why="its push subscription calls spotorch-on-run-event as the notifier account",

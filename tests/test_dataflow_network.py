@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.test_preprocess import load, problems
 
 from spotorch.adapters.gcp.dataflow import DataflowStepLauncher
 from spotorch.core import preprocess as pp
 from spotorch.core.model import FailureClass
 from spotorch.ports.steps import StepLaunch
+from test_preprocess import load, problems
 
 # Dataflow's words for a project without the network a job names (as users report them).
 MISSING = ("Workflow failed. Causes: Network default is not accessible to Dataflow Service "

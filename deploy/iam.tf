@@ -130,13 +130,8 @@ resource "google_project_iam_member" "functions_log_writer" {
   member  = local.functions_member
 }
 
-# A failed attempt's own error: the last lines its workers wrote (Cloud Logging entries of the
-# job's replicas). Log entries are read from the project: there is no narrower home.
-resource "google_project_iam_member" "functions_log_reader" {
-  project = var.project_id
-  role    = "roles/logging.viewer"
-  member  = local.functions_member
-}
+# A failed attempt's own error (the last lines its workers wrote) is read through the job-log
+# view, not from the project: logs.tf.
 
 # --- functions: resource level -------------------------------------------------------------------
 
@@ -258,15 +253,7 @@ resource "google_project_iam_member" "operators_firestore_read" {
   depends_on = [google_project_service.api]
 }
 
-# `spotorch logs`: the training job's log entries.
-resource "google_project_iam_member" "operators_log_reader" {
-  for_each = toset(var.operators)
-  project  = var.project_id
-  role     = "roles/logging.viewer"
-  member   = each.value
-
-  depends_on = [google_project_service.api]
-}
+# `spotorch logs`: the training job's log entries, through the job-log view (logs.tf).
 
 # `spotorch dead-letters --replay` reads a dead letter's source subscription: granted on the
 # push subscriptions themselves (pubsub.tf, operators_read_push_subscriptions).

@@ -405,7 +405,9 @@ def test_cloud_logs_use_gclouds_filter_oldest_first() -> None:
     assert [(line.replica, line.text) for line in lines] == [
         ("service", "Job is running."), ("workerpool0-0", "epoch 1")]
     assert calls[0]["filter_"] == 'resource.type="ml_job" AND resource.labels.job_id="123"'
-    assert calls[0]["resource_names"] == ["projects/proj"]
+    # through deploy/'s job-log view (roles/logging.viewAccessor there, deploy/logs.tf)
+    assert calls[0]["resource_names"] == [
+        "projects/proj/locations/global/buckets/_Default/views/spotorch-job-logs"]
     assert lines[0].at == "2027-01-15T08:00:00Z"
 
 

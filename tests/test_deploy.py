@@ -119,6 +119,7 @@ RESOURCE_APIS: dict[str, frozenset[str]] = {
     "google_pubsub": frozenset({"pubsub.googleapis.com"}),
     "google_logging_project_sink": frozenset({"logging.googleapis.com"}),
     "google_logging_metric": frozenset({"logging.googleapis.com"}),
+    "google_logging_log_view": frozenset({"logging.googleapis.com"}),
     "google_monitoring": frozenset({"monitoring.googleapis.com"}),
     "google_cloud_scheduler_job": frozenset({"cloudscheduler.googleapis.com"}),
     "google_firestore": frozenset({"firestore.googleapis.com"}),

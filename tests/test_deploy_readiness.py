@@ -54,6 +54,10 @@ DEFECTS = [
     Defect("image read", "dataflow.tf", 'role       = "roles/artifactregistry.reader"',
            'role       = "roles/viewer"', "dataflow-worker artifactregistry.repositories."
                                           "downloadArtifacts"),
+    # job logs through the view, not the project
+    Defect("no view grant", "logs.tf", 'role     = "roles/logging.viewAccessor"\n  member   = '
+           'local.functions_member', 'role     = "roles/logging.logWriter"\n  member   = '
+           'local.functions_member', "functions logging.views.access"),
     # trigger locations
     Defect("no Query trigger", "bigquery.tf", 'value     = "google.cloud.bigquery.v2.JobService.Query"',
            'value     = "google.cloud.bigquery.v2.JobService.InsertJob"',

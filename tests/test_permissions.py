@@ -239,7 +239,13 @@ def test_the_map_is_well_formed() -> None:
     trainer = [c for c in CALLS if Identity.TRAINING in c.identities]
     assert trainer and all(Identity.JOB_ACCOUNTS in c.identities for c in trainer)
     assert all(s.startswith("spotorch_trainer.") for c in trainer for s in c.sites)
-    assert "logging.logEntries.list" in permissions_of(Identity.FUNCTIONS)
+    # job logs are read through the job-log view, not from the project (deploy/logs.tf)
+    assert "logging.views.access" in permissions_of(Identity.FUNCTIONS)
+    assert "logging.logEntries.list" not in permissions_of(Identity.FUNCTIONS)
+    # the alert secrets are the notifier's alone (deploy/notifier.tf)
+    assert "secretmanager.versions.access" in permissions_of(Identity.NOTIFIER)
+    assert "secretmanager.versions.access" not in permissions_of(Identity.FUNCTIONS)
+    assert "artifactregistry.repositories.uploadArtifacts" in permissions_of(Identity.BUILD)
 
 
 # --- spotorch deploy check -----------------------------------------------------------------------
@@ -306,10 +312,13 @@ REMOVALS = [
     Removal("pubsub.tf", 'role         = "roles/pubsub.viewer"',
             'role         = "roles/pubsub.subscriber"',
             "SubscriberClient.get_subscription", "operators", "pubsub.subscriptions.get"),
-    Removal("iam.tf", 'role    = "roles/logging.viewer"\n  member  = local.functions_member',
-            'role    = "roles/logging.logWriter"\n  member  = local.functions_member',
+    Removal("logs.tf", 'role     = "roles/logging.viewAccessor"\n  member   = local.functions_member',
+            'role     = "roles/logging.logWriter"\n  member   = local.functions_member',
             "GAPIC LoggingServiceV2Client.list_log_entries", "functions",
-            "logging.logEntries.list"),
+            "logging.views.access"),
+    Removal("logs.tf", 'role     = "roles/logging.viewAccessor"\n  member   = each.value',
+            'role     = "roles/logging.viewer"\n  member   = each.value',
+            "Client.list_entries", "operators", "logging.views.access"),
     Removal("iam.tf", '  role               = "roles/iam.serviceAccountUser"\n  member             '
             '= local.functions_member\n}\n\n# Pipelines', '  role               = "roles/iam.'
             'serviceAccountTokenCreator"\n  member             = local.functions_member\n}\n\n'

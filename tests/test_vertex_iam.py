@@ -136,7 +136,7 @@ def test_a_call_without_credentials_or_with_unknown_ones_is_unauthenticated(
         assert "authentication credential" in str(refused.value)
 
 
-def test_reading_a_jobs_error_lines_needs_deploys_log_viewer_grant(
+def test_reading_a_jobs_error_lines_needs_deploys_log_view_grant(
         tmp_path: Path, emulator_for: StartEmulator) -> None:
     job = f"projects/{PROJECT}/locations/{REGION}/customJobs/1"
     address, ids = emulator_for(ROOT / "deploy")
@@ -145,18 +145,17 @@ def test_reading_a_jobs_error_lines_needs_deploys_log_viewer_grant(
     without = tmp_path / "without"
     without.mkdir()
     copy = deploy_copy(without)
-    iam = copy / "iam.tf"
-    grant = ('resource "google_project_iam_member" "functions_log_reader" {\n'
-             '  project = var.project_id\n  role    = "roles/logging.viewer"\n')
-    assert grant in iam.read_text()
-    iam.write_text(iam.read_text().replace(grant, grant.replace("logging.viewer",
-                                                                "logging.logWriter")))
+    logs = copy / "logs.tf"
+    grant = ('  role     = "roles/logging.viewAccessor"\n  member   = local.functions_member\n')
+    assert grant in logs.read_text()
+    logs.write_text(logs.read_text().replace(grant, grant.replace("logging.viewAccessor",
+                                                                  "logging.logWriter")))
     address, ids = emulator_for(copy)
     for token in (ids.functions_token, None):
         refused = CloudLoggingJobLogs(PROJECT, endpoint=address, token=token)
         with pytest.raises(LogReadError, match=r"PermissionDenied|Unauthenticated") as caught:
             refused.error_tail(job, since=None, limit=5)
-        assert ("logging.logEntries.list" in str(caught.value)) == (token is not None)
+        assert ("logging.views.access" in str(caught.value)) == (token is not None)
 
 
 def test_model_registry_calls_need_their_own_permissions(tmp_path: Path) -> None:

@@ -70,7 +70,8 @@ def read_grants(deploy_dir: Path, project: str,
         member = accounts.get(str(grant.identity))
         if member is None:
             continue
-        if Scope.PROJECT in grant.scopes:
+        # the project's, and the job-log view's (the emulator's entries are all in that view)
+        if Scope.PROJECT in grant.scopes or Scope.JOB_LOG_VIEW in grant.scopes:
             out.setdefault(member, []).extend(sorted(grant.permissions))
         kind, _, name = grant.address.partition(".")
         if kind == "google_service_account_iam_member" and \

@@ -30,6 +30,10 @@ from spotorch.local._vertex_workers import STDERR_SUFFIX
 
 SERVICE = "google.logging.v2.LoggingServiceV2"
 LIST_PERMISSION = "logging.logEntries.list"  # roles/logging.viewer grants it
+VIEW_PERMISSION = "logging.views.access"  # reading through a log view (roles/logging.viewAccessor)
+# projects/P/locations/L/buckets/B/views/V: a log view (the emulator's entries are all ml_job
+# entries of the _Default bucket, which any view on ml_job shows)
+_VIEW = re.compile(r"^projects/([^/]+)/locations/[^/]+/buckets/[^/]+/views/[^/]+$")
 RESOURCE_TYPE = "ml_job"
 SERVICE_TASK = "service"
 SEVERITIES: Mapping[str, int] = {"DEFAULT": 0, "DEBUG": 100, "INFO": 200, "NOTICE": 300,
@@ -183,9 +187,10 @@ class LoggingService:
             except Invalid as exc:
                 raise _Refused(exc.code, str(exc)) from None
             names = list(request.resource_names)
-            if not self.iam.allows(principal, LIST_PERMISSION):
+            needed = VIEW_PERMISSION if names and _VIEW.match(names[0]) else LIST_PERMISSION
+            if not self.iam.allows(principal, needed):
                 # Cloud Logging's wording is not documented; this is the Vertex form on its host.
-                raise _Refused("PERMISSION_DENIED", f"Permission '{LIST_PERMISSION}' denied on "
+                raise _Refused("PERMISSION_DENIED", f"Permission '{needed}' denied on "
                                f"resource '//logging.googleapis.com/{names[0] if names else ''}' "
                                "(or it may not exist).")
         return self.list_log_entries(request)
@@ -196,8 +201,13 @@ class LoggingService:
 
         names = list(request.resource_names)
         if len(names) != 1 or not names[0].startswith("projects/"):
-            raise _Refused("INVALID_ARGUMENT", "resource_names: give exactly one projects/P")
-        project = names[0].split("/", 1)[1]
+            raise _Refused("INVALID_ARGUMENT", "resource_names: give exactly one projects/P "
+                                               "or one of its log views")
+        view = _VIEW.match(names[0])
+        project = view.group(1) if view else names[0].split("/", 1)[1]
+        if not view and "/" in project:
+            raise _Refused("INVALID_ARGUMENT", f"resource_names: {names[0]} is neither projects/P "
+                                               "nor a log view")
         if self.project is not None and project != self.project:
             raise _Refused("PERMISSION_DENIED", f"this emulator serves project {self.project}")
         try:

@@ -74,6 +74,7 @@ REFERENCED_SCOPES: tuple[tuple[re.Pattern[str], Scope], ...] = tuple(
         (r"google_cloudfunctions2_function\.tables\[", Scope.TABLE_SERVICE),
         (r"google_artifact_registry_repository\.functions\.", Scope.FUNCTIONS_REPOSITORY),
         (r"google_storage_bucket\.source\.", Scope.SOURCE_BUCKET),
+        (r"google_logging_log_view\.job_logs\.", Scope.JOB_LOG_VIEW),
     ))
 SCOPES = frozenset(s.value for s in Scope)
 # The attribute of each grant resource that names what it is granted on.
@@ -87,6 +88,7 @@ TARGET_ATTRIBUTE: Mapping[str, str] = {
     "google_cloud_run_v2_service_iam_member": "name",
     "google_bigquery_dataset_iam_member": "dataset_id",
     "google_artifact_registry_repository_iam_member": "repository",
+    "google_logging_log_view_iam_member": "name",
 }
 
 

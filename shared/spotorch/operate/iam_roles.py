@@ -187,6 +187,12 @@ PREDEFINED_ROLES: Mapping[str, frozenset[str]] = {
     # VM pulls): the repository permissions of Google's roles page
     # (https://cloud.google.com/artifact-registry/docs/access-control#roles), not the dataset
     # above; their other permissions (tags, versions, files, attachments) are left out.
+    # roles/logging.viewAccessor (issue 40: the job-log view), from the same roles page: reading
+    # entries through a view, and the view's log and resource listings.
+    "roles/logging.viewAccessor": frozenset({
+        "logging.views.access", "logging.views.listLogs", "logging.views.listResourceKeys",
+        "logging.views.listResourceValues",
+    }),
     "roles/artifactregistry.reader": frozenset({
         "artifactregistry.repositories.downloadArtifacts", "artifactregistry.repositories.get",
         "artifactregistry.repositories.list", "artifactregistry.dockerimages.get",

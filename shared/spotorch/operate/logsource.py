@@ -120,6 +120,8 @@ class CloudLoggingSource:
         from google.api_core import exceptions as api
         from google.auth import exceptions as auth
 
+        from spotorch.adapters.gcp.job_logs import JOB_LOG_VIEW
+
         try:
             yield from self._lines(job_name, follow=follow, ended=ended)
         except auth.DefaultCredentialsError:
@@ -130,16 +132,19 @@ class CloudLoggingSource:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise LogsUnavailable(f"cannot read the job's logs from Cloud Logging of project "
                                   f"{self.project}: {first} (reading needs "
-                                  "roles/logging.viewer)") from None
+                                  "roles/logging.viewAccessor on the log view "
+                                  f"{JOB_LOG_VIEW}, deploy/logs.tf)") from None
 
     def _lines(self, job_name: str, *, follow: bool,
                ended: Callable[[], bool]) -> Iterator[LogLine]:
         from google.cloud import logging as cloud_logging
 
+        from spotorch.adapters.gcp.job_logs import job_log_view
+
         last: str | None = None
         while True:
             finished = ended() if follow else True
-            entries = self.client.list_entries(resource_names=[f"projects/{self.project}"],
+            entries = self.client.list_entries(resource_names=[job_log_view(self.project)],
                                                filter_=self.log_filter(job_name, last),
                                                order_by=cloud_logging.ASCENDING, page_size=1000)
             for entry in entries:

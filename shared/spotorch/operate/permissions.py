@@ -70,6 +70,7 @@ class Scope(StrEnum):
     LAUNCHER_IMAGE = "repository:launcher-image"  # the repository of the launcher's image
     FUNCTIONS_REPOSITORY = "repository:functions"  # the functions' build images
     SOURCE_BUCKET = "bucket:source"  # the functions' source bundle
+    JOB_LOG_VIEW = "log-view:job-logs"  # the log view on Vertex AI's job entries (deploy/logs.tf)
 
 
 class Kind(StrEnum):
@@ -427,16 +428,17 @@ CALLS: tuple[Call, ...] = (
          "projects.secrets.versions.access", _on(S.ROUTE_SECRETS, "secretmanager.versions.access"),
          (F,), ("spotorch.adapters.notify.channels:_secret_manager_value",), SECRETS_IAM,
          "a route's sm:// target, read by the notifier"),
-    Call("Client.list_entries", "entries.list", _on(S.PROJECT, "logging.logEntries.list"), (OP,),
-         ("spotorch.operate.logsource:CloudLoggingSource._lines",), LOGGING_IAM,
-         "`spotorch logs`: the training job's own output"),
+    Call("Client.list_entries", "entries.list", _on(S.JOB_LOG_VIEW, "logging.views.access"),
+         (OP,), ("spotorch.operate.logsource:CloudLoggingSource._lines",), LOGGING_IAM,
+         "`spotorch logs`: the training job's own output, read through the job-log view"),
     Call("HTTP POST with an identity token", "the api function (Cloud Run)",
          _on(S.API_SERVICE, "run.routes.invoke"), (OP,), ("spotorch.operate.backend:HttpActions.post",),
          RUN_IAM, "submit, cancel, retry, rerun"),
     Call("GAPIC LoggingServiceV2Client.list_log_entries", "entries.list",
-         _on(S.PROJECT, "logging.logEntries.list"), (F,),
+         _on(S.JOB_LOG_VIEW, "logging.views.access"), (F,),
          ("spotorch.adapters.gcp.job_logs:CloudLoggingJobLogs.error_tail",), LOGGING_IAM,
-         "a failed attempt's own error: its replicas' last stderr lines (one page, severity>=ERROR)"),
+         "a failed attempt's own error: its replicas' last stderr lines (one page, severity>=ERROR"
+         "), read through the job-log view"),
     # --- what Google services do as spotorch-functions ------------------------------------------
     Call("Cloud Run secret environment variables", "projects.secrets.versions.access",
          _on(S.ALERT_SECRETS, "secretmanager.versions.access"), (F,), source=SECRETS_IAM,

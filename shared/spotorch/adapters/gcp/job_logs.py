@@ -4,8 +4,10 @@ One ListLogEntries call per failed attempt: the filter gcloud uses for a job's l
 (`resource.type="ml_job" AND resource.labels.job_id="ID"`), Vertex's own lines left out
 (task_name "service"), severity>=ERROR (stderr), newest first, one page of `limit` entries, since
 the attempt started. The message is in jsonPayload.message or textPayload (FACTS.md, "Vertex AI
-log entries as they really are"). The caller needs logging.logEntries.list (roles/logging.viewer,
-granted to the functions' account in deploy/iam.tf). The read quota (60 per minute per project
+log entries as they really are"). It reads through deploy/'s log view on the job logs
+(job_log_view: the _Default bucket's entries of resource.type "ml_job"), so the caller needs
+logging.views.access on that view (roles/logging.viewAccessor, deploy/logs.tf), not
+roles/logging.viewer on the project. The read quota (60 per minute per project
 by default) is why only failures the code caused are looked up (core.recovery.WORKER_FAILURES).
 """
 
@@ -18,6 +20,13 @@ from spotorch.adapters.gcp.vertex_calls import emulator_channel
 from spotorch.ports.job_logs import LogReadError
 
 SERVICE_TASK = "service"  # resource.labels.task_name of Vertex's own lines
+JOB_LOG_VIEW = "spotorch-job-logs"  # deploy/logs.tf: the _Default bucket's ml_job entries
+VIEW_ACCESS = "logging.views.access"  # what reading through a view needs (viewAccessor)
+
+
+def job_log_view(project: str) -> str:
+    """The resource name ListLogEntries reads Vertex AI's job entries through (deploy/logs.tf)."""
+    return f"projects/{project}/locations/global/buckets/_Default/views/{JOB_LOG_VIEW}"
 CALL_TIMEOUT_S = 10.0  # a job's end must not wait long for its error lines
 
 
@@ -58,7 +67,7 @@ class CloudLoggingJobLogs:
                  client: Any = None, timeout_s: float = CALL_TIMEOUT_S) -> None:
         """endpoint: None for logging.googleapis.com, or host:port of the local Vertex emulator
         (which serves ListLogEntries from its workers' output); token: the local caller's
-        bearer token there (the emulator checks logging.logEntries.list)."""
+        bearer token there (the emulator checks logging.views.access on the view)."""
         self.project = project
         self.endpoint = endpoint
         self.token = token
@@ -88,7 +97,7 @@ class CloudLoggingJobLogs:
 
     def error_tail(self, job_name: str, *, since: float | None, limit: int) -> tuple[str, ...]:
         """JobLogs.error_tail: one ListLogEntries page, newest first, returned oldest first."""
-        request = {"resource_names": [f"projects/{self.project}"],
+        request = {"resource_names": [job_log_view(self.project)],
                    "filter": error_filter(job_name, since), "order_by": "timestamp desc",
                    "page_size": limit}
         try:

@@ -1147,7 +1147,10 @@ def test_bundle_carries_a_price_table(pipelines: Path, tmp_path: Path) -> None:
         'var.dataflow_launcher_template == "" ? {} : '
         '{SPOTORCH_DATAFLOW_LAUNCHER = var.dataflow_launcher_template}, '
         'var.bigquery_location == "" ? {} : '
-        '{SPOTORCH_BIGQUERY_LOCATION = var.bigquery_location})}')
+        '{SPOTORCH_BIGQUERY_LOCATION = var.bigquery_location}, '
+        'var.dataflow_network == "" ? {} : {SPOTORCH_DATAFLOW_NETWORK = var.dataflow_network}, '
+        'var.dataflow_subnetwork == "" ? {} : '
+        '{SPOTORCH_DATAFLOW_SUBNETWORK = var.dataflow_subnetwork})}')
     table.write_text(json.dumps({"families": {"n1": {"us-central1": {"vcpu": {"standard": -1}}}}}))
     with pytest.raises(package.PackageError, match="SPOTORCH_PRICES"):
         package.build(ROOT, pipelines, tmp_path / "c.zip", validate=False, prices=table)

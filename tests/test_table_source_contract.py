@@ -340,3 +340,55 @@ def test_the_stack_publishes_the_audit_entries_of_a_load_job(world: World) -> No
     # BigQuery's outputRows is the rows the load wrote; the emulator's is the table's rows
     # after it (docs/local-stack.md): at least the two.
     assert info.rows is not None and info.rows >= 2
+
+
+def test_the_front_logs_a_job_under_the_rpc_that_made_it(tmp_path: Path) -> None:
+    """getQueryResults is polled for jobs.insert jobs too (`client.query(...).result()`): only a
+    job jobs.query made is logged as ...JobService.Query, whatever answer names it later."""
+    import http.server
+    import json
+    import threading
+
+    from spotorch.local.bigquery import BigQueryFront
+
+    def job(job_id: str) -> dict[str, Any]:
+        return {"kind": "bigquery#job", "id": f"p:{job_id}",
+                "jobReference": {"projectId": "p", "jobId": job_id},
+                "configuration": {"query": {"query": "INSERT INTO d.t (x) VALUES (1)"}},
+                "status": {"state": "DONE"},
+                "statistics": {"creationTime": "1", "startTime": "2", "endTime": "3",
+                               "query": {"statementType": "INSERT", "numDmlAffectedRows": "1"}}}
+
+    class Jobs(http.server.BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+        def do_GET(self) -> None:  # jobs.get
+            body = json.dumps(job(self.path.rsplit("/", 1)[-1].split("?")[0])).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Jobs)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        entries: list[dict[str, Any]] = []
+        front = BigQueryFront(f"http://127.0.0.1:{server.server_address[1]}", tmp_path,
+                              lambda b, n, p: None, on_job_done=entries.append)
+
+        def answer(job_id: str) -> bytes:
+            return json.dumps({"kind": "bigquery#queryResponse", "jobComplete": True,
+                               "jobReference": {"projectId": "p", "jobId": job_id}}).encode()
+        front._queried_job(answer("inserted"), made=False)  # getQueryResults of a jobs.insert job
+        assert entries == []  # logged when a job response shows it DONE, as InsertJob
+        front._after(json.dumps(job("inserted")).encode())
+        front._queried_job(answer("queried"), made=True)  # jobs.query
+        front._queried_job(answer("queried"), made=False)  # polled again: logged once
+        methods = [(e["protoPayload"]["methodName"].rsplit(".", 1)[-1],
+                    e["protoPayload"]["resourceName"].rsplit("/", 1)[-1]) for e in entries]
+        assert methods == [("InsertJob", "inserted")] * 2 + [("InsertJob", "t")] + \
+            [("Query", "queried")] * 2 + [("Query", "t")]
+    finally:
+        server.shutdown()
+        server.server_close()

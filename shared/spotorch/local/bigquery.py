@@ -292,7 +292,7 @@ class BigQueryFront:
                 if status == 200 and "/jobs" in self.path:
                     data = front._after(data)
                 elif status == 200 and _QUERIES.match(self.path):
-                    front._queried_job(data)
+                    front._queried_job(data, made=self.command == "POST")
                 elif status == 200 and self.command == "GET" and _TABLE_GET.match(self.path):
                     data = front._table(data)
                 self.send_response(status)
@@ -366,9 +366,11 @@ class BigQueryFront:
         self._done(job)
         return data
 
-    def _queried_job(self, data: bytes) -> None:
-        """A jobs.query or getQueryResults answer: the job it names was made by jobs.query;
-        once the answer says jobComplete, the job (jobs.get) is logged as BigQuery logs it."""
+    def _queried_job(self, data: bytes, *, made: bool) -> None:
+        """A jobs.query answer (made: the job it names was made by jobs.query) or a
+        getQueryResults one (which `client.query(...).result()` also polls for a jobs.insert
+        job): once the answer says jobComplete, a job jobs.query made is read (jobs.get) and
+        logged as BigQuery logs it; a jobs.insert job is logged when a job response shows it."""
         try:
             answer = json.loads(data or b"{}")
             ref = answer["jobReference"]
@@ -376,8 +378,10 @@ class BigQueryFront:
         except (ValueError, KeyError, TypeError):
             return
         with self._lock:
-            self._queried.add(key)
-        if answer.get("jobComplete") is not True:
+            if made:
+                self._queried.add(key)
+            queried = key in self._queried
+        if not queried or answer.get("jobComplete") is not True:
             return
         location = f"?location={ref['location']}" if ref.get("location") else ""
         url = f"{self.emulator}/bigquery/v2/projects/{ref['projectId']}/jobs/{ref['jobId']}"

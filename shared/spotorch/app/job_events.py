@@ -27,7 +27,7 @@ from spotorch.core.observations import (
     ProbeObserved,
     TrainerReported,
 )
-from spotorch.core.recovery import WORKER_FAILURES
+from spotorch.core.recovery import WORKER_FAILURES, classify
 from spotorch.core.trust import SignedMessage, checkpoint_outside, implausible, unproven
 from spotorch.ports.jobs import LaunchError
 
@@ -110,6 +110,13 @@ def checkpoint_if_ended(deps: Deps, run: Run, status: JobStatus) -> Checkpoint |
         return None
 
 
+def _classified(deps: Deps, run: Run, status: JobStatus) -> FailureClass:
+    """A failed job's class by its run's pipeline's patterns (the defaults if it is gone)."""
+    pipeline = deps.pipelines.get(run.pipeline)
+    return classify(status, pipeline.recovery if pipeline else None,
+                    pipeline.health if pipeline else None) or FailureClass.INFRA
+
+
 def error_tail_if_failed(deps: Deps, run: Run, number: int, status: JobStatus) -> tuple[str, ...]:
     """The last stderr lines of a job Vertex says failed through its code's doing, looked up
     once: while the attempt has not ended yet. Without them the decision goes on (a log read
@@ -117,7 +124,7 @@ def error_tail_if_failed(deps: Deps, run: Run, number: int, status: JobStatus) -
     attempt = run.attempt(number)
     if (deps.job_logs is None or attempt is None or not attempt.live
             or status.phase is not JobPhase.FAILED
-            or (status.failure or FailureClass.INFRA) not in WORKER_FAILURES):
+            or _classified(deps, run, status) not in WORKER_FAILURES):
         return ()
     job_name = status.job_name or attempt.job_name
     if not job_name:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
+from spotorch.app import preprocess_steps
 from spotorch.app.deps import (
     ContradictedLine,
     Deps,
@@ -18,15 +19,18 @@ from spotorch.app.deps import (
 )
 from spotorch.app.launch_specs import hardware_result
 from spotorch.app.unit_of_work import apply
+from spotorch.core import preprocess as pp
 from spotorch.core.model import Checkpoint, FailureClass, JobPhase, JobStatus, Run
 from spotorch.core.observations import (
     ERROR_TAIL_LINES,
     JobObserved,
     Observation,
+    PreprocessObserved,
     ProbeMissing,
     ProbeObserved,
     TrainerReported,
 )
+from spotorch.core.preprocessing import step_of
 from spotorch.core.recovery import WORKER_FAILURES, classify
 from spotorch.core.trust import SignedMessage, checkpoint_outside, implausible, unproven
 from spotorch.ports.jobs import LaunchError
@@ -217,3 +221,28 @@ def _coalesced(run: Run, report: TrainerReported) -> bool:
             and not report.nonfinite  # a diverging loss is news now (training health)
             and last is not None and 0.0 <= report.at - last < COALESCE_S
             and (report.step or 0) >= run.progress.step)
+
+
+# ---------------------------------------------------------------- Dataflow statusChanged
+
+def status_changed(deps: Deps, hint: pp.StatusHint, event_id: str) -> Run | None:
+    """A Dataflow statusChanged event: a hint only. The job spotorch launched under that name is
+    read with GetJob and that answer (never the event's state) is what the run decides on; a job
+    spotorch did not launch, or of another project, is ignored (None)."""
+    if deps.project and hint.project != deps.project:
+        log.debug("statusChanged of project %s ignored", hint.project)
+        return None
+    run_id = preprocess_steps.owner_of(deps, hint.job_name) if hint.job_name else None
+    if run_id is None:
+        log.debug("statusChanged of Dataflow job %s (not spotorch's) ignored", hint.job_name)
+        return None
+    launcher = preprocess_steps.step_launcher(deps)
+
+    def observe(fresh: Run) -> list[Observation]:
+        step = step_of(fresh)
+        if step is None or step.job_name != hint.job_name or not step.live:
+            return []  # an earlier launch's job, or a step that has ended: nothing to check
+        # By the id GetJob gave before, never the event's (a forged event names any id).
+        return [PreprocessObserved(launcher.get(hint.job_name, step.region, step.job_id))]
+
+    return apply(deps, run_id, observe, event_id=event_id)

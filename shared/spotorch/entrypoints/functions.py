@@ -442,7 +442,7 @@ def run_event(event: CloudEventLike) -> None:
 def dataflow_event(event: CloudEventLike) -> None:
     """Eventarc's google.cloud.dataflow.job.v1beta3.statusChanged: a preprocess job moved (a
     hint, checked against GetJob before the run changes; the tick's poll is the backstop)."""
-    from spotorch.app.preprocess_steps import status_changed
+    from spotorch.app.job_events import status_changed
     from spotorch.core import preprocess as pp
 
     type_ = _attr(event, "type")

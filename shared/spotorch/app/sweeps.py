@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, assert_never
 
 from spotorch.app.deps import UnknownRun
 from spotorch.app.runs import cancel_run, snapshot_objects, start_run
+from spotorch.app.updates import conditional_update
 from spotorch.core import provenance
 from spotorch.core import sweeps as sweep
 from spotorch.core.context import Context
@@ -30,6 +29,7 @@ from spotorch.core.sweeps import (
     SweepContext,
     SweepEvaluate,
     SweepIntent,
+    SweepIntentDeferred,
     SweepIntentDone,
     SweepObservation,
     TrialSeen,
@@ -162,9 +162,13 @@ SweepSource = Sequence[SweepObservation] | Callable[[Sweep], Sequence[SweepObser
 
 def apply_sweep(deps: Deps, sweep_id: str, observations: SweepSource, *,
                 take_over: bool = False) -> Sweep | None:
-    """Feed observations to a sweep in one conditional write, then carry out what was decided."""
-    for attempt in range(MAX_CONFLICT_RETRIES):
-        sw, version = load_sweep(deps, sweep_id)
+    """Feed observations to a sweep in one conditional write (app.updates), then carry out what
+    was decided."""
+    read: dict[str, Any] = {}  # what the last pass read and decided
+
+    def decided(sw: Sweep | None) -> Sweep | None:
+        read.clear()
+        read["sweep"] = sw
         if sw is None:
             return None
         ctx = _context(deps, sw)
@@ -173,17 +177,19 @@ def apply_sweep(deps: Deps, sweep_id: str, observations: SweepSource, *,
             new = sweep.decide_sweep(new, obs, ctx)
         taken = sweep.claimable(new, ctx.now) if take_over else ()
         new = sweep.claim(new, taken, ctx.now) if taken else new
-        if new == sw:
-            return sw
         known = {i.id for i in sw.outbox}
-        mine = tuple(i.id for i in new.outbox if i.id not in known) + tuple(i.id for i in taken)
-        try:
-            version = deps.docs.put(COLLECTION_SWEEPS, sweep_id, new.to_dict(), version)
-        except ConflictError:
-            time.sleep(random.uniform(0.0, 0.02 * (attempt + 1)))
-            continue
-        return _carry_out(deps, new, version, mine)
-    raise ConflictError(f"sweep {sweep_id}: too much contention, giving up for redelivery")
+        read["mine"] = tuple(i.id for i in new.outbox if i.id not in known) + \
+            tuple(i.id for i in taken)
+        return None if new == sw else new
+
+    written = conditional_update(
+        lambda: load_sweep(deps, sweep_id), decided,
+        lambda new, version: deps.docs.put(COLLECTION_SWEEPS, sweep_id, new.to_dict(), version),
+        what=f"sweep {sweep_id}", attempts=MAX_CONFLICT_RETRIES)
+    if written is None:
+        found: Sweep | None = read.get("sweep")
+        return found
+    return _carry_out(deps, written.doc, written.version, read["mine"])
 
 
 def _carry_out(deps: Deps, sw: Sweep, version: Any, mine: Sequence[str]) -> Sweep:
@@ -233,10 +239,10 @@ def _perform(deps: Deps, sw: Sweep, intent: SweepIntent) -> SweepObservation | N
             case _:
                 assert_never(intent)
         return SweepIntentDone(intent.id)
-    except Exception as exc:  # stays in the outbox; the tick retries it when its claim expires
+    except Exception as exc:  # deferred: stays in the outbox, its claim released (core.outbox)
         log.warning("intent %s (%s) of sweep %s failed: %s", intent.id, intent.kind, sw.sweep_id,
                     exc)
-        return None
+        return SweepIntentDeferred(intent.id, f"{type(exc).__name__}: {str(exc)[:300]}")
 
 
 def _region(deps: Deps, pipeline_name: str) -> str:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
-import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, assert_never
@@ -15,6 +13,7 @@ from spotorch.app import preprocess_steps, run_log
 from spotorch.app.deps import Deps, JobOwner, ObservationSource, context, job_id_of
 from spotorch.app.launch_specs import hardware_probe_spec, launch_spec, probe_spec, stage_packages
 from spotorch.app.spot_record import seen_between, shape_key
+from spotorch.app.updates import conditional_update
 from spotorch.core import hardware, provenance
 from spotorch.core import health as hp
 from spotorch.core.context import Context
@@ -69,37 +68,41 @@ LEASE_MARGIN_S = 60.0  # never start a launch with less of its claim left than t
 
 def apply(deps: Deps, run_id: str, observations: ObservationSource, *,
           event_id: str | None = None, take_over: bool = False) -> Run | None:
-    """Feed observations to a run in one conditional write, then carry out what was decided."""
-    for attempt in range(MAX_CONFLICT_RETRIES):
-        run, version = deps.runs.load(run_id)
-        if run is None:
-            return None
-        if event_id and event_id in run.seen:
-            return run  # a redelivery: already handled, nothing to write
+    """Feed observations to a run in one conditional write (app.updates), then carry out what
+    was decided."""
+    read: dict[str, Any] = {}  # what the last pass read and decided
+
+    def decided(run: Run | None) -> Run | None:
+        read.clear()
+        read["run"] = run
+        if run is None or (event_id and event_id in run.seen):
+            return None  # no run, or a redelivery: already handled, nothing to write
         now = deps.clock.now()
         ctx = context(deps, run, now)
         new = run
         for obs in observations(run) if callable(observations) else observations:
             new = decide(new, obs, ctx)
         if new == run and not take_over:
-            return run  # changes nothing (a duplicate under another id): no write at all
+            return None  # changes nothing (a duplicate under another id): no write at all
         new = remember(new, event_id)
         taken = claimable(new, now) if take_over else ()
         new = claim(new, taken, now) if taken else new
-        mine = _fresh(run, new) + tuple(i.id for i in taken)
-        if new == run:
-            return run
-        try:
-            # What the change taught about Spot goes to the shared record in the same commit:
-            # counted once however often the event comes, and no round trip of its own.
-            version = deps.runs.save(new, version, _spot_additions(deps, run, new, now))
-        except ConflictError:
-            time.sleep(random.uniform(0.0, 0.02 * (attempt + 1)))  # spread racing writers out
-            continue
-        _remember_measurements(deps, run, new, now)
-        run_log.attempts_changed(run, new)
-        return carry_out(deps, new, version, mine, was_active=run.active)
-    raise ConflictError(f"run {run_id}: too much contention, giving up for redelivery")
+        read.update(now=now, mine=_fresh(run, new) + tuple(i.id for i in taken))
+        return None if new == run else new
+
+    def save(new: Run, version: Any) -> Any:
+        # What the change taught about Spot goes to the shared record in the same commit:
+        # counted once however often the event comes, and no round trip of its own.
+        return deps.runs.save(new, version, _spot_additions(deps, read["run"], new, read["now"]))
+
+    written = conditional_update(lambda: deps.runs.load(run_id), decided, save,
+                                 what=f"run {run_id}", attempts=MAX_CONFLICT_RETRIES)
+    run: Run | None = read.get("run")
+    if written is None or run is None:
+        return run
+    _remember_measurements(deps, run, written.doc, read["now"])
+    run_log.attempts_changed(run, written.doc)
+    return carry_out(deps, written.doc, written.version, read["mine"], was_active=run.active)
 
 
 def _spot_additions(deps: Deps, old: Run, new: Run, now: float) -> list[AddTo]:

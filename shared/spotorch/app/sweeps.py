@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, assert_never
 
+from spotorch.app import registration
 from spotorch.app.deps import UnknownRun
 from spotorch.app.runs import cancel_run, snapshot_objects, start_run
 from spotorch.app.updates import conditional_update
@@ -34,15 +35,6 @@ from spotorch.core.sweeps import (
     SweepObservation,
     TrialSeen,
     TrialStatus,
-)
-from spotorch.ports.registry import (
-    ALIAS_BEST,
-    LABEL_MODEL_PIPELINE,
-    LABEL_MODEL_RUN,
-    LABEL_MODEL_SNAPSHOT,
-    LABEL_MODEL_SWEEP,
-    ExperimentRun,
-    ModelUpload,
 )
 from spotorch.ports.store import ConflictError
 from spotorch.settings import COLLECTION_SWEEPS
@@ -233,9 +225,11 @@ def _perform(deps: Deps, sw: Sweep, intent: SweepIntent) -> SweepObservation | N
                 with contextlib.suppress(UnknownRun):  # never created: nothing to stop
                     cancel_run(deps, sw.trial(intent.trial).run_id, intent.reason)
             case RegisterModel():
-                return SweepIntentDone(intent.id, model_name=_register(deps, sw, intent))
+                return SweepIntentDone(intent.id, model_name=registration.register_sweep_model(
+                    deps, sw, intent))
             case LogTrial():
-                return SweepIntentDone(intent.id, experiment_run=_log_trial(deps, sw, intent))
+                return SweepIntentDone(intent.id, experiment_run=registration.log_trial(
+                    deps, sw, intent))
             case _:
                 assert_never(intent)
         return SweepIntentDone(intent.id)
@@ -243,42 +237,6 @@ def _perform(deps: Deps, sw: Sweep, intent: SweepIntent) -> SweepObservation | N
         log.warning("intent %s (%s) of sweep %s failed: %s", intent.id, intent.kind, sw.sweep_id,
                     exc)
         return SweepIntentDeferred(intent.id, f"{type(exc).__name__}: {str(exc)[:300]}")
-
-
-def _region(deps: Deps, pipeline_name: str) -> str:
-    pipeline = deps.pipeline(pipeline_name)
-    model = pipeline.model
-    return (model.region if model and model.region else pipeline.job.regions[0])
-
-
-def _register(deps: Deps, sw: Sweep, intent: RegisterModel) -> str:
-    pipeline = deps.pipeline(sw.pipeline)
-    model = pipeline.model
-    assert model is not None and deps.models is not None
-    labels = {**dict(model.labels), LABEL_MODEL_PIPELINE: sw.pipeline,
-              LABEL_MODEL_RUN: intent.run_id, LABEL_MODEL_SWEEP: sw.sweep_id,
-              LABEL_MODEL_SNAPSHOT: sw.snapshot_id or ""}
-    return deps.models.upload(ModelUpload(
-        pipeline=sw.pipeline, run_id=intent.run_id, region=_region(deps, sw.pipeline),
-        display_name=model.display_name or sw.pipeline, artifact_uri=intent.artifact_uri,
-        serving_image=model.serving_image, labels=labels,
-        aliases=tuple(dict.fromkeys((*model.aliases, ALIAS_BEST)))))
-
-
-def _log_trial(deps: Deps, sw: Sweep, intent: LogTrial) -> str:
-    assert deps.experiments is not None
-    trial = sw.trial(intent.trial)
-    spec = deps.pipeline(sw.pipeline).sweep
-    metric = spec.metric if spec else "metric"
-    metrics = {"cost": trial.cost, "preemptions": float(trial.preemptions)}
-    if trial.metric is not None:
-        metrics[metric] = trial.metric
-    if trial.step is not None:
-        metrics["step"] = float(trial.step)
-    return deps.experiments.log_run(ExperimentRun(
-        experiment=sw.pipeline, run_id=trial.run_id, region=_region(deps, sw.pipeline),
-        params=dict(trial.params), metrics=metrics,
-        state="COMPLETE" if trial.status is TrialStatus.SUCCEEDED else "FAILED"))
 
 
 # ---------------------------------------------------------------- following trials

@@ -9,14 +9,13 @@ from datetime import UTC, datetime
 from typing import Any, assert_never
 
 from spotorch.app import hardware_probes as probes
-from spotorch.app import preprocess_steps, run_log
+from spotorch.app import preprocess_steps, registration, run_log
 from spotorch.app.deps import Deps, JobOwner, ObservationSource, context, job_id_of
 from spotorch.app.launch_specs import hardware_probe_spec, launch_spec, probe_spec, stage_packages
 from spotorch.app.spot_record import seen_between, shape_key
 from spotorch.app.updates import conditional_update
-from spotorch.core import hardware, provenance
+from spotorch.core import hardware
 from spotorch.core import health as hp
-from spotorch.core.context import Context
 from spotorch.core.decide import decide
 from spotorch.core.intents import (
     CancelIntent,
@@ -29,14 +28,13 @@ from spotorch.core.intents import (
     RegisterModelIntent,
 )
 from spotorch.core.model import PROBE_HARDWARE, Run, RunStatus
-from spotorch.core.moves import claim, claimable, remember, spent
+from spotorch.core.moves import claim, claimable, remember
 from spotorch.core.observations import (
     CheckpointsDeleted,
     IntentDeferred,
     IntentDone,
     LaunchDone,
     LaunchFailed,
-    ModelRegistered,
     Observation,
     ProbeLaunched,
     ProbeLaunchFailed,
@@ -44,18 +42,8 @@ from spotorch.core.observations import (
 )
 from spotorch.core.pipeline import OnActiveRun
 from spotorch.ports.jobs import LaunchError
-from spotorch.ports.registry import (
-    LABEL_MODEL_PIPELINE,
-    LABEL_MODEL_RUN,
-    LABEL_MODEL_SNAPSHOT,
-    ExperimentRun,
-    ModelUpload,
-    RegistryError,
-)
 from spotorch.ports.store import AddTo, ConflictError
 from spotorch.settings import COLLECTION_JOBS, JOB_RECORD_GRACE_S, TTL_FIELD
-
-MAX_MODEL_LABELS = 64  # Vertex AI: at most 64 labels on a resource
 
 log = logging.getLogger("spotorch.service")
 
@@ -201,7 +189,7 @@ def _perform(deps: Deps, run: Run, intent: Intent) -> Observation | None:
             case LaunchIntent():
                 return _perform_launch(deps, run, intent)
             case RegisterModelIntent():
-                return _register_model(deps, run, intent)
+                return registration.register_run_model(deps, run, intent)
             case DeleteCheckpointsIntent():
                 return _perform_delete(deps, intent)
             case LaunchProbeIntent():
@@ -270,54 +258,6 @@ def _perform_probe_launch(deps: Deps, run: Run, intent: LaunchProbeIntent) -> Ob
         return ProbeLaunchFailed(intent.id, intent.probe, str(exc), permanent)
     record_job(deps, job_name, run.run_id, 0, run.pipeline, probe=intent.probe)
     return ProbeLaunched(intent.id, intent.probe, job_name)
-
-
-def _register_model(deps: Deps, run: Run, intent: RegisterModelIntent) -> Observation | None:
-    """UploadModel as a new version of the pipeline's model (idempotent: found by the run's
-    label); a permanent refusal ends the run SUCCEEDED without a model name, saying why."""
-    model = deps.pipeline(run.pipeline).model
-    if model is None or deps.models is None:
-        return ModelRegistered(intent.id, error="no model registry configured")
-    pipeline = deps.pipeline(run.pipeline)
-    labels = {**dict(model.labels), LABEL_MODEL_PIPELINE: run.pipeline,
-              LABEL_MODEL_RUN: run.run_id, LABEL_MODEL_SNAPSHOT: run.snapshot_id or ""}
-    found = provenance.labels(run.provenance or {})
-    if len(labels) + len(found) <= MAX_MODEL_LABELS:  # Vertex refuses a 65th label
-        labels.update(found)
-    else:
-        log.warning("run %s: the pipeline's model labels leave no room for provenance labels",
-                    run.run_id, extra={"run_id": run.run_id})
-    try:
-        name = deps.models.upload(ModelUpload(
-            pipeline=run.pipeline, run_id=run.run_id,
-            region=model.region or pipeline.job.regions[0],
-            display_name=model.display_name or run.pipeline, artifact_uri=intent.artifact_uri,
-            serving_image=model.serving_image, labels=labels, aliases=model.aliases))
-    except RegistryError as exc:
-        if not exc.permanent:
-            raise  # stays in the outbox; the tick retries it
-        return ModelRegistered(intent.id, error=str(exc))
-    if model.experiments and deps.experiments is not None:
-        _log_experiment(deps, run, region=model.region or pipeline.job.regions[0])
-    return ModelRegistered(intent.id, model_name=name)
-
-
-def _log_experiment(deps: Deps, run: Run, *, region: str) -> None:
-    """The run in its pipeline's Vertex AI Experiment: parameters, final metrics and cost
-    (best effort: a failure is logged, the model is registered either way)."""
-    assert deps.experiments is not None
-    ctx = Context(deps.pipeline(run.pipeline), deps.clock.now(), prices=deps.prices)
-    metrics = {**{k: float(v) for k, v in run.progress.metrics.items()},
-               "cost": round(spent(run, ctx), 6),
-               "preemptions": float(run.counters.preemptions), "step": float(run.progress.step)}
-    try:
-        deps.experiments.log_run(ExperimentRun(experiment=run.pipeline, run_id=run.run_id,
-                                               region=region, params=dict(run.params),
-                                               metrics=metrics,
-                                               provenance=provenance.metadata(run.provenance)))
-    except RegistryError as exc:
-        log.warning("run %s not logged to Experiments: %s", run.run_id, exc,
-                    extra={"run_id": run.run_id})
 
 
 def _earlier_job_alive(deps: Deps, run: Run, attempt: int) -> tuple[str, str] | None:

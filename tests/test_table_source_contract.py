@@ -16,7 +16,8 @@ import pytest
 
 from spotorch.adapters.memory.tables import InMemoryTables
 from spotorch.adapters.memory.twins import InMemoryObjectStore
-from spotorch.core.table_changes import AUDIT_LOG_TYPE, JobInfo, parse_audit_event
+from spotorch.core.table_changes import JobInfo
+from spotorch.entrypoints.audit_entries import AUDIT_LOG_TYPE, parse_audit_event
 from spotorch.ports.storage import ObjectStore
 from spotorch.ports.tables import TableNotFound, TableSource
 

@@ -70,6 +70,18 @@ class RegistryContract:
         assert set(registry.version(first).aliases) == {"default", ALIAS_BEST}
         assert registry.version(second).aliases == (ALIAS_LATEST,)
 
+    def test_a_version_is_found_by_its_alias_as_vertex_resolves_model_at_alias(
+            self, registry: ModelRegistry, pipeline: str) -> None:
+        first = registry.upload(upload(pipeline, "r1", (ALIAS_LATEST, ALIAS_BEST)))
+        second = registry.upload(upload(pipeline, "r2", (ALIAS_LATEST,)))
+        model = first.rpartition("@")[0]
+        assert registry.version(f"{model}@{ALIAS_LATEST}").name == second  # moved to r2
+        assert registry.version(f"{model}@{ALIAS_BEST}").name == first
+        assert registry.version(f"{model}@default").name == first
+        with pytest.raises(RegistryError) as err:
+            registry.version(f"{model}@nosuch")
+        assert err.value.code == "NOT_FOUND"
+
     def test_an_upload_repeated_for_the_same_run_returns_the_same_version(
             self, registry: ModelRegistry, pipeline: str) -> None:
         name = registry.upload(upload(pipeline, "r1"))

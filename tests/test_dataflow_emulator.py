@@ -22,6 +22,7 @@ from google.api_core.exceptions import GoogleAPICallError
 from spotorch.adapters.gcp.dataflow import DataflowStepLauncher, GcsStepOutputs
 from spotorch.core import preprocess as pp
 from spotorch.core.model import FailureClass
+from spotorch.entrypoints.dataflow_events import status_hint
 from spotorch.local._vertex_iam import IamPolicy
 from spotorch.local.dataflow_emulator import DataflowEmulator, beam_available
 from spotorch.local.emulators import EmulatorSet, running
@@ -152,11 +153,11 @@ def test_a_beam_module_runs_to_done_and_writes_its_output(
                      "spotorch-r1-pre1/part-00001-of-00002.csv"]
     text = _client().bucket("prep").blob(names[0]).download_as_text()
     assert text.splitlines()[0] == "f0,f1,f2,label"
-    states = [pp.status_hint(body).state for _, body in receiver.events]
+    states = [status_hint(body).state for _, body in receiver.events]
     until = time.monotonic() + 10
     while "JOB_STATE_DONE" not in states and time.monotonic() < until:
         time.sleep(0.2)
-        states = [pp.status_hint(body).state for _, body in receiver.events]
+        states = [status_hint(body).state for _, body in receiver.events]
     assert {"JOB_STATE_QUEUED", "JOB_STATE_RUNNING", "JOB_STATE_DONE"} <= set(states)
     headers, body = receiver.events[-1]
     assert headers["ce-type"] == pp.STATUS_CHANGED_TYPE

@@ -206,7 +206,7 @@ def test_an_insert_through_jobs_query_starts_a_run_on_the_stack(tmp_path: Path) 
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import bigquery
 
-    from spotorch.core.table_changes import QUERY_JOB
+    from spotorch.entrypoints.audit_entries import QUERY_JOB
 
     (tmp_path / "pipelines").mkdir()
     (tmp_path / "pipelines" / "bq.yaml").write_text(yaml.safe_dump(pipeline_file()))

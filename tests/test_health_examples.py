@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from spotorch.adapters.gcp.vertex import classify
+from classifying import classify
 from spotorch.core.context import Context
 from spotorch.core.decide import decide, new_run
 from spotorch.core.events import kind_of

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spotorch.adapters.gcp.vertex import Classifier, JobState, classify
+from classifying import classify
+from spotorch.adapters.gcp.vertex import JobState
 from spotorch.core.health import HealthPolicy
 from spotorch.core.model import FailureClass
 from spotorch.core.pipeline import RecoveryPolicy
@@ -46,12 +47,11 @@ EXITED = ("The replica workerpool0-0 exited with a non-zero status of {}. Termin
 ])
 def test_out_of_memory_errors_are_classified(code: int, message: str, failure: FailureClass,
                                              exit_code: int | None) -> None:
-    assert classify(JobState.FAILED, code, message, Classifier.default(), started=True) == (
+    assert classify(JobState.FAILED, code, message, started=True) == (
         classify(JobState.FAILED, code, message, started=True)[0], failure, exit_code)
 
 
 def test_oom_patterns_come_from_the_health_policy() -> None:
     health = HealthPolicy(oom_patterns=(r"(?i)heap exhausted",))
-    classifier = Classifier.from_policy(RecoveryPolicy(), health)
-    assert classify(5, 3, "java: heap exhausted", classifier)[1] is FailureClass.OUT_OF_MEMORY
-    assert classify(5, 3, "CUDA out of memory", classifier)[1] is FailureClass.USER_ERROR
+    assert classify(5, 3, "java: heap exhausted", RecoveryPolicy(), health)[1] is FailureClass.OUT_OF_MEMORY
+    assert classify(5, 3, "CUDA out of memory", RecoveryPolicy(), health)[1] is FailureClass.USER_ERROR

@@ -34,7 +34,8 @@ from spotorch.app.snapshots import (
 )
 from spotorch.core.errors import InvalidEvent
 from spotorch.core.pipeline import BatchMode, JobTemplate, Pipeline, Trigger
-from spotorch.core.triggers import ObjectEvent, ObjectEventKind, parse_object_event
+from spotorch.core.triggers import ObjectEvent, ObjectEventKind
+from spotorch.entrypoints.storage_events import parse_object_event
 from spotorch.ports.store import AddTo, ConflictError, DocumentStore
 from spotorch.settings import COLLECTION_DEDUPE, COLLECTION_RUNS, COLLECTION_SNAPSHOTS
 from test_triggers import BUCKET, eventarc, notification

@@ -26,6 +26,7 @@ from spotorch.core.pipeline import (
 )
 from spotorch.core.price_list import LIST_PRICES
 from spotorch.core.prices import DATAFLOW_VCPU, PriceTable, Rate
+from spotorch.entrypoints.dataflow_events import status_hint
 from spotorch.spec.loader import load_pipeline
 
 BASE = """\
@@ -210,18 +211,18 @@ def test_failed_jobs_are_classified(state: str, error: str, expected: FailureCla
 
 
 def test_the_status_changed_hint_reads_the_real_shape() -> None:
-    hint = pp.status_hint({"payload": {
+    hint = status_hint({"payload": {
         "id": "2026-12-02_03_00_00-123", "projectId": "proj", "name": "spotorch-x-pre1",
         "location": "us-central1", "currentState": "JOB_STATE_DONE", "type": "JOB_TYPE_BATCH"}})
     assert (hint.job_id, hint.region, hint.state, hint.job_name) == (
         "2026-12-02_03_00_00-123", "us-central1", "JOB_STATE_DONE", "spotorch-x-pre1")
     with pytest.raises(ValueError, match="payload"):
-        pp.status_hint({"currentState": "JOB_STATE_DONE"})
+        status_hint({"currentState": "JOB_STATE_DONE"})
     with pytest.raises(ValueError, match="lacks id"):
-        pp.status_hint({"payload": {"projectId": "p", "location": "l",
+        status_hint({"payload": {"projectId": "p", "location": "l",
                                     "currentState": "JOB_STATE_DONE"}})
     with pytest.raises(ValueError, match="not a Dataflow JobState"):
-        pp.status_hint({"payload": {"id": "j", "projectId": "p", "location": "l",
+        status_hint({"payload": {"id": "j", "projectId": "p", "location": "l",
                                     "currentState": "DONE"}})
 
 

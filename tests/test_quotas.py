@@ -12,7 +12,7 @@ import pytest
 from google.api_core import exceptions as api
 
 from fakes import fake_deps
-from spotorch.adapters.gcp.vertex import VertexJobLauncher, classify
+from spotorch.adapters.gcp.vertex import VertexJobLauncher, reported
 from spotorch.adapters.gcp.vertex_calls import RetryPolicy
 from spotorch.adapters.memory.twins import InMemoryLauncher
 from spotorch.app.runs import start_run
@@ -20,7 +20,7 @@ from spotorch.core.alerts import render_alert
 from spotorch.core.context import Context
 from spotorch.core.decide import decide, new_run
 from spotorch.core.intents import LaunchIntent, PublishIntent
-from spotorch.core.model import AttemptState, FailureClass, JobPhase, Run, RunStatus
+from spotorch.core.model import AttemptState, FailureClass, JobPhase, JobStatus, Run, RunStatus
 from spotorch.core.observations import LaunchFailed
 from spotorch.core.pipeline import (
     Capacity,
@@ -31,7 +31,7 @@ from spotorch.core.pipeline import (
     Trigger,
     WorkerPool,
 )
-from spotorch.core.quotas import is_quota_refusal, quota_metrics
+from spotorch.core.quotas import is_quota_refusal, quota_metrics, retry_is_futile
 from spotorch.core.regions import AVOID_QUOTA
 from spotorch.local._vertex_quota import QuotaLimits
 from spotorch.local._vertex_resources import ResourceQuotas, accelerator_metric, vcpus
@@ -134,15 +134,14 @@ def test_a_rate_limit_is_retried_and_never_ends_the_attempt() -> None:
 
 
 def test_a_job_that_fails_with_the_quota_text_is_classified_quota_and_moves_on() -> None:
-    assert classify(5, 8, REFUSAL.split("429 ", 1)[1])[1] is FailureClass.QUOTA
     p = pipeline()
     run = new_run(run_id="r1", pipeline=p, now=T0, data_uri="gs://b/d/", snapshot_id="s")
-    from spotorch.core.model import JobStatus
     from spotorch.core.observations import JobObserved, LaunchDone
 
     intent = launches(run)[0]
     run = decide(run, LaunchDone(intent.id, 1, "job-1"), Context(p, T0))
-    status = JobStatus("job-1", JobPhase.FAILED, failure=FailureClass.QUOTA, message=REFUSAL)
+    # what Vertex says, unclassified: the core reads it with the pipeline's quota patterns
+    status = reported(5, 8, REFUSAL.split("429 ", 1)[1], started=False, job_name="job-1")
     run = decide(run, JobObserved(1, status), Context(p, T0 + 5))
     assert run.current is not None and run.current.region == "europe-west4"
 
@@ -190,8 +189,11 @@ def _spec() -> LaunchSpec:
 def test_the_launcher_never_retries_a_resource_quota_but_retries_a_rate(
         message: str, creates: int, permanent: bool) -> None:
     client = _Refusing(message)
+    # the core's rule (wiring passes it with every pipeline's quota patterns)
     launcher = VertexJobLauncher("p", client_factory=lambda region: client,
-                                 retry=RetryPolicy(attempts=3, sleep=lambda s: None))
+                                 retry=RetryPolicy(attempts=3, sleep=lambda s: None),
+                                 futile=lambda code, said: retry_is_futile(
+                                     code, said, [RecoveryPolicy().quota_patterns]))
     with pytest.raises(LaunchError) as failed:
         launcher.launch(_spec())
     assert client.creates == creates and failed.value.permanent is permanent
@@ -253,7 +255,6 @@ def test_the_emulator_refuses_create_over_a_resource_quota_with_vertex_message()
 
 
 def test_no_spot_probe_is_launched_while_spot_quota_refuses_every_region() -> None:
-    from spotorch.core.model import JobStatus
     from spotorch.core.observations import JobObserved, LaunchDone, Tick
     from spotorch.core.pipeline import SpotProbes
 

@@ -16,13 +16,8 @@ import pytest
 
 from spotorch.adapters.memory.tables import InMemoryTables
 from spotorch.adapters.memory.twins import InMemoryObjectStore
-from spotorch.core.table_changes import (
-    AUDIT_LOG_TYPE,
-    INSERT_JOB,
-    QUERY_JOB,
-    JobInfo,
-    parse_audit_event,
-)
+from spotorch.core.table_changes import JobInfo
+from spotorch.entrypoints.audit_entries import AUDIT_LOG_TYPE, INSERT_JOB, QUERY_JOB, parse_audit_event
 from spotorch.ports.storage import ObjectStore
 from spotorch.ports.tables import TableNotFound, TableSource
 

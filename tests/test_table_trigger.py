@@ -30,20 +30,23 @@ from spotorch.core.errors import InvalidEvent
 from spotorch.core.pipeline import BigQuerySource, JobTemplate, Pipeline, Trigger
 from spotorch.core.pipeline_form import from_form, to_form
 from spotorch.core.table_changes import (
-    AUDIT_LOG_TYPE,
-    INSERT_JOB,
     MAX_JOB_ATTEMPTS,
-    METADATA_TYPE,
-    QUERY_JOB,
     TableChange,
     Watch,
-    parse_audit_event,
     query_as_of,
     query_problems,
     query_sha256,
     snapshot_id_of,
 )
+from spotorch.entrypoints import audit_entries
 from spotorch.entrypoints import functions as entry
+from spotorch.entrypoints.audit_entries import (
+    AUDIT_LOG_TYPE,
+    INSERT_JOB,
+    METADATA_TYPE,
+    QUERY_JOB,
+    parse_audit_event,
+)
 from spotorch.settings import COLLECTION_SNAPSHOTS, COLLECTION_TABLE_WATCHES
 from spotorch.spec.event_schemas import validate_event
 from spotorch.spec.loader import check_file
@@ -829,10 +832,10 @@ def test_the_end_entry_of_our_own_job_carries_the_snapshot_on_at_once(
 
 def test_own_job_entries_are_recognised_by_their_job_id() -> None:
     sid = "0123456789abcdef"
-    assert table_changes.own_job_snapshot(extract_done(f"spotorch-export-{sid}-0-a2")) == sid
-    assert table_changes.own_job_snapshot(job_done(f"spotorch-snapshot-{sid}-query")) == sid
-    assert table_changes.own_job_snapshot(json.dumps(job_done(f"spotorch-export-{sid}-1"))) == sid
-    assert table_changes.own_job_snapshot(job_done("load1")) is None
-    assert table_changes.own_job_snapshot(job_done("spotorch-export-NOTHEX-0")) is None
-    assert table_changes.own_job_snapshot(data_change(f"spotorch-export-{sid}-0")) is None
-    assert table_changes.own_job_snapshot("not json") is None
+    assert audit_entries.own_job_snapshot(extract_done(f"spotorch-export-{sid}-0-a2")) == sid
+    assert audit_entries.own_job_snapshot(job_done(f"spotorch-snapshot-{sid}-query")) == sid
+    assert audit_entries.own_job_snapshot(json.dumps(job_done(f"spotorch-export-{sid}-1"))) == sid
+    assert audit_entries.own_job_snapshot(job_done("load1")) is None
+    assert audit_entries.own_job_snapshot(job_done("spotorch-export-NOTHEX-0")) is None
+    assert audit_entries.own_job_snapshot(data_change(f"spotorch-export-{sid}-0")) is None
+    assert audit_entries.own_job_snapshot("not json") is None

@@ -11,15 +11,17 @@ import pytest
 from spotorch.core.errors import InvalidEvent
 from spotorch.core.pipeline import BatchMode, JobTemplate, Pipeline, Trigger
 from spotorch.core.triggers import (
-    PUBSUB_MESSAGE_TYPE,
     ObjectEvent,
     ObjectEventKind,
     match,
+    skip_reason,
+    snapshot_key,
+)
+from spotorch.entrypoints.storage_events import (
+    PUBSUB_MESSAGE_TYPE,
     parse_object_event,
     parse_pubsub_notification,
     parse_storage_cloudevent,
-    skip_reason,
-    snapshot_key,
 )
 
 BUCKET = "landing"

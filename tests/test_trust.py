@@ -242,7 +242,7 @@ def test_exit_137_without_an_out_of_memory_signal_is_infrastructure(message: str
                                                                      failure: str) -> None:
     """Finding: a worker killed with exit 137 (SIGKILL: the VM, the kernel) counted as a user
     error, the smallest budget."""
-    from spotorch.adapters.gcp.vertex import classify
+    from classifying import classify
 
     phase, found, _ = classify("JOB_STATE_FAILED", 3, message)
     assert phase is JobPhase.FAILED and str(found) == failure

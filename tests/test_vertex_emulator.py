@@ -28,6 +28,7 @@ from spotorch.adapters.gcp.vertex import JobState, VertexJobLauncher
 from spotorch.adapters.gcp.vertex_calls import RetryPolicy
 from spotorch.core.model import FailureClass, JobPhase, JobStatus
 from spotorch.core.pipeline import Capacity, JobTemplate, PoolRole, WorkerPool
+from spotorch.core.recovery import classify as core_classify
 from spotorch.local._vertex_logs import LogFormat, LogFormatError
 from spotorch.local._vertex_quota import QuotaLimits
 from spotorch.local._vertex_schedule import (
@@ -143,7 +144,7 @@ def test_a_job_runs_its_command_to_success(harness: Callable[..., Harness], tmp_
     name = h.launcher.launch(spec("r-ok", 1, pools=(pool,), env={"SPOTORCH_RUN_ID": "r-ok"},
                                   base_output_uri="gs://models/demo"))
     status = h.until(name, JobPhase.SUCCEEDED)
-    assert status.failure is None and status.message == ""
+    assert core_classify(status) is None and status.message == ""
     assert status.create_time and status.start_time and status.end_time
     assert status.create_time <= status.start_time <= status.end_time
     env = json.loads(out.read_text())
@@ -169,7 +170,7 @@ def test_a_nonzero_exit_fails_the_job_with_its_exit_code(harness: Callable[..., 
     h = harness()
     name = h.launcher.launch(spec("r-bad", 1, "sh", "-c", "echo oops >&2; exit 3"))
     status = h.until(name, JobPhase.FAILED)
-    assert (status.failure, status.exit_code) == (FailureClass.USER_ERROR, 3)
+    assert (core_classify(status), status.exit_code) == (FailureClass.USER_ERROR, 3)
     assert "workerpool0-0 exited with a non-zero status of 3" in status.message
     # stderr apart from stdout, as Vertex logs them (ERROR and INFO entries)
     assert "oops" in (h.emulator.log_dir(name) / "workerpool0-0.stderr").read_text()
@@ -182,7 +183,7 @@ def test_a_command_that_cannot_start_fails_like_exit_127(harness: Callable[..., 
     h = harness()
     name = h.launcher.launch(spec("r-none", 1, "/nonexistent/trainer"))
     status = h.until(name, JobPhase.FAILED)
-    assert (status.failure, status.exit_code) == (FailureClass.USER_ERROR, 127)
+    assert (core_classify(status), status.exit_code) == (FailureClass.USER_ERROR, 127)
 
 
 def test_spot_jobs_are_preempted_by_schedule_and_standard_jobs_never(
@@ -197,7 +198,7 @@ def test_spot_jobs_are_preempted_by_schedule_and_standard_jobs_never(
     status = h.until(spot, JobPhase.FAILED)
     assert Path(f"{spot_file}.ready").exists()
     assert spot_file.read_text() == "SIGTERM"  # the worker had its chance to checkpoint
-    assert status.failure is FailureClass.PREEMPTED and status.exit_code is None
+    assert core_classify(status) is FailureClass.PREEMPTED and status.exit_code is None
     assert "STOCKOUT" in status.message and "preempted" in status.message
     assert status.start_time is not None and status.end_time is not None
     assert status.end_time - status.start_time >= 1.4
@@ -215,7 +216,7 @@ def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace_period(
     preempted_at = time.time()
     assert h.emulator.preempt(name)
     status = h.until(name, JobPhase.FAILED)
-    assert status.failure is FailureClass.PREEMPTED
+    assert core_classify(status) is FailureClass.PREEMPTED
     assert status.end_time is not None and status.end_time - preempted_at >= 0.55
     assert not h.emulator.preempt(name)  # ended: nothing to preempt
 
@@ -244,7 +245,7 @@ def test_a_trace_replay_preempts_and_queues_spot_jobs(harness: Callable[..., Har
     running = h.launcher.launch(spec("r-tr", 1, "python", "-c", "import time; time.sleep(60)"))
     h.until(running, JobPhase.RUNNING)
     status = h.until(running, JobPhase.FAILED)
-    assert status.failure is FailureClass.PREEMPTED
+    assert core_classify(status) is FailureClass.PREEMPTED
     late = h.launcher.launch(spec("r-tr", 2, "python", "-c", "print(1)"))
     time.sleep(0.4)
     assert h.launcher.get(late).phase is JobPhase.QUEUED  # no capacity yet
@@ -265,7 +266,7 @@ def test_cancel_stops_queued_and_running_jobs(harness: Callable[..., Harness],
     h.launcher.cancel(queued)
     for name in (running, queued):
         status = h.until(name, JobPhase.CANCELLED)
-        assert status.failure is FailureClass.CANCELLED
+        assert core_classify(status) is FailureClass.CANCELLED
         assert h.raw_client().get_custom_job(name=name).error.code == 1
     assert flag.read_text() == "SIGTERM"
     assert h.states(running)[-2:] == ["CANCELLING", "CANCELLED"]
@@ -350,7 +351,7 @@ def test_one_failing_replica_fails_the_job_and_stops_the_others(
     worker = WorkerPool(command=("sh", "-c", "sleep 0.5; exit 7"))
     name = h.launcher.launch(spec("r-partial", 1, pools=(chief, worker)))
     status = h.until(name, JobPhase.FAILED)
-    assert (status.failure, status.exit_code) == (FailureClass.USER_ERROR, 7)
+    assert (core_classify(status), status.exit_code) == (FailureClass.USER_ERROR, 7)
     assert "workerpool1-0" in status.message
     wait_for(lambda: (tmp_path / "chief").exists(), what="chief stopped")
 
@@ -725,7 +726,7 @@ def test_one_replicas_preemption_fails_the_whole_job_by_default(
     h = harness(schedule=[{"attempt": 1, "after_s": 1.0, "pool": 1, "index": 1}])
     name = h.launcher.launch(spec("r-one", 1, pools=cluster(tmp_path, 60)))
     status = h.until(name, JobPhase.FAILED)
-    assert status.failure is FailureClass.PREEMPTED and status.exit_code is None
+    assert core_classify(status) is FailureClass.PREEMPTED and status.exit_code is None
     assert "STOCKOUT" in status.message and "workerpool1-1" in status.message
     assert "workerpool1-0" not in status.message
     hit = dict(notes(tmp_path, "workerpool1-1"))
@@ -778,7 +779,7 @@ def test_the_job_succeeds_when_its_primary_exits_0_and_the_others_are_shut_down(
     workers = WorkerPool(replica_count=2, command=("python", "-c", REPLICA), args=args)
     name = h.launcher.launch(spec("r-primary", 1, pools=(chief, workers)))
     status = h.until(name, JobPhase.SUCCEEDED, timeout=20)
-    assert status.failure is None
+    assert core_classify(status) is None
     for worker in ("workerpool1-0", "workerpool1-1"):  # still running: stopped by the job's end
         assert [k for k, _ in notes(tmp_path, worker)] == ["start", "SIGTERM"]
     assert [k for k, _ in notes(tmp_path, "workerpool0-0")] == ["start"]
@@ -792,7 +793,7 @@ def test_a_replica_is_restarted_in_place_five_times_then_the_job_fails(
     evaluator = WorkerPool(role=PoolRole.EVALUATOR, command=chief.command, args=chief.args)
     name = h.launcher.launch(spec("r-restarts", 1, pools=(chief, evaluator)))
     status = h.until(name, JobPhase.FAILED, timeout=40)
-    assert status.failure is FailureClass.PREEMPTED
+    assert core_classify(status) is FailureClass.PREEMPTED
     assert "STOCKOUT" in status.message and "workerpool3-0 " in status.message
     assert "after 5 restarts in place" in status.message
     assert [k for k, _ in notes(tmp_path, "workerpool3-0")].count("start") == 6

@@ -14,13 +14,12 @@ import pytest
 from google.api_core import exceptions as api
 from google.cloud import aiplatform_v1 as v1
 
+from classifying import classify
 from spotorch.adapters.gcp.vertex import (
     STATE_PHASES,
-    Classifier,
     JobState,
     VertexJobLauncher,
     build_custom_job,
-    classify,
     find_filter,
     parse_exit_code,
     parse_job_state,
@@ -28,6 +27,7 @@ from spotorch.adapters.gcp.vertex import (
 from spotorch.adapters.gcp.vertex_calls import RetryPolicy, label_key
 from spotorch.core.model import FailureClass, JobPhase
 from spotorch.core.pipeline import Capacity, JobTemplate, RecoveryPolicy, WorkerPool
+from spotorch.core.recovery import classify as core_classify
 from spotorch.local._vertex_filter import matches, parse_filter
 from spotorch.ports.jobs import LABEL_ATTEMPT, LABEL_PIPELINE, LABEL_RUN, LaunchError, LaunchSpec, label_value
 
@@ -234,19 +234,18 @@ NONZERO = ("The replica workerpool0-0 exited with a non-zero status of {}. Termi
 ])
 def test_failed_jobs_are_classified(code: int, message: str, started: bool | None,
                                     failure: FailureClass, exit_code: int | None) -> None:
-    assert classify(JobState.FAILED, code, message, Classifier.default(),
+    assert classify(JobState.FAILED, code, message,
                     started=started) == (JobPhase.FAILED, failure, exit_code)
 
 
 def test_patterns_come_from_the_recovery_policy() -> None:
     policy = RecoveryPolicy(preemption_patterns=("(?i)reclaimed",), infra_patterns=("(?i)gremlin",),
                             timeout_patterns=("(?i)too slow",))
-    classifier = Classifier.from_policy(policy)
-    assert classify(5, 0, "VM reclaimed", classifier, started=True)[1] is FailureClass.PREEMPTED
-    assert classify(5, 0, "a gremlin", classifier)[1] is FailureClass.INFRA
-    assert classify(5, 0, "too slow", classifier)[1] is FailureClass.TIMEOUT
+    assert classify(5, 0, "VM reclaimed", policy, started=True)[1] is FailureClass.PREEMPTED
+    assert classify(5, 0, "a gremlin", policy)[1] is FailureClass.INFRA
+    assert classify(5, 0, "too slow", policy)[1] is FailureClass.TIMEOUT
     # the default "preempt" pattern is gone: the error code decides
-    assert classify(5, 13, "preempted", classifier)[1] is FailureClass.INFRA
+    assert classify(5, 13, "preempted", policy)[1] is FailureClass.INFRA
 
 
 def test_exit_code_parsing() -> None:
@@ -398,8 +397,10 @@ def test_get_maps_the_job(launcher: VertexJobLauncher, fake: FakeJobService) -> 
     job.start_time = {"seconds": 1_800_000_000}
     job.error = {"code": 3, "message": NONZERO.format(2)}
     status = launcher.get(name)
-    assert (status.phase, status.failure, status.exit_code) == \
-        (JobPhase.FAILED, FailureClass.USER_ERROR, 2)
+    # what Vertex said, unclassified; the core classifies it (spotorch.core.recovery)
+    assert (status.phase, status.failure, status.exit_code, status.error_code, status.state,
+            status.started) == (JobPhase.FAILED, None, 2, 3, "FAILED", True)
+    assert core_classify(status) is FailureClass.USER_ERROR
     assert status.start_time == 1_800_000_000 and status.labels[LABEL_ATTEMPT] == "2"
     with pytest.raises(LaunchError) as err:
         launcher.get(name.replace(name.rsplit("/", 1)[1], "999"))

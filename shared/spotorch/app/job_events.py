@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
+from spotorch.app import preprocess_steps
 from spotorch.app.deps import (
     ContradictedLine,
     Deps,
@@ -18,16 +19,19 @@ from spotorch.app.deps import (
 )
 from spotorch.app.launch_specs import hardware_result
 from spotorch.app.unit_of_work import apply
+from spotorch.core import preprocess as pp
 from spotorch.core.model import Checkpoint, FailureClass, JobPhase, JobStatus, Run
 from spotorch.core.observations import (
     ERROR_TAIL_LINES,
     JobObserved,
     Observation,
+    PreprocessObserved,
     ProbeMissing,
     ProbeObserved,
     TrainerReported,
 )
-from spotorch.core.recovery import WORKER_FAILURES
+from spotorch.core.preprocessing import step_of
+from spotorch.core.recovery import WORKER_FAILURES, classify
 from spotorch.core.trust import SignedMessage, checkpoint_outside, implausible, unproven
 from spotorch.ports.jobs import LaunchError
 
@@ -110,6 +114,13 @@ def checkpoint_if_ended(deps: Deps, run: Run, status: JobStatus) -> Checkpoint |
         return None
 
 
+def _classified(deps: Deps, run: Run, status: JobStatus) -> FailureClass:
+    """A failed job's class by its run's pipeline's patterns (the defaults if it is gone)."""
+    pipeline = deps.pipelines.get(run.pipeline)
+    return classify(status, pipeline.recovery if pipeline else None,
+                    pipeline.health if pipeline else None) or FailureClass.INFRA
+
+
 def error_tail_if_failed(deps: Deps, run: Run, number: int, status: JobStatus) -> tuple[str, ...]:
     """The last stderr lines of a job Vertex says failed through its code's doing, looked up
     once: while the attempt has not ended yet. Without them the decision goes on (a log read
@@ -117,7 +128,7 @@ def error_tail_if_failed(deps: Deps, run: Run, number: int, status: JobStatus) -
     attempt = run.attempt(number)
     if (deps.job_logs is None or attempt is None or not attempt.live
             or status.phase is not JobPhase.FAILED
-            or (status.failure or FailureClass.INFRA) not in WORKER_FAILURES):
+            or _classified(deps, run, status) not in WORKER_FAILURES):
         return ()
     job_name = status.job_name or attempt.job_name
     if not job_name:
@@ -210,3 +221,28 @@ def _coalesced(run: Run, report: TrainerReported) -> bool:
             and not report.nonfinite  # a diverging loss is news now (training health)
             and last is not None and 0.0 <= report.at - last < COALESCE_S
             and (report.step or 0) >= run.progress.step)
+
+
+# ---------------------------------------------------------------- Dataflow statusChanged
+
+def status_changed(deps: Deps, hint: pp.StatusHint, event_id: str) -> Run | None:
+    """A Dataflow statusChanged event: a hint only. The job spotorch launched under that name is
+    read with GetJob and that answer (never the event's state) is what the run decides on; a job
+    spotorch did not launch, or of another project, is ignored (None)."""
+    if deps.project and hint.project != deps.project:
+        log.debug("statusChanged of project %s ignored", hint.project)
+        return None
+    run_id = preprocess_steps.owner_of(deps, hint.job_name) if hint.job_name else None
+    if run_id is None:
+        log.debug("statusChanged of Dataflow job %s (not spotorch's) ignored", hint.job_name)
+        return None
+    launcher = preprocess_steps.step_launcher(deps)
+
+    def observe(fresh: Run) -> list[Observation]:
+        step = step_of(fresh)
+        if step is None or step.job_name != hint.job_name or not step.live:
+            return []  # an earlier launch's job, or a step that has ended: nothing to check
+        # By the id GetJob gave before, never the event's (a forged event names any id).
+        return [PreprocessObserved(launcher.get(hint.job_name, step.region, step.job_id))]
+
+    return apply(deps, run_id, observe, event_id=event_id)

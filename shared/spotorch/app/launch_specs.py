@@ -87,7 +87,7 @@ def hardware_result(deps: Deps, run: Run, probe: Probe,
         succeeded=status.phase is JobPhase.SUCCEEDED, exit_code=status.exit_code,
         message=status.message or str(status.phase), now=deps.clock.now(),
         key=hardware.cache_key(pipeline, candidate, search.probe_steps),
-        job_name=status.job_name)
+        job_name=status.job_name, oom_patterns=pipeline.health.oom_patterns)
     return result.to_doc()
 
 

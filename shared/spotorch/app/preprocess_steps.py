@@ -43,7 +43,8 @@ class InputsGone(RuntimeError):
     """A pinned run's inputs manifest is gone: its recorded objects cannot be named."""
 
 
-def _launcher(deps: Deps) -> StepLauncher:
+def step_launcher(deps: Deps) -> StepLauncher:
+    """The deployment's Dataflow launcher; StepsNotConfigured when it has none."""
     if deps.steps is None:
         raise StepsNotConfigured("no Dataflow launcher configured (Deps.steps)")
     return deps.steps
@@ -82,7 +83,7 @@ def perform(deps: Deps, run: Run, intent: PreprocessIntent) -> Observation | Non
             stage_template_packages(deps, pipeline.job)  # the launcher installs the package
         try:
             inputs = _stage_inputs(deps, run, step) if pp.reads_pinned(pipeline) else None
-            job = _launcher(deps).launch(launch_request(deps, run, step, inputs))
+            job = step_launcher(deps).launch(launch_request(deps, run, step, inputs))
         except InputsGone as exc:  # for good: the run's recorded inputs cannot be named
             job = pp.JobView(job_id="", name=intent.job_name, state=pp.JOB_STATE_FAILED,
                              error=str(exc), refused=True)
@@ -97,7 +98,7 @@ def perform(deps: Deps, run: Run, intent: PreprocessIntent) -> Observation | Non
         return PreprocessObserved(job, intent.id)
     if intent.action == PREPROCESS_CANCEL:
         if intent.job_name:
-            _launcher(deps).cancel(intent.job_name, step.region)
+            step_launcher(deps).cancel(intent.job_name, step.region)
         return IntentDone(intent.id)
     if intent.action == PREPROCESS_MARK:
         if step.phase is pp.StepPhase.DONE and not step.cache_hit:
@@ -189,28 +190,3 @@ def poll(deps: Deps, run: Run) -> list[Observation]:
         log.warning("polling Dataflow job %s failed: %s", step.job_name, exc,
                     extra={"run_id": run.run_id})
         return []
-
-
-def status_changed(deps: Deps, hint: pp.StatusHint, event_id: str) -> Run | None:
-    """A Dataflow statusChanged event: a hint only. The job spotorch launched under that name is
-    read with GetJob and that answer (never the event's state) is what the run decides on; a job
-    spotorch did not launch, or of another project, is ignored (None)."""
-    if deps.project and hint.project != deps.project:
-        log.debug("statusChanged of project %s ignored", hint.project)
-        return None
-    run_id = owner_of(deps, hint.job_name) if hint.job_name else None
-    if run_id is None:
-        log.debug("statusChanged of Dataflow job %s (not spotorch's) ignored", hint.job_name)
-        return None
-    launcher = _launcher(deps)
-
-    def observe(fresh: Run) -> list[Observation]:
-        step = step_of(fresh)
-        if step is None or step.job_name != hint.job_name or not step.live:
-            return []  # an earlier launch's job, or a step that has ended: nothing to check
-        # By the id GetJob gave before, never the event's (a forged event names any id).
-        return [PreprocessObserved(launcher.get(hint.job_name, step.region, step.job_id))]
-
-    from spotorch.app.unit_of_work import apply
-
-    return apply(deps, run_id, observe, event_id=event_id)

@@ -13,15 +13,14 @@ import contextlib
 import hashlib
 import json
 import logging
-import random
 import re
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any
 
+from spotorch.app import updates
 from spotorch.core.errors import InvalidEvent, SpotorchError
 from spotorch.core.pipeline import BatchMode, Pipeline
 from spotorch.core.triggers import Match, ObjectEvent, ObjectEventKind, match, skip_reason, split_gs_uri
@@ -454,29 +453,17 @@ def remember_handled(docs: DocumentStore, key: str, record: Mapping[str, Any],
         docs.put(COLLECTION_DEDUPE, key, doc, None)
 
 
-def _pause(attempt: int) -> None:
-    time.sleep(random.uniform(0.0, BACKOFF_S * 2 ** attempt))
-
-
 def conditional_update(docs: DocumentStore, collection: str, doc_key: str,
                        decide: Callable[[Mapping[str, Any] | None], Mapping[str, Any] | None]
                        ) -> Mapping[str, Any] | None:
-    """get -> decide -> conditional put (the document's version), again after a jittered pause
-    on conflict; the document written, or None when decide changed nothing. The last
-    ConflictError propagates (the caller's event is redelivered, or the next tick tries)."""
-    for attempt in range(WRITE_ATTEMPTS):
-        raw, version = docs.get(collection, doc_key)
-        changed = decide(raw)
-        if changed is None:
-            return None
-        try:
-            docs.put(collection, doc_key, changed, version)
-            return changed
-        except ConflictError:
-            if attempt + 1 == WRITE_ATTEMPTS:
-                raise
-            _pause(attempt)
-    raise AssertionError("unreachable")
+    """get -> decide -> conditional put (the document's version): app.updates' loop, on one
+    document of a collection; the document written, or None when decide changed nothing. The
+    last ConflictError propagates (the caller's event is redelivered, or the next tick tries)."""
+    written = updates.conditional_update(
+        lambda: docs.get(collection, doc_key), decide,
+        lambda new, version: docs.put(collection, doc_key, new, version),
+        what=f"{collection}/{doc_key}", attempts=WRITE_ATTEMPTS, backoff_s=BACKOFF_S)
+    return None if written is None else written.doc
 
 
 def _update(docs: DocumentStore, doc_key: str,

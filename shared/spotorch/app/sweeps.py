@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, assert_never
 
+from spotorch.app import registration
 from spotorch.app.deps import UnknownRun
 from spotorch.app.runs import cancel_run, snapshot_objects, start_run
+from spotorch.app.updates import conditional_update
 from spotorch.core import provenance
 from spotorch.core import sweeps as sweep
 from spotorch.core.context import Context
@@ -30,19 +30,11 @@ from spotorch.core.sweeps import (
     SweepContext,
     SweepEvaluate,
     SweepIntent,
+    SweepIntentDeferred,
     SweepIntentDone,
     SweepObservation,
     TrialSeen,
     TrialStatus,
-)
-from spotorch.ports.registry import (
-    ALIAS_BEST,
-    LABEL_MODEL_PIPELINE,
-    LABEL_MODEL_RUN,
-    LABEL_MODEL_SNAPSHOT,
-    LABEL_MODEL_SWEEP,
-    ExperimentRun,
-    ModelUpload,
 )
 from spotorch.ports.store import ConflictError
 from spotorch.settings import COLLECTION_SWEEPS
@@ -162,9 +154,13 @@ SweepSource = Sequence[SweepObservation] | Callable[[Sweep], Sequence[SweepObser
 
 def apply_sweep(deps: Deps, sweep_id: str, observations: SweepSource, *,
                 take_over: bool = False) -> Sweep | None:
-    """Feed observations to a sweep in one conditional write, then carry out what was decided."""
-    for attempt in range(MAX_CONFLICT_RETRIES):
-        sw, version = load_sweep(deps, sweep_id)
+    """Feed observations to a sweep in one conditional write (app.updates), then carry out what
+    was decided."""
+    read: dict[str, Any] = {}  # what the last pass read and decided
+
+    def decided(sw: Sweep | None) -> Sweep | None:
+        read.clear()
+        read["sweep"] = sw
         if sw is None:
             return None
         ctx = _context(deps, sw)
@@ -173,17 +169,19 @@ def apply_sweep(deps: Deps, sweep_id: str, observations: SweepSource, *,
             new = sweep.decide_sweep(new, obs, ctx)
         taken = sweep.claimable(new, ctx.now) if take_over else ()
         new = sweep.claim(new, taken, ctx.now) if taken else new
-        if new == sw:
-            return sw
         known = {i.id for i in sw.outbox}
-        mine = tuple(i.id for i in new.outbox if i.id not in known) + tuple(i.id for i in taken)
-        try:
-            version = deps.docs.put(COLLECTION_SWEEPS, sweep_id, new.to_dict(), version)
-        except ConflictError:
-            time.sleep(random.uniform(0.0, 0.02 * (attempt + 1)))
-            continue
-        return _carry_out(deps, new, version, mine)
-    raise ConflictError(f"sweep {sweep_id}: too much contention, giving up for redelivery")
+        read["mine"] = tuple(i.id for i in new.outbox if i.id not in known) + \
+            tuple(i.id for i in taken)
+        return None if new == sw else new
+
+    written = conditional_update(
+        lambda: load_sweep(deps, sweep_id), decided,
+        lambda new, version: deps.docs.put(COLLECTION_SWEEPS, sweep_id, new.to_dict(), version),
+        what=f"sweep {sweep_id}", attempts=MAX_CONFLICT_RETRIES)
+    if written is None:
+        found: Sweep | None = read.get("sweep")
+        return found
+    return _carry_out(deps, written.doc, written.version, read["mine"])
 
 
 def _carry_out(deps: Deps, sw: Sweep, version: Any, mine: Sequence[str]) -> Sweep:
@@ -227,52 +225,18 @@ def _perform(deps: Deps, sw: Sweep, intent: SweepIntent) -> SweepObservation | N
                 with contextlib.suppress(UnknownRun):  # never created: nothing to stop
                     cancel_run(deps, sw.trial(intent.trial).run_id, intent.reason)
             case RegisterModel():
-                return SweepIntentDone(intent.id, model_name=_register(deps, sw, intent))
+                return SweepIntentDone(intent.id, model_name=registration.register_sweep_model(
+                    deps, sw, intent))
             case LogTrial():
-                return SweepIntentDone(intent.id, experiment_run=_log_trial(deps, sw, intent))
+                return SweepIntentDone(intent.id, experiment_run=registration.log_trial(
+                    deps, sw, intent))
             case _:
                 assert_never(intent)
         return SweepIntentDone(intent.id)
-    except Exception as exc:  # stays in the outbox; the tick retries it when its claim expires
+    except Exception as exc:  # deferred: stays in the outbox, its claim released (core.outbox)
         log.warning("intent %s (%s) of sweep %s failed: %s", intent.id, intent.kind, sw.sweep_id,
                     exc)
-        return None
-
-
-def _region(deps: Deps, pipeline_name: str) -> str:
-    pipeline = deps.pipeline(pipeline_name)
-    model = pipeline.model
-    return (model.region if model and model.region else pipeline.job.regions[0])
-
-
-def _register(deps: Deps, sw: Sweep, intent: RegisterModel) -> str:
-    pipeline = deps.pipeline(sw.pipeline)
-    model = pipeline.model
-    assert model is not None and deps.models is not None
-    labels = {**dict(model.labels), LABEL_MODEL_PIPELINE: sw.pipeline,
-              LABEL_MODEL_RUN: intent.run_id, LABEL_MODEL_SWEEP: sw.sweep_id,
-              LABEL_MODEL_SNAPSHOT: sw.snapshot_id or ""}
-    return deps.models.upload(ModelUpload(
-        pipeline=sw.pipeline, run_id=intent.run_id, region=_region(deps, sw.pipeline),
-        display_name=model.display_name or sw.pipeline, artifact_uri=intent.artifact_uri,
-        serving_image=model.serving_image, labels=labels,
-        aliases=tuple(dict.fromkeys((*model.aliases, ALIAS_BEST)))))
-
-
-def _log_trial(deps: Deps, sw: Sweep, intent: LogTrial) -> str:
-    assert deps.experiments is not None
-    trial = sw.trial(intent.trial)
-    spec = deps.pipeline(sw.pipeline).sweep
-    metric = spec.metric if spec else "metric"
-    metrics = {"cost": trial.cost, "preemptions": float(trial.preemptions)}
-    if trial.metric is not None:
-        metrics[metric] = trial.metric
-    if trial.step is not None:
-        metrics["step"] = float(trial.step)
-    return deps.experiments.log_run(ExperimentRun(
-        experiment=sw.pipeline, run_id=trial.run_id, region=_region(deps, sw.pipeline),
-        params=dict(trial.params), metrics=metrics,
-        state="COMPLETE" if trial.status is TrialStatus.SUCCEEDED else "FAILED"))
+        return SweepIntentDeferred(intent.id, f"{type(exc).__name__}: {str(exc)[:300]}")
 
 
 # ---------------------------------------------------------------- following trials

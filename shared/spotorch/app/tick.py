@@ -232,7 +232,8 @@ def _status_doc(status: JobStatus) -> dict[str, Any]:
             "failure": str(status.failure) if status.failure else None,
             "exit_code": status.exit_code, "message": status.message[:500],
             "labels": dict(status.labels), "create_time": status.create_time,
-            "start_time": status.start_time, "end_time": status.end_time}
+            "start_time": status.start_time, "end_time": status.end_time,
+            "error_code": status.error_code, "state": status.state, "started": status.started}
 
 
 def status_from_doc(doc: Mapping[str, Any]) -> JobStatus:
@@ -242,7 +243,8 @@ def status_from_doc(doc: Mapping[str, Any]) -> JobStatus:
                      exit_code=doc.get("exit_code"), message=str(doc.get("message") or ""),
                      labels={str(k): str(v) for k, v in (doc.get("labels") or {}).items()},
                      create_time=doc.get("create_time"), start_time=doc.get("start_time"),
-                     end_time=doc.get("end_time"))
+                     end_time=doc.get("end_time"), error_code=int(doc.get("error_code") or 0),
+                     state=str(doc.get("state") or ""), started=doc.get("started"))
 
 
 def shard_buckets(shard: int, shards: int = RECONCILE_SHARDS) -> list[int]:

@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
-import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, assert_never
 
 from spotorch.app import hardware_probes as probes
-from spotorch.app import preprocess_steps, run_log
+from spotorch.app import preprocess_steps, registration, run_log
 from spotorch.app.deps import Deps, JobOwner, ObservationSource, context, job_id_of
 from spotorch.app.launch_specs import hardware_probe_spec, launch_spec, probe_spec, stage_packages
 from spotorch.app.spot_record import seen_between, shape_key
-from spotorch.core import hardware, provenance
+from spotorch.app.updates import conditional_update
+from spotorch.core import hardware
 from spotorch.core import health as hp
-from spotorch.core.context import Context
 from spotorch.core.decide import decide
 from spotorch.core.intents import (
     CancelIntent,
@@ -30,14 +28,13 @@ from spotorch.core.intents import (
     RegisterModelIntent,
 )
 from spotorch.core.model import PROBE_HARDWARE, Run, RunStatus
-from spotorch.core.moves import claim, claimable, remember, spent
+from spotorch.core.moves import claim, claimable, remember
 from spotorch.core.observations import (
     CheckpointsDeleted,
     IntentDeferred,
     IntentDone,
     LaunchDone,
     LaunchFailed,
-    ModelRegistered,
     Observation,
     ProbeLaunched,
     ProbeLaunchFailed,
@@ -45,18 +42,8 @@ from spotorch.core.observations import (
 )
 from spotorch.core.pipeline import OnActiveRun
 from spotorch.ports.jobs import LaunchError
-from spotorch.ports.registry import (
-    LABEL_MODEL_PIPELINE,
-    LABEL_MODEL_RUN,
-    LABEL_MODEL_SNAPSHOT,
-    ExperimentRun,
-    ModelUpload,
-    RegistryError,
-)
 from spotorch.ports.store import AddTo, ConflictError
 from spotorch.settings import COLLECTION_JOBS, JOB_RECORD_GRACE_S, TTL_FIELD
-
-MAX_MODEL_LABELS = 64  # Vertex AI: at most 64 labels on a resource
 
 log = logging.getLogger("spotorch.service")
 
@@ -69,37 +56,41 @@ LEASE_MARGIN_S = 60.0  # never start a launch with less of its claim left than t
 
 def apply(deps: Deps, run_id: str, observations: ObservationSource, *,
           event_id: str | None = None, take_over: bool = False) -> Run | None:
-    """Feed observations to a run in one conditional write, then carry out what was decided."""
-    for attempt in range(MAX_CONFLICT_RETRIES):
-        run, version = deps.runs.load(run_id)
-        if run is None:
-            return None
-        if event_id and event_id in run.seen:
-            return run  # a redelivery: already handled, nothing to write
+    """Feed observations to a run in one conditional write (app.updates), then carry out what
+    was decided."""
+    read: dict[str, Any] = {}  # what the last pass read and decided
+
+    def decided(run: Run | None) -> Run | None:
+        read.clear()
+        read["run"] = run
+        if run is None or (event_id and event_id in run.seen):
+            return None  # no run, or a redelivery: already handled, nothing to write
         now = deps.clock.now()
         ctx = context(deps, run, now)
         new = run
         for obs in observations(run) if callable(observations) else observations:
             new = decide(new, obs, ctx)
         if new == run and not take_over:
-            return run  # changes nothing (a duplicate under another id): no write at all
+            return None  # changes nothing (a duplicate under another id): no write at all
         new = remember(new, event_id)
         taken = claimable(new, now) if take_over else ()
         new = claim(new, taken, now) if taken else new
-        mine = _fresh(run, new) + tuple(i.id for i in taken)
-        if new == run:
-            return run
-        try:
-            # What the change taught about Spot goes to the shared record in the same commit:
-            # counted once however often the event comes, and no round trip of its own.
-            version = deps.runs.save(new, version, _spot_additions(deps, run, new, now))
-        except ConflictError:
-            time.sleep(random.uniform(0.0, 0.02 * (attempt + 1)))  # spread racing writers out
-            continue
-        _remember_measurements(deps, run, new, now)
-        run_log.attempts_changed(run, new)
-        return carry_out(deps, new, version, mine, was_active=run.active)
-    raise ConflictError(f"run {run_id}: too much contention, giving up for redelivery")
+        read.update(now=now, mine=_fresh(run, new) + tuple(i.id for i in taken))
+        return None if new == run else new
+
+    def save(new: Run, version: Any) -> Any:
+        # What the change taught about Spot goes to the shared record in the same commit:
+        # counted once however often the event comes, and no round trip of its own.
+        return deps.runs.save(new, version, _spot_additions(deps, read["run"], new, read["now"]))
+
+    written = conditional_update(lambda: deps.runs.load(run_id), decided, save,
+                                 what=f"run {run_id}", attempts=MAX_CONFLICT_RETRIES)
+    run: Run | None = read.get("run")
+    if written is None or run is None:
+        return run
+    _remember_measurements(deps, run, written.doc, read["now"])
+    run_log.attempts_changed(run, written.doc)
+    return carry_out(deps, written.doc, written.version, read["mine"], was_active=run.active)
 
 
 def _spot_additions(deps: Deps, old: Run, new: Run, now: float) -> list[AddTo]:
@@ -198,7 +189,7 @@ def _perform(deps: Deps, run: Run, intent: Intent) -> Observation | None:
             case LaunchIntent():
                 return _perform_launch(deps, run, intent)
             case RegisterModelIntent():
-                return _register_model(deps, run, intent)
+                return registration.register_run_model(deps, run, intent)
             case DeleteCheckpointsIntent():
                 return _perform_delete(deps, intent)
             case LaunchProbeIntent():
@@ -267,54 +258,6 @@ def _perform_probe_launch(deps: Deps, run: Run, intent: LaunchProbeIntent) -> Ob
         return ProbeLaunchFailed(intent.id, intent.probe, str(exc), permanent)
     record_job(deps, job_name, run.run_id, 0, run.pipeline, probe=intent.probe)
     return ProbeLaunched(intent.id, intent.probe, job_name)
-
-
-def _register_model(deps: Deps, run: Run, intent: RegisterModelIntent) -> Observation | None:
-    """UploadModel as a new version of the pipeline's model (idempotent: found by the run's
-    label); a permanent refusal ends the run SUCCEEDED without a model name, saying why."""
-    model = deps.pipeline(run.pipeline).model
-    if model is None or deps.models is None:
-        return ModelRegistered(intent.id, error="no model registry configured")
-    pipeline = deps.pipeline(run.pipeline)
-    labels = {**dict(model.labels), LABEL_MODEL_PIPELINE: run.pipeline,
-              LABEL_MODEL_RUN: run.run_id, LABEL_MODEL_SNAPSHOT: run.snapshot_id or ""}
-    found = provenance.labels(run.provenance or {})
-    if len(labels) + len(found) <= MAX_MODEL_LABELS:  # Vertex refuses a 65th label
-        labels.update(found)
-    else:
-        log.warning("run %s: the pipeline's model labels leave no room for provenance labels",
-                    run.run_id, extra={"run_id": run.run_id})
-    try:
-        name = deps.models.upload(ModelUpload(
-            pipeline=run.pipeline, run_id=run.run_id,
-            region=model.region or pipeline.job.regions[0],
-            display_name=model.display_name or run.pipeline, artifact_uri=intent.artifact_uri,
-            serving_image=model.serving_image, labels=labels, aliases=model.aliases))
-    except RegistryError as exc:
-        if not exc.permanent:
-            raise  # stays in the outbox; the tick retries it
-        return ModelRegistered(intent.id, error=str(exc))
-    if model.experiments and deps.experiments is not None:
-        _log_experiment(deps, run, region=model.region or pipeline.job.regions[0])
-    return ModelRegistered(intent.id, model_name=name)
-
-
-def _log_experiment(deps: Deps, run: Run, *, region: str) -> None:
-    """The run in its pipeline's Vertex AI Experiment: parameters, final metrics and cost
-    (best effort: a failure is logged, the model is registered either way)."""
-    assert deps.experiments is not None
-    ctx = Context(deps.pipeline(run.pipeline), deps.clock.now(), prices=deps.prices)
-    metrics = {**{k: float(v) for k, v in run.progress.metrics.items()},
-               "cost": round(spent(run, ctx), 6),
-               "preemptions": float(run.counters.preemptions), "step": float(run.progress.step)}
-    try:
-        deps.experiments.log_run(ExperimentRun(experiment=run.pipeline, run_id=run.run_id,
-                                               region=region, params=dict(run.params),
-                                               metrics=metrics,
-                                               provenance=provenance.metadata(run.provenance)))
-    except RegistryError as exc:
-        log.warning("run %s not logged to Experiments: %s", run.run_id, exc,
-                    extra={"run_id": run.run_id})
 
 
 def _earlier_job_alive(deps: Deps, run: Run, attempt: int) -> tuple[str, str] | None:

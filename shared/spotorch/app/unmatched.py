@@ -16,14 +16,14 @@ pipelines would take by then (the pipelines were fixed) is marked resolved inste
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
-import random
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from spotorch.app import updates
 from spotorch.core.events import build_event
 from spotorch.core.pipeline import Pipeline
 from spotorch.core.triggers import (
@@ -127,17 +127,20 @@ def record_unmatched(docs: DocumentStore, event: ObjectEvent, misses: Sequence[M
                      now: float) -> None:
     """Record an object no pipeline took by mistake (misses: unintended_misses of it)."""
     key = record_key(event.bucket, folder_of(event.name))
-    for attempt in range(WRITE_ATTEMPTS):
-        doc, version = docs.get(COLLECTION_UNMATCHED, key)
-        new = _decide(doc, event, misses, now)
-        if new is None:
-            return
-        try:
-            docs.put(COLLECTION_UNMATCHED, key, new, version)
-            return
-        except ConflictError:
-            time.sleep(random.uniform(0.0, 0.02 * 2 ** attempt))
-    log.warning("unmatched object %s not recorded: its folder's record is contended", event.uri)
+    try:
+        _update(docs, key, lambda doc: _decide(doc, event, misses, now))
+    except ConflictError:
+        log.warning("unmatched object %s not recorded: its folder's record is contended",
+                    event.uri)
+
+
+def _update(docs: DocumentStore, key: str,
+            decide: Callable[[Mapping[str, Any] | None], dict[str, Any] | None]) -> None:
+    """One record's change through app.updates' loop (ConflictError after WRITE_ATTEMPTS)."""
+    updates.conditional_update(
+        lambda: docs.get(COLLECTION_UNMATCHED, key), decide,
+        lambda new, version: docs.put(COLLECTION_UNMATCHED, key, new, version),
+        what=f"{COLLECTION_UNMATCHED}/{key}", attempts=WRITE_ATTEMPTS)
 
 
 def _now_matches(doc: Mapping[str, Any], pipelines: Sequence[Pipeline]) -> bool:
@@ -197,13 +200,6 @@ def alert_quiet_uploads(docs: DocumentStore, publisher: EventPublisher,
 
 
 def _mark(docs: DocumentStore, key: str, now: float, resolved: bool) -> None:
-    for _ in range(WRITE_ATTEMPTS):
-        doc, version = docs.get(COLLECTION_UNMATCHED, key)
-        if doc is None:
-            return
-        try:
-            docs.put(COLLECTION_UNMATCHED, key, {**doc, "alerted": True, "alerted_at": now,
-                                                 "resolved": resolved}, version)
-            return
-        except ConflictError:
-            continue
+    with contextlib.suppress(ConflictError):  # contended: the next pass marks it
+        _update(docs, key, lambda doc: None if doc is None else {
+            **doc, "alerted": True, "alerted_at": now, "resolved": resolved})

@@ -375,7 +375,7 @@ def _attempt_ended(run: Run, ctx: Context, attempt: Attempt, status: JobStatus,
             return _register_model(run, ctx, attempt, succeeded)
         run = move_to(run, RunStatus.SUCCEEDED, ctx, f"attempt {attempt.number} succeeded")
         return publish(run, ctx, "run.succeeded", status=str(run.status), **succeeded)
-    failure = failure_of(attempt, status)
+    failure = failure_of(attempt, status, ctx)
     reason = END_REASONS[failure](attempt, status)
     attempt = _end_attempt(attempt, ctx, status, reason, failure, error_tail)
     run = with_attempt(run, attempt)

@@ -12,12 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from spotorch.core.cost import hourly_rate
+from spotorch.core.health import OOM_PATTERNS, is_out_of_memory
 from spotorch.core.pipeline import Capacity, HardwareCandidate, Pipeline
 from spotorch.core.price_list import LIST_PRICES
 from spotorch.core.prices import PriceTable
@@ -31,13 +31,9 @@ PROBE_LABEL = "spotorch_probe"
 PROBE_CANDIDATE_LABEL = "spotorch_candidate"
 PROBE_REPORT = "probe.json"  # what the trainer writes under its checkpoint root at the end
 
-# Why a probe is unfit, from what its job and its report say (first match wins). The OOM
-# wordings are those of Linux's OOM killer (exit 137 after SIGKILL), PyTorch, JAX/XLA and
-# TensorFlow; they are patterns, not a Vertex contract, and can be extended by the caller.
-OOM_PATTERNS: tuple[re.Pattern[str], ...] = tuple(re.compile(p) for p in (
-    r"(?i)out of memory", r"(?i)\boom\b", r"(?i)memoryerror", r"(?i)cannot allocate memory",
-    r"(?i)resource_?exhausted:.*(memory|hbm|allocat)",
-))
+# Why a probe is unfit, from what its job and its report say (first match wins): out of memory
+# by the one list of out-of-memory wordings (spotorch.core.health.OOM_PATTERNS, or the
+# pipeline's health.oom_patterns), or by the exit status the OOM killer leaves.
 OOM_EXIT_CODES = frozenset({137})  # 128 + SIGKILL: what the OOM killer leaves
 
 
@@ -103,24 +99,24 @@ def _num(report: Mapping[str, Any], key: str) -> float | None:
 
 
 def unfit_reason(exit_code: int | None, message: str,
-                 patterns: Sequence[re.Pattern[str]] = OOM_PATTERNS) -> str:
+                 patterns: Sequence[str] = OOM_PATTERNS) -> str:
     """Why a failed probe is unfit: out of memory when its exit code or message says so."""
-    if exit_code in OOM_EXIT_CODES or any(p.search(message or "") for p in patterns):
+    if exit_code in OOM_EXIT_CODES or is_out_of_memory(message, patterns):
         return f"out of memory ({message.strip()[:160] or f'exit {exit_code}'})"
     return f"failed ({message.strip()[:160] or f'exit {exit_code}'})"
 
 
 def result_of(candidate: str, report: Mapping[str, Any] | None, *, succeeded: bool,
               exit_code: int | None = None, message: str = "", now: float = 0.0, key: str = "",
-              job_name: str = "") -> ProbeResult:
+              job_name: str = "", oom_patterns: Sequence[str] = OOM_PATTERNS) -> ProbeResult:
     """A probe's result from its job's end and the trainer's report (None: none was written)."""
     base = ProbeResult(candidate, False, measured_at=now, key=key, job_name=job_name)
     if report is not None and report.get("oom"):
         return replace(base, reason=unfit_reason(None, str(report.get("error") or
-                                                         "out of memory")))
+                                                         "out of memory"), oom_patterns))
     if not succeeded:  # the trainer's own account of the error says more than the job's
         said = str((report or {}).get("error") or "")
-        return replace(base, reason=unfit_reason(exit_code, said or message))
+        return replace(base, reason=unfit_reason(exit_code, said or message, oom_patterns))
     rate = _num(report or {}, "steps_per_s")
     if rate is None or rate <= 0:
         return replace(base, reason="no measurement: the trainer wrote no probe report "

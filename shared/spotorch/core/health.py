@@ -8,8 +8,10 @@ spotorch.core.training_health wires them into `decide`.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -47,7 +49,20 @@ OOM_PATTERNS: tuple[str, ...] = (
     r"(?i)RESOURCE_EXHAUSTED:?\s*(?:XLA:?\s*)?Out of memory",  # XLA
     r"(?i)ran out of memory in memory space (?:hbm|vmem)",  # TPU
     r"(?i)\bOOM when allocating tensor\b",  # TensorFlow
+    r"(?i)\bOOM\b",  # a probe's or a framework's bare "OOM"
+    r"(?i)resource_?exhausted:.*(?:memory|hbm|allocat)",  # an allocator's RESOURCE_EXHAUSTED
 )
+
+
+@functools.lru_cache(maxsize=256)
+def compiled(patterns: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
+    """A pattern list compiled once per process (a pipeline's lists are validated at load)."""
+    return tuple(re.compile(p) for p in patterns)
+
+
+def is_out_of_memory(message: str, patterns: Sequence[str] = OOM_PATTERNS) -> bool:
+    """Whether an error message says out of memory (the one list: a pipeline's oom_patterns)."""
+    return any(p.search(message or "") for p in compiled(tuple(patterns)))
 
 
 @dataclass(frozen=True)
@@ -100,7 +115,8 @@ class HealthPolicy(FileSection):
     # takes the first one larger than the current machine (the next in the list); none left, or
     # none listed: the run fails FAILED_OUT_OF_MEMORY.
     fallback_machines: tuple[str, ...] = ()
-    # A failed job's error matching one of these is out of memory (spotorch.adapters.gcp.vertex classifies).
+    # A failed job's error matching one of these is out of memory (spotorch.core.recovery
+    # classifies a failed job, spotorch.core.hardware a failed probe, both with these).
     oom_patterns: tuple[str, ...] = field(default_factory=lambda: OOM_PATTERNS)
     # --- checkpoint retention (spotorch deletes from the checkpoint root) ---
     keep_last: int | None = None  # keep the newest K complete checkpoints; None: spotorch deletes none

@@ -62,17 +62,26 @@ class FailureClass(StrEnum):
 
 @dataclass(frozen=True)
 class JobStatus:
-    """What the launcher knows about one job right now."""
+    """What the launcher knows about one job right now: what the service said, unclassified.
+
+    The failure class of a failed job is decided in the core, with the run's pipeline's patterns
+    (spotorch.core.recovery.classify); an adapter reports the state, the error and the exit code.
+    """
 
     job_name: str
     phase: JobPhase
+    # A class the evidence itself fixes, when there is one: the core's own LOST (NOT_FOUND poll
+    # after poll) or an in-memory twin's; None for what a real service reports.
     failure: FailureClass | None = None
-    exit_code: int | None = None
-    message: str = ""
+    exit_code: int | None = None  # the replica's exit status, when the service names one
+    message: str = ""  # the job's error message
     labels: Mapping[str, str] = field(default_factory=dict)
     create_time: float | None = None
     start_time: float | None = None
     end_time: float | None = None
+    error_code: int = 0  # google.rpc.Code of the job's error (0: none)
+    state: str = ""  # the service's own state name (e.g. EXPIRED) when the phase does not say it all
+    started: bool | None = None  # whether the job ever ran (None: the service did not say)
 
 
 @dataclass(frozen=True)

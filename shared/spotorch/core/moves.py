@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from spotorch.core import outbox
 from spotorch.core.context import Context
 from spotorch.core.cost import ledger, ledger_dict
 from spotorch.core.events import build_event
@@ -28,7 +29,7 @@ from spotorch_trainer.contract import rfc3339
 
 SEEN_LIMIT = 200
 HISTORY_LIMIT = 400
-LAUNCH_LEASE_S = 120.0
+LAUNCH_LEASE_S = outbox.LEASE_S
 
 
 def note(run: Run, ctx: Context, what: str, reason: str = "") -> Run:
@@ -157,26 +158,21 @@ def spent(run: Run, ctx: Context) -> float:
 
 def claimable(run: Run, now: float) -> tuple[Intent, ...]:
     """Intents whose executor's claim has expired (crashed or lost): the tick may carry them out."""
-    return tuple(i for i in run.outbox if i.claimed_until <= now)
+    return outbox.claimable(run.outbox, now)
 
 
 def release(run: Run, intent_id: str, now: float, why: str = "") -> Run:
     """Give up the claim on an intent (its executor stopped trying): the next tick takes it
-    at once rather than when the claim would have expired."""
-    def released(intent: Intent) -> Intent:
-        if isinstance(intent, LaunchIntent):
-            return replace(intent, claimed_until=min(intent.claimed_until, now), deferred=why)
-        return replace(intent, claimed_until=min(intent.claimed_until, now))
-    return replace(run, outbox=tuple(released(i) if i.id == intent_id else i
-                                     for i in run.outbox))
+    at once rather than when the claim would have expired (core.outbox); a launch notes why."""
+    def noted(intent: Intent) -> Intent:
+        return replace(intent, deferred=why) if isinstance(intent, LaunchIntent) else intent
+    return replace(run, outbox=outbox.release(run.outbox, intent_id, now, noted))
 
 
 def claim(run: Run, intents: tuple[Intent, ...], now: float) -> Run:
     """Take over intents for LAUNCH_LEASE_S (in the same conditional write that reads them)."""
-    ids = {i.id for i in intents}
-    outbox = tuple(replace(i, claimed_until=now + LAUNCH_LEASE_S) if i.id in ids else i
-                   for i in run.outbox)
-    return replace(run, outbox=outbox)
+    return replace(run, outbox=outbox.claim(run.outbox, (i.id for i in intents), now,
+                                            LAUNCH_LEASE_S))
 
 
 def remember(run: Run, event_id: str | None) -> Run:

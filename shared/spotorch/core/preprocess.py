@@ -1,7 +1,8 @@
 """The preprocessing step of a run (issue 31): an Apache Beam pipeline on Dataflow, cached by input.
 
 Pure: the step's record on the run, its cache key, the Dataflow job's name and states, how a
-failed job is classified, what the Eventarc statusChanged event says, and the step's state machine
+failed job is classified, what the Eventarc statusChanged event says (decoded at the edge:
+spotorch.entrypoints.dataflow_events), and the step's state machine
 (`step_decision`). A statusChanged event is a hint only: the service layer reads the job with
 GetJob (the source of truth) and hands what it read to step_decision, which the reconcile tick
 calls too, so a lost event is repaired within one tick.
@@ -267,25 +268,6 @@ class StatusHint:
     job_id: str
     state: str
     job_name: str
-
-
-def status_hint(data: Mapping[str, Any]) -> StatusHint:
-    """The hint in the data of a google.cloud.dataflow.job.v1beta3.statusChanged CloudEvent
-    (google-cloudevents JobEventData: {"payload": Job}); ValueError naming what is missing."""
-    payload = data.get("payload") if isinstance(data, Mapping) else None
-    if not isinstance(payload, Mapping):
-        raise ValueError("statusChanged data has no payload object (expected "
-                         "google.events.cloud.dataflow.v1beta3.JobEventData)")
-    missing = [k for k in ("id", "projectId", "location", "currentState")
-               if not isinstance(payload.get(k), str) or not payload.get(k)]
-    if missing:
-        raise ValueError(f"statusChanged payload lacks {', '.join(missing)}")
-    state = str(payload["currentState"])
-    if state not in TERMINAL_STATES | LIVE_STATES:
-        raise ValueError(f"statusChanged payload.currentState {state!r} is not a Dataflow "
-                         "JobState")
-    return StatusHint(str(payload["projectId"]), str(payload["location"]), str(payload["id"]),
-                      state, str(payload.get("name") or ""))
 
 
 # Classification of a failed job's error text. Dataflow reports a worker's Python exception as

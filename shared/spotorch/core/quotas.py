@@ -42,6 +42,14 @@ def is_quota_refusal(message: str, patterns: Sequence[str]) -> bool:
     return any(re.search(p, message or "") for p in patterns)
 
 
+def retry_is_futile(code: str, message: str,
+                    patterns_of: Sequence[Sequence[str]]) -> bool:
+    """Whether a call refused with (code, message) is refused the same way when retried at
+    once: a resource quota's RESOURCE_EXHAUSTED by any of the given pattern lists (each
+    pipeline's `recovery.quota_patterns`). The launcher's in-call retries ask this."""
+    return code == "RESOURCE_EXHAUSTED" and any(is_quota_refusal(message, p) for p in patterns_of)
+
+
 def quota_metrics(message: str) -> tuple[str, ...]:
     """The quota metrics a refusal names, in order, once each (none in the older wording)."""
     return tuple(dict.fromkeys(_METRIC.findall(message or "")))

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from spotorch.core.context import Context
 from spotorch.core.escalation import escalation_reason, policy_capacity, spot_cooldown_until
+from spotorch.core.health import HealthPolicy, compiled, is_out_of_memory
 from spotorch.core.launching import launch
 from spotorch.core.model import (
     CANCEL_DIVERGED,
@@ -17,6 +19,7 @@ from spotorch.core.model import (
     Attempt,
     AttemptState,
     FailureClass,
+    JobPhase,
     JobStatus,
     Run,
     RunStatus,
@@ -26,7 +29,7 @@ from spotorch.core.pipeline import Capacity, EscalationKind, RecoveryPolicy
 from spotorch.core.quotas import on_quota
 from spotorch.core.regions import AVOID_PREEMPTED, AVOID_STOCKOUT, mark
 from spotorch.core.training_health import recover_out_of_memory, roll_back
-from spotorch_trainer.contract import EXIT_KILLED
+from spotorch_trainer.contract import EXIT_KILLED, EXIT_PREEMPTED
 
 
 def _jitter(run_id: str, n: int) -> float:
@@ -62,13 +65,96 @@ WORKER_FAILURES = frozenset({FailureClass.USER_ERROR, FailureClass.INFRA,
 _LOST_OVERTAKES = frozenset({CANCEL_HUNG, CANCEL_SLOW})
 
 
-def failure_of(attempt: Attempt, status: JobStatus) -> FailureClass:
-    """How an ended attempt counts; the first rule that applies wins."""
+# --- classifying what the service said of a failed job -------------------------------------------
+# Adapters report a job's state, error code and message, exit code and whether it ever ran; the
+# failure class is decided here, with the run's pipeline's own patterns (recovery.*_patterns,
+# health.oom_patterns), the first rule that applies winning.
+
+# google.rpc.Code of a job's `error` -> failure class, when no message pattern decided.
+ERROR_CODE_FAILURES: Mapping[int, FailureClass] = {
+    1: FailureClass.CANCELLED,  # CANCELLED: what Vertex sets on a cancelled job
+    3: FailureClass.USER_ERROR,  # INVALID_ARGUMENT: Vertex's code for a replica's non-zero exit
+    4: FailureClass.TIMEOUT,  # DEADLINE_EXCEEDED
+    5: FailureClass.USER_ERROR,  # NOT_FOUND: e.g. an image or bucket that does not exist
+    7: FailureClass.USER_ERROR,  # PERMISSION_DENIED: the service account lacks a role
+    8: FailureClass.STOCKOUT,  # RESOURCE_EXHAUSTED: no capacity (quota messages match QUOTA first)
+    9: FailureClass.USER_ERROR,  # FAILED_PRECONDITION
+    10: FailureClass.INFRA,  # ABORTED
+    13: FailureClass.INFRA,  # INTERNAL
+    14: FailureClass.INFRA,  # UNAVAILABLE
+}
+# States whose name alone says the class. EXPIRED: the job never got capacity within its wait
+# window (FLEX_START max_wait_duration): a stockout, not a timeout (that is scheduling.timeout).
+STATE_FAILURES: Mapping[str, FailureClass] = {"EXPIRED": FailureClass.STOCKOUT}
+# Exit statuses of a replica killed by SIGKILL (as a shell and as a signal number report it).
+KILLED_EXIT_CODES = frozenset({EXIT_KILLED, -9})
+# Among capacity messages, these say the job had been running (PREEMPTED, not STOCKOUT); used
+# only when the service did not say whether the job ever ran.
+WHILE_RUNNING_PATTERNS: tuple[str, ...] = (r"(?i)preempt",)
+# Links and resource names say where, not why; "projects/spotorch-x" must not read as "spot".
+_NAMES = re.compile(r"(?i)\b(?:https?://|gs://)\S+|\bprojects/\S+")
+
+
+def _matches(patterns: tuple[str, ...], text: str) -> bool:
+    return any(p.search(text) for p in compiled(patterns))
+
+
+def classify(status: JobStatus, recovery: RecoveryPolicy | None = None,
+             health: HealthPolicy | None = None) -> FailureClass | None:
+    """The failure class of a job from what its service said, by a pipeline's patterns (the
+    defaults without one); None for a job that has not failed."""
+    if status.failure is not None:
+        return status.failure  # fixed by the evidence itself (LOST; an in-memory twin)
+    if status.phase is JobPhase.CANCELLED:
+        return FailureClass.CANCELLED
+    if status.phase is not JobPhase.FAILED:
+        return None
+    recovery = recovery or RecoveryPolicy()
+    health = health or HealthPolicy()
+    implied = STATE_FAILURES.get(status.state.upper().removeprefix("JOB_STATE_"))
+    if implied is not None:
+        return implied
+    if status.error_code == 1:
+        return FailureClass.CANCELLED
+    message = status.message or ""
+    text = _NAMES.sub(" ", message)
+    exit_code = status.exit_code
+    # Out of memory before everything else that reads the message: a CUDA OOM message speaks
+    # of "total capacity" and would read as a stockout.
+    if exit_code != EXIT_PREEMPTED and is_out_of_memory(text, health.oom_patterns):
+        return FailureClass.OUT_OF_MEMORY  # OOM-killed (137) or an allocator's own error
+    if exit_code is not None:
+        # The trainer exits 143 after writing its last checkpoint on SIGTERM: a preemption.
+        if exit_code == EXIT_PREEMPTED:
+            return FailureClass.PREEMPTED
+        if exit_code in KILLED_EXIT_CODES:
+            # SIGKILL without an out-of-memory message: the VM, the kernel or the runtime, not
+            # the training code (failure_of turns it back into a user error if the trainer
+            # said it exits so itself).
+            return FailureClass.INFRA
+        return FailureClass.USER_ERROR
+    if _matches(recovery.quota_patterns, message):
+        return FailureClass.QUOTA  # before "timeout"/"spot": the metric names either
+    if _matches(recovery.timeout_patterns, text):
+        return FailureClass.TIMEOUT
+    if _matches(recovery.preemption_patterns, text):
+        started = status.started
+        if started is None:
+            started = _matches(WHILE_RUNNING_PATTERNS, text)
+        return FailureClass.PREEMPTED if started else FailureClass.STOCKOUT
+    if _matches(recovery.infra_patterns, text):
+        return FailureClass.INFRA
+    return ERROR_CODE_FAILURES.get(status.error_code, FailureClass.INFRA)
+
+
+def failure_of(attempt: Attempt, status: JobStatus, ctx: Context) -> FailureClass:
+    """How an ended attempt counts, its job's failure classified by the run's pipeline (ctx);
+    the first rule that applies wins."""
     if status.failure is FailureClass.LOST and attempt.cancel_reason in _LOST_OVERTAKES:
         return FailureClass.LOST
     if attempt.state is AttemptState.CANCELLED or attempt.cancel_reason is not None:
         return _CANCEL_FAILURES.get(attempt.cancel_reason or "", FailureClass.CANCELLED)
-    failure = status.failure or FailureClass.INFRA
+    failure = classify(status, ctx.recovery, ctx.health) or FailureClass.INFRA
     if failure is FailureClass.INFRA and status.exit_code == EXIT_KILLED \
             and attempt.reported_exit == EXIT_KILLED:
         return FailureClass.USER_ERROR  # killed, but the trainer said it exits so itself

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from typing import Any, ClassVar
 
+from spotorch.core import outbox
 from spotorch.core.events import build_event
 from spotorch.core.model import RunStatus
 from spotorch.core.pipeline import Pipeline
@@ -23,7 +24,7 @@ from spotorch.core.sweep_spec import Goal, MedianStopping, Parameter, ParamValue
 
 CURVE_LIMIT = 200  # points kept per trial (the median rule needs values at the same steps)
 HISTORY_LIMIT = 200
-LEASE_S = 120.0
+LEASE_S = outbox.LEASE_S
 
 
 class SweepError(ValueError):
@@ -273,6 +274,13 @@ class TrialSeen:
 
 
 @dataclass(frozen=True)
+class SweepIntentDeferred:
+    """An outbox intent was not carried out this time: its claim is released (core.outbox)."""
+    intent_id: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class SweepIntentDone:
     """An outbox intent was carried out, with what it produced."""
     intent_id: str
@@ -291,7 +299,8 @@ class SweepEvaluate:
     """Re-evaluate the median rule and free slots (the tick)."""
 
 
-SweepObservation = TrialSeen | SweepIntentDone | SweepCancelRequested | SweepEvaluate
+SweepObservation = (TrialSeen | SweepIntentDone | SweepIntentDeferred | SweepCancelRequested
+                    | SweepEvaluate)
 
 
 @dataclass(frozen=True)
@@ -420,6 +429,11 @@ def _on_done(sweep: Sweep, obs: SweepObservation, ctx: SweepContext) -> Sweep:
     return sweep
 
 
+def _on_deferred(sweep: Sweep, obs: SweepObservation, ctx: SweepContext) -> Sweep:
+    assert isinstance(obs, SweepIntentDeferred)
+    return replace(sweep, outbox=outbox.release(sweep.outbox, obs.intent_id, ctx.now))
+
+
 _RUN_TO_TRIAL: Mapping[RunStatus, TrialStatus] = {
     **{s: TrialStatus.RUNNING for s in RunStatus if not s.terminal},
     **{s: TrialStatus.FAILED for s in RunStatus if s.terminal},
@@ -488,6 +502,7 @@ def _on_cancel(sweep: Sweep, obs: SweepObservation, ctx: SweepContext) -> Sweep:
 _HANDLERS: Mapping[type, Callable[[Sweep, SweepObservation, SweepContext], Sweep]] = {
     TrialSeen: _on_seen,
     SweepIntentDone: _on_done,
+    SweepIntentDeferred: _on_deferred,
     SweepCancelRequested: _on_cancel,
     SweepEvaluate: _on_evaluate,
 }
@@ -594,14 +609,12 @@ def _result(sweep: Sweep, ctx: SweepContext) -> dict[str, Any]:
 
 
 def claimable(sweep: Sweep, now: float) -> tuple[SweepIntent, ...]:
-    """The outbox intents not leased to someone carrying them out right now."""
-    return tuple(i for i in sweep.outbox if i.claimed_until <= now)
+    """The outbox intents not leased to someone carrying them out right now (core.outbox)."""
+    return outbox.claimable(sweep.outbox, now)
 
 
 def claim(sweep: Sweep, intents: tuple[SweepIntent, ...], now: float) -> Sweep:
     """The sweep with these intents leased for LEASE_S, so a concurrent worker skips them."""
-    ids = {i.id for i in intents}
-    return replace(sweep, outbox=tuple(replace(i, claimed_until=now + LEASE_S) if i.id in ids else i
-                                       for i in sweep.outbox))
+    return replace(sweep, outbox=outbox.claim(sweep.outbox, (i.id for i in intents), now, LEASE_S))
 
 

@@ -305,16 +305,16 @@ def _record_failure(event: CloudEventLike, event_id: str, event_type: str, reaso
 def object_event(event: CloudEventLike) -> None:
     """GCS object finalized (Eventarc) or a GCS Pub/Sub notification: batch it, maybe start a run."""
     from spotorch.app.arrivals import data_arrived
-    from spotorch.core import triggers
+    from spotorch.entrypoints import storage_events
 
-    obj = triggers.parse_object_event(_attr(event, "type"), _attr(event, "id"), event.data)
+    obj = storage_events.parse_object_event(_attr(event, "type"), _attr(event, "id"), event.data)
     data_arrived(deps(), obj)
 
 
 def table_event(event: CloudEventLike) -> None:
     """A BigQuery InsertJob audit entry (Eventarc): checked against BigQuery, maybe a snapshot."""
     from spotorch.app.table_intake import snapshot_job_ended, table_changed
-    from spotorch.core.table_changes import own_job_snapshot, parse_audit_event
+    from spotorch.entrypoints.audit_entries import own_job_snapshot, parse_audit_event
 
     change = parse_audit_event(_attr(event, "type"), _attr(event, "id"), event.data)
     snapshot_id = own_job_snapshot(event.data)
@@ -442,8 +442,9 @@ def run_event(event: CloudEventLike) -> None:
 def dataflow_event(event: CloudEventLike) -> None:
     """Eventarc's google.cloud.dataflow.job.v1beta3.statusChanged: a preprocess job moved (a
     hint, checked against GetJob before the run changes; the tick's poll is the backstop)."""
-    from spotorch.app.preprocess_steps import status_changed
+    from spotorch.app.job_events import status_changed
     from spotorch.core import preprocess as pp
+    from spotorch.entrypoints.dataflow_events import status_hint
 
     type_ = _attr(event, "type")
     if type_ != pp.STATUS_CHANGED_TYPE:
@@ -452,7 +453,7 @@ def dataflow_event(event: CloudEventLike) -> None:
     if not isinstance(data, Mapping):
         raise InvalidEvent("statusChanged event without a JSON object as its data")
     try:
-        hint = pp.status_hint(data)
+        hint = status_hint(data)
     except ValueError as exc:
         raise InvalidEvent(str(exc)) from None
     status_changed(deps(), hint, _attr(event, "id"))

@@ -118,7 +118,7 @@ def _labelled_phase(value: Any) -> JobPhase | None:
     from spotorch.adapters.gcp.vertex import STATE_PHASES, parse_job_state
 
     try:
-        return STATE_PHASES[parse_job_state(value)][0]
+        return STATE_PHASES[parse_job_state(value)]
     except ValueError:
         return None
 

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from spotorch.app import bootstrap
 from spotorch.app.deps import Deps
 from spotorch.settings import TOPIC_TICK, Settings
+
+if TYPE_CHECKING:
+    from spotorch.core.pipeline import Pipeline
 
 
 class SystemClock:
@@ -14,6 +19,17 @@ class SystemClock:
     def now(self) -> float:
         """Clock.now: time.time()."""
         return time.time()
+
+
+def _quota_rule(pipelines: Iterable[Pipeline]) -> Callable[[str, str], bool]:
+    """The launcher's in-call retry rule: a refusal by a resource quota of any pipeline's
+    patterns (the defaults with none) is not retried at once (spotorch.core.quotas)."""
+    from spotorch.core.pipeline import RecoveryPolicy
+    from spotorch.core.quotas import retry_is_futile
+
+    lists = tuple(dict.fromkeys([p.recovery.quota_patterns for p in pipelines]
+                                or [RecoveryPolicy().quota_patterns]))
+    return lambda code, message: retry_is_futile(code, message, lists)
 
 
 def production_deps(settings: Settings | None = None) -> Deps:
@@ -46,7 +62,8 @@ def production_deps(settings: Settings | None = None) -> Deps:
         docs=docs,
         launcher=VertexJobLauncher(settings.project, endpoint=settings.vertex_endpoint,
                                    regions=regions or (settings.region,), budget=budget,
-                                   token=settings.vertex_token),
+                                   token=settings.vertex_token,
+                                   futile=_quota_rule(pipelines.values())),
         checkpoints=StorageCheckpointStore(),
         publisher=PubSubPublisher(settings.topic_path(settings.events_topic)),
         clock=SystemClock(),

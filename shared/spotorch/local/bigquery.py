@@ -44,13 +44,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from spotorch.core.table_changes import (
-    BIGQUERY_SERVICE,
-    INSERT_JOB,
-    METADATA_TYPE,
-    QUERY_JOB,
-    extract_bucket_missing,
-)
+from spotorch.core.table_changes import extract_bucket_missing
+from spotorch.entrypoints.audit_entries import BIGQUERY_SERVICE, INSERT_JOB, METADATA_TYPE, QUERY_JOB
 from spotorch.local.emulators import Emulator, EmulatorError, _spawn, free_port
 
 log = logging.getLogger("spotorch.local.bigquery")

@@ -7,7 +7,7 @@ import binascii
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from spotorch.core.model import Run, RunStatus
 from spotorch.core.sweeps import Sweep, SweepStatus
@@ -52,11 +52,25 @@ def parse_statuses(names: Iterable[str]) -> frozenset[RunStatus]:
     return _parse(names, RunStatus, (s.value for s in RunStatus), STATUS_GROUPS, "status")
 
 
-@dataclass(frozen=True)
-class RunQuery:
-    """Which runs to list: newest first, filtered, one page at a time."""
+class Listed(Protocol):
+    """What a query filters on: a run or a sweep."""
 
-    statuses: frozenset[RunStatus] = frozenset()  # empty: any
+    @property
+    def status(self) -> RunStatus | SweepStatus: ...  # noqa: D102
+
+    @property
+    def pipeline(self) -> str: ...  # noqa: D102
+
+    @property
+    def created_at(self) -> float: ...  # noqa: D102
+
+
+@dataclass(frozen=True)
+class Query(Generic[E]):
+    """Which runs or sweeps to list: newest first, filtered, one page at a time (one query
+    type for both: RunQuery and SweepQuery name it with their status)."""
+
+    statuses: frozenset[E] = frozenset()  # empty: any
     pipeline: str | None = None
     since: float | None = None  # created at or after (epoch seconds)
     limit: int = 20
@@ -66,11 +80,14 @@ class RunQuery:
         if not 1 <= self.limit <= MAX_PAGE:
             raise BadQuery(f"limit must be between 1 and {MAX_PAGE}, not {self.limit}")
 
-    def matches(self, run: Run) -> bool:
-        """Whether the run passes the query's filters (the page and limit aside)."""
-        return ((not self.statuses or run.status in self.statuses)
-                and (self.pipeline is None or run.pipeline == self.pipeline)
-                and (self.since is None or run.created_at >= self.since))
+    def matches(self, item: Listed) -> bool:
+        """Whether the run or sweep passes the query's filters (the page and limit aside)."""
+        return ((not self.statuses or item.status in self.statuses)
+                and (self.pipeline is None or item.pipeline == self.pipeline)
+                and (self.since is None or item.created_at >= self.since))
+
+
+RunQuery = Query[RunStatus]
 
 
 @dataclass(frozen=True)
@@ -162,25 +179,7 @@ def parse_sweep_statuses(names: Iterable[str]) -> frozenset[SweepStatus]:
                   "sweep status")
 
 
-@dataclass(frozen=True)
-class SweepQuery:
-    """Which sweeps to list: newest first, filtered, one page at a time."""
-
-    statuses: frozenset[SweepStatus] = frozenset()  # empty: any
-    pipeline: str | None = None
-    since: float | None = None  # created at or after (epoch seconds)
-    limit: int = 20
-    page_token: str | None = None
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.limit <= MAX_PAGE:
-            raise BadQuery(f"limit must be between 1 and {MAX_PAGE}, not {self.limit}")
-
-    def matches(self, sw: Sweep) -> bool:
-        """Whether the sweep passes the query's filters (the page and limit aside)."""
-        return ((not self.statuses or sw.status in self.statuses)
-                and (self.pipeline is None or sw.pipeline == self.pipeline)
-                and (self.since is None or sw.created_at >= self.since))
+SweepQuery = Query[SweepStatus]
 
 
 @dataclass(frozen=True)

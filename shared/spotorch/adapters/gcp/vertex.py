@@ -1,4 +1,4 @@
-"""JobLauncher on Vertex AI custom jobs (aiplatform_v1): build, launch idempotently, classify."""
+"""JobLauncher on Vertex AI custom jobs (aiplatform_v1): build, launch idempotently, report."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import functools
 import re
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from datetime import datetime, timedelta
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -18,8 +18,7 @@ from spotorch.adapters.gcp.vertex_calls import (
     emulator_channel,
     label_key,
 )
-from spotorch.core.health import HealthPolicy
-from spotorch.core.model import FailureClass, JobPhase, JobStatus
+from spotorch.core.model import JobPhase, JobStatus
 from spotorch.core.pipeline import (
     Capacity,
     RecoveryPolicy,
@@ -27,6 +26,7 @@ from spotorch.core.pipeline import (
     pool_positions,
     training_world,
 )
+from spotorch.core.quotas import retry_is_futile
 from spotorch.ports.budget import CRUD, SUBMIT, Budget
 from spotorch.ports.jobs import (
     LABEL_ATTEMPT,
@@ -37,7 +37,6 @@ from spotorch.ports.jobs import (
     LaunchSpec,
     label_value,
 )
-from spotorch_trainer.contract import EXIT_KILLED, EXIT_PREEMPTED
 
 if TYPE_CHECKING:
     from google.cloud import aiplatform_v1
@@ -80,98 +79,33 @@ def parse_job_state(value: int | str) -> JobState:
         raise ValueError(f"unknown job state {value!r}") from None
 
 
-# JobState -> (phase, the failure class the state alone implies). Choices that are not 1:1:
+# JobState -> phase. What a state means for a run (its failure class) is the core's to say
+# (spotorch.core.recovery.classify): this adapter reports the state, the error and the exit code.
+# Choices that are not 1:1:
 # - UNSPECIFIED: nothing reported yet; QUEUED keeps the job non-terminal so polling goes on.
 # - PAUSED: not used by custom jobs; the job is not running and not ended, i.e. waiting: QUEUED.
 # - UPDATING: a change to a live resource; the workers keep running: RUNNING.
 # - EXPIRED: the job never got capacity within its wait window (FLEX_START max_wait_duration):
-#   FAILED/STOCKOUT, so the stockout budget and region fallback apply, not the timeout budget
-#   (TIMEOUT is for a job that ran into scheduling.timeout).
+#   FAILED, its state name reported with it (the core counts it a stockout).
 # - PARTIALLY_SUCCEEDED: not used by custom jobs; a training job that did not fully succeed has
-#   no trustworthy model: FAILED, classified from its error (INFRA when nothing matches).
-STATE_PHASES: Mapping[JobState, tuple[JobPhase, FailureClass | None]] = {
-    JobState.UNSPECIFIED: (JobPhase.QUEUED, None),
-    JobState.QUEUED: (JobPhase.QUEUED, None),
-    JobState.PENDING: (JobPhase.PENDING, None),
-    JobState.RUNNING: (JobPhase.RUNNING, None),
-    JobState.SUCCEEDED: (JobPhase.SUCCEEDED, None),
-    JobState.FAILED: (JobPhase.FAILED, None),
-    JobState.CANCELLING: (JobPhase.CANCELLING, None),
-    JobState.CANCELLED: (JobPhase.CANCELLED, FailureClass.CANCELLED),
-    JobState.PAUSED: (JobPhase.QUEUED, None),
-    JobState.EXPIRED: (JobPhase.FAILED, FailureClass.STOCKOUT),
-    JobState.UPDATING: (JobPhase.RUNNING, None),
-    JobState.PARTIALLY_SUCCEEDED: (JobPhase.FAILED, None),
+#   no trustworthy model: FAILED.
+STATE_PHASES: Mapping[JobState, JobPhase] = {
+    JobState.UNSPECIFIED: JobPhase.QUEUED,
+    JobState.QUEUED: JobPhase.QUEUED,
+    JobState.PENDING: JobPhase.PENDING,
+    JobState.RUNNING: JobPhase.RUNNING,
+    JobState.SUCCEEDED: JobPhase.SUCCEEDED,
+    JobState.FAILED: JobPhase.FAILED,
+    JobState.CANCELLING: JobPhase.CANCELLING,
+    JobState.CANCELLED: JobPhase.CANCELLED,
+    JobState.PAUSED: JobPhase.QUEUED,
+    JobState.EXPIRED: JobPhase.FAILED,
+    JobState.UPDATING: JobPhase.RUNNING,
+    JobState.PARTIALLY_SUCCEEDED: JobPhase.FAILED,
 }
-
-# google.rpc.Code of a job's `error` -> failure class, when no message pattern decided.
-ERROR_CODE_FAILURES: Mapping[int, FailureClass] = {
-    1: FailureClass.CANCELLED,  # CANCELLED: what Vertex sets on a cancelled job
-    3: FailureClass.USER_ERROR,  # INVALID_ARGUMENT: Vertex's code for a replica's non-zero exit
-    4: FailureClass.TIMEOUT,  # DEADLINE_EXCEEDED
-    5: FailureClass.USER_ERROR,  # NOT_FOUND: e.g. an image or bucket that does not exist
-    7: FailureClass.USER_ERROR,  # PERMISSION_DENIED: the service account lacks a role
-    8: FailureClass.STOCKOUT,  # RESOURCE_EXHAUSTED: no capacity (quota messages match QUOTA first)
-    9: FailureClass.USER_ERROR,  # FAILED_PRECONDITION
-    10: FailureClass.INFRA,  # ABORTED
-    13: FailureClass.INFRA,  # INTERNAL
-    14: FailureClass.INFRA,  # UNAVAILABLE
-}
-
-# Exit statuses of a replica killed by SIGKILL (as a shell and as a signal number report it).
-KILLED_EXIT_CODES = frozenset({EXIT_KILLED, -9})
 
 # "The replica workerpool0-0 exited with a non-zero status of 1." and the older wordings.
 _EXIT_CODE = re.compile(r"(?i)non-zero (?:exit )?status(?: code)?(?: of)?:? (-?\d+)")
-# Links and resource names say where, not why; "projects/spotorch-x" must not read as "spot".
-_NAMES = re.compile(r"(?i)\b(?:https?://|gs://)\S+|\bprojects/\S+")
-
-
-def _compile(patterns: Sequence[str]) -> tuple[re.Pattern[str], ...]:
-    return tuple(re.compile(p) for p in patterns)
-
-
-@dataclass(frozen=True)
-class Classifier:
-    """Compiled message patterns that turn a failed job's error into a failure class."""
-
-    preemption: tuple[re.Pattern[str], ...]  # Spot capacity lost or missing (PREEMPTED/STOCKOUT)
-    infra: tuple[re.Pattern[str], ...]
-    timeout: tuple[re.Pattern[str], ...]
-    # Among capacity messages, these say the job had been running (PREEMPTED, not STOCKOUT); used
-    # only when the caller cannot tell from the job's start_time.
-    while_running: tuple[re.Pattern[str], ...] = (re.compile(r"(?i)preempt"),)
-    preempted_exit_codes: frozenset[int] = frozenset({EXIT_PREEMPTED})
-    # Out of memory (training health): checked before everything else that reads the message,
-    # since a CUDA OOM message speaks of "total capacity" and would read as a stockout.
-    out_of_memory: tuple[re.Pattern[str], ...] = ()
-    # A resource quota's RESOURCE_EXHAUSTED (never lifted by waiting), not a request rate's.
-    resource_quota: tuple[re.Pattern[str], ...] = ()
-
-    @classmethod
-    def from_policy(cls, policy: RecoveryPolicy,
-                    health: HealthPolicy | None = None) -> Classifier:
-        """Compile the patterns of a pipeline's recovery policy (raises re.error on a bad one)."""
-        return cls(preemption=_compile(policy.preemption_patterns),
-                   infra=_compile(policy.infra_patterns),
-                   timeout=_compile(policy.timeout_patterns),
-                   out_of_memory=_compile((health or HealthPolicy()).oom_patterns),
-                   resource_quota=_compile(policy.quota_patterns))
-
-    def is_resource_quota(self, message: str) -> bool:
-        """A RESOURCE_EXHAUSTED that names a resource quota (retrying never helps)."""
-        return self._any(self.resource_quota, message or "")
-
-    @classmethod
-    def default(cls) -> Classifier:
-        """The classifier of the default recovery and health policies."""
-        return _DEFAULT_CLASSIFIER
-
-    def _any(self, patterns: tuple[re.Pattern[str], ...], text: str) -> bool:
-        return any(p.search(text) for p in patterns)
-
-
-_DEFAULT_CLASSIFIER = Classifier.from_policy(RecoveryPolicy())
 
 
 def parse_exit_code(message: str) -> int | None:
@@ -180,59 +114,20 @@ def parse_exit_code(message: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def _failure_of(state: JobState, error_code: int, message: str, exit_code: int | None,
-                classifier: Classifier, started: bool | None) -> FailureClass:
-    implied = STATE_PHASES[state][1]
-    if implied is not None:
-        return implied
-    if error_code == 1:
-        return FailureClass.CANCELLED
-    if exit_code != EXIT_PREEMPTED and classifier._any(classifier.out_of_memory,
-                                                       _NAMES.sub(" ", message or "")):
-        return FailureClass.OUT_OF_MEMORY  # OOM-killed (137) or an allocator's own error
-    if exit_code is not None:
-        # The trainer exits 143 after writing its last checkpoint on SIGTERM: a preemption.
-        if exit_code in classifier.preempted_exit_codes:
-            return FailureClass.PREEMPTED
-        if exit_code in KILLED_EXIT_CODES:
-            # SIGKILL without an out-of-memory message: the VM, the kernel or the runtime, not
-            # the training code (the core turns it back into a user error if the trainer said
-            # it exits so itself).
-            return FailureClass.INFRA
-        return FailureClass.USER_ERROR
-    text = _NAMES.sub(" ", message or "")
-    if classifier._any(classifier.resource_quota, message or ""):
-        return FailureClass.QUOTA  # before "timeout"/"spot": the metric names either
-    if classifier._any(classifier.timeout, text):
-        return FailureClass.TIMEOUT
-    if classifier._any(classifier.preemption, text):
-        if started is None:
-            started = classifier._any(classifier.while_running, text)
-        return FailureClass.PREEMPTED if started else FailureClass.STOCKOUT
-    if classifier._any(classifier.infra, text):
-        return FailureClass.INFRA
-    return ERROR_CODE_FAILURES.get(error_code, FailureClass.INFRA)
+def reported(job_state: int | str, error_code: int, error_message: str, *,
+             started: bool | None = None, job_name: str = "") -> JobStatus:
+    """What Vertex says of a job (its state and its error, a google.rpc.Status), unclassified.
 
-
-def classify(job_state: int | str, error_code: int, error_message: str,
-             classifier: Classifier | None = None, *, started: bool | None = None,
-             ) -> tuple[JobPhase, FailureClass | None, int | None]:
-    """Phase, failure class and exit code of a job from its state and error (a google.rpc.Status).
-
-    `started`: whether the job ever ran (it has a start_time); it tells a preemption from a
-    stockout when the message is about capacity. None: decide from the message.
+    `started`: whether the job ever ran (it has a start_time); None: unknown.
     Raises ValueError for an unknown state.
     """
     state = parse_job_state(job_state)
-    phase, _ = STATE_PHASES[state]
-    if phase is JobPhase.CANCELLED:
-        return phase, FailureClass.CANCELLED, None
-    if phase is not JobPhase.FAILED:
-        return phase, None, None
-    exit_code = parse_exit_code(error_message)
-    failure = _failure_of(state, error_code, error_message, exit_code,
-                          classifier or _DEFAULT_CLASSIFIER, started)
-    return phase, failure, exit_code
+    phase = STATE_PHASES[state]
+    ended_badly = phase is JobPhase.FAILED
+    return JobStatus(job_name=job_name, phase=phase,
+                     exit_code=parse_exit_code(error_message) if ended_badly else None,
+                     message=str(error_message or ""), error_code=int(error_code or 0),
+                     state=state.name, started=started)
 
 
 # --- labels -----------------------------------------------------------------------------------
@@ -356,17 +251,13 @@ def _timestamp(value: datetime | None) -> float | None:
     return None if value is None else value.timestamp()
 
 
-def status_of(job: Any, classifier: Classifier | None = None) -> JobStatus:
-    """JobStatus of an aiplatform_v1.CustomJob."""
+def status_of(job: Any) -> JobStatus:
+    """JobStatus of an aiplatform_v1.CustomJob: what Vertex said of it, unclassified."""
     error = job.error
-    phase, failure, exit_code = classify(int(job.state), int(error.code), str(error.message),
-                                         classifier, started=job.start_time is not None)
-    return JobStatus(
-        job_name=job.name, phase=phase, failure=failure, exit_code=exit_code,
-        message=str(error.message), labels=dict(job.labels),
-        create_time=_timestamp(job.create_time), start_time=_timestamp(job.start_time),
-        end_time=_timestamp(job.end_time),
-    )
+    said = reported(int(job.state), int(error.code), str(error.message),
+                    started=job.start_time is not None, job_name=job.name)
+    return replace(said, labels=dict(job.labels), create_time=_timestamp(job.create_time),
+                   start_time=_timestamp(job.start_time), end_time=_timestamp(job.end_time))
 
 
 # --- calling the API ----------------------------------------------------------------------------
@@ -381,6 +272,14 @@ def parse_job_name(job_name: str) -> tuple[str, str, str]:
 
 
 ClientFactory = Callable[[str], Any]
+# (code, message) of a transient-looking refusal -> whether retrying it is futile: the core's
+# quota rule (spotorch.core.quotas.retry_is_futile); wiring passes it with every pipeline's
+# patterns, the default has the default recovery policy's.
+Futile = Callable[[str, str], bool]
+
+
+def _default_futile(code: str, message: str) -> bool:
+    return retry_is_futile(code, message, (RecoveryPolicy().quota_patterns,))
 
 # A listing's next page is worth waiting for (the budget's own wait is for launches, which a
 # later tick retries): a listing cut short makes the tick ask every job of the region instead.
@@ -392,7 +291,7 @@ class VertexJobLauncher:
     """ports.JobLauncher on Vertex AI custom jobs; a client per region, created on first use."""
 
     def __init__(self, project: str, *, endpoint: str | None = None,
-                 classify: Classifier | None = None, retry: RetryPolicy | None = None,
+                 futile: Futile | None = None, retry: RetryPolicy | None = None,
                  client_factory: ClientFactory | None = None,
                  regions: Sequence[str] = ("us-central1",), call_timeout_s: float = 60.0,
                  budget: Budget | None = None, token: str | None = None) -> None:
@@ -400,6 +299,8 @@ class VertexJobLauncher:
         (token: the local access token sent to it; production uses Application Default
         Credentials).
 
+        futile: which transient-looking refusals are not retried within a call (a resource
+        quota's RESOURCE_EXHAUSTED): the core's rule, by default with the default quota patterns.
         regions: where find() looks (with every region this launcher has used); client_factory:
         region -> JobServiceClient-like object, for tests; budget: what each call takes first
         (spotorch.adapters.budget: this instance's own, or the one shared through Firestore).
@@ -407,7 +308,7 @@ class VertexJobLauncher:
         self.project = project
         self.endpoint = endpoint
         self._token = token
-        self.classifier = classify or Classifier.default()
+        self.futile: Futile = futile or _default_futile
         self.retry = retry or RetryPolicy()
         self.call_timeout_s = call_timeout_s
         self.budget: Budget = budget or RequestBudget()
@@ -452,8 +353,8 @@ class VertexJobLauncher:
                 return fn()
             except Exception as exc:
                 code, transient = classify_failure(exc)
-                if code == "RESOURCE_EXHAUSTED" and self.classifier.is_resource_quota(str(exc)):
-                    transient = False  # a resource quota: the next try is refused the same way
+                if transient and self.futile(code, str(exc)):
+                    transient = False  # e.g. a resource quota: the next try is refused the same way
                 if not transient:
                     raise LaunchError(f"{what}: {code}: {exc}", permanent=True, code=code) from exc
                 last = exc
@@ -469,7 +370,7 @@ class VertexJobLauncher:
             return None
         # Two jobs for one attempt should not exist; if they do, the newest is the one to follow.
         newest = max(jobs, key=lambda j: _timestamp(j.create_time) or 0.0)
-        return status_of(newest, self.classifier)
+        return status_of(newest)
 
     def launch(self, spec: LaunchSpec) -> str:
         """Create the attempt's job, or return the one that already carries its labels."""
@@ -523,7 +424,7 @@ class VertexJobLauncher:
             if page is None:
                 return
             for job in getattr(page, "custom_jobs", page):
-                yield status_of(job, self.classifier)
+                yield status_of(job)
 
     def get(self, job_name: str) -> JobStatus:
         """Current status of a job; LaunchError(code NOT_FOUND) when it does not exist."""
@@ -531,7 +432,7 @@ class VertexJobLauncher:
         self.budget.take(region, (CRUD,))
         job = self._call(f"get {job_name}", lambda: self._client(region).get_custom_job(
             name=job_name, timeout=self.call_timeout_s))
-        return status_of(job, self.classifier)
+        return status_of(job)
 
     def cancel(self, job_name: str) -> None:
         """Ask a job to stop; an ended or unknown job is left as it is."""

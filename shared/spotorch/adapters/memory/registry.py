@@ -54,10 +54,11 @@ class MemoryModelRegistry:
             return version.name
 
     def version(self, name: str) -> ModelVersion:
-        """ModelRegistry.version: the stored version; NOT_FOUND (permanent) if absent."""
-        model, _, number = name.partition("@")
+        """ModelRegistry.version: the stored version by MODEL@VERSION_ID or MODEL@ALIAS (as
+        Vertex resolves a name); NOT_FOUND (permanent) if absent."""
+        model, _, wanted = name.partition("@")
         for version in self.versions.get(model, []):
-            if version.version_id == number:
+            if version.version_id == wanted or wanted in version.aliases:
                 return version
         raise RegistryError(f"no model version {name}", permanent=True, code="NOT_FOUND")
 

@@ -21,20 +21,19 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "shared"), str(ROOT / "benchmarks")]
 
-from policy_bench import MULTI_REGION_MARK  # noqa: E402
+from policy_bench import MULTI_REGION_MARK
 
-from spotorch.core.cost import hourly_rate  # noqa: E402
-from spotorch.core.pipeline import (  # noqa: E402
+from spotorch.core.cost import hourly_rate
+from spotorch.core.pipeline import (
     Capacity,
     JobTemplate,
     Pipeline,
     Trigger,
     WorkerPool,
 )
-from spotorch.core.regions import MovePrices, egress_per_gb  # noqa: E402
-from spotorch.sim.evaluate import RunRecord  # noqa: E402
-from spotorch.sim.model import Probes, Scenario, View  # noqa: E402
-from spotorch.sim.multi_region import (  # noqa: E402
+from spotorch.core.regions import MovePrices, egress_per_gb
+from spotorch.sim.model import Probes, RegionChoice, Scenario, View
+from spotorch.sim.multi_region import (
     MultiOutcome,
     PriceArgs,
     load_zones,
@@ -42,7 +41,7 @@ from spotorch.sim.multi_region import (  # noqa: E402
     multi_windows,
     run_multi,
 )
-from spotorch.sim.optimal_multi import Zones, optimal_multi  # noqa: E402
+from spotorch.sim.optimal_multi import Zones, optimal_multi
 
 COMMAND = ".venv/bin/python benchmarks/multi_region_bench.py --write"
 DOC = ROOT / "docs" / "policy-benchmark.md"
@@ -69,7 +68,7 @@ def v100_prices() -> tuple[float, float]:
 def scenario(deadline_h: float, view: View) -> Scenario:
     return Scenario(task_s=TASK_H * 3600, deadline_s=deadline_h * 3600,
                     overhead_s=round(OVERHEAD_H * 3600), step_s=300, view=view,
-                    probes=Probes())
+                    probes=Probes(), regions=RegionChoice.HISTORY)
 
 
 def _replay(job: tuple[float, View, Zones]) -> tuple[float, View, list[dict[str, MultiOutcome]],
@@ -168,7 +167,7 @@ def render(rows: list[tuple[float, View, int, float, dict[str, tuple[float, ...]
              "egress $ / moves: spotorch |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for d, view, runs, opt, cell in sorted(rows, key=lambda r: (r[0], r[1].value != "visible")):
-        def fmt(name: str) -> str:
+        def fmt(name: str, cell: dict[str, tuple[float, ...]] = cell) -> str:
             return f"{cell[name][0]:.3f} ({cell[name][1]:.3f})"
         lines.append(
             f"| {d:g} | {view.value} | {runs} | {opt:.2f} | {fmt('single_region')} | "

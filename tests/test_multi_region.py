@@ -13,8 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from spotorch.core.context import Context
-from spotorch.core.cost import ledger
-from spotorch.core.model import Attempt, AttemptState, FailureClass, Run
+from spotorch.core.cost import hourly_rate, ledger
+from spotorch.core.escalation import policy_view
+from spotorch.core.model import Attempt, AttemptState, FailureClass, Probe, Run, RunStatus
 from spotorch.core.pipeline import (
     Capacity,
     EscalationKind,
@@ -24,9 +25,13 @@ from spotorch.core.pipeline import (
     Trigger,
     WorkerPool,
 )
-from spotorch.core.model import RunStatus
-from spotorch.core.policy import PolicyView
-from spotorch.core.region_moves import checkpoint_region, next_region, spot_estimates
+from spotorch.core.policy import PolicyView, choose_capacity
+from spotorch.core.region_moves import (
+    checkpoint_region,
+    hop_elsewhere,
+    next_region,
+    spot_estimates,
+)
 from spotorch.core.regions import (
     MovePrices,
     SpotEstimate,
@@ -176,7 +181,8 @@ REGIONS = ("us-central1", "us-east1", "us-west1")
 
 
 def _pipeline(checkpoint_gb: float) -> Pipeline:
-    pool = WorkerPool(machine_type="n1-standard-8", image_uri="img")
+    pool = WorkerPool(machine_type="n1-standard-8", image_uri="img",
+                      accelerator_type="NVIDIA_TESLA_V100", accelerator_count=1)
     return Pipeline(name="p", trigger=Trigger(bucket="b"), checkpoint_uri="gs://c/p",
                     output_uri="gs://m/p", job=JobTemplate(worker_pools=(pool,), regions=REGIONS),
                     recovery=RecoveryPolicy(escalation=EscalationKind.DEADLINE,
@@ -253,3 +259,40 @@ def test_the_ledger_charges_egress_for_a_move() -> None:
     assert book.egress_cost == pytest.approx(50 * 0.02)
     assert book.total == pytest.approx(without.total + 1.0)
     assert "1 move between regions" in book.sentence()
+
+
+def test_a_queued_attempt_hops_where_the_simulator_would_send_it() -> None:
+    # A tight deadline: the deadline policy would leave a queued Spot attempt for standard. A
+    # probe found Spot in us-east1 before: production cancels the queue as a stockout and the
+    # simulator's policy moves there, through the same choose_spot_region.
+    pipeline = _pipeline(50.0)
+    now = 3 * 3600.0
+    queued = Attempt(number=2, capacity=Capacity.SPOT, region="us-central1",
+                     created_at=now - 240.0, queued_since=now - 240.0, state=AttemptState.QUEUED)
+    attempts = (
+        Attempt(number=1, capacity=Capacity.SPOT, region="us-central1", created_at=0.0,
+                started_at=10.0, ended_at=now - 300.0, failure=FailureClass.PREEMPTED,
+                state=AttemptState.FAILED),
+        queued,
+    )
+    probe = Probe(number=1, region="us-east1", created_at=600.0, started_at=700.0,
+                  ended_at=800.0, found=True, state=AttemptState.CANCELLED)
+    run = replace(_run(attempts, now), probes=(probe,), deadline_at=now + 11.5 * 3600.0)
+    ctx = Context(pipeline=pipeline, now=now)
+    view = policy_view(run, ctx, current=Capacity.SPOT, spot_available=False)
+    assert choose_capacity(view, pipeline.recovery) is Capacity.STANDARD  # alone, it would leave
+    assert hop_elsewhere(run, ctx, queued, view)
+    estimates = spot_estimates(run, REGIONS, now)
+    spot = hourly_rate(pipeline, Capacity.SPOT, "us-central1").per_hour or 0.0
+    standard = hourly_rate(pipeline, Capacity.STANDARD, "us-central1").per_hour or 0.0
+    zones = Zones(REGIONS, (spot,) * 3, (standard,) * 3, MovePrices(checkpoint_gb=50))
+    view = replace(view, spot_queued=True)  # the simulator's view of a queued attempt
+    choice = SpotorchMulti().decide(Decision(view, estimates, 0, "us-central1", run.avoid_regions,
+                                             zones, False))
+    assert choice.capacity is Capacity.SPOT and REGIONS[choice.zone] == "us-east1"
+    # Without the probe's evidence (Spot no likelier than a coin there), neither hops.
+    blind = replace(run, probes=())
+    assert not hop_elsewhere(blind, ctx, queued, view)
+    choice = SpotorchMulti().decide(Decision(view, spot_estimates(blind, REGIONS, now), 0,
+                                             "us-central1", (), zones, False))
+    assert choice.capacity is Capacity.STANDARD

@@ -103,6 +103,7 @@ from spotorch.core.recovery import (
     failure_of,
     recover,
 )
+from spotorch.core.region_moves import hop_elsewhere
 from spotorch.core.training_health import on_checkpoints_deleted, retention, tick_health, trainer_health
 from spotorch.core.trust import rate_sample
 from spotorch_trainer.contract import EVENT_COMPLETED
@@ -477,6 +478,10 @@ def _on_tick(run: Run, obs: Observation, ctx: Context) -> Run:
     view = policy_view(run, ctx, current=current.capacity,
                        spot_available=not (spot_waiting or cooling))
     wanted = choose_capacity(view, ctx.recovery)
+    if spot_waiting and wanted is Capacity.STANDARD and hop_elsewhere(run, ctx, current, view):
+        run = note(run, ctx, f"attempt {current.number} queued {queued_for:.0f}s",
+                   "stockout: Spot is likely in another region (core.region_moves)")
+        return cancel_attempt(run, ctx, current, CANCEL_STOCKOUT)
     run = deadline_warning(run, ctx, wanted, current)
     if wanted == current.capacity or (wanted is Capacity.SPOT and cooling):
         return run  # back to Spot only once it may have capacity again

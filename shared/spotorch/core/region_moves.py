@@ -1,21 +1,38 @@
 """Production's side of the multi-region rule (issue 43): the run's own per-region estimates of
-Spot, and the region of its next Spot attempt through core.regions.choose_spot_region, the
-function the simulator's multi-region policy (spotorch.sim.multi_region) calls too."""
+Spot, and where its next Spot attempt goes, through core.regions.choose_spot_region, the function
+the simulator's multi-region policy (spotorch.sim.multi_region.SpotorchMulti) calls too.
+
+Three places use it: launching (the region of the next Spot attempt), recovery (after a
+preemption or a stockout, Spot counts as available when another region is worth a try) and the
+tick (a queued Spot attempt the deadline would move to standard tries another region instead
+when Spot there is likely: a stockout called early). The simulator's production view does the
+same. Not yet here: the shared record's per-region figures as the estimates' priors (the
+simulator's production view uses them; Context carries only the record's order, which breaks
+ties between regions the run has not seen)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import replace
 
 from spotorch.core.context import Context
 from spotorch.core.cost import hourly_rate
 from spotorch.core.escalation import policy_view
-from spotorch.core.model import FailureClass, Run
+from spotorch.core.model import Attempt, FailureClass, Run
 from spotorch.core.pipeline import Capacity
+from spotorch.core.policy import PolicyView, choose_capacity
 from spotorch.core.regions import (
+    AVOID_STOCKOUT,
+    HOP_OBTAIN,
     MovePrices,
+    RegionMark,
     SpotEstimate,
+    SpotPick,
     choose_region,
     choose_spot_region,
+    mark,
+    obtainability,
     region_of,
 )
 
@@ -58,6 +75,33 @@ def move_prices(ctx: Context) -> MovePrices:
     return MovePrices(checkpoint_gb=ctx.recovery.checkpoint_gb)
 
 
+def spot_pick(run: Run, ctx: Context, marks: Sequence[RegionMark] | None = None
+              ) -> tuple[SpotPick, SpotEstimate] | None:
+    """The region choose_spot_region picks for the run's next Spot attempt (None: none worth a
+    try, a single region, or a price unknown), with that region's estimate."""
+    regions = ctx.regions
+    if len(regions) < 2:
+        return None
+    pipeline = ctx.pipeline
+    spot = {r: hourly_rate(pipeline, Capacity.SPOT, r).per_hour for r in regions}
+    home = checkpoint_region(run) or regions[0]
+    standard = hourly_rate(pipeline, Capacity.STANDARD, home).per_hour
+    if standard is None or any(v is None for v in spot.values()):
+        return None  # a price unknown: no saving can be weighed
+    view = policy_view(run, ctx, current=None, spot_available=True)
+    work_left = math.inf if view.work_total_s is None else \
+        max(view.work_total_s - view.work_done_s, 0.0)
+    estimates = spot_estimates(run, regions, ctx.now)
+    pick = choose_spot_region(
+        estimates, checkpoint_region=checkpoint_region(run), prices=move_prices(ctx),
+        spot_per_h={r: v or 0.0 for r, v in spot.items()}, standard_per_h=standard,
+        work_left_s=work_left, overhead_s=ctx.recovery.restart_overhead_s,
+        marks=run.avoid_regions if marks is None else marks, now=ctx.now)
+    if pick is None:
+        return None
+    return pick, estimates[regions.index(pick.location)]
+
+
 def next_region(run: Run, ctx: Context, capacity: Capacity) -> str:
     """The region of the run's next attempt on `capacity`.
 
@@ -65,24 +109,30 @@ def next_region(run: Run, ctx: Context, capacity: Capacity) -> str:
     run's own estimates, a move out of the checkpoint's region only when its expected saving pays
     the egress and the transfer time (choose_spot_region). Otherwise, and when no region is
     worth a Spot try, the region rule of core.regions.choose_region."""
-    regions = ctx.regions
     prefer = run.next_region if capacity is Capacity.SPOT else None
-    fallback = choose_region(regions, run.avoid_regions, capacity, ctx.now, prefer=prefer)
-    if capacity is not Capacity.SPOT or len(regions) < 2 or prefer is not None:
+    fallback = choose_region(ctx.regions, run.avoid_regions, capacity, ctx.now, prefer=prefer)
+    if capacity is not Capacity.SPOT or prefer is not None:
         return fallback
-    pipeline = ctx.pipeline
-    spot = {r: hourly_rate(pipeline, Capacity.SPOT, r).per_hour for r in regions}
-    home = checkpoint_region(run) or regions[0]
-    standard = hourly_rate(pipeline, Capacity.STANDARD, home).per_hour
-    if standard is None or any(v is None for v in spot.values()):
-        return fallback  # a price unknown: no saving can be weighed
-    view = policy_view(run, ctx, current=None, spot_available=True)
-    work_left = math.inf if view.work_total_s is None else \
-        max(view.work_total_s - view.work_done_s, 0.0)
-    pick = choose_spot_region(
-        spot_estimates(run, regions, ctx.now), checkpoint_region=checkpoint_region(run),
-        prices=move_prices(ctx), spot_per_h={r: v or 0.0 for r, v in spot.items()},
-        standard_per_h=standard, work_left_s=work_left,
-        overhead_s=ctx.recovery.restart_overhead_s, marks=run.avoid_regions,
-        now=ctx.now)
-    return fallback if pick is None else pick.location
+    found = spot_pick(run, ctx)
+    return fallback if found is None else found[0].location
+
+
+def spot_elsewhere(run: Run, ctx: Context) -> bool:
+    """After a preemption or a stockout (its region already avoided): another region is worth
+    a Spot try, so Spot counts as available for the next attempt."""
+    return spot_pick(run, ctx) is not None
+
+
+def hop_elsewhere(run: Run, ctx: Context, current: Attempt, view: PolicyView) -> bool:
+    """A queued Spot attempt the deadline would move to standard: True when another region is
+    likelier than HOP_OBTAIN to have Spot and the deadline policy would take Spot there, so the
+    attempt is cancelled as a stockout and the next one goes there."""
+    marks = mark(run.avoid_regions, current.region, Capacity.SPOT, ctx.now + 1.0,
+                 AVOID_STOCKOUT, ctx.now)
+    found = spot_pick(run, ctx, marks)
+    if found is None or obtainability(found[1]) <= HOP_OBTAIN:
+        return False
+    pick = found[0]
+    there = replace(view, current=None, spot_queued=False, spot_available=True,
+                    restart_overhead_s=view.restart_overhead_s + pick.move_s)
+    return choose_capacity(there, ctx.recovery) is Capacity.SPOT

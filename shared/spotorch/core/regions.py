@@ -164,6 +164,10 @@ class SpotEstimate:
     preemptions: int = 0
     seen: bool | None = None
     up_s: float | None = None  # how long capacity has been seen without a break, when seen
+    # Priors from a record of every run's Spot in this location (the shared record), in place
+    # of the flat ones below; None: no record.
+    prior_obtain: float | None = None
+    prior_lifetime_s: float | None = None
 
 
 # Priors of the estimates (pseudo-observations): an unseen location gets half a chance of
@@ -176,14 +180,20 @@ def obtainability(e: SpotEstimate) -> float:
     """Chance a Spot attempt here gets capacity: seen now, else attempts' hits shrunk to a prior."""
     if e.seen is not None:
         return 1.0 if e.seen else 0.0
-    return (e.found + PRIOR_OBTAIN * PRIOR_OBTAIN_WEIGHT) / (e.tries + PRIOR_OBTAIN_WEIGHT)
+    prior = PRIOR_OBTAIN if e.prior_obtain is None else e.prior_obtain
+    return (e.found + prior * PRIOR_OBTAIN_WEIGHT) / (e.tries + PRIOR_OBTAIN_WEIGHT)
+
+
+# A queued Spot attempt that the deadline would move to standard tries another location instead
+# (a stockout called early) only where Spot is likelier than this.
+HOP_OBTAIN = 0.5
 
 
 def lifetime_s(e: SpotEstimate) -> float:
     """Expected Spot run before a preemption here: run time per preemption, shrunk to a prior;
     capacity seen up for a while is expected to last at least as long again (heavy tails)."""
-    mean = (e.run_s + PRIOR_LIFETIME_S * PRIOR_LIFETIME_WEIGHT) / \
-        (e.preemptions + PRIOR_LIFETIME_WEIGHT)
+    prior = PRIOR_LIFETIME_S if e.prior_lifetime_s is None else e.prior_lifetime_s
+    mean = (e.run_s + prior * PRIOR_LIFETIME_WEIGHT) / (e.preemptions + PRIOR_LIFETIME_WEIGHT)
     return max(mean, e.up_s or 0.0)
 
 

@@ -30,31 +30,41 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from spotorch.core.pipeline import Capacity, EscalationKind, RecoveryPolicy
-from spotorch.core.policy import PolicyView, ProbeTerms, choose_capacity, probe_worth, \
-    uniform_progress
+from spotorch.core.policy import (
+    PolicyView,
+    ProbeTerms,
+    RegionRecord,
+    choose_capacity,
+    probe_worth,
+    rank_regions,
+    uniform_progress,
+)
 from spotorch.core.regions import (
     AVOID_PREEMPTED,
     AVOID_STOCKOUT,
+    HOP_OBTAIN,
     MovePrices,
     RegionMark,
     SpotEstimate,
     choose_region,
     choose_spot_region,
     mark,
+    obtainability,
     region_of,
 )
 from spotorch.sim.evaluate import PolicySummary, RunRecord, format_table, summarize
 from spotorch.sim.model import (
     BoolArray,
     Outcome,
+    RegionChoice,
     Scenario,
     ScenarioError,
     TraceError,
@@ -138,6 +148,13 @@ class Decision:
     marks: tuple[RegionMark, ...]
     zones: Zones
     visible: bool
+    # Zones best first by the shared record of every zone's Spot (production's ctx.regions, as
+    # app.spot_record ranks them); ties between zones the run has not seen follow it.
+    order: tuple[int, ...] = ()
+
+    def ranked(self) -> tuple[int, ...]:
+        """Zone indices best first: the record's order, else the configured one."""
+        return self.order or tuple(range(len(self.zones.names)))
 
 
 @dataclass(frozen=True)
@@ -154,9 +171,11 @@ class MultiPolicy:
     name = ""
 
     def decide(self, d: Decision) -> Choice:
+        """The capacity and zone for this tick."""
         raise NotImplementedError
 
     def probe_zone(self, d: Decision) -> int | None:
+        """Where a probe goes now (None: nowhere worth it)."""
         raise NotImplementedError
 
     def capacity(self, view: PolicyView) -> Capacity:
@@ -187,6 +206,7 @@ class SpotorchMulti(MultiPolicy):
     name = "deadline"
 
     def capacity(self, view: PolicyView) -> Capacity:
+        """Spot or standard for a view (probe_worth asks it too)."""
         return choose_capacity(view, DEADLINE)
 
     def _pick(self, d: Decision) -> tuple[int, float] | None:
@@ -194,7 +214,7 @@ class SpotorchMulti(MultiPolicy):
         home = _home_zone(d)
         work_left = max((view.work_total_s or 0.0) - view.work_done_s, 0.0)
         pick = choose_spot_region(
-            d.estimates, checkpoint_region=d.checkpoint_region, prices=d.zones.move,
+            [d.estimates[z] for z in d.ranked()], checkpoint_region=d.checkpoint_region, prices=d.zones.move,
             spot_per_h=dict(zip(d.zones.names, d.zones.spot_per_h, strict=True)),
             standard_per_h=d.zones.standard_per_h[home], work_left_s=work_left,
             overhead_s=view.restart_overhead_s, marks=() if d.visible else d.marks,
@@ -204,14 +224,28 @@ class SpotorchMulti(MultiPolicy):
         return d.zones.names.index(pick.location), pick.move_s
 
     def decide(self, d: Decision) -> Choice:
+        """The capacity and zone for this tick."""
         view = d.view
         if view.current is SPOT and d.zone is not None and not view.spot_queued:
             cap = self.capacity(_with(view, spot_available=True))
             return Choice(cap, d.zone if cap is SPOT else _home_zone(d))
         if view.current is SPOT and d.zone is not None and not d.visible:
-            # Production: a queued attempt waits for its zone until the stockout wait ends it.
+            # Production: a queued attempt waits for its zone until the stockout wait ends it,
+            # or, when the deadline would leave Spot, tries a zone elsewhere worth a Spot try
+            # (core.region_moves.spot_elsewhere in production: a stockout called early).
             cap = self.capacity(view)
-            return Choice(cap, d.zone if cap is SPOT else _home_zone(d))
+            if cap is SPOT:
+                return Choice(SPOT, d.zone)
+            here = d.zones.names[d.zone]
+            marks = mark(d.marks, here, SPOT, view.now_s + 1.0, AVOID_STOCKOUT, view.now_s)
+            pick = self._pick(Decision(view, d.estimates, None, d.checkpoint_region, marks,
+                                       d.zones, d.visible, d.order))
+            if pick is not None and obtainability(d.estimates[pick[0]]) > HOP_OBTAIN and \
+                    self.capacity(_with(
+                    view, current=None, spot_queued=False, spot_available=True,
+                    restart_overhead_s=view.restart_overhead_s + pick[1])) is SPOT:
+                return Choice(SPOT, pick[0])
+            return Choice(cap, _home_zone(d))
         pick = self._pick(d)
         if pick is None:
             cap = self.capacity(_with(view, spot_available=False))
@@ -226,10 +260,10 @@ class SpotorchMulti(MultiPolicy):
         return Choice(cap, zone if cap is SPOT else _home_zone(d))
 
     def probe_zone(self, d: Decision) -> int | None:
-        blind = tuple(SpotEstimate(e.location, e.tries, e.found, e.run_s, e.preemptions)
-                      for e in d.estimates)
+        """Where a probe goes now (None: nowhere worth it)."""
+        blind = tuple(replace(e, seen=None, up_s=None) for e in d.estimates)
         pick = self._pick(Decision(d.view, blind, d.zone, d.checkpoint_region, d.marks,
-                                   d.zones, d.visible))
+                                   d.zones, d.visible, d.order))
         return None if pick is None else pick[0]
 
 
@@ -239,9 +273,11 @@ class UniformProgressMulti(MultiPolicy):
     name = "uniform_progress"
 
     def capacity(self, view: PolicyView) -> Capacity:
+        """Spot or standard for a view (probe_worth asks it too)."""
         return uniform_progress(view)
 
     def decide(self, d: Decision) -> Choice:
+        """The capacity and zone for this tick."""
         view = d.view
         if d.visible:
             up = [z for z, e in enumerate(d.estimates) if e.seen]
@@ -260,8 +296,10 @@ class UniformProgressMulti(MultiPolicy):
         return Choice(SPOT, 0 if zone is None else zone)
 
     def probe_zone(self, d: Decision) -> int | None:
+        """Where a probe goes now (None: nowhere worth it)."""
         names = d.zones.names
-        return names.index(choose_region(names, d.marks, SPOT, d.view.now_s))
+        ranked = [names[z] for z in d.ranked()]
+        return names.index(choose_region(ranked, d.marks, SPOT, d.view.now_s))
 
 
 class SingleRegion(MultiPolicy):
@@ -271,13 +309,16 @@ class SingleRegion(MultiPolicy):
     name = "single_region"
 
     def capacity(self, view: PolicyView) -> Capacity:
+        """Spot or standard for a view (probe_worth asks it too)."""
         return choose_capacity(view, DEADLINE)
 
     def _zones(self, d: Decision) -> tuple[str, ...]:
         home = region_of(d.zones.move.data_region or d.zones.names[0])
-        return tuple(n for n in d.zones.names if region_of(n) == home)
+        names = d.zones.names
+        return tuple(names[z] for z in d.ranked() if region_of(names[z]) == home)
 
     def decide(self, d: Decision) -> Choice:
+        """The capacity and zone for this tick."""
         view = d.view
         zone = d.zone if view.current is SPOT and d.zone is not None else self.probe_zone(d)
         assert zone is not None
@@ -288,6 +329,7 @@ class SingleRegion(MultiPolicy):
         return Choice(cap, zone if cap is SPOT else _home_zone(d))
 
     def probe_zone(self, d: Decision) -> int | None:
+        """Where a probe goes now (None: nowhere worth it)."""
         return d.zones.names.index(choose_region(self._zones(d), d.marks, SPOT, d.view.now_s))
 
 
@@ -330,9 +372,37 @@ def _visible_estimates(window: MultiWindow, names: Sequence[str], i: int, dt: fl
     return tuple(out)
 
 
+def zone_records(window: MultiWindow, i: int, dt: float) -> list[RegionRecord]:
+    """The shared record of every zone over the past day before step i: as complete as a fleet
+    observing every zone would make it, an upper bound (sim.replay's ZoneRecord assumes the
+    same)."""
+    full = np.concatenate([window.past, window.avail[:, :i]], axis=1)
+    recent = full[:, max(full.shape[1] - int(PAST_S // dt), 0):]
+    if recent.shape[1] == 0:
+        return []
+    drops = (recent[:, :-1] & ~recent[:, 1:]).sum(axis=1)
+    return [RegionRecord(observed_s=recent.shape[1] * dt,
+                         available_s=float(recent[z].sum()) * dt, preemptions=int(drops[z]))
+            for z in range(recent.shape[0])]
+
+
+def with_record(estimates: tuple[SpotEstimate, ...], records: Sequence[RegionRecord]
+                ) -> tuple[SpotEstimate, ...]:
+    """The run's own estimates with the record's figures as their priors: the share of time
+    each zone had capacity, and its capacity per preemption."""
+    if not records:
+        return estimates
+    return tuple(replace(e, prior_obtain=r.available_s / r.observed_s if r.observed_s else None,
+                         prior_lifetime_s=r.available_s / max(r.preemptions, 1))
+                 for e, r in zip(estimates, records, strict=True))
+
+
 def run_multi(window: MultiWindow, scenario: Scenario, zones: Zones,
               policy: MultiPolicy) -> MultiOutcome:
-    """Replay one window through a multi-region policy, deciding at every step."""
+    """Replay one window through a multi-region policy, deciding at every step. Production's
+    view ranks zones by the shared record (Scenario.regions HISTORY, the default here) or keeps
+    their order (FIXED)."""
+    scenario_record = scenario.regions is RegionChoice.HISTORY
     dt, overhead = float(scenario.step_s), float(scenario.overhead_s)
     total, deadline = float(scenario.task_s), float(scenario.deadline_s)
     per_s = scenario.nodes / 3600.0
@@ -422,8 +492,13 @@ def run_multi(window: MultiWindow, scenario: Scenario, zones: Zones,
             spot_down_at_s=last_down, spot_assumed=False,
             spot_queued=current is SPOT and not running, flex_wait_s=None,
             spot_up_s=up_s, spot_down_s=None, changed_at_s=changed_at))
+        order: tuple[int, ...] = ()
+        if scenario_record and not visible:
+            records = zone_records(window, i, dt)
+            order = tuple(rank_regions(records)) if records else ()
+            estimates = with_record(estimates, records)
         decision = Decision(view, estimates, zone if current is SPOT else None, checkpoint,
-                            marks, zones, visible)
+                            marks, zones, visible, order)
         choice = policy.decide(decision)
         if current is STANDARD and answer is not None and choice.capacity is SPOT \
                 and choice.zone != answer and estimates[choice.zone].seen is not True:
@@ -454,6 +529,9 @@ def run_multi(window: MultiWindow, scenario: Scenario, zones: Zones,
             want is STANDARD and zone is not None and region_of(names[where]) !=
             region_of(names[zone]))
         if moved:
+            if current is SPOT and zone is not None and not running and want is SPOT:
+                # A queued attempt moved elsewhere: its zone had no capacity (a stockout).
+                marks = mark(marks, names[zone], SPOT, now + cooldown, AVOID_STOCKOUT, now)
             if last is not None and want is not last:
                 changeovers += 1
                 changed_at = now
@@ -644,7 +722,8 @@ def simulate_multi(args: Any) -> int:
     try:
         if not args.traces:
             raise TraceError("--multi-region needs the zones' traces (files or a directory)")
-        scenario = scenario_from_args(args, args.deadline_hours)
+        scenario = replace(scenario_from_args(args, args.deadline_hours),
+                           regions=RegionChoice(args.zone_order))
         if args.checkpoint_gb < 0 or args.data_gb < 0 or args.transfer_gbps <= 0 or \
                 (args.egress_per_gb is not None and args.egress_per_gb < 0):
             raise ScenarioError("sizes and egress must be >= 0 and the transfer rate > 0")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import reduce
 
 import numpy as np
@@ -37,7 +37,7 @@ class Zones:
     names: tuple[str, ...]
     spot_per_h: tuple[float, ...]  # per zone
     standard_per_h: tuple[float, ...]  # per zone (standard runs at its region's cheapest)
-    move: MovePrices = MovePrices()
+    move: MovePrices = field(default_factory=MovePrices)
 
     def __post_init__(self) -> None:
         if not self.names or len({len(self.names), len(self.spot_per_h),
@@ -152,7 +152,7 @@ def optimal_multi(avail: BoolArray, scenario: Scenario, zones: Zones) -> list[Mu
         down_all = ~avail[:, :, i]  # windows x zones
         f = cur[:, :, lo:hi]
         # Preemptions at this boundary: a running Spot attempt ends, idle in its region.
-        for r, (first, std, zs) in enumerate(blocks):
+        for r, (first, _std, zs) in enumerate(blocks):
             for k, z in enumerate(zs):
                 lost = down_all[:, z]
                 if lost.any():
@@ -242,7 +242,7 @@ def brute_force_multi(avail: BoolArray, scenario: Scenario, zones: Zones) -> flo
 
 
 def zone_prices(names: Sequence[str], spot_per_h: float, standard_per_h: float,
-                move: MovePrices = MovePrices()) -> Zones:
+                move: MovePrices | None = None) -> Zones:
     """Zones at one Spot and one standard price each."""
     return Zones(tuple(names), tuple(spot_per_h for _ in names),
-                 tuple(standard_per_h for _ in names), move)
+                 tuple(standard_per_h for _ in names), move or MovePrices())

@@ -150,6 +150,10 @@ def _hours(value: float) -> float:
 @click.option("--egress-per-gb", type=float, default=None,
               help="Multi-region: $/GB between regions  [default: Google's inter-region "
                    "rates, core.regions.egress_per_gb]")
+@click.option("--zone-order", type=click.Choice([c.value for c in RegionChoice]),
+              default=RegionChoice.HISTORY.value,
+              help="Multi-region, production view: zones the run has not seen are tried in "
+                   "the shared record's order (history) or as given (fixed).")
 @click.option("--transfer-gbps", default=8.0,
               help="Multi-region: inter-region copy rate, gigabits per second.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,

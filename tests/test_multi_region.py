@@ -35,6 +35,7 @@ from spotorch.core.region_moves import (
 from spotorch.core.regions import (
     MovePrices,
     SpotEstimate,
+    SpotPick,
     choose_spot_region,
     egress_per_gb,
     region_of,
@@ -233,11 +234,13 @@ def test_production_next_region_is_the_simulators_choice() -> None:
 def test_a_move_pays_only_when_the_saving_beats_the_egress() -> None:
     here = SpotEstimate("us-east1", tries=1, found=1, run_s=3600.0, preemptions=1, seen=True)
     there = SpotEstimate("us-west1", tries=1, found=1, run_s=4 * 3600.0, preemptions=1, seen=True)
-    kwargs = dict(checkpoint_region="us-east1", spot_per_h={"us-east1": 1.0, "us-west1": 1.0},
-                  standard_per_h=3.0, work_left_s=40 * 3600.0, overhead_s=600.0)
-    cheap = choose_spot_region((here, there), prices=MovePrices(checkpoint_gb=50), **kwargs)
-    dear = choose_spot_region((here, there), prices=MovePrices(checkpoint_gb=50,
-                                                               egress_per_gb=1.0), **kwargs)
+    def pick(prices: MovePrices) -> SpotPick | None:
+        return choose_spot_region((here, there), checkpoint_region="us-east1", prices=prices,
+                                  spot_per_h={"us-east1": 1.0, "us-west1": 1.0},
+                                  standard_per_h=3.0, work_left_s=40 * 3600.0, overhead_s=600.0)
+
+    cheap = pick(MovePrices(checkpoint_gb=50))
+    dear = pick(MovePrices(checkpoint_gb=50, egress_per_gb=1.0))
     assert cheap is not None and cheap.location == "us-west1" and cheap.move_cost == 1.0
     assert dear is not None and dear.location == "us-east1" and dear.move_cost == 0.0
 

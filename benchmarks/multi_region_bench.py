@@ -84,10 +84,17 @@ def _replay(job: tuple[float, View, Zones]) -> tuple[float, View, list[dict[str,
 
 
 def main(argv: list[str] | None = None) -> int:
+    global TASK_H, STRIDE_H, DEADLINES_H  # set for smoke runs; forked workers see them too
     parser = argparse.ArgumentParser(prog=COMMAND)
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--task-hours", type=float, default=TASK_H, help="(smoke runs)")
+    parser.add_argument("--deadlines", default=",".join(f"{d:g}" for d in DEADLINES_H),
+                        help="hours, commas (smoke runs)")
+    parser.add_argument("--stride-hours", type=float, default=STRIDE_H, help="(smoke runs)")
     args = parser.parse_args(argv)
+    TASK_H, STRIDE_H = args.task_hours, args.stride_hours
+    DEADLINES_H = tuple(float(d) for d in args.deadlines.split(",") if d.strip())
     wall, cpu = time.perf_counter(), time.process_time()
     spot, standard = v100_prices()
     move = MovePrices(checkpoint_gb=CHECKPOINT_GB, data_region="us-east-1")
@@ -124,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         head = old[:old.index(MULTI_REGION_MARK)] if MULTI_REGION_MARK in old else \
             old.rstrip("\n") + "\n\n"
         DOC.write_text(head + text + "\n")
-    return 0
+    return 1 if "MISSED" in text else 0
 
 
 Cell = dict[str, tuple[float, float, float, float, float]]

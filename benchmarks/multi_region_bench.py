@@ -48,7 +48,7 @@ DOC = ROOT / "docs" / "policy-benchmark.md"
 TRACE = ROOT / "shared" / "spotorch" / "sim" / "traces" / "availability" / "1-node" / \
     "aws-02-15-2023"
 TASK_H, OVERHEAD_H, STRIDE_H = 48.0, 0.2, 24.0
-DEADLINES_H = (52.0, 60.0, 72.0, 96.0)
+DEADLINES_H: tuple[float, ...] = (52.0, 60.0, 72.0, 96.0)
 CHECKPOINT_GB = 50.0
 ONLINE = ("single_region", "uniform_progress", "deadline")
 

@@ -234,11 +234,11 @@ def render(rows: list[tuple[float, View, int, float, Cell]],
         "**Limits of this experiment.**",
         "- The production view orders the zones the run has not seen by the shared record and "
         "takes the record's figures (share of time with capacity, capacity per preemption, "
-        "over the past day) as the estimates' priors. That record is an upper bound: every zone "
-        "observed at every step (as sim.replay's region record). The live service's Context "
-        "carries only the record's order today, so a live run's priors are flat (0.5, 5 h) and "
-        "the order breaks ties: passing the record's figures to `core.region_moves` is not "
-        "built.",
+        "over the past day) as the estimates' priors, as the live service does "
+        "(`Context.region_records`, read by `app.deps`; `core.region_moves.record_prior`). "
+        "Here that record is an upper bound: every zone observed at every step (as "
+        "sim.replay's region record); a live record sees a region only where some run or probe "
+        "was.",
         "- Not modelled in the multi-region replay: the stockout budget (`max_stockouts`, 10 by "
         "default; a run that calls many stockouts early should raise it) and recovery's rule "
         "that sends a run to standard after as many stockouts as regions; FLEX_START; the "

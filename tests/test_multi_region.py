@@ -25,7 +25,7 @@ from spotorch.core.pipeline import (
     Trigger,
     WorkerPool,
 )
-from spotorch.core.policy import PolicyView, choose_capacity
+from spotorch.core.policy import PolicyView, RegionRecord, choose_capacity
 from spotorch.core.region_moves import (
     checkpoint_region,
     hop_elsewhere,
@@ -47,6 +47,7 @@ from spotorch.sim.multi_region import (
     SpotorchMulti,
     multi_policies,
     run_multi,
+    with_record,
 )
 from spotorch.sim.optimal import optimal
 from spotorch.sim.optimal_multi import Zones, brute_force_multi, optimal_multi, zone_prices
@@ -299,3 +300,27 @@ def test_a_queued_attempt_hops_where_the_simulator_would_send_it() -> None:
     choice = SpotorchMulti().decide(Decision(view, spot_estimates(blind, REGIONS, now), 0,
                                              "us-central1", (), zones, False))
     assert choice.capacity is Capacity.STANDARD
+
+
+def test_the_shared_record_is_the_prior_in_production_and_in_the_simulator() -> None:
+    # A fresh run: nothing of its own seen yet. The record says us-east1 had Spot most of the
+    # day in long runs, us-central1 (first in the pipeline's order) seldom and briefly.
+    pipeline = _pipeline(50.0)
+    records = {"us-central1": RegionRecord(observed_s=86400.0, available_s=0.2 * 86400.0,
+                                           preemptions=30),
+               "us-east1": RegionRecord(observed_s=86400.0, available_s=0.9 * 86400.0,
+                                        preemptions=2),
+               "us-west1": RegionRecord(observed_s=0.0, available_s=0.0)}
+    run = _run((), 0.0)
+    flat = Context(pipeline=pipeline, now=0.0)
+    assert next_region(run, flat, Capacity.SPOT) == "us-central1"  # flat priors: the order
+    ctx = Context(pipeline=pipeline, now=0.0, region_records=records)
+    assert next_region(run, ctx, Capacity.SPOT) == "us-east1"
+    estimates = with_record(spot_estimates(run, REGIONS, 0.0), [records[r] for r in REGIONS])
+    assert estimates == spot_estimates(run, REGIONS, 0.0, records)
+    zones = Zones(REGIONS, (1.2225,) * 3, (2.86,) * 3, MovePrices(checkpoint_gb=50))
+    view = PolicyView(now_s=0.0, deadline_s=20 * 3600.0, work_total_s=10 * 3600.0,
+                      work_done_s=0.0, restart_overhead_s=600.0, current=None,
+                      spot_available=True, preemptions=0)
+    sim = SpotorchMulti()._pick(Decision(view, estimates, None, None, (), zones, False))
+    assert sim is not None and REGIONS[sim[0]] == "us-east1"

@@ -6,14 +6,14 @@ Three places use it: launching (the region of the next Spot attempt), recovery (
 preemption or a stockout, Spot counts as available when another region is worth a try) and the
 tick (a queued Spot attempt the deadline would move to standard tries another region instead
 when Spot there is likely: a stockout called early). The simulator's production view does the
-same. Not yet here: the shared record's per-region figures as the estimates' priors (the
-simulator's production view uses them; Context carries only the record's order, which breaks
-ties between regions the run has not seen)."""
+same. The estimates' priors are the shared record's figures per region (Context.region_records,
+read by app.deps.context), as in the simulator's production view; its order (Context.regions)
+breaks ties."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from spotorch.core.context import Context
@@ -21,10 +21,12 @@ from spotorch.core.cost import hourly_rate
 from spotorch.core.escalation import policy_view
 from spotorch.core.model import Attempt, FailureClass, Run
 from spotorch.core.pipeline import Capacity
-from spotorch.core.policy import PolicyView, choose_capacity
+from spotorch.core.policy import PolicyView, RegionRecord, choose_capacity
 from spotorch.core.regions import (
     AVOID_STOCKOUT,
     HOP_OBTAIN,
+    PRIOR_LIFETIME_S,
+    PRIOR_OBTAIN,
     MovePrices,
     RegionMark,
     SpotEstimate,
@@ -43,8 +45,27 @@ def checkpoint_region(run: Run) -> str | None:
     return region_of(started[-1].region) if started else None
 
 
-def spot_estimates(run: Run, regions: tuple[str, ...], now: float) -> tuple[SpotEstimate, ...]:
-    """Per region, what this run's own Spot attempts and probes saw there."""
+RECORD_PRIOR_S = 3600.0  # weight of the flat prior against the record's observed time
+
+
+def record_prior(estimate: SpotEstimate, record: RegionRecord | None) -> SpotEstimate:
+    """The estimate with the shared record's figures as its priors: the share of observed time
+    the region had Spot capacity, and its capacity per preemption, each shrunk to the flat
+    prior (an hour of observation, one preemption) so a region seen briefly is not judged on
+    it (as policy.rank_regions)."""
+    if record is None or record.observed_s <= 0:
+        return estimate
+    share = (record.available_s + PRIOR_OBTAIN * RECORD_PRIOR_S) / \
+        (record.observed_s + RECORD_PRIOR_S)
+    lifetime = (record.available_s + PRIOR_LIFETIME_S) / (record.preemptions + 1)
+    return replace(estimate, prior_obtain=share, prior_lifetime_s=lifetime)
+
+
+def spot_estimates(run: Run, regions: tuple[str, ...], now: float,
+                   records: Mapping[str, RegionRecord] | None = None
+                   ) -> tuple[SpotEstimate, ...]:
+    """Per region, what this run's own Spot attempts and probes saw there, with the shared
+    record's figures (when given) as priors."""
     out = []
     for region in regions:
         tries = found = preemptions = 0
@@ -66,7 +87,8 @@ def spot_estimates(run: Run, regions: tuple[str, ...], now: float) -> tuple[Spot
                 continue
             tries += 1
             found += p.started_at is not None
-        out.append(SpotEstimate(region, tries, found, run_s, preemptions, seen))
+        out.append(record_prior(SpotEstimate(region, tries, found, run_s, preemptions, seen),
+                                (records or {}).get(region)))
     return tuple(out)
 
 
@@ -91,7 +113,7 @@ def spot_pick(run: Run, ctx: Context, marks: Sequence[RegionMark] | None = None
     view = policy_view(run, ctx, current=None, spot_available=True)
     work_left = math.inf if view.work_total_s is None else \
         max(view.work_total_s - view.work_done_s, 0.0)
-    estimates = spot_estimates(run, regions, ctx.now)
+    estimates = spot_estimates(run, regions, ctx.now, ctx.region_records)
     pick = choose_spot_region(
         estimates, checkpoint_region=checkpoint_region(run), prices=move_prices(ctx),
         spot_per_h={r: v or 0.0 for r, v in spot.items()}, standard_per_h=standard,

@@ -47,6 +47,7 @@ from spotorch.core.policy import (
     rank_regions,
     uniform_progress,
 )
+from spotorch.core.region_moves import record_prior
 from spotorch.core.regions import (
     AVOID_PREEMPTED,
     AVOID_STOCKOUT,
@@ -388,13 +389,11 @@ def zone_records(window: MultiWindow, i: int, dt: float) -> list[RegionRecord]:
 
 def with_record(estimates: tuple[SpotEstimate, ...], records: Sequence[RegionRecord]
                 ) -> tuple[SpotEstimate, ...]:
-    """The run's own estimates with the record's figures as their priors: the share of time
-    each zone had capacity, and its capacity per preemption."""
+    """The run's own estimates with the record's figures as their priors, as production's
+    (core.region_moves.record_prior)."""
     if not records:
         return estimates
-    return tuple(replace(e, prior_obtain=r.available_s / r.observed_s if r.observed_s else None,
-                         prior_lifetime_s=r.available_s / max(r.preemptions, 1))
-                 for e, r in zip(estimates, records, strict=True))
+    return tuple(record_prior(e, r) for e, r in zip(estimates, records, strict=True))
 
 
 def run_multi(window: MultiWindow, scenario: Scenario, zones: Zones,

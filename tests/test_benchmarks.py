@@ -94,3 +94,10 @@ def test_the_operator_reads_benchmark_runs_on_the_firestore_emulator() -> None:
     done = bench("cli_reads.py", "--runs", "3", "--repeat", "1")
     assert "spotorch runs " in done.stdout and "spotorch show demo-0002" in done.stdout
     assert "heaviest imports" in done.stdout
+
+
+def test_the_multi_region_benchmark_runs_a_small_cell() -> None:
+    done = bench("multi_region_bench.py", "--workers", "1", "--task-hours", "8",
+                 "--deadlines", "10", "--stride-hours", "240")
+    assert "| 10 | visible | 5 |" in done.stdout and "| 10 | production | 5 |" in done.stdout
+    assert "- 10 h: below UP in both views:" in done.stdout

@@ -16,6 +16,7 @@ from spotorch.core.errors import SpotorchError
 from spotorch.core.model import Run, RunStatus
 from spotorch.core.observations import Observation
 from spotorch.core.pipeline import Pipeline
+from spotorch.core.policy import RegionRecord
 from spotorch.core.price_list import LIST_PRICES
 from spotorch.core.prices import PriceTable
 from spotorch.ports.clock import Clock
@@ -124,8 +125,9 @@ def context(deps: Deps, run: Run, now: float) -> Context:
     """What a decision about this run needs: its pipeline, the time, and (for a pipeline with
     several regions) the regions ranked by the shared record of Spot for the run's shape."""
     pipeline = deps.pipeline(run.pipeline)
-    ctx = Context(pipeline, now, region_order=region_order(deps, pipeline,
-                                                           shape_key(pipeline, run), now),
+    shape = shape_key(pipeline, run)
+    ctx = Context(pipeline, now, region_order=region_order(deps, pipeline, shape, now),
+                  region_records=region_records(deps, pipeline, shape, now),
                   prices=deps.prices, key_seed=key_seed())
     if pipeline.hardware is None or run.hardware is not None or \
             run.status not in (RunStatus.QUEUED, RunStatus.PROBING, RunStatus.PREPROCESSING):
@@ -180,6 +182,20 @@ def region_order(deps: Deps, pipeline: Pipeline, shape: str, now: float) -> tupl
     except Exception as exc:  # advice only: the fixed order still works
         log.warning("spot record unreadable, regions in the pipeline's order: %s", exc)
         return None
+
+
+def region_records(deps: Deps, pipeline: Pipeline, shape: str, now: float
+                   ) -> dict[str, RegionRecord] | None:
+    """The shared record's figures per region (the priors of core.region_moves' estimates);
+    None: one region, or no record. Read through the same cache as region_order."""
+    if len(pipeline.job.regions) < 2:
+        return None
+    try:
+        records = deps.spot.records(deps.docs, shape, pipeline.job.regions, now)
+    except Exception as exc:  # advice only: flat priors still work
+        log.warning("spot record unreadable, flat priors for the regions: %s", exc)
+        return None
+    return dict(zip(pipeline.job.regions, records, strict=True))
 
 
 def job_id_of(job_name: str) -> str:

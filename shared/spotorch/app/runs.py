@@ -19,6 +19,7 @@ from spotorch.app.deps import (
     key_seed,
     probe_cache,
     region_order,
+    region_records,
 )
 from spotorch.app.snapshots import SnapshotReady
 from spotorch.app.spot_record import shape_of
@@ -85,6 +86,8 @@ def start_run(deps: Deps, pipeline_name: str, *, run_id: str, data_uri: str,
                          retry_of=retry_of, reason=reason, sweep_id=sweep_id, params=params,
                          region_order=region_order(deps, pipeline, shape_of(pipeline, None),
                                                    now),
+                         region_records=region_records(deps, pipeline,
+                                                       shape_of(pipeline, None), now),
                          hardware_cache=cache,
                          outlook=hardware_outlook(deps, pipeline, now) if cache else None,
                          prices=deps.prices, key_seed=key_seed(), hardware=hardware,

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from spotorch.core import hardware as hw
 from spotorch.core import health as hp
 from spotorch.core.pipeline import Pipeline, RecoveryPolicy
+from spotorch.core.policy import RegionRecord
 from spotorch.core.price_list import LIST_PRICES
 from spotorch.core.prices import PriceTable
 
@@ -21,6 +22,9 @@ class Context:
     # The pipeline's regions, best first for this run's shape, from the shared record of Spot
     # behaviour (service.spot_regions); None: the pipeline's own order.
     region_order: tuple[str, ...] | None = None
+    # The same record's figures per region (issue 43: the priors of the run's own estimates,
+    # core.region_moves); None: not read.
+    region_records: Mapping[str, RegionRecord] | None = None
     # What the hardware choice assumes of Spot per candidate (the shared record); None: nothing
     outlook: hw.Outlook | None = None
     hardware_cache: Mapping[str, hw.ProbeResult] | None = None  # a queued run's, at its promotion

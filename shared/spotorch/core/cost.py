@@ -31,6 +31,7 @@ from spotorch.core.prices import (
     region_entry,
     shape_of,
 )
+from spotorch.core.regions import egress_per_gb, region_of
 from spotorch.core.shapes import run_pipeline
 
 
@@ -228,6 +229,8 @@ class Ledger:
     result: RunResult = RunResult.RUNNING
     unpriced: tuple[str, ...] = ()  # machines and accelerators the price table does not know
     preprocess_cost: float = 0.0  # the preprocess step's Dataflow job; part of total
+    egress_cost: float = 0.0  # checkpoints copied between regions (issue 43); part of total
+    moves: int = 0  # attempts that started in another region than the checkpoint's
 
     def sentence(self) -> str:
         """The ledger in one line, as alerts and summaries say it."""
@@ -255,6 +258,10 @@ class Ledger:
             line += f"; {self.probes} Spot probe{plural} cost {money(self.probe_cost)}"
         if self.preprocess_cost:
             line += f"; the preprocess step cost {money(self.preprocess_cost)}"
+        if self.moves:
+            plural = "s" if self.moves != 1 else ""
+            line += f"; {self.moves} move{plural} between regions cost " \
+                    f"{money(self.egress_cost)} of egress"
         if self.unpriced:
             line += f"; price unknown for {', '.join(self.unpriced)} (not counted)"
         return line
@@ -343,10 +350,11 @@ def ledger(run: Run, pipeline: Pipeline | None, now: float,
             rate = hourly_rate(pipeline, Capacity.SPOT, probe.region, table)
             unpriced += rate.unknown
             probe_cost += billed / 3600 * (rate.per_hour or 0.0)
+    egress, moves = egress_of(run, pipeline)
     step = step_cost(run.preprocess, table)
     basis += step.basis
     unpriced += step.unknown
-    total = sum(line.cost for line in lines) + probe_cost + step.cost
+    total = sum(line.cost for line in lines) + probe_cost + step.cost + egress
     # The preprocess step runs on Dataflow either way: the same cost on both sides.
     standard_equivalent = standard_useful + (startup[0] / 3600 * startup[1] if startup else 0.0) \
         + step.cost
@@ -360,7 +368,26 @@ def ledger(run: Run, pipeline: Pipeline | None, now: float,
         useful_s=useful_s, lost_steps=sum(line.lost_steps for line in lines),
         lost_cost=sum(line.lost_cost for line in lines), preemptions=run.counters.preemptions,
         basis=tuple(dict.fromkeys(basis)), probes=run.counters.probes, probe_cost=probe_cost,
-        result=result, unpriced=tuple(dict.fromkeys(unpriced)), preprocess_cost=step.cost)
+        result=result, unpriced=tuple(dict.fromkeys(unpriced)), preprocess_cost=step.cost,
+        egress_cost=egress, moves=moves)
+
+
+def egress_of(run: Run, pipeline: Pipeline | None) -> tuple[float, int]:
+    """Egress dollars of the run's moves between regions, and how many: each attempt that started
+    in another region than the last started one copied the checkpoint (recovery.checkpoint_gb) at
+    the inter-region rate (core.regions.egress_per_gb, as the simulator's MovePrices)."""
+    size = pipeline.recovery.checkpoint_gb if pipeline is not None else 0.0
+    where: str | None = None
+    dollars, moves = 0.0, 0
+    for attempt in run.attempts:
+        if attempt.started_at is None:
+            continue
+        region = region_of(attempt.region)
+        if where is not None and region != where:
+            moves += 1
+            dollars += size * egress_per_gb(where, region)
+        where = region
+    return dollars, moves
 
 
 def _pool_costs(rates: tuple[PoolRate, ...], billed_s: float) -> tuple[PoolCost, ...]:
@@ -399,6 +426,7 @@ def ledger_dict(book: Ledger) -> dict[str, object]:
         "lost_cost": round(book.lost_cost, 4), "preemptions": book.preemptions,
         "probes": book.probes, "probe_cost": round(book.probe_cost, 4),
         "preprocess_cost": round(book.preprocess_cost, 4),
+        "egress_cost": round(book.egress_cost, 4), "moves": book.moves,
         "summary": book.sentence(), "basis": list(book.basis),
         "attempts": [{"attempt": a.attempt, "capacity": str(a.capacity), "region": a.region,
                       "billed_s": round(a.billed_s, 1),

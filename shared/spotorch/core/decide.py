@@ -79,7 +79,7 @@ from spotorch.core.observations import (
     error_line,
 )
 from spotorch.core.pipeline import Capacity, Pipeline
-from spotorch.core.policy import choose_capacity, may_switch
+from spotorch.core.policy import RegionRecord, choose_capacity, may_switch
 from spotorch.core.price_list import LIST_PRICES
 from spotorch.core.prices import PriceTable
 from spotorch.core.probes import (
@@ -103,6 +103,7 @@ from spotorch.core.recovery import (
     failure_of,
     recover,
 )
+from spotorch.core.region_moves import hop_elsewhere
 from spotorch.core.training_health import on_checkpoints_deleted, retention, tick_health, trainer_health
 from spotorch.core.trust import rate_sample
 from spotorch_trainer.contract import EVENT_COMPLETED
@@ -116,6 +117,7 @@ def new_run(*, run_id: str, pipeline: Pipeline, now: float, data_uri: str,
             params: Mapping[str, Any] | None = None,
             hardware: Mapping[str, Any] | None = None,
             region_order: tuple[str, ...] | None = None,
+            region_records: Mapping[str, RegionRecord] | None = None,
             hardware_cache: Mapping[str, hw.ProbeResult] | None = None,
             outlook: hw.Outlook | None = None,
             prices: PriceTable = LIST_PRICES, key_seed: bytes = b"",
@@ -124,6 +126,7 @@ def new_run(*, run_id: str, pipeline: Pipeline, now: float, data_uri: str,
 
     hardware: the choice among the pipeline's hardware candidates (issue 19), if one was made;
     region_order: the regions ranked by the shared Spot record (Context.region_order);
+    region_records: that record's figures per region (Context.region_records);
     hardware_cache: the pipeline's cached probe results: with candidates and no choice made,
     the run probes those without a fresh result first (status PROBING);
     key_seed: the shell's random bytes the first attempt's report key derives from;
@@ -136,8 +139,8 @@ def new_run(*, run_id: str, pipeline: Pipeline, now: float, data_uri: str,
               retry_of=retry_of, sweep_id=sweep_id, params=dict(params or {}),
               hardware=hardware, provenance=dict(provenance) if provenance else None,
               rerun_of=rerun_of)
-    ctx = Context(pipeline, now, region_order=region_order, outlook=outlook, prices=prices,
-                  key_seed=key_seed)
+    ctx = Context(pipeline, now, region_order=region_order, region_records=region_records,
+                  outlook=outlook, prices=prices, key_seed=key_seed)
     run = note(run, ctx, "created", reason)
     run = publish(run, ctx, "run.created", status=str(RunStatus.PENDING), data_uri=data_uri,
                    snapshot_id=snapshot_id, deadline=iso(deadline), reason=reason,
@@ -477,6 +480,10 @@ def _on_tick(run: Run, obs: Observation, ctx: Context) -> Run:
     view = policy_view(run, ctx, current=current.capacity,
                        spot_available=not (spot_waiting or cooling))
     wanted = choose_capacity(view, ctx.recovery)
+    if spot_waiting and wanted is Capacity.STANDARD and hop_elsewhere(run, ctx, current, view):
+        run = note(run, ctx, f"attempt {current.number} queued {queued_for:.0f}s",
+                   "stockout: Spot is likely in another region (core.region_moves)")
+        return cancel_attempt(run, ctx, current, CANCEL_STOCKOUT)
     run = deadline_warning(run, ctx, wanted, current)
     if wanted == current.capacity or (wanted is Capacity.SPOT and cooling):
         return run  # back to Spot only once it may have capacity again

@@ -38,7 +38,7 @@ from spotorch.core.observations import (
     Observation,
 )
 from spotorch.core.pipeline import Capacity
-from spotorch.core.regions import choose_region
+from spotorch.core.region_moves import next_region
 from spotorch.core.trust import attempt_key
 
 
@@ -62,8 +62,7 @@ def launch(run: Run, ctx: Context, capacity: Capacity, reason: str) -> Run:
     """Add the next attempt on this capacity, in the best region, resuming from the newest checkpoint."""
     previous = run.current
     number = len(run.attempts) + 1
-    region = choose_region(ctx.regions, run.avoid_regions, capacity, ctx.now,
-                           prefer=run.next_region if capacity is Capacity.SPOT else None)
+    region = next_region(run, ctx, capacity)  # issue 43: the rule the simulator replays
     exact = run.health.trust_until_step is not None  # diverged checkpoints may still be there
     ckpt = run.health.rollback if exact else run.latest_checkpoint
     machine = run.health.machine_type

@@ -291,6 +291,11 @@ class RecoveryPolicy(FileSection):
     expected_compute_s: Annotated[float | None, Duration(), Field(
         validation_alias="expected_compute",
         description="Estimate of the whole task on standard VMs.")] = None
+    # A checkpoint's size: what an attempt in another region than the checkpoint's copies, at
+    # the inter-region egress price (core.regions.MovePrices; the ledger charges it).
+    checkpoint_gb: Annotated[float, Field(
+        ge=0, description="Checkpoint size in GB: a move to another region copies it "
+                          "(egress, transfer time).")] = 0.0
     preemption_patterns: Patterns = ("(?i)preempt", "(?i)stockout", r"(?i)\bspot\b",
                                      "(?i)resources? (are|were|is) (un)?available",
                                      "(?i)capacity")

@@ -27,6 +27,7 @@ from spotorch.core.model import (
 from spotorch.core.moves import fail, move_to, publish
 from spotorch.core.pipeline import Capacity, EscalationKind, RecoveryPolicy
 from spotorch.core.quotas import on_quota
+from spotorch.core.region_moves import spot_elsewhere
 from spotorch.core.regions import AVOID_PREEMPTED, AVOID_STOCKOUT, mark
 from spotorch.core.training_health import recover_out_of_memory, roll_back
 from spotorch_trainer.contract import EXIT_KILLED, EXIT_PREEMPTED
@@ -262,7 +263,9 @@ def _next_capacity(run: Run, ctx: Context, attempt: Attempt,
     """Where the next attempt runs after a failure, and why; the first rule that applies wins."""
     recovery = ctx.recovery
     spot_lost = failure in (FailureClass.PREEMPTED, FailureClass.STOCKOUT)
-    capacity = policy_capacity(run, ctx, current=None, spot_available=not spot_lost)
+    # Issue 43: Spot lost in one region may be there in another (core.region_moves).
+    elsewhere = spot_lost and attempt.capacity is Capacity.SPOT and spot_elsewhere(run, ctx)
+    capacity = policy_capacity(run, ctx, current=None, spot_available=not spot_lost or elsewhere)
     escalating = attempt.capacity is Capacity.SPOT and \
         recovery.escalation is not EscalationKind.NEVER
     regions = max(len(ctx.pipeline.job.regions), 1)

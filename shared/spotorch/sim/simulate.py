@@ -133,6 +133,29 @@ def _hours(value: float) -> float:
 @click.option("--policies", default=",".join(POLICIES), help="Policies to replay (commas).")
 @click.option("--workers", default=1, help="Processes replaying windows in parallel.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--multi-region", is_flag=True,
+              help="The traces are the zones of one run, aligned tick by tick (a zone per "
+                   "file, named by its first part: us-east-1a_v100_1.json); moves between "
+                   "regions are priced (spotorch.sim.multi_region).")
+@click.option("--spot-price", default=1.0,
+              help="Multi-region: Spot price per node-hour of every zone (on-demand: "
+                   "--price-ratio x it, or --on-demand-price).")
+@click.option("--region-prices", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help='Multi-region: JSON {"region or zone": {"spot": $/h, "standard": $/h}}.')
+@click.option("--checkpoint-gb", default=0.0, help="Multi-region: checkpoint size, GB.")
+@click.option("--data-gb", default=0.0,
+              help="Multi-region: data an attempt outside the data's region reads, GB.")
+@click.option("--data-region", default=None,
+              help="Multi-region: where the data lives  [default: the first zone's region]")
+@click.option("--egress-per-gb", type=float, default=None,
+              help="Multi-region: $/GB between regions  [default: Google's inter-region "
+                   "rates, core.regions.egress_per_gb]")
+@click.option("--zone-order", type=click.Choice([c.value for c in RegionChoice]),
+              default=RegionChoice.HISTORY.value,
+              help="Multi-region, production view: zones the run has not seen are tried in "
+                   "the shared record's order (history) or as given (fixed).")
+@click.option("--transfer-gbps", default=8.0,
+              help="Multi-region: inter-region copy rate, gigabits per second.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write cost vs deadline slack per policy (PNG).")
 @click.option("--plot-deadline-hours", type=float, multiple=True,
@@ -200,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _simulate(args: SimpleNamespace) -> int:
+    if args.multi_region:
+        from spotorch.sim.multi_region import simulate_multi  # why lazy: its own mode
+
+        return simulate_multi(args)
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
     try:
         files = find_trace_files(list(args.traces) or default_trace_paths())

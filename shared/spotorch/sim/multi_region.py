@@ -706,23 +706,20 @@ def format_multi(result: MultiResult) -> str:
     return "\n".join(lines)
 
 
-
-
-def simulate_multi(args: Any) -> int:
-    """`spotorch simulate --multi-region`: the exit code (2 on bad input)."""
+def simulate_multi(args: Any, base: Scenario) -> int:
+    """`spotorch simulate --multi-region` on the command line's scenario: the exit code (2 on bad
+    input). The caller (spotorch.sim.simulate) builds `base`, so this module never imports it."""
     import sys
 
     from spotorch.sim.evaluate import POLICIES
     from spotorch.sim.model import SimulateError
-    from spotorch.sim.simulate import scenario_from_args
 
     named = tuple(p.strip() for p in args.policies.split(",") if p.strip())
     policies = MULTI_POLICIES if named == POLICIES else named
     try:
         if not args.traces:
             raise TraceError("--multi-region needs the zones' traces (files or a directory)")
-        scenario = replace(scenario_from_args(args, args.deadline_hours),
-                           regions=RegionChoice(args.zone_order))
+        scenario = replace(base, regions=RegionChoice(args.zone_order))
         if args.checkpoint_gb < 0 or args.data_gb < 0 or args.transfer_gbps <= 0 or \
                 (args.egress_per_gb is not None and args.egress_per_gb < 0):
             raise ScenarioError("sizes and egress must be >= 0 and the transfer rate > 0")

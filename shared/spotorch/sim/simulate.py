@@ -226,7 +226,12 @@ def _simulate(args: SimpleNamespace) -> int:
     if args.multi_region:
         from spotorch.sim.multi_region import simulate_multi  # why lazy: its own mode
 
-        return simulate_multi(args)
+        try:
+            scenario = scenario_from_args(args, args.deadline_hours)
+        except SimulateError as exc:
+            print(f"spotorch simulate: {exc}", file=sys.stderr)
+            return 2
+        return simulate_multi(args, scenario)
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
     try:
         files = find_trace_files(list(args.traces) or default_trace_paths())

@@ -119,7 +119,7 @@ def test_every_command_and_option_has_help_in_one_dialect_with_defaults() -> Non
                     and p.show_default is not False]
         if defaults:
             assert "default:" in result.output, name
-    assert {"dev up", "dev down", "dev restart", "dev reload", "dev alerts", "dev vertex",
+    assert {"dev up", "dev down", "dev restart", "dev reload", "dev alerts", "dev vertex", "dev upload",
             "validate", "demo", "simulate", "dead-letters", "advise", "snapshots",
             "sweep show", "sweep submit", "sweep cancel"} <= set(names)
     result = invoke(None, "runs", "--help")

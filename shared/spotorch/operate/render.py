@@ -139,7 +139,9 @@ def show_run(view: Mapping[str, Any]) -> list[Any]:
           "-" if a["resumed_from_step"] is None else str(a["resumed_from_step"]),
           "-" if a["progress_step"] is None else str(a["progress_step"]),
           money(costs.get(a["attempt"], {}).get("cost"), cost["currency"]),
-          a.get("end_reason") or ""] for a in view["attempts"]],
+          (a.get("end_reason") or "") + ("; during start-up, no checkpoint yet"
+                                          if a.get("startup_loss") else "")]
+         for a in view["attempts"]],
         elastic="END REASON", right=frozenset({"RESUMED", "REACHED", "COST"}))
     history = Columns3(("AT", "WHAT", "WHY"),
                        [(h["at"] or "", h["what"], h["reason"]) for h in view["history"]])
@@ -147,7 +149,10 @@ def show_run(view: Mapping[str, Any]) -> list[Any]:
     preprocess = _preprocess_lines(view.get("preprocess"), cost["currency"])
     return [head, *provenance_lines(view.get("provenance")), *preprocess, *hardware,
             Rule("attempts", align="left"), attempts,
-            *error_tails(view["attempts"]), Rule("history", align="left"), history,
+            *error_tails(view["attempts"]),
+            *[Text(a["startup_loss"], style="yellow", overflow="fold")
+              for a in view["attempts"] if a.get("startup_loss")],
+            Rule("history", align="left"), history,
             Text(f"prices: {'; '.join(cost['basis'])}", style="dim")]
 
 

@@ -271,6 +271,8 @@ def _attempts(view: Mapping[str, Any]) -> str:
             error = (f'<details class="error-tail"><summary>{escape(a.get("error") or "error")}'
                      f'</summary><pre class="tail">{escape(chr(10).join(a["error_tail"]))}</pre>'
                      "</details>")
+        startup = (f'<p class="startup-loss">{escape(a["startup_loss"])}</p>'
+                   if a.get("startup_loss") else "")
         rows.append(
             f'<tr class="attempt" data-attempt="{a["attempt"]}"><td>{a["attempt"]}</td>'
             f'<td>{escape(a["capacity"])}<br><span class="muted">{escape(a["region"])}</span></td>'
@@ -280,7 +282,7 @@ def _attempts(view: Mapping[str, Any]) -> str:
             f'<td class="num">{"-" if a["resumed_from_step"] is None else a["resumed_from_step"]}'
             f'</td><td class="num">{"-" if a["progress_step"] is None else a["progress_step"]}'
             f'</td><td class="num">{money(costs.get(a["attempt"], {}).get("cost"))}</td>'
-            f'<td class="reason">{escape(a["end_reason"] or "")}{error}</td>'
+            f'<td class="reason">{escape(a["end_reason"] or "")}{startup}{error}</td>'
             f'<td>{logs}</td></tr>')
     return ('<section><h2>Attempts</h2>'
             + table("attempts", ("#", "capacity", "state", "job", "started / ended", "resumed",

@@ -94,6 +94,10 @@ def _attempt_duration(a: Mapping[str, Any]) -> str:
     return duration(parse_rfc3339(a["ended_at"]) - parse_rfc3339(a["started_at"]))
 
 
+def _metric(value: Any) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
 def show_run(view: Mapping[str, Any]) -> list[Any]:
     """`spotorch show`: the run, its attempts, checkpoints, cost and history."""
     from rich.rule import Rule
@@ -113,6 +117,8 @@ def show_run(view: Mapping[str, Any]) -> list[Any]:
         ("snapshot", view.get("snapshot_id")), ("created", view["created_at"]),
         ("updated", view.get("updated_at")), ("deadline", view.get("deadline_at")),
         ("progress", steps),
+        ("metrics" if view.get("active", True) else "final metrics",
+         ", ".join(f"{k} {_metric(v)}" for k, v in sorted(p.get("metrics", {}).items())) or None),
         ("checkpoint", f"step {ckpt['step']}  {ckpt['uri']}" if ckpt else None),
         ("model", view["model_uri"] + ("" if view["model_ready"] else "  (not written yet)")),
         ("retry of", view.get("retry_of")),

@@ -36,3 +36,32 @@ def test_show_into_a_pipe_is_not_padded_to_the_pipe_width() -> None:
     assert "── attempts ──" in lines and "── history ──" in lines
     assert not [x for x in lines if x.endswith(" ")]  # no padding to any width
     assert not [x for x in lines if len(x) >= PIPE_WIDTH]
+
+
+def test_a_failed_runs_headline_is_its_exception() -> None:
+    from operator_runs import failed_run
+    from spotorch.operate.ui.pages import _facts
+
+    deps = deps_for()
+    view = run_view(failed_run(deps), PIPELINE, _clock(deps).now())
+    assert view["reason"].startswith("ValueError: bad column 'label' in part-0.csv "
+                                     "(user_errors budget exhausted"), view["reason"]
+    assert "<dt>reason</dt><dd>ValueError: bad column" in _facts(view)
+
+
+def test_sweep_trials_are_folded_into_one_row_on_the_runs_page() -> None:
+    from spotorch.operate.ui.pages import runs_page
+
+    def row(run_id: str, sweep: str | None, status: str = "RUNNING") -> dict[str, object]:
+        return {"run_id": run_id, "pipeline": "p", "status": status, "active": True,
+                "created_at": f"2027-01-15T08:0{run_id[-1]}:00Z", "attempts": 1,
+                "preemptions": 0, "step": 1, "total_steps": 10, "cost": 0.5, "savings": None,
+                "savings_pct": None, "reason": "", "sweep_id": sweep}
+
+    rows = [row("plain-1", None), row("sw-t1", "sw"), row("sw-t2", "sw", "CANCELLED")]
+    html = runs_page(rows, {}, None, target="t", refresh_s=5)
+    assert 'data-run-id="plain-1"' in html and 'data-run-id="sw-t1"' not in html
+    assert html.count('class="sweep-trials"') == 1 and "2 trials" in html
+    assert '<a href="/sweeps/sw">sweep sw</a>' in html and "show them" in html
+    unfolded = runs_page(rows, {"trials": "1"}, None, target="t", refresh_s=5)
+    assert 'data-run-id="sw-t1"' in unfolded and 'class="sweep-trials"' not in unfolded

@@ -82,6 +82,10 @@ def job_id(job_name: str | None) -> str | None:
 def reason(run: Run) -> str | None:
     """Why the run is where it is: its end reason, or what it waits for."""
     if run.status.terminal:
+        # a run the code failed: the exception first, then the budget it exhausted
+        error = error_line(run.attempts[-1].error_tail) if run.attempts else None
+        if error and run.status is not RunStatus.SUCCEEDED:
+            return f"{error} ({run.end_reason})" if run.end_reason else error
         return run.end_reason
     if run.status is RunStatus.RECOVERING and run.next_reason:
         return run.next_reason
@@ -133,7 +137,7 @@ def run_row(run: Run, pipeline: Pipeline | None, now: float,
         "cost": round(book.total, 4),
         "savings": None if book.savings is None else round(book.savings, 4),
         "savings_pct": None if book.savings_pct is None else round(book.savings_pct, 1),
-        "currency": book.currency,
+        "currency": book.currency, "sweep_id": run.sweep_id,
     }
 
 

@@ -65,3 +65,21 @@ def test_sweep_trials_are_folded_into_one_row_on_the_runs_page() -> None:
     assert '<a href="/sweeps/sw">sweep sw</a>' in html and "show them" in html
     unfolded = runs_page(rows, {"trials": "1"}, None, target="t", refresh_s=5)
     assert 'data-run-id="sw-t1"' in unfolded and 'class="sweep-trials"' not in unfolded
+
+
+def test_the_sweep_chart_legend_keeps_every_parameter_and_fits() -> None:
+    import re
+
+    from spotorch.operate.ui.charts import HEIGHT, Series, line_chart
+
+    names = [f"trial {i} (lr=0.0{i} batch_size=128 hidden=256 dropout=0.{i})" for i in range(1, 9)]
+    svg = line_chart([Series(n, [(0.0, 1.0), (10.0, 0.5 / i)]) for i, n in enumerate(names, 1)],
+                     title="loss by step, each trial", x_label="step", y_label="loss")
+    legend = re.findall(r'<g class="legend">.*?</g>', svg)
+    assert len(legend) == 8
+    for name, entry in zip(names, legend, strict=True):
+        shown = " ".join(re.findall(r"<tspan[^>]*>([^<]*)</tspan>", entry))
+        assert shown == name, (shown, name)  # whole, every parameter, wrapped not cut
+    height = int(re.search(r'viewBox="0 0 \d+ (\d+)"', svg).group(1))  # type: ignore[union-attr]
+    last_y = max(float(y) for y in re.findall(r'<rect x="[\d.]+" y="([\d.]+)"', svg))
+    assert height > HEIGHT and last_y < height  # grown to hold the legend, nothing below it

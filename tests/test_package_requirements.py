@@ -99,3 +99,34 @@ def test_a_package_declaring_a_dependency_spotorch_lacks_runs_on_the_local_verte
         assert "requirements failed" in errors + message or "satisf" in errors + message
     finally:
         emulator.stop()
+
+
+def test_the_images_framework_is_pinned_where_it_can_be_had(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    calls: list[list[str]] = []
+
+    def pip(target: Path, requirements: list[str], only_binary: tuple[str, ...] = ()
+            ) -> subprocess.CompletedProcess[str]:
+        calls.append([*requirements, *(f"--only-binary={b}" for b in only_binary)])
+        pinned = any("==1.6.*" in r for r in requirements)
+        if pinned and "no-wheel" in str(target):
+            return subprocess.CompletedProcess([], 1, "", "ERROR: No matching distribution")
+        target.mkdir(parents=True, exist_ok=True)
+        return subprocess.CompletedProcess([], 0, "Successfully installed scikit-learn-1.6.1\n",
+                                           "")
+
+    monkeypatch.setattr(vp, "_pip", pip)
+    said: list[str] = []
+    image = "us-docker.pkg.dev/vertex-ai/training/sklearn-cpu.1-6:latest"
+    vp.requirement_env(tmp_path / "ok", image, ["scikit-learn>=1.2", "tabulate"], said.append)
+    assert calls == [["scikit-learn==1.6.*,>=1.2", "tabulate", "--only-binary=scikit-learn"]]
+    assert "Successfully installed scikit-learn-1.6.1" in said
+    assert any(line.startswith("installed in") for line in said)
+    vp.requirement_env(tmp_path / "ok", image, ["tabulate", "scikit-learn>=1.2"], said.append)
+    assert len(calls) == 1 and ": cached (installed in " in said[-1]  # one env per set
+    calls.clear()
+    vp.requirement_env(tmp_path / "no-wheel", image, ["scikit-learn"], said.append)
+    assert calls == [["scikit-learn==1.6.*", "--only-binary=scikit-learn"], ["scikit-learn"]]
+    assert any("cannot be had for Python" in line for line in said)

@@ -6,6 +6,7 @@ emulator refuses) is reported but never cached as the candidate's verdict."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -60,12 +61,23 @@ def test_advise_probes_a_python_package_pipeline_and_caches_no_infrastructure_fa
                               quotas=QuotaLimits.unlimited(),
                               resource_quotas={"*": {"custom_model_training_preemptible_cpus": 6}})
     address = emulator.start()
-    monkeypatch.setenv("SPOTORCH_VERTEX_ENDPOINT", address)
-    monkeypatch.setenv("SPOTORCH_STATE", str(tmp_path / "no-stack.json"))
+    # Found as `spotorch advise` finds a running local stack: by its state file alone.
+    state = tmp_path / "stack.json"
+    state.write_text(json.dumps({
+        "status": "ready", "supervisor": {"pid": os.getpid()},
+        "env": {**firestore_emulator.env(), "SPOTORCH_PROJECT": firestore_emulator.project,
+                "SPOTORCH_VERTEX_ENDPOINT": address}}))
+    monkeypatch.setenv("SPOTORCH_STATE", str(state))
+    monkeypatch.delenv("SPOTORCH_PROJECT", raising=False)
+    saved = os.environ.get("SPOTORCH_VERTEX_ENDPOINT")
+    os.environ.pop("SPOTORCH_VERTEX_ENDPOINT", None)
     try:
         code = main(["advise", str(_pipeline_file(tmp_path)), "--probe", str(data), "--json"])
     finally:
         emulator.stop()
+        os.environ.pop("SPOTORCH_VERTEX_ENDPOINT", None)  # the stack's, set by advise
+        if saved is not None:
+            os.environ["SPOTORCH_VERTEX_ENDPOINT"] = saved
     text = capsys.readouterr().out  # the emulator's log lines too: the object starts at "{"
     out = json.loads(text[text.index("\n{\n") + 1:] if not text.startswith("{\n") else text)
     rows = {r["candidate"]: r for r in out["hardware"]["rows"]}

@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from spotorch.local._stack_pipelines import activate, check_pipelines
@@ -28,6 +29,7 @@ def _source(tmp: Path) -> Path:
     return source
 
 
+@pytest.mark.slow  # each reload builds the package again: about 15 s
 def test_a_function_loading_pipelines_during_reloads_sees_each_version_whole(
         tmp_path: Path) -> None:
     source = _source(tmp_path)
@@ -80,8 +82,6 @@ def test_the_bundle_carries_the_pipeline_files_it_validated_or_is_not_written(
         tmp_path: Path) -> None:
     import importlib.util
     import sys
-
-    import pytest
 
     spec = importlib.util.spec_from_file_location("spotorch_deploy_package_swap",
                                                   ROOT / "deploy" / "package.py")

@@ -2,9 +2,10 @@
 
 # Run from the repo root:  .venv/bin/python benchmarks/policy_bench.py
 # Grid: task 48 h; deadlines 52, 60, 72, 96 h; restart overhead 0.1 and 0.2 h; 5-minute ticks;
-# a window every 24 h of every trace shipped in shared/spotorch/sim/traces (or $SPOTORCH_TRACES). Each window is
-# replayed in the visible view (Spot known at every tick) and in production's view (Spot probes at
-# three probe prices, and without probes), and once with FLEX_START offered. Prints the tables
+# a window every 24 h of every trace shipped in shared/spotorch/sim/traces (or $SPOTORCH_TRACES).
+# Each window is replayed in the visible view (Spot known at every tick) and in production's view
+# (Spot probes at three probe prices, and without probes), and once with FLEX_START offered.
+# Prints the tables
 # and rewrites docs/policy-benchmark.md. A second part replays synthetic Markov traces
 # against the Bayes-optimal online policy (an MDP that knows the chain), to show how close to
 # the offline optimum any online policy can get.

@@ -500,8 +500,18 @@ def build(root: Path, pipelines: Path, out: Path, tfvars: Path | None = None,
     needs = pipeline_needs(pipeline_paths)
     requirements = bundle_requirements(locked_requirements(root), needs)
     extra = {"requirements.txt": ("\n".join(requirements) + "\n").encode(), **bytecode(files)}
+    # The pipeline files as read once: the bundle carries these bytes, and they must still be
+    # what was validated and compiled (a file edited meanwhile: build again).
+    read = {f"{BUNDLE_PIPELINES}/{p.relative_to(pipelines).as_posix()}": p.read_bytes()
+            for p in pipeline_paths}
     if validate:  # validated here, read cold by the functions (docs/architecture.md, cold start)
         extra.update(compiled_pipelines(root, pipelines))
+    changed = sorted(name for name, data in read.items()
+                     if not files[name].is_file() or files[name].read_bytes() != data)
+    if changed:
+        raise PackageError(f"pipeline files changed while the bundle was built: "
+                           f"{', '.join(changed)}; build it again")
+    extra.update(read)
     if prices is not None:
         extra[BUNDLE_PRICES] = check_prices(root, prices)
     write_zip(out, files, extra)

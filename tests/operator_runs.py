@@ -47,7 +47,7 @@ PIPELINE = Pipeline(
     name="ops", trigger=Trigger(bucket="landing", prefix="ops/"),
     checkpoint_uri="gs://ckpt/ops", output_uri="gs://models/ops", deadline_s=4 * 3600.0,
     recovery=RecoveryPolicy(escalation=EscalationKind.COUNT, escalate_after_preemptions=2,
-                            restart_overhead_s=600.0, backoff_base_s=1.0))
+                            restart_overhead_s=600.0, backoff_base_s=1.0, max_user_errors=1))
 
 
 def deps_for(docs: object = None) -> Deps:

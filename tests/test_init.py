@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +51,13 @@ def test_the_pipeline_loads_and_its_placeholders_are_named(project: Path) -> Non
     assert pipeline.name == "ranker" and pipeline.trigger.bucket == f"{PLACEHOLDER}-landing"
     left = placeholders(project / "pipelines" / "ranker.yaml")
     assert [line.rsplit(": ", 1)[1] for line in left] == [
-        f"{PLACEHOLDER}-landing", f"us-central1-docker.pkg.dev/{PLACEHOLDER}/training/ranker:latest",
+        f"{PLACEHOLDER}-landing", f"gs://{PLACEHOLDER}-staging/ranker",
         f"gs://{PLACEHOLDER}-checkpoints/ranker", f"gs://{PLACEHOLDER}-models/ranker"]
+    # a python package on a prebuilt container: no image, no Dockerfile
+    package = pipeline.job.worker_pools[0].python_package
+    assert package is not None and package.python_module == "ranker"
+    assert not pipeline.job.worker_pools[0].image_uri
+    assert not (project / "trainer" / "Dockerfile").exists()
 
 
 def test_tfvars_explains_every_variable(project: Path) -> None:
@@ -126,8 +132,9 @@ def test_the_trainer_trains_checkpoints_and_resumes(project: Path, tmp_path: Pat
     second = train(40)  # resumes at step 30: only ten more steps
     assert second.returncode == 0, second.stderr
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir())[-1] == "step-0000000040"
-    # the helper is copied in whole: an image built from trainer/ needs nothing else of spotorch
-    assert (project / "trainer" / "spotorch_trainer" / "run.py").is_file()
+    # spotorch-trainer is a declared dependency (spotorch stages it), not a copy
+    assert not (project / "trainer" / "spotorch_trainer").exists()
+    assert '"spotorch-trainer"' in (project / "trainer" / "pyproject.toml").read_text()
 
 
 def test_the_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -144,3 +151,53 @@ def test_the_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
                             check=False, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "r" / "pipelines" / "my-pipeline.yaml").is_file()
+
+
+@pytest.mark.emulator
+@pytest.mark.slow
+def test_the_project_runs_on_the_local_stack_as_written(tmp_path: Path) -> None:
+    """`spotorch init`, then `dev up --pipelines` and `dev upload` as the project README says:
+    the package is built, installed by the Vertex emulator, trains and the run succeeds."""
+    from google.cloud import storage
+
+    from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
+    from spotorch.core.model import Run
+    from spotorch.local._stack_upload import plan, upload
+    from spotorch.local.stack import DevStack
+
+    project = tmp_path / "proj"
+    write_project(project, "ranker", DEPLOY)
+    assert subprocess.run([str(Path(sys.executable).parent / "spotorch"), "validate",
+                           str(project / "pipelines")], capture_output=True, text=True,
+                          timeout=120, check=False).returncode == 0
+    data = tmp_path / "snapshot"
+    data.mkdir()
+    (data / "part-0.csv").write_text("1,2,3\n4,5,6\n")
+    with DevStack(pipelines_dir=project / "pipelines", run_dir=tmp_path / "stack",
+                  tick_seconds=2.0) as stack:
+        served = stack.pipelines
+        assert served is not None
+        assert [p.name for p in served.loaded] == ["ranker"], served.rejected
+        saved = dict(os.environ)
+        os.environ.update(stack.env)
+        try:
+            client = storage.Client.create_anonymous_client()
+            client.project = stack.project
+            bucket, objects, _ = plan(data, f"gs://{PLACEHOLDER}-landing/datasets/ranker/s1/",
+                                      [p.pipeline for p in served.loaded
+                                       if p.pipeline is not None])
+            upload(bucket, objects, client)
+            docs = FirestoreDocumentStore(project=stack.project)
+            run = None
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline:
+                found = [Run.from_dict(d) for d in docs.query("runs", "pipeline", "ranker")]
+                run = found[0] if found else None
+                if run is not None and not run.active:
+                    break
+                time.sleep(1.0)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+    assert run is not None, "no run started"
+    assert run.status == "SUCCEEDED", [(h.what, h.reason) for h in run.history]

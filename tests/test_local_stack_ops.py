@@ -35,7 +35,14 @@ from spotorch.local._stack_procs import (
     stop_groups,
     wait_ready,
 )
-from spotorch.local.dev import alerts_main, down_main, reload_main, restart_main, up_main
+from spotorch.local.dev import (
+    alerts_main,
+    down_main,
+    reload_main,
+    restart_main,
+    up_main,
+    upload_main,
+)
 from spotorch.local.stack import DevStack
 from spotorch.spec.compiled import read_compiled
 
@@ -435,6 +442,28 @@ def test_dev_commands_on_a_background_stack(tmp_path: Path,
     assert reload_main(["--state", str(state), "--pipelines", str(mine)]) == 1
     err = capsys.readouterr().err
     assert "LEFT OUT" in err and "alpha" in err
+    # An option the running stack was not started with: refused, exit 1 (not ignored).
+    schedule = tmp_path / "schedule.json"
+    schedule.write_text("{}")
+    assert up_main([*argv, "--schedule", str(schedule)]) == 1
+    assert "running without --schedule" in capsys.readouterr().err
+    # Data in by `dev upload`: a folder's files in name order, the marker alpha waits for last.
+    batch = tmp_path / "batch"
+    (batch / "part").mkdir(parents=True)
+    (batch / "b.csv").write_text("x\n1\n")
+    (batch / "part" / "a.csv").write_text("x\n2\n")
+    (batch / ".hidden").write_text("no")
+    assert upload_main(["--state", str(state), str(batch), "gs://cli-landing/datasets/demo/b1/"]) \
+        == 0
+    captured = capsys.readouterr()
+    assert captured.out.split() == ["gs://cli-landing/datasets/demo/b1/b.csv",
+                                    "gs://cli-landing/datasets/demo/b1/part/a.csv",
+                                    "gs://cli-landing/datasets/demo/b1/_SUCCESS"]
+    assert "wrote the marker _SUCCESS last (pipeline alpha waits for it" in captured.err
+    assert upload_main(["--state", str(state), str(batch / "b.csv"), "gs://cli-landing/x/"]) == 0
+    assert capsys.readouterr().out.split() == ["gs://cli-landing/x/b.csv"]
+    assert upload_main(["--state", str(state), str(batch), "gs://no-such-bucket/p/"]) == 1
+    assert "no such bucket" in capsys.readouterr().err
     # Alerts: a POST to the routed chat URL shows up.
     chat = now["function_env"]["SPOTORCH_CHAT_WEBHOOK_URL"]
     urllib.request.urlopen(urllib.request.Request(

@@ -137,7 +137,7 @@ def run_probes(pipeline: Pipeline, session: ProbeSession, launcher: JobLauncher,
             probe.job_name = launcher.launch(probe_spec(pipeline, session, candidate))
         except (LaunchError, ValueError) as exc:
             probe.result = ProbeResult(candidate.name, False, reason=f"could not launch: {exc}",
-                                       measured_at=started, key=probe.key)
+                                       measured_at=started, key=probe.key, infra=True)
         probes.append(probe)
     while any(p.result is None for p in probes):
         now = clock()
@@ -147,7 +147,8 @@ def run_probes(pipeline: Pipeline, session: ProbeSession, launcher: JobLauncher,
             except LaunchError as exc:
                 if exc.permanent:
                     probe.result = ProbeResult(probe.candidate.name, False, key=probe.key,
-                                               reason=f"probe job lost: {exc}", measured_at=now)
+                                               reason=f"probe job lost: {exc}", measured_at=now,
+                                               infra=True)
                 continue
             if status.phase.terminal:
                 probe.result = _ended(probe, status, read, session, now)
@@ -155,7 +156,7 @@ def run_probes(pipeline: Pipeline, session: ProbeSession, launcher: JobLauncher,
                 launcher.cancel(probe.job_name)
                 probe.result = ProbeResult(
                     probe.candidate.name, False, key=probe.key, measured_at=now,
-                    job_name=probe.job_name,
+                    job_name=probe.job_name, infra=status.start_time is None,  # no machine
                     reason=f"timed out: not done within {search.probe_timeout_s:.0f}s "
                            f"({status.phase})")
         if any(p.result is None for p in probes):
@@ -177,7 +178,12 @@ def load_cache(docs: DocumentStore, pipeline: str) -> dict[str, ProbeResult]:
 
 def save_cache(docs: DocumentStore, pipeline: str, results: Mapping[str, ProbeResult],
                now: float) -> None:
-    """Merge results into the pipeline's cache (last writer wins: results are measurements)."""
+    """Merge results into the pipeline's cache (last writer wins: results are measurements). A
+    probe that gave no answer (infra: not launched, lost, no machine) is no verdict on its
+    candidate and is not cached: the next run probes it again."""
+    results = {name: r for name, r in results.items() if not r.infra}
+    if not results:
+        return
     for _ in range(3):
         doc, version = docs.get(COLLECTION_PROBES, pipeline)
         merged = dict((doc or {}).get("results") or {})

@@ -139,12 +139,20 @@ def log_trial(deps: Deps, sw: Sweep, intent: LogTrial) -> str:
     trial = sw.trial(intent.trial)
     pipeline = deps.pipeline(sw.pipeline)
     metric = pipeline.sweep.metric if pipeline.sweep else "metric"
-    metrics = {"cost": trial.cost, "preemptions": float(trial.preemptions)}
+    # Every metric the trainer last reported (loss, predict_latency_ms...), not only the sweep's
+    found, _ = deps.runs.load(trial.run_id)
+    metrics = {k: float(v) for k, v in (found.progress.metrics if found else {}).items()}
+    metrics |= {"cost": trial.cost, "preemptions": float(trial.preemptions)}
     if trial.metric is not None:
         metrics[metric] = trial.metric
     if trial.step is not None:
         metrics["step"] = float(trial.step)
+    if trial.status is TrialStatus.STOPPED:
+        metrics["stopped_early"] = 1.0
+    # The SDK's run states (Execution.State) have no STOPPED: an early-stopped trial is
+    # CANCELLED, as its run is in `spotorch runs`; only a failed one is FAILED.
+    state = {TrialStatus.SUCCEEDED: "COMPLETE", TrialStatus.STOPPED: "CANCELLED",
+             TrialStatus.CANCELLED: "CANCELLED"}.get(trial.status, "FAILED")
     return deps.experiments.log_run(ExperimentRun(
         experiment=sw.pipeline, run_id=trial.run_id, region=model_region(pipeline),
-        params=dict(trial.params), metrics=metrics,
-        state="COMPLETE" if trial.status is TrialStatus.SUCCEEDED else "FAILED"))
+        params=dict(trial.params), metrics=metrics, state=state))

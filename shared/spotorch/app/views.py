@@ -3,11 +3,13 @@ ledger."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from spotorch.core.cost import Ledger, ledger, ledger_dict
 from spotorch.core.health import CheckpointAdvice
+from spotorch.core.launching import startup_loss
 from spotorch.core.model import Attempt, Run, RunStatus
 from spotorch.core.observations import error_line
 from spotorch.core.pipeline import BatchMode, Pipeline
@@ -64,6 +66,9 @@ def preprocess_view(run: Run, cost: float) -> dict[str, Any] | None:
             "cost": round(cost, 4)}
 
 
+JOB_NAME = re.compile(r"^projects/[^/]+/locations/[^/]+/\w+/[^/\s]+$")  # a resource name
+
+
 def iso(ts: float | None) -> str | None:
     """ISO 8601 UTC with seconds, or None."""
     return None if ts is None else rfc3339(ts, "seconds")
@@ -77,10 +82,20 @@ def job_id(job_name: str | None) -> str | None:
 def reason(run: Run) -> str | None:
     """Why the run is where it is: its end reason, or what it waits for."""
     if run.status.terminal:
+        # a run the code failed: the exception first, then the budget it exhausted
+        error = error_line(run.attempts[-1].error_tail) if run.attempts else None
+        if error and run.status is not RunStatus.SUCCEEDED:
+            return f"{error} ({run.end_reason})" if run.end_reason else error
         return run.end_reason
     if run.status is RunStatus.RECOVERING and run.next_reason:
         return run.next_reason
-    return run.history[-1].reason or run.history[-1].what if run.history else None
+    if not run.history:
+        return None
+    last = run.history[-1]
+    if last.reason and JOB_NAME.match(last.reason):  # "attempt 2 job created": not its name
+        return f"{last.what}; waiting for a machine" if run.status is RunStatus.STARTING \
+            else last.what
+    return last.reason or last.what
 
 
 def progress_fraction(run: Run) -> float | None:
@@ -102,6 +117,8 @@ def attempt_view(a: Attempt) -> dict[str, Any]:
         "machine_type": a.machine_type,
         # what its replicas last wrote to stderr when it failed; `error` is the line that says it
         "error": error_line(a.error_tail), "error_tail": list(a.error_tail),
+        # preempted before its trainer reported: no checkpoint yet, and how long after start
+        "startup_loss": startup_loss(a),
     }
 
 
@@ -120,7 +137,7 @@ def run_row(run: Run, pipeline: Pipeline | None, now: float,
         "cost": round(book.total, 4),
         "savings": None if book.savings is None else round(book.savings, 4),
         "savings_pct": None if book.savings_pct is None else round(book.savings_pct, 1),
-        "currency": book.currency,
+        "currency": book.currency, "sweep_id": run.sweep_id,
     }
 
 

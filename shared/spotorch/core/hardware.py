@@ -58,6 +58,10 @@ def cache_key(pipeline: Pipeline, candidate: HardwareCandidate, probe_steps: int
     code = {"pipeline": pipeline.name, "image": chief.image_uri, "command": list(chief.command),
             "args": list(chief.args), "env": sorted(map(list, chief.env)),
             "candidate": asdict(candidate), "probe_steps": probe_steps}
+    package = chief.python_package
+    if package is not None:  # the built archives are named by their content
+        code["package"] = {"uris": list(package.package_uris), "module": package.python_module,
+                           "image": package.executor_image_uri}
     digest = hashlib.sha256(json.dumps(code, sort_keys=True, default=str).encode()).hexdigest()
     return digest[:16]
 
@@ -81,6 +85,9 @@ class ProbeResult:
     measured_at: float = 0.0
     key: str = ""  # cache_key of the probe
     job_name: str = ""
+    # The probe never gave the candidate's answer: it could not be launched, its job was lost,
+    # it never got a machine. Not a verdict on the candidate: never reused from the cache.
+    infra: bool = False
 
     def to_doc(self) -> dict[str, Any]:
         """The result as stored in the probe cache and the run."""
@@ -131,7 +138,8 @@ def result_of(candidate: str, report: Mapping[str, Any] | None, *, succeeded: bo
 
 def fresh(result: ProbeResult | None, key: str, now: float, ttl_s: float) -> bool:
     """Whether a cached result is for the same code and shape and young enough to reuse."""
-    return result is not None and result.key == key and now - result.measured_at <= ttl_s
+    return result is not None and not result.infra and result.key == key \
+        and now - result.measured_at <= ttl_s
 
 
 # --- planning the probes --------------------------------------------------------------------
@@ -287,6 +295,23 @@ def _hours(h: float | None) -> str:
     return "?" if h is None else f"{h:.2f} h"
 
 
+def _unfit_warning(candidates: Sequence[HardwareCandidate],
+                   results: Mapping[str, ProbeResult]) -> str:
+    """Why no candidate is fit, as it is: failed probes, probes that gave no answer, or none."""
+    unprobed = [c.name for c in candidates if c.name not in results]
+    infra = [c.name for c in candidates if c.name in results and results[c.name].infra]
+    if not unprobed and not infra:
+        return "every candidate failed its probe; the run cannot start on any of them"
+    parts = []
+    if unprobed:
+        parts.append(f"not probed (no fresh result: never probed, or expired): "
+                     f"{', '.join(unprobed)}")
+    if infra:
+        parts.append(f"the probe gave no answer (could not run; not held against the "
+                     f"candidate): {', '.join(infra)}")
+    return "no candidate has a usable probe result; " + "; ".join(parts)
+
+
 def choose(pipeline: Pipeline, results: Mapping[str, ProbeResult],
            deadline_s: float | None = None, outlook: Outlook = NO_HISTORY,
            prices: PriceTable = LIST_PRICES) -> HardwareChoice:
@@ -304,8 +329,8 @@ def choose(pipeline: Pipeline, results: Mapping[str, ProbeResult],
     fit = [r for r in rows if r.fit]
     if not fit:
         return HardwareChoice(tuple(rows), None, "no candidate is fit",
-                              warning="every candidate failed its probe; the run cannot start "
-                                      "on any of them", deadline_s=deadline_s)
+                              warning=_unfit_warning(search.candidates, results),
+                              deadline_s=deadline_s)
     meeting = [r for r in fit if r.meets_deadline is not False]
     warning = ""
     if meeting:

@@ -56,6 +56,20 @@ def announce_hardware(run: Run, ctx: Context, hardware: Mapping[str, Any]) -> Ru
                                      "deadline_s", "rows")})
 
 
+def startup_loss(attempt: Attempt | None) -> str | None:
+    """What a preemption during start-up cost, said plainly: an attempt preempted before its
+    trainer reported anything (package install, imports, data loading), so no checkpoint yet;
+    None for any other attempt."""
+    if attempt is None or attempt.failure is not FailureClass.PREEMPTED \
+            or attempt.progress_step is not None or attempt.last_report_at is not None:
+        return None
+    after = (f" {attempt.ended_at - attempt.started_at:.0f} s after start"
+             if attempt.started_at is not None and attempt.ended_at is not None else "")
+    return (f"attempt {attempt.number} was preempted{after}, during start-up (before the "
+            "trainer entered its loop: package install, imports, data loading): no checkpoint "
+            "yet")
+
+
 # ---------------------------------------------------------------- launching
 
 def launch(run: Run, ctx: Context, capacity: Capacity, reason: str) -> Run:
@@ -81,7 +95,8 @@ def launch(run: Run, ctx: Context, capacity: Capacity, reason: str) -> Run:
     run = move_to(run, RunStatus.STARTING, ctx, reason)
     run = note(run, ctx, f"launch attempt {number} on {capacity} in {region}"
                 + (f" ({machine})" if machine else ""),
-                reason + (f"; resume from step {ckpt.step}" if ckpt else "; fresh start"))
+                reason + (f"; resume from step {ckpt.step}" if ckpt else "; fresh start"
+                          + (f" ({lost})" if (lost := startup_loss(previous)) else "")))
     run, intent_id = next_intent_id(run)
     return add_intent(run, LaunchIntent(intent_id, number, capacity, region,
                                   resume_step=ckpt.step if ckpt else None,

@@ -254,7 +254,8 @@ class RecoveryPolicy(FileSection):
 
     max_preemptions: _Budget = 50
     max_stockouts: _Budget = 10
-    max_user_errors: _Budget = 1
+    max_user_errors: _Budget = 0  # the code's own error is deterministic: retrying it costs an
+    # attempt for the same traceback (issue 41); a flaky one can allow retries
     max_infra_errors: _Budget = 5
     max_timeouts: _Budget = 1
     retryable_exit_codes: Annotated[tuple[Annotated[int, Field(ge=1, le=255)], ...], Unique(),

@@ -182,7 +182,8 @@ def on_probe_launch_failed(run: Run, obs: Observation, ctx: Context) -> Run:
     run = drop_intent(run, obs.intent_id)
     probe = replace(probe, state=AttemptState.FAILED, ended_at=ctx.now, end_reason=obs.message)
     run = note(with_probe(run, probe), ctx, f"probe {probe.number} not launched", obs.message)
-    return _hardware_measured(run, ctx, probe, None, f"could not launch: {obs.message}")
+    return _hardware_measured(run, ctx, probe, None, f"could not launch: {obs.message}",
+                              infra=True)
 
 
 def on_probe_missing(run: Run, obs: Observation, ctx: Context) -> Run:
@@ -194,7 +195,7 @@ def on_probe_missing(run: Run, obs: Observation, ctx: Context) -> Run:
     probe = replace(probe, state=AttemptState.FAILED, ended_at=ctx.now,
                     end_reason="Vertex AI no longer knows the probe's job")
     return _hardware_measured(with_probe(run, probe), ctx, probe, None,
-                              "probe job lost: Vertex AI no longer knows it")
+                              "probe job lost: Vertex AI no longer knows it", infra=True)
 
 
 def on_probe(run: Run, obs: Observation, ctx: Context) -> Run:
@@ -303,21 +304,24 @@ def tick_hardware(run: Run, ctx: Context) -> Run:
         if ctx.now - probe.created_at > search.probe_timeout_s + ctx.recovery.decision_interval_s:
             run = _cancel_probe(run, ctx, probe, "timed out")
             run = _hardware_measured(run, ctx, run.probe(probe.number) or probe, None,
-                                     f"timed out: not done within {search.probe_timeout_s:.0f}s")
+                                     f"timed out: not done within {search.probe_timeout_s:.0f}s",
+                                     infra=probe.started_at is None)  # never got a machine
             if run.status is not RunStatus.PROBING:
                 return run
     return run
 
 
 def _hardware_measured(run: Run, ctx: Context, probe: Probe, result: Mapping[str, Any] | None,
-                       unfit: str) -> Run:
-    """A hardware probe's answer (or the reason it has none); the choice once all are in."""
+                       unfit: str, *, infra: bool = False) -> Run:
+    """A hardware probe's answer (or the reason it has none); the choice once all are in.
+    infra: the probe gave no answer through no fault of the candidate (kept in the run, never
+    in the probe cache)."""
     if probe.kind != PROBE_HARDWARE or probe.candidate is None or \
             probe.candidate in run.hardware_results or run.status is not RunStatus.PROBING:
         return run
     doc = dict(result) if result is not None else hw.ProbeResult(
         probe.candidate, False, reason=unfit, measured_at=ctx.now,
-        job_name=probe.job_name or "").to_doc()
+        job_name=probe.job_name or "", infra=infra).to_doc()
     run = replace(run, hardware_results={**run.hardware_results, probe.candidate: doc})
     fit = "fit" if doc.get("fit") else f"unfit: {doc.get('reason', '')}"
     run = note(run, ctx, f"probe {probe.number} ({probe.candidate}) measured", fit)

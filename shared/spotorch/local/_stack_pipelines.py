@@ -125,15 +125,53 @@ def check_pipelines(source: Path, *, dataflow: bool = True) -> PipelineSet:
     return PipelineSet(source, tuple(loaded.values()), rejected)
 
 
+KEEP_VERSIONS = 3  # built folders kept: a function still reading an older one finds it whole
+
+
+def _versions(active_dir: Path) -> list[Path]:
+    return sorted(active_dir.parent.glob(f".{active_dir.name}.v*"),
+                  key=lambda p: int(p.name.rsplit(".v", 1)[1]) if p.name.rsplit(".v", 1)[1]
+                  .isdigit() else -1)
+
+
+def _swap(active_dir: Path, built: Path) -> None:
+    """Point active_dir (a symbolic link) at built in one rename: a reader sees the old folder
+    or the new one, whole, never one being deleted or filled."""
+    if active_dir.is_dir() and not active_dir.is_symlink():  # a stack of an older version
+        aside = active_dir.with_name(f".{active_dir.name}.old")
+        shutil.rmtree(aside, ignore_errors=True)
+        active_dir.rename(aside)
+        shutil.rmtree(aside, ignore_errors=True)
+    link = active_dir.with_name(f".{active_dir.name}.link")
+    link.unlink(missing_ok=True)
+    link.symlink_to(built.name)
+    link.replace(active_dir)
+    for old in _versions(active_dir)[:-KEEP_VERSIONS]:
+        if old != built:
+            shutil.rmtree(old, ignore_errors=True)
+
+
 def activate(pipelines: PipelineSet, active_dir: Path) -> PipelineSet:
     """Make active_dir hold exactly the valid files (the functions read it), their Python
     packages built and pipelines.json written; a pipeline whose package does not build is left
-    out like an invalid file. Returns what is served."""
+    out like an invalid file. Returns what is served.
+
+    Atomic: the files are written into a new folder beside it (.NAME.vN), then active_dir, a
+    symbolic link, is renamed onto it; the functions resolve it once and read that folder."""
     from spotorch.core.errors import ConfigError
     from spotorch.spec.packages import stage
 
-    shutil.rmtree(active_dir, ignore_errors=True)
-    active_dir.mkdir(parents=True)
+    final = active_dir
+    active_dir.parent.mkdir(parents=True, exist_ok=True)
+    known = _versions(final)
+    number = int(known[-1].name.rsplit(".v", 1)[1]) + 1 if known else 1
+    while True:
+        active_dir = final.with_name(f".{final.name}.v{number}")
+        try:
+            active_dir.mkdir()
+            break
+        except FileExistsError:
+            number += 1
     root = pipelines.source if pipelines.source.is_dir() else pipelines.source.parent
     served: list[LoadedPipeline] = []
     rejected = dict(pipelines.rejected)
@@ -150,6 +188,7 @@ def activate(pipelines: PipelineSet, active_dir: Path) -> PipelineSet:
     # What the functions read at their first event, as deploy/package.py writes it for the
     # bundle: the validated pipelines, readable without pydantic or YAML.
     write_compiled([p.pipeline for p in served if p.pipeline is not None], active_dir)
+    _swap(final, active_dir)
     return PipelineSet(pipelines.source, tuple(served), rejected)
 
 

@@ -75,7 +75,8 @@ def argv_of(pool: Any, packages: Path | None = None) -> list[str]:
 
         spec = pool.python_package_spec
         return _vertex_packages.argv(packages or Path("packages"), spec.python_module,
-                                     list(spec.package_uris), list(spec.args))
+                                     list(spec.package_uris), list(spec.args),
+                                     spec.executor_image_uri)
     argv = [*pool.container_spec.command, *pool.container_spec.args]
     if argv and argv[0] in PYTHON_NAMES:
         argv[0] = sys.executable

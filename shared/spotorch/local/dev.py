@@ -228,6 +228,11 @@ def _already_up(args: SimpleNamespace, state: Mapping[str, Any], state_path: Pat
         sys.stderr.write("spotorch dev up: the local stack is running; --fresh needs "
                          "`spotorch dev down` first\n")
         return 1
+    unmet = _options_unlike(args, state)
+    if unmet:
+        sys.stderr.write(f"spotorch dev up: the local stack is running without "
+                         f"{', '.join(unmet)}; that needs `spotorch dev down` first\n")
+        return 1
     running = Path(str((state.get("pipelines") or {}).get("source", "")))
     if args.pipelines is not None and args.pipelines.resolve() != running:
         sys.stderr.write(f"the local stack is running with pipelines from {running}; "
@@ -244,6 +249,33 @@ def _already_up(args: SimpleNamespace, state: Mapping[str, Any], state_path: Pat
     sys.stderr.write(summary(state))
     sys.stdout.write(up_exports(state, state_path))
     return 0
+
+
+def _options_unlike(args: SimpleNamespace, state: Mapping[str, Any]) -> list[str]:
+    """The options given to `dev up` that the running stack was not started with."""
+    try:
+        running = json.loads((Path(str(state.get("run_dir", ""))) / "config.json").read_text())
+    except (OSError, ValueError):
+        running = {}
+    asked = (("vertex_schedule", "--schedule", args.schedule),
+             ("vertex_trace", "--trace", args.trace),
+             ("vertex_trace_speed", "--trace-speed", args.trace_speed),
+             ("vertex_grace_s", "--grace-s", args.grace_s),
+             ("vertex_args", "--vertex-arg", list(args.vertex_args) or None),
+             ("dataflow", "--dataflow", True if getattr(args, "dataflow", False) else None))
+    unlike = []
+    for key, option, value in asked:
+        if value is None:
+            continue
+        had = running.get(key)
+        if isinstance(value, Path):
+            same = bool(had) and value.resolve() == Path(str(had)).resolve()
+        else:
+            same = value == had or (isinstance(had, list) and isinstance(value, list)
+                                    and value == had)
+        if not same:
+            unlike.append(f"{option} {value}" if value is not True else option)
+    return unlike
 
 
 def up_main(argv: Sequence[str]) -> int:
@@ -426,6 +458,55 @@ def alerts_command(state: Path, run_dir: Path | None, as_json: bool) -> None:
 def alerts_main(argv: Sequence[str]) -> int:
     """`spotorch dev alerts` as a function (tests)."""
     return run(alerts_command, argv, prog_name="spotorch dev alerts")
+
+
+@dev.command(name="upload")
+@click.argument("local", type=click.Path(exists=False, path_type=Path))
+@click.argument("destination", metavar="gs://BUCKET/PREFIX/")
+@STATE_OPTION
+@click.option("--no-marker", is_flag=True,
+              help="Do not write the marker a watching pipeline waits for when LOCAL has none.")
+def upload_command(local: Path, destination: str, state: Path, no_marker: bool) -> None:
+    """Put LOCAL (a file or a folder) into the local stack's Cloud Storage at
+    gs://BUCKET/PREFIX/, as a producer does: a folder's files in name order, the marker last
+    (the folder's own, or an empty one a watching `batch: marker` pipeline waits for)."""
+    from spotorch.local._stack_upload import UploadError, plan, upload
+
+    found = _running(state, "upload")
+    if found is None:
+        raise click.exceptions.Exit(1)
+    env = found.get("env") or {}
+    host = env.get("STORAGE_EMULATOR_HOST")
+    if not host:
+        raise _fail("upload", "the running stack has no Cloud Storage emulator")
+    try:
+        bucket, objects, notes = plan(local, destination, _served(found), marker=not no_marker)
+        os.environ["STORAGE_EMULATOR_HOST"] = str(host)
+        from google.cloud import storage
+
+        client = storage.Client.create_anonymous_client()
+        client.project = str(env.get("GOOGLE_CLOUD_PROJECT") or found.get("project") or "local")
+        uris = upload(bucket, objects, client, lambda uri: click.echo(uri))
+    except UploadError as exc:
+        raise _fail("upload", str(exc)) from None
+    for note in notes:
+        sys.stderr.write(f"# {note}\n")
+    sys.stderr.write(f"{len(uris)} objects uploaded to gs://{bucket}\n")
+
+
+def _served(state: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The pipelines the running stack serves (to find the marker they wait for); () if none."""
+    from spotorch.spec.compiled import read_compiled
+
+    try:
+        return read_compiled(Path(str(state.get("run_dir", ""))) / "pipelines-active") or ()
+    except Exception:  # an older or half-started stack: upload without that knowledge
+        return ()
+
+
+def upload_main(argv: Sequence[str]) -> int:
+    """`spotorch dev upload` as a function (tests)."""
+    return run(upload_command, argv, prog_name="spotorch dev upload")
 
 
 # ------------------------------------------------------------------ the supervisor

@@ -10,6 +10,7 @@ SPOTORCH_VERTEX_ENDPOINT), waits for them and stores the results in the cache.
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -37,9 +38,13 @@ def fresh_results(pipeline: Pipeline, cache: Mapping[str, ProbeResult],
 
 
 def advise(pipeline: Pipeline, cache: Mapping[str, ProbeResult], now: float,
-           deadline_s: float | None) -> HardwareChoice:
-    """The choice from the fresh cached results; a candidate without one shows as not probed."""
-    return choose(pipeline, fresh_results(pipeline, cache, now), deadline_s)
+           deadline_s: float | None,
+           unanswered: Mapping[str, ProbeResult] | None = None) -> HardwareChoice:
+    """The choice from the fresh cached results; a candidate without one shows as not probed,
+    or with why its probe just now gave no answer (unanswered: never cached)."""
+    found = fresh_results(pipeline, cache, now)
+    return choose(pipeline, {**{n: r for n, r in (unanswered or {}).items() if n not in found},
+                             **found}, deadline_s)
 
 
 def _read_results(path: str) -> dict[str, ProbeResult]:
@@ -56,7 +61,40 @@ def _docs() -> DocumentStore:
     return FirestoreDocumentStore(project=settings.project, database=settings.firestore_database)
 
 
-def _probe(pipeline: Pipeline, docs: DocumentStore, data_uri: str, now: float) -> None:
+def built(pipeline: Pipeline, directory: Path) -> Pipeline:
+    """The pipeline with its Python packages built into directory, as a deployment builds them
+    (spotorch.spec.packages): a pipeline read from its YAML file has no package_uris yet, and
+    the probe cache is keyed by the built archives."""
+    if not any(w.python_package is not None and not w.python_package.package_uris
+               for w in pipeline.job.worker_pools):
+        return pipeline
+    from spotorch.core.errors import ConfigError
+    from spotorch.spec.packages import stage
+
+    try:
+        (staged,) = stage((pipeline,), directory)
+    except ConfigError as exc:
+        raise UsageFailure(str(exc)) from None
+    return staged
+
+
+def upload_packages(pipeline: Pipeline, directory: Path) -> None:
+    """Upload the built packages the staging bucket lacks, as the functions do before a launch
+    (spotorch.app.launch_specs.stage_packages)."""
+    from spotorch.adapters.gcp.storage import GcsObjectStore
+    from spotorch.settings import Settings
+
+    objects = GcsObjectStore(project=Settings.from_env().project)
+    for pool in pipeline.job.worker_pools:
+        package = pool.python_package
+        if package is not None:
+            for uri, path in zip(package.package_uris, package.staged_files, strict=False):
+                objects.ensure_file(uri, str(directory / path))
+
+
+def _probe(pipeline: Pipeline, docs: DocumentStore, data_uri: str, now: float,
+           built_in: Path) -> dict[str, ProbeResult]:
+    """Probe the candidates without a fresh result; the probes that gave no answer."""
     from spotorch.adapters.gcp.vertex import VertexJobLauncher
     from spotorch.app.hardware_probes import ProbeSession, load_cache, run_probes, save_cache
     from spotorch.settings import Settings
@@ -75,12 +113,25 @@ def _probe(pipeline: Pipeline, docs: DocumentStore, data_uri: str, now: float) -
     stamp = time.strftime("%Y%m%dt%H%M%S", time.gmtime(now))
     session = ProbeSession(f"probe-{pipeline.name}-{stamp}", pipeline.checkpoint_uri, data_uri,
                            region)
+    upload_packages(pipeline, built_in)
     results = run_probes(pipeline, session, launcher, read, cache=load_cache(docs, pipeline.name))
-    save_cache(docs, pipeline.name, results, time.time())
+    save_cache(docs, pipeline.name, results, time.time())  # infrastructure failures left out
+    return {name: r for name, r in results.items() if r.infra}
 
 
-def _jsonable(choice: HardwareChoice) -> dict[str, Any]:
-    return {"hardware": choice.to_doc()}
+def expired(pipeline: Pipeline, cache: Mapping[str, ProbeResult], now: float) -> list[str]:
+    """Candidates whose cached result is for this code and shape but older than cache_ttl."""
+    search = pipeline.hardware
+    if search is None:
+        return []
+    return [c.name for c in search.candidates
+            if (r := cache.get(c.name)) is not None and not r.infra
+            and r.key == cache_key(pipeline, c, search.probe_steps)
+            and now - r.measured_at > search.cache_ttl_s]
+
+
+def _jsonable(choice: HardwareChoice, stale: list[str]) -> dict[str, Any]:
+    return {"hardware": choice.to_doc(), "expired": stale}
 
 
 @click.command(name="advise")
@@ -114,23 +165,30 @@ def advise_command(ctx: click.Context, pipeline_file: str, results: str | None,
     except ValueError as exc:
         raise UsageFailure(f"--deadline {deadline!r}: {exc}") from None
     now = time.time()
-    if results:
-        cache = _read_results(results)
-    else:
-        from spotorch.app.hardware_probes import load_cache
-        from spotorch.operate.target import use_stack_environment
+    unanswered: dict[str, ProbeResult] = {}
+    with tempfile.TemporaryDirectory(prefix="spotorch-advise-") as tmp:
+        pipeline = built(pipeline, Path(tmp))
+        if results:
+            cache = _read_results(results)
+        else:
+            from spotorch.app.hardware_probes import load_cache
+            from spotorch.operate.target import use_stack_environment
 
-        use_stack_environment(session(ctx).target())  # the local stack's emulators
-        docs = _docs()
-        if probe:
-            _probe(pipeline, docs, probe, now)
-            now = time.time()
-        cache = load_cache(docs, pipeline.name)
-    choice = advise(pipeline, cache, now, left)
+            use_stack_environment(session(ctx).target())  # the local stack's emulators
+            docs = _docs()
+            if probe:
+                unanswered = _probe(pipeline, docs, probe, now, Path(tmp))
+                now = time.time()
+            cache = load_cache(docs, pipeline.name)
+    choice = advise(pipeline, cache, now, left, unanswered)
+    stale = expired(pipeline, cache, now)
     if as_json:
-        click.echo(json.dumps(_jsonable(choice), indent=2, sort_keys=True))
+        click.echo(json.dumps(_jsonable(choice, stale), indent=2, sort_keys=True))
     else:
         click.echo("\n".join(table_lines(choice)))
+        if stale:
+            click.echo(f"expired (older than cache_ttl): {', '.join(stale)}; "
+                       "probe again with --probe DATA_URI")
     if choice.chosen is None:
         raise click.exceptions.Exit(1)
 

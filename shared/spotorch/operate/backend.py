@@ -211,6 +211,19 @@ class Backend:
                  for d in docs], [unmatched_view(d) for d in strays])
 
 
+def alerts(backend: Backend, limit: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The newest alert deliveries and delivery failures (the web view's /alerts), from a
+    Firestore store; OperatorError where the store cannot list them (the in-memory one)."""
+    read = getattr(backend.arrivals, "signals", None)
+    if read is None:
+        raise OperatorError("this spotorch's store cannot list alerts (only Firestore can)")
+    try:
+        sent, failed = read(limit)
+    except Exception as exc:
+        raise OperatorError(describe_store_error(exc, backend.target, "alerts")) from None
+    return [dict(d) for d in sent], [dict(d) for d in failed]
+
+
 def describe_store_error(exc: Exception, target: Target | None, what: str = "runs") -> str:
     """One line for what went wrong reading runs (or sweeps), naming the store."""
     where = ("the local stack's Firestore emulator at " + target.firestore_emulator

@@ -3,6 +3,7 @@ before or after the command), the backend built on first use, one-line failures,
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -139,8 +140,34 @@ def console(err: bool = False) -> Any:
     # Colours only on a terminal (Rich checks isatty and NO_COLOR). Into a pipe or file, lines
     # are not cut to 80 columns: grep and awk see whole rows.
     stream = sys.stderr if err else sys.stdout
-    width = None if stream.isatty() else int(os.environ.get("COLUMNS") or PIPE_WIDTH)
-    return Console(stderr=err, highlight=False, soft_wrap=False, width=width)
+    if stream.isatty():
+        return Console(stderr=err, highlight=False, soft_wrap=False)
+    # Tables pad their cells to the column's width: into a pipe, the lines lose that padding.
+    return Console(file=Unpadded(stream), highlight=False, soft_wrap=False,  # type: ignore[arg-type]
+                   width=int(os.environ.get("COLUMNS") or PIPE_WIDTH))
+
+
+class Unpadded(io.TextIOBase):
+    """A text stream that writes each line without its trailing spaces."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self._line = ""
+
+    def write(self, text: str) -> int:
+        """Write whole lines unpadded; keep a partial one until its newline."""
+        *lines, self._line = (self._line + text).split("\n")
+        for line in lines:
+            self.stream.write(line.rstrip(" ") + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        """Flush the stream (a partial line waits for its newline: Rich ends every print)."""
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        """Never a terminal."""
+        return False
 
 
 def print_json(data: Any) -> None:

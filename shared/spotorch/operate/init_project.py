@@ -1,17 +1,18 @@
 """`spotorch init DIR`: a starting project to deploy from, with placeholders to fill in.
 
 Writes DIR/pipelines/<name>.yaml (one pipeline that spotorch's loader accepts as it is; its
-buckets and image are placeholders), DIR/trainer/ (a small training package on
-spotorch_trainer, with a copy of the helper so an image built from the folder needs nothing
-else), DIR/terraform.tfvars (every variable of deploy/variables.tf, explained) and DIR/README.md.
-Every placeholder holds PLACEHOLDER; packaging (deploy/package.py) refuses files that still do.
+buckets are placeholders), DIR/trainer/ (a small Python package on spotorch_trainer that Vertex
+AI installs on one of its prebuilt training containers: no image to build, no Docker; spotorch
+builds it and ships spotorch-trainer beside it), DIR/terraform.tfvars (every variable of
+deploy/variables.tf, explained) and DIR/README.md. The pipeline runs on the local stack as
+written (`spotorch dev up --pipelines DIR/pipelines`). Every placeholder holds PLACEHOLDER;
+packaging (deploy/package.py) refuses files that still do.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import shutil
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -63,11 +64,16 @@ trigger:
 job:
   regions: [us-central1]            # where Vertex AI runs it; more regions: more Spot capacity
   # service_account: trainer@{PLACEHOLDER}.iam.gserviceaccount.com  # default: spotorch-training
+  staging_uri: gs://{PLACEHOLDER}-staging/{name}   # an existing bucket: the built packages
   worker_pools:
     - machine_type: n1-standard-4
-      # The image built from trainer/ (trainer/README.md): Artifact Registry in your project.
-      image_uri: us-central1-docker.pkg.dev/{PLACEHOLDER}/training/{name}:latest
-      command: [python, -m, {module}]
+      # Your code without an image: spotorch builds ../trainer into a package (and
+      # spotorch-trainer beside it); Vertex AI pip-installs them on this prebuilt container
+      # with their dependencies and runs `python -m {module}` (docs/pipelines.md).
+      python_package:
+        source: ../trainer
+        executor_image_uri: us-docker.pkg.dev/vertex-ai/training/sklearn-cpu.1-6:latest
+        python_module: {module}
   timeout: 6h                       # per attempt
 
 checkpoint_uri: gs://{PLACEHOLDER}-checkpoints/{name}   # an existing bucket
@@ -75,7 +81,7 @@ output_uri: gs://{PLACEHOLDER}-models/{name}            # an existing bucket
 
 recovery:
   expected_compute: 1h              # how long the run takes uninterrupted
-  restart_overhead: 5m              # scheduling, image pull, restoring a checkpoint
+  restart_overhead: 5m              # scheduling, package install, restoring a checkpoint
 """
 
 
@@ -139,46 +145,42 @@ if __name__ == "__main__":
 
 TRAINER_PYPROJECT = '''\
 [build-system]
-requires = ["setuptools>=68"]
+requires = ["setuptools>=61"]
 build-backend = "setuptools.build_meta"
 
 [project]
 name = "{name}"
 version = "0.1.0"
-requires-python = ">=3.11"
-# spotorch_trainer is copied next to the package (spotorch init): it needs only the standard
-# library, plus these for gs:// data and checkpoints and for reporting to spotorch.
-dependencies = ["google-cloud-storage>=2.18", "google-cloud-pubsub>=2.23"]
+requires-python = ">=3.10"
+# spotorch-trainer: spotorch builds it from its own copy and stages it beside this package, so
+# Vertex AI's pip finds it. Add what your code imports (numpy, pandas, torch...): Vertex installs
+# it on the prebuilt container, and so does the local stack's Vertex emulator (from PyPI).
+# google-cloud-storage and -pubsub: gs:// data and checkpoints, reports to spotorch.
+dependencies = ["spotorch-trainer", "google-cloud-storage>=2.18", "google-cloud-pubsub>=2.23"]
 
 [tool.setuptools]
-packages = ["{module}", "spotorch_trainer"]
-'''
-
-DOCKERFILE = '''\
-# The training image: gcloud builds submit --tag IMAGE trainer/  (IMAGE: the pipeline's image_uri)
-FROM python:3.11-slim
-WORKDIR /app
-COPY . /app
-RUN pip install --no-cache-dir .
-ENTRYPOINT []
+packages = ["{module}"]
 '''
 
 TRAINER_README = '''\
 # {name}: the training code
 
-`{module}/__main__.py` is a loop on `spotorch_trainer` (a copy of spotorch's helper is in
-`spotorch_trainer/`): it resumes from the latest complete checkpoint, checkpoints on SIGTERM and
-exits 143 so spotorch relaunches it, and reports progress. Replace `train_step()` and the state.
+`{module}/__main__.py` is a loop on `spotorch_trainer` (spotorch's helper): it resumes from the
+latest complete checkpoint, checkpoints on SIGTERM and exits 143 so spotorch relaunches it, and
+reports progress. Replace `train_step()` and the state. This folder is a Python package: the
+pipeline names it (`python_package.source`), spotorch builds it, and Vertex AI installs it with
+its `dependencies` on a prebuilt training container. No image, no Docker.
 
-Try it locally (checkpoints and the model go to .spotorch/local/):
+Try it alone, with spotorch's environment (checkpoints and the model go to .spotorch/local/):
 
     mkdir -p /tmp/snapshot && echo "1,2,3" > /tmp/snapshot/part-0.csv
     PYTHONPATH=. TOTAL_STEPS=50 python -m {module} --data /tmp/snapshot
 
-Build the image the pipeline's `image_uri` names (Artifact Registry in your project):
+Then as a run on the local stack, from the project folder:
 
-    gcloud artifacts repositories create training --repository-format=docker --location=us-central1
-    gcloud builds submit --tag us-central1-docker.pkg.dev/PROJECT/training/{name}:latest .
+    eval "$(spotorch dev up --pipelines pipelines)"
+    spotorch dev upload /tmp/snapshot gs://replace-me-landing/datasets/{name}/s1/   # marker last
+    spotorch runs
 '''
 
 
@@ -244,9 +246,13 @@ def project_files(name: str, deploy: Path) -> dict[str, str]:
 
 - `pipelines/{name}.yaml`: when data lands, what trains on it, where. Fill in each
   `{PLACEHOLDER}` (buckets that exist, your project), then `spotorch validate pipelines/`.
-- `trainer/`: the training code and the image it runs in (trainer/README.md).
+- `trainer/`: the training code, a Python package Vertex AI installs on a prebuilt container
+  (no Docker; trainer/README.md).
 - `terraform.tfvars`: the deployment's settings, every one explained; set `project_id` and
   `operators` at least.
+
+It runs on the local stack as written (trainer/README.md):
+`eval "$(spotorch dev up --pipelines pipelines)"`, then `spotorch dev upload` a folder of data.
 
 Deploy from the spotorch checkout (docs/deploy.md has the first-apply steps):
 
@@ -259,7 +265,6 @@ Packaging refuses a pipeline or tfvars file that still holds `{PLACEHOLDER}`.
         f"trainer/{module}/__init__.py": f'"""{name}: the training package."""\n',
         f"trainer/{module}/__main__.py": TRAINER_MAIN.format(name=name, module=module),
         "trainer/pyproject.toml": TRAINER_PYPROJECT.format(name=name, module=module),
-        "trainer/Dockerfile": DOCKERFILE,
         "trainer/README.md": TRAINER_README.format(name=name, module=module),
         "terraform.tfvars": tfvars_text(deploy),
         "README.md": readme,
@@ -268,8 +273,6 @@ Packaging refuses a pipeline or tfvars file that still holds `{PLACEHOLDER}`.
 
 def write_project(directory: Path, name: str, deploy: Path, *, force: bool = False) -> list[Path]:
     """Write the starting project; the files written. ClickException on a clash."""
-    import spotorch_trainer
-
     if not NAME.match(name):
         raise click.ClickException(f"pipeline name {name!r}: lowercase letters, digits and '-'")
     if not (deploy / "variables.tf").is_file():
@@ -284,10 +287,7 @@ def write_project(directory: Path, name: str, deploy: Path, *, force: bool = Fal
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         written.append(path)
-    helper = directory / "trainer" / "spotorch_trainer"
-    shutil.copytree(Path(spotorch_trainer.__file__).parent, helper, dirs_exist_ok=True,
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    return [*written, helper]
+    return written
 
 
 @click.command(name="init", context_settings=CONTEXT)

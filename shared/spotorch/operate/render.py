@@ -35,6 +35,23 @@ def _pct(value: float | None) -> str:
     return "" if value is None else f" ({value:.0f}%)"
 
 
+class Section:
+    """A section's title: a rule across the terminal on a terminal; into a pipe or a file, a short
+    one (a rule as wide as PIPE_WIDTH padded every `show` to 220 columns)."""
+
+    def __init__(self, title: str) -> None:
+        self.title = title
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        from rich.rule import Rule
+        from rich.text import Text
+
+        if console.is_terminal:
+            yield Rule(self.title, align="left")
+        else:
+            yield Text(f"── {self.title} ──", style="bold")
+
+
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, elastic: str,
            right: frozenset[str] = frozenset(), fold: bool = False) -> Any:
     """A plain table whose columns keep their full width; only `elastic` gives way (cut with an
@@ -94,9 +111,12 @@ def _attempt_duration(a: Mapping[str, Any]) -> str:
     return duration(parse_rfc3339(a["ended_at"]) - parse_rfc3339(a["started_at"]))
 
 
+def _metric(value: Any) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
 def show_run(view: Mapping[str, Any]) -> list[Any]:
     """`spotorch show`: the run, its attempts, checkpoints, cost and history."""
-    from rich.rule import Rule
     from rich.text import Text
 
     p, cost = view["progress"], view["cost"]
@@ -113,6 +133,8 @@ def show_run(view: Mapping[str, Any]) -> list[Any]:
         ("snapshot", view.get("snapshot_id")), ("created", view["created_at"]),
         ("updated", view.get("updated_at")), ("deadline", view.get("deadline_at")),
         ("progress", steps),
+        ("metrics" if view.get("active", True) else "final metrics",
+         ", ".join(f"{k} {_metric(v)}" for k, v in sorted(p.get("metrics", {}).items())) or None),
         ("checkpoint", f"step {ckpt['step']}  {ckpt['uri']}" if ckpt else None),
         ("model", view["model_uri"] + ("" if view["model_ready"] else "  (not written yet)")),
         ("retry of", view.get("retry_of")),
@@ -139,15 +161,20 @@ def show_run(view: Mapping[str, Any]) -> list[Any]:
           "-" if a["resumed_from_step"] is None else str(a["resumed_from_step"]),
           "-" if a["progress_step"] is None else str(a["progress_step"]),
           money(costs.get(a["attempt"], {}).get("cost"), cost["currency"]),
-          a.get("end_reason") or ""] for a in view["attempts"]],
+          (a.get("end_reason") or "") + ("; during start-up, no checkpoint yet"
+                                          if a.get("startup_loss") else "")]
+         for a in view["attempts"]],
         elastic="END REASON", right=frozenset({"RESUMED", "REACHED", "COST"}))
     history = Columns3(("AT", "WHAT", "WHY"),
                        [(h["at"] or "", h["what"], h["reason"]) for h in view["history"]])
     hardware = _hardware_table(view.get("hardware"))
     preprocess = _preprocess_lines(view.get("preprocess"), cost["currency"])
     return [head, *provenance_lines(view.get("provenance")), *preprocess, *hardware,
-            Rule("attempts", align="left"), attempts,
-            *error_tails(view["attempts"]), Rule("history", align="left"), history,
+            Section("attempts"), attempts,
+            *error_tails(view["attempts"]),
+            *[Text(a["startup_loss"], style="yellow", overflow="fold")
+              for a in view["attempts"] if a.get("startup_loss")],
+            Section("history"), history,
             Text(f"prices: {'; '.join(cost['basis'])}", style="dim")]
 
 
@@ -223,12 +250,11 @@ def _preprocess_lines(step: Mapping[str, Any] | None, currency: str) -> list[Any
     """The run's preprocess step (issue 31): its Dataflow job, the cache, its output, or nothing."""
     if not step:
         return []
-    from rich.rule import Rule
 
     job = "-" if step.get("cache_hit") else (
         f"{step.get('job_name')} ({step.get('job_id') or 'not created yet'}), launch "
         f"{step.get('launches')}")
-    return [Rule("preprocess", align="left"), _kv([
+    return [Section("preprocess"), _kv([
         ("phase", f"{step['phase']}" + (f"  {step['state']}" if step.get("state") else "")),
         ("cache", f"hit: reused {step['cache_key']}" if step.get("cache_hit")
          else f"miss: key {step['cache_key']}"),
@@ -242,7 +268,6 @@ def provenance_lines(prov: Mapping[str, Any] | None) -> list[Any]:
     """What the run trained on and with (issue 30): data, code, pipeline, seed, hardware."""
     if not prov:
         return []
-    from rich.rule import Rule
 
     data, code = prov.get("data") or {}, prov.get("code") or {}
     pipeline = prov.get("pipeline") or {}
@@ -273,7 +298,7 @@ def provenance_lines(prov: Mapping[str, Any] | None) -> list[Any]:
         "NOT pinned: an image tag can move, a rerun may run other code"
     machines = machines_text(prov.get("hardware"))
     changed = "  (changed since its origin)" if pipeline.get("changed") else ""
-    return [Rule("provenance", align="left"), _kv([
+    return [Section("provenance"), _kv([
         ("data", what),
         ("code", f"{str(code.get('hash', ''))[:16]}  {pinned}"),
         ("pools", "; ".join(pools) or None),
@@ -289,7 +314,6 @@ def _hardware_table(choice: Mapping[str, Any] | None) -> list[Any]:
     """The hardware candidates the run chose among (issue 19), or nothing."""
     if not choice:
         return []
-    from rich.rule import Rule
     from rich.text import Text
 
     rows = [[r["candidate"] + (" *" if r.get("chosen") else ""), r.get("shape", ""),
@@ -301,7 +325,7 @@ def _hardware_table(choice: Mapping[str, Any] | None) -> list[Any]:
     table = _table(("CANDIDATE", "SHAPE", "STEPS/S", "HOURS", "SPOT", "STANDARD", "FITS", "WHY"),
                    rows, elastic="WHY", right=frozenset({"STEPS/S", "HOURS", "SPOT", "STANDARD"}),
                    fold=True)
-    lines = [Rule("hardware", align="left"), table,
+    lines = [Section("hardware"), table,
              Text(f"chosen: {choice.get('reason', '')}", style="dim")]
     if choice.get("warning"):
         lines.append(Text(f"warning: {choice['warning']}", style="yellow"))
@@ -358,7 +382,6 @@ def sweeps_table(rows: Sequence[Mapping[str, Any]]) -> Any:
 
 def show_sweep(view: Mapping[str, Any]) -> list[Any]:
     """`spotorch sweep`: the sweep, its trials (the best marked *), the model, its history."""
-    from rich.rule import Rule
     from rich.table import Table
     from rich.text import Text
 
@@ -391,7 +414,7 @@ def show_sweep(view: Mapping[str, Any]) -> list[Any]:
     history.add_column("WHAT", overflow="fold")
     for h in view["history"]:
         history.add_row(h["at"], h["what"])
-    return [head, Rule("trials", align="left"), trials, Rule("history", align="left"), history]
+    return [head, Section("trials"), trials, Section("history"), history]
 
 
 # ---------------------------------------------------------------- data arrival
@@ -411,12 +434,11 @@ def snapshots_table(rows: Sequence[Mapping[str, Any]]) -> Any:
 
 def unmatched_lines(rows: Sequence[Mapping[str, Any]]) -> list[Any]:
     """Each folder of uploads that matched no pipeline: its objects and, per pipeline, why."""
-    from rich.rule import Rule
     from rich.text import Text
 
     if not rows:
         return []
-    parts: list[Any] = [Rule("uploads that matched no pipeline", align="left")]
+    parts: list[Any] = [Section("uploads that matched no pipeline")]
     for r in rows:
         alerted = f", alerted {r['alerted_at']}" if r.get("alerted_at") else ""
         parts.append(Text(f"{r['uri']}  ({r['state']}; last object {r.get('last_seen')}{alerted})",

@@ -178,5 +178,6 @@ def use_stack_environment(target: Target) -> None:
     only in the environment); what the environment already says wins."""
     for key, value in target.stack_env.items():
         if key.endswith("_EMULATOR_HOST") or key in (S.ENV_PROJECT, "GOOGLE_CLOUD_PROJECT",
-                                                      S.ENV_VERTEX_TOKEN):
+                                                      S.ENV_VERTEX_TOKEN,
+                                                      S.ENV_VERTEX_ENDPOINT):  # advise --probe
             os.environ.setdefault(key, value)

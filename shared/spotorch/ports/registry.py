@@ -90,7 +90,7 @@ class ExperimentRun:
     region: str
     params: Mapping[str, ParamValue] = field(default_factory=dict)
     metrics: Mapping[str, float] = field(default_factory=dict)  # final metrics, cost, savings
-    state: str = "COMPLETE"  # COMPLETE or FAILED
+    state: str = "COMPLETE"  # COMPLETE, FAILED or CANCELLED (the SDK's Execution states)
     # What the run trained on and with (spotorch.core.provenance.metadata): digests, seed,
     # pinning; stored in the run context's metadata beside the SDK's own keys.
     provenance: Mapping[str, str] = field(default_factory=dict)

@@ -159,6 +159,9 @@ class Scenario:
     nodes: int = 1
     price_ratio: float = 3.0  # on-demand / Spot, when the trace has no prices or as multiplier
     od_price: float | None = None  # per node-hour; default: price_ratio x mean Spot price
+    # Spot per node-hour in a price table's money (simulate --pipeline): a trace without prices
+    # is priced at it, one with prices scaled so its mean is it. None: Spot = 1, or the trace's.
+    spot_price: float | None = None
     count_after: int = 3  # preemptions before the count policy escalates
     view: View = View.VISIBLE
     # Production view: the domain's Spot cooldown (RecoveryPolicy.spot_cooldown_s), and probes
@@ -241,6 +244,9 @@ def windows_of(trace: Trace, scenario: Scenario, stride_s: float | None) -> list
     """Every window of the scenario's deadline that fits in the trace, stride_s apart."""
     step = int(scenario.step_s)
     avail, price = resample(trace, step, scenario.nodes)
+    if scenario.spot_price is not None:
+        price = price * (scenario.spot_price / (float(np.mean(trace.prices))
+                                                if trace.prices is not None else 1.0))
     od = scenario.od_price
     if od is None:
         od = scenario.price_ratio * (float(np.mean(trace.prices)) if trace.prices is not None

@@ -160,10 +160,21 @@ def _hours(value: float) -> float:
               help="Write cost vs deadline slack per policy (PNG).")
 @click.option("--plot-deadline-hours", type=float, multiple=True,
               help="A deadline swept by --plot (repeat)  [default: task + 4, 12, 24, 48 h]")
+@click.option("--pipeline", "pipeline_file", type=click.Path(dir_okay=False, path_type=Path),
+              default=None,
+              help="Task (recovery.expected_compute), deadline, restart overhead, nodes and "
+                   "prices (the price table's, for its shape) from this pipeline file; options "
+                   "given here win.")
 def simulate(**options: Any) -> None:
     """Replay Spot traces (files or folders; default: $SPOTORCH_TRACES, else the shipped traces
     beside the repository) through the escalation policies and the offline optimum."""
-    code = _simulate(SimpleNamespace(**options))
+    args = SimpleNamespace(**options)
+    if args.pipeline_file is not None:
+        context = click.get_current_context()
+        args.explicit = {name for name in options
+                         if context.get_parameter_source(name)
+                         is click.core.ParameterSource.COMMANDLINE}
+    code = _simulate(args)
     if code:
         raise click.exceptions.Exit(code)
 
@@ -177,6 +188,7 @@ def scenario_from_args(args: Any, deadline_hours: float) -> Scenario:
                     checkpoint_s=None if checkpoint is None else _hours(checkpoint),
                     nodes=args.nodes, price_ratio=args.price_ratio,
                     od_price=args.on_demand_price, count_after=args.count_after,
+                    spot_price=getattr(args, "spot_price", None),
                     view=View(args.view), spot_cooldown_s=round(args.spot_cooldown_minutes * 60.0),
                     probes=None if args.no_probes else Probes(
                         billed_s=args.probe_billed_seconds, latency_s=args.probe_latency_seconds,
@@ -234,6 +246,7 @@ def _simulate(args: SimpleNamespace) -> int:
         return simulate_multi(args, scenario)
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
     try:
+        terms = _from_pipeline(args) if getattr(args, "pipeline_file", None) else None
         files = find_trace_files(list(args.traces) or default_trace_paths())
         scenario = scenario_from_args(args, args.deadline_hours)
         records = evaluate_files(files, scenario, _stride(args), policies, args.workers)
@@ -254,13 +267,55 @@ def _simulate(args: SimpleNamespace) -> int:
         payload: dict[str, Any] = {"runs": len(records), "view": scenario.view.value,
                                    "policies": {name: s.as_json()
                                                 for name, s in summary.items()}}
+        if terms is not None:
+            payload |= {**terms.to_json(), "costs_in": _costs_in(terms), "task_hours": args.task_hours,
+                        "deadline_hours": args.deadline_hours,
+                        "restart_overhead_hours": args.restart_overhead_hours,
+                        "nodes": args.nodes}
         print(json.dumps(payload))
     else:
-        print(f"{len(records)} runs over {len(files)} trace files; task {args.task_hours} h, "
-              f"deadline {args.deadline_hours} h, overhead {args.restart_overhead_hours} h; "
+        print(f"{len(records)} runs over {len(files)} trace files; task {args.task_hours:g} h, "
+              f"deadline {args.deadline_hours:g} h, overhead {args.restart_overhead_hours:.3g} h; "
               f"{describe_view(scenario)}")
+        print(f"costs in {_costs_in(terms)}")
         print(format_table(summary))
     return 0
+
+
+def _costs_in(terms: Any) -> str:
+    if terms is None:
+        return ("Spot node-hours (Spot = 1; a trace with prices: its own), on-demand at "
+                "--price-ratio or --on-demand-price")
+    return (f"{terms.currency}: the price table's {terms.shape} for pipeline {terms.name}, "
+            f"Spot {terms.spot_per_node_hour:.4f} and standard "
+            f"{terms.standard_per_node_hour:.4f} per node-hour (traces with prices scaled to "
+            "that Spot mean)")
+
+
+def _from_pipeline(args: Any) -> Any:
+    """Fill args from the pipeline file (what the command line gave explicitly wins)."""
+    from spotorch.sim.pipeline_terms import on_grid, pipeline_terms
+
+    terms = pipeline_terms(args.pipeline_file)
+    given: set[str] = getattr(args, "explicit", set())
+    taken = {"task_hours": terms.task_hours, "deadline_hours": terms.deadline_hours,
+             "restart_overhead_hours": terms.overhead_hours, "nodes": terms.nodes,
+             "on_demand_price": terms.standard_per_node_hour}
+    for name, value in taken.items():
+        if name not in given and value is not None:
+            setattr(args, name, value)
+    if "task_hours" not in given and terms.task_hours is None:
+        raise ScenarioError(f"--pipeline {args.pipeline_file}: recovery.expected_compute is not "
+                            "set; give --task-hours")
+    if "deadline_hours" not in given and terms.deadline_hours is None:
+        raise ScenarioError(f"--pipeline {args.pipeline_file}: no deadline; give "
+                            "--deadline-hours")
+    args.spot_price = terms.spot_per_node_hour
+    task_s, deadline_s = on_grid(args.task_hours * 3600.0, args.deadline_hours * 3600.0,
+                                 round(args.restart_overhead_hours * 3600.0),
+                                 round(args.tick_minutes * 60.0))
+    args.task_hours, args.deadline_hours = task_s / 3600.0, deadline_s / 3600.0
+    return terms
 
 
 def describe_view(scenario: Scenario) -> str:

@@ -298,3 +298,15 @@ class FirestoreArrivalReader:
     def unmatched(self, limit: int) -> Sequence[Mapping[str, Any]]:
         """ArrivalReader.unmatched: the unmatched-upload records most recently active first."""
         return self._recent(COLLECTION_UNMATCHED, limit)
+
+    def signals(self, limit: int) -> tuple[Sequence[Mapping[str, Any]],
+                                           Sequence[Mapping[str, Any]]]:
+        """The newest alert deliveries (the notification ledger, by claim time) and the newest
+        recorded delivery failures (what `spotorch dead-letters` names), at most `limit` each."""
+        from spotorch.settings import COLLECTION_FAILURES, COLLECTION_NOTIFICATIONS
+
+        sent, _ = self.source.newest(COLLECTION_NOTIFICATIONS, "claimed_at", since=None,
+                                     until=None, limit=limit, after=None)
+        failed, _ = self.source.newest(COLLECTION_FAILURES, "at", since=None, until=None,
+                                       limit=limit, after=None)
+        return sent, failed

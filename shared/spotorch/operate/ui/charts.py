@@ -7,6 +7,7 @@ data-series attribute) so tests and people with a DOM inspector find them.
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
@@ -16,6 +17,7 @@ WIDTH = 560
 HEIGHT = 220
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 26, 34
 LEGEND_W = 170
+LEGEND_CHARS = 24  # characters of a legend line at 11 px in LEGEND_W
 PALETTE = ("#1d4ed8", "#e08a1e", "#1f9e89", "#d62839", "#7c3aed", "#0f766e", "#a16207",
            "#be185d")
 
@@ -120,14 +122,24 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: s
         out.append(f'<g class="series" data-series="{escape(s.name)}"><path d="{d}" fill="none" '
                    f'stroke="{colour}" stroke-width="{width}"{dash}/>{dots}'
                    f'<title>{escape(s.name)}</title></g>')
+    bottom = HEIGHT
     if len(series) > 1:
+        # Whole names, wrapped to the legend's width (a cut name dropped a trial's parameter);
+        # the drawing grows downwards when the legend is taller than the plot.
+        y = TOP + 4
         for i, s in enumerate(series):
-            y = TOP + 4 + i * 14
+            lines = textwrap.wrap(s.name, LEGEND_CHARS, break_on_hyphens=False) or [""]
+            text = "".join(f'<tspan x="{WIDTH - right + 24}" dy="{0 if j == 0 else 13}">'
+                           f'{escape(line)}</tspan>' for j, line in enumerate(lines))
             out.append(f'<g class="legend"><rect x="{WIDTH - right + 10}" y="{y - 8}" '
                        f'width="10" height="3" fill="{PALETTE[i % len(PALETTE)]}"/>'
-                       f'<text x="{WIDTH - right + 24}" y="{y - 2}" class="k">'
-                       f'{escape(s.name[:24])}</text></g>')
+                       f'<text x="{WIDTH - right + 24}" y="{y - 2}" class="k">{text}'
+                       f'<title>{escape(s.name)}</title></text></g>')
+            y += 13 * len(lines) + 4
+        bottom = max(HEIGHT, y)
     out.append("</svg>")
+    if bottom != HEIGHT:
+        out[0] = out[0].replace(f'viewBox="0 0 {WIDTH} {HEIGHT}"', f'viewBox="0 0 {WIDTH} {bottom}"')
     return "".join(out)
 
 

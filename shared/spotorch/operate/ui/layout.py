@@ -28,7 +28,7 @@ STATUS_CLASS: Mapping[str, str] = {
 }
 
 NAV = (("/", "runs"), ("/snapshots", "snapshots"), ("/pipelines", "pipelines"),
-       ("/sweeps", "sweeps"))
+       ("/sweeps", "sweeps"), ("/alerts", "alerts"))
 
 CSS = """
 *{box-sizing:border-box}

@@ -42,9 +42,23 @@ def _totals(totals: Mapping[str, Any], period: str) -> str:
 def runs_page(rows: Sequence[Mapping[str, Any]], args: Mapping[str, str],
               next_token: str | None, *, target: str, refresh_s: int,
               totals: Mapping[str, Any] | None = None, period: str = "7d") -> str:
-    """The runs page: the period's totals, the filters, one row per run and the next page's link."""
+    """The runs page: the period's totals, the filters, one row per run and the next page's link.
+    A sweep's trial runs are folded into one row per sweep (linking to its page) unless
+    `trials=1` asks for them."""
     lines = []
+    folded: dict[str, list[Mapping[str, Any]]] = {}
+    if args.get("trials") != "1":
+        for r in rows:
+            if r.get("sweep_id"):
+                folded.setdefault(str(r["sweep_id"]), []).append(r)
+    shown_sweeps: set[str] = set()
     for r in rows:
+        sweep = r.get("sweep_id")
+        if sweep in folded:
+            if sweep not in shown_sweeps:
+                shown_sweeps.add(str(sweep))
+                lines.append(_sweep_row(str(sweep), folded[str(sweep)]))
+            continue
         link = f"/runs/{urllib.parse.quote(r['run_id'])}"
         pct = f" ({r['savings_pct']:.0f}%)" if r.get("savings_pct") is not None else ""
         steps = f'{r["step"]}{"/" + str(r["total_steps"]) if r["total_steps"] else ""}'
@@ -65,10 +79,34 @@ def runs_page(rows: Sequence[Mapping[str, Any]], args: Mapping[str, str],
     if next_token:
         query = urllib.parse.urlencode({**args, "page_token": next_token})
         more = f'<p><a class="next" href="/?{escape(query)}">older runs &#8594;</a></p>'
+    if folded:
+        query = urllib.parse.urlencode({**args, "trials": "1"})
+        trials = sum(len(v) for v in folded.values())
+        more = (f'<p class="muted folded">{trials} trial runs of {len(folded)} sweep(s) folded '
+                f'into their sweep\'s row: <a href="/?{escape(query)}">show them</a></p>') + more
     live = any(r["active"] for r in rows)
     summary = _totals(totals, period) if totals is not None else ""
     return page("runs", f"<h1>Runs</h1>{notice(args)}{summary}{filters(args)}{listing}{more}",
                 target=target, refresh_s=refresh_s if live else None, here="/")
+
+
+def _sweep_row(sweep: str, trials: Sequence[Mapping[str, Any]]) -> str:
+    """One row standing for a sweep's trial runs on this page."""
+    link = f"/sweeps/{urllib.parse.quote(sweep)}"
+    active = sum(1 for t in trials if t["active"])
+    by_status: dict[str, int] = {}
+    for t in trials:
+        by_status[t["status"]] = by_status.get(t["status"], 0) + 1
+    statuses = ", ".join(f"{badge(s)} {n}" for s, n in sorted(by_status.items()))
+    cost = sum(float(t["cost"] or 0.0) for t in trials)
+    return (f'<tr class="sweep-trials" data-sweep-id="{escape(sweep)}">'
+            f'<td class="ref"><a href="{link}">sweep {escape(sweep)}</a></td>'
+            f'<td>{escape(trials[0]["pipeline"])}</td><td>{statuses}</td>'
+            f'<td class="t">{escape(min(t["created_at"] for t in trials))}</td>'
+            f'<td class="num">{len(trials)} trials</td><td class="num">'
+            f'{sum(t["preemptions"] for t in trials)}</td><td class="num">{active} active</td>'
+            f'<td class="num cost">{money(cost)}</td><td class="num savings"></td>'
+            f'<td class="reason">trial runs: see the sweep</td></tr>')
 
 
 # ---------------------------------------------------------------- a run
@@ -271,6 +309,8 @@ def _attempts(view: Mapping[str, Any]) -> str:
             error = (f'<details class="error-tail"><summary>{escape(a.get("error") or "error")}'
                      f'</summary><pre class="tail">{escape(chr(10).join(a["error_tail"]))}</pre>'
                      "</details>")
+        startup = (f'<p class="startup-loss">{escape(a["startup_loss"])}</p>'
+                   if a.get("startup_loss") else "")
         rows.append(
             f'<tr class="attempt" data-attempt="{a["attempt"]}"><td>{a["attempt"]}</td>'
             f'<td>{escape(a["capacity"])}<br><span class="muted">{escape(a["region"])}</span></td>'
@@ -280,7 +320,7 @@ def _attempts(view: Mapping[str, Any]) -> str:
             f'<td class="num">{"-" if a["resumed_from_step"] is None else a["resumed_from_step"]}'
             f'</td><td class="num">{"-" if a["progress_step"] is None else a["progress_step"]}'
             f'</td><td class="num">{money(costs.get(a["attempt"], {}).get("cost"))}</td>'
-            f'<td class="reason">{escape(a["end_reason"] or "")}{error}</td>'
+            f'<td class="reason">{escape(a["end_reason"] or "")}{startup}{error}</td>'
             f'<td>{logs}</td></tr>')
     return ('<section><h2>Attempts</h2>'
             + table("attempts", ("#", "capacity", "state", "job", "started / ended", "resumed",

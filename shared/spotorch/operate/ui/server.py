@@ -222,6 +222,17 @@ class UIServer:
                 gathered, strays = self.backend.snapshots(ARRIVALS)
                 return 200, HTML, pages_data.snapshots_page(gathered, strays, target=label,
                                                             refresh_s=refresh).encode()
+            if parts == ["alerts"]:
+                from spotorch.operate.backend import alerts
+                from spotorch.operate.ui.pages_alerts import alerts_page
+
+                try:
+                    sent, failed = alerts(self.backend, ARRIVALS)
+                except OperatorError as exc:
+                    return 200, HTML, alerts_page((), (), target=label,
+                                                  problem=str(exc)).encode()
+                return 200, HTML, alerts_page(sent, failed, target=label,
+                                              refresh_s=refresh).encode()
             if parts == ["pipelines"]:
                 source = (self.backend.target.pipelines if self.backend.target else None) or \
                     "the pipelines given to this view"

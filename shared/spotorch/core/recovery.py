@@ -7,7 +7,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from spotorch.core.context import Context
-from spotorch.core.escalation import escalation_reason, policy_capacity, spot_cooldown_until
+from spotorch.core.escalation import (
+    budget_escape,
+    escalation_reason,
+    policy_capacity,
+    spot_cooldown_until,
+)
 from spotorch.core.launching import launch
 from spotorch.core.model import (
     CANCEL_DIVERGED,
@@ -143,10 +148,14 @@ def recover(run: Run, ctx: Context, attempt: Attempt, failure: FailureClass) -> 
     run = replace(run, counters=replace(run.counters, **{counter: used, "no_progress": no_progress}))
     limit = int(getattr(recovery, limit_field, getattr(ctx.health, limit_field, MAX_LOST_JOBS)))
     if used > limit:
+        escape, why = budget_escape(run, ctx, attempt, failure)
+        if escape:  # a budget ends a run only when no capacity could finish it (issue 39)
+            return launch(run, ctx, Capacity.STANDARD,
+                          f"{budget} budget spent ({used} > {limit}): {why}")
         run = publish(run, ctx, "run.budget_exceeded", budget=budget, limit=limit, used=used)
         return fail(run, ctx, failed_status,
-                     f"{budget} budget exhausted: {used} > {limit} (last: {_brief(attempt)})",
-                     failure)
+                     f"{budget} budget exhausted: {used} > {limit} (last: {_brief(attempt)})"
+                     f"{why}", failure)
     if failure in _AVOID_REGION:  # the one region rule: not straight back to where it failed
         run = replace(run, avoid_regions=mark(
             run.avoid_regions, attempt.region, attempt.capacity,

@@ -160,6 +160,9 @@ class Scenario:
     price_ratio: float = 3.0  # on-demand / Spot, when the trace has no prices or as multiplier
     od_price: float | None = None  # per node-hour; default: price_ratio x mean Spot price
     count_after: int = 3  # preemptions before the count policy escalates
+    # The preemption budget (RecoveryPolicy.max_preemptions): with none left, the production
+    # dispatch (policy.choose_capacity) keeps count and deadline off Spot. None: no budget.
+    max_preemptions: int | None = 50
     view: View = View.VISIBLE
     # Production view: the domain's Spot cooldown (RecoveryPolicy.spot_cooldown_s), and probes
     # (None: none; then standard assumes Spot back once the cooldown has passed, as the core does).

@@ -16,10 +16,34 @@ MAX_ID_LEN = 128
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
+# Firestore's own rules for a document id (https://firebase.google.com/docs/firestore/quotas)
+FIRESTORE_ID_MAX_BYTES = 1500
+_RESERVED_ID = re.compile(r"__.*__", re.DOTALL)
+
+
+def firestore_id_rule(value: str) -> str | None:
+    """The Firestore document-id rule `value` breaks, in words; None when it breaks none."""
+    if not value:
+        return "empty (Firestore: an id must not be empty)"
+    if "/" in value:
+        return "contains '/' (Firestore: an id must not contain a forward slash)"
+    if value in (".", ".."):
+        return "is '.' or '..' (Firestore: an id cannot be a single or double period)"
+    if _RESERVED_ID.fullmatch(value):
+        return "matches __.*__ (Firestore reserves those ids)"
+    if len(value.encode("utf-8", "surrogatepass")) > FIRESTORE_ID_MAX_BYTES:
+        return f"longer than {FIRESTORE_ID_MAX_BYTES} bytes (Firestore's limit for an id)"
+    return None
+
+
 def check_id(value: Any, what: str) -> str:
-    """`value` as an id, or InvalidEvent naming what is wrong with it."""
+    """`value` as an id, or InvalidEvent naming what is wrong with it (the Firestore rule it
+    breaks first, then spotorch's stricter form)."""
     if not isinstance(value, str):
         raise InvalidEvent(f"{what} is not a string: {str(value)[:40]!r}")
+    rule = firestore_id_rule(value)
+    if rule is not None:
+        raise InvalidEvent(f"{what} {value[:60]!r} is not a valid id: {rule}")
     if not _SAFE_ID.fullmatch(value) or value.endswith(".") or ".." in value:
         raise InvalidEvent(f"{what} {value[:60]!r} is not a valid id (1-{MAX_ID_LEN} letters, "
                            "digits, '-', '_' or '.', starting with a letter or digit)")

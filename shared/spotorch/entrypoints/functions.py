@@ -90,6 +90,11 @@ def _pubsub_message(event: CloudEventLike) -> tuple[bytes, Mapping[str, str]]:
         body = base64.b64decode(raw, validate=True)
     except (binascii.Error, ValueError, TypeError) as exc:
         raise InvalidEvent(f"message.data is not base64: {exc}") from None
+    from spotorch.entrypoints.depth import too_deep
+
+    deep = too_deep(body)  # before any json.loads of it (a RecursionError otherwise)
+    if deep is not None:
+        raise InvalidEvent(f"message.data: {deep}")
     attributes = message.get("attributes") or {}
     if not isinstance(attributes, Mapping):
         raise InvalidEvent("message.attributes is not an object")

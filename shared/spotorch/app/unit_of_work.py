@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any, assert_never
 
 from spotorch.app import hardware_probes as probes
-from spotorch.app import preprocess_steps, run_log
+from spotorch.app import intent_failures, preprocess_steps, run_log
 from spotorch.app.deps import Deps, JobOwner, ObservationSource, context, job_id_of
 from spotorch.app.launch_specs import hardware_probe_spec, launch_spec, probe_spec, stage_packages
 from spotorch.app.spot_record import seen_between, shape_key
@@ -187,31 +187,35 @@ def _run_ended(deps: Deps, run: Run) -> None:
 
 
 def _perform(deps: Deps, run: Run, intent: Intent) -> Observation | None:
-    try:
-        match intent:
-            case PublishIntent():
-                deps.publisher.publish(intent.event)
-                return IntentDone(intent.id)
-            case CancelIntent():
-                deps.launcher.cancel(intent.job_name)
-                return IntentDone(intent.id)
-            case LaunchIntent():
-                return _perform_launch(deps, run, intent)
-            case RegisterModelIntent():
-                return _register_model(deps, run, intent)
-            case DeleteCheckpointsIntent():
-                return _perform_delete(deps, intent)
-            case LaunchProbeIntent():
-                return _perform_probe_launch(deps, run, intent)
-            case PreprocessIntent():
-                return preprocess_steps.perform(deps, run, intent)
-            case _:
-                assert_never(intent)
+    try:  # a refusal for good is tried again briefly, then answered (app.intent_failures)
+        return intent_failures.with_bounded_retry(lambda: _carry(deps, run, intent))
     except Exception as exc:  # a failed side effect stays in the outbox; the next tick retries it
         log.warning("intent %s (%s) of run %s failed: %s", intent.id, intent.kind, run.run_id, exc,
                     extra={"run_id": run.run_id})
-        return IntentDeferred(intent.id, f"{type(exc).__name__}: {str(exc)[:300]}",
-                              getattr(exc, "code", None) or "")
+        return intent_failures.answer(intent, exc)
+
+
+def _carry(deps: Deps, run: Run, intent: Intent) -> Observation | None:
+    """Carry out one intent; exceptions propagate to _perform."""
+    match intent:
+        case PublishIntent():
+            deps.publisher.publish(intent.event)
+            return IntentDone(intent.id)
+        case CancelIntent():
+            deps.launcher.cancel(intent.job_name)
+            return IntentDone(intent.id)
+        case LaunchIntent():
+            return _perform_launch(deps, run, intent)
+        case RegisterModelIntent():
+            return _register_model(deps, run, intent)
+        case DeleteCheckpointsIntent():
+            return _perform_delete(deps, intent)
+        case LaunchProbeIntent():
+            return _perform_probe_launch(deps, run, intent)
+        case PreprocessIntent():
+            return preprocess_steps.perform(deps, run, intent)
+        case _:
+            assert_never(intent)
 
 
 def _perform_delete(deps: Deps, intent: DeleteCheckpointsIntent) -> Observation:

@@ -78,6 +78,38 @@ def message_key(data: bytes, attributes: Mapping[str, str]) -> str:
     return digest.hexdigest()[:40]
 
 
+def object_key(bucket: Any, name: Any, generation: Any) -> str | None:
+    """A GCS object generation's identity, the same whichever way its event came (an Eventarc
+    storage event, a Pub/Sub notification, or either dead-lettered); None without all three."""
+    if not (bucket and name and generation) or not all(
+            isinstance(v, str | int) and not isinstance(v, bool)
+            for v in (bucket, name, generation)):
+        return None
+    digest = hashlib.sha256(f"{bucket}/{name}#{generation}".encode()).hexdigest()[:40]
+    return f"gcs-{digest}"
+
+
+def failure_keys(data: bytes, attributes: Mapping[str, str]) -> list[str]:
+    """Where a held (dead-lettered) message's last failure may be recorded, most exact first:
+    its content (message_key), the CloudEvent id an Eventarc transport carries, and the object
+    generation a GCS notification names."""
+    keys = [message_key(data, attributes)]
+    if attributes.get("ce-id"):
+        keys.append(str(attributes["ce-id"]))
+    obj = object_key(attributes.get("bucketId"), attributes.get("objectId"),
+                     attributes.get("objectGeneration"))
+    if obj is None and data[:1] == b"{" and len(data) < 1 << 16:
+        try:
+            parsed = json.loads(data)
+        except (ValueError, RecursionError):
+            parsed = None
+        if isinstance(parsed, dict):
+            obj = object_key(parsed.get("bucket"), parsed.get("name"), parsed.get("generation"))
+    if obj is not None:
+        keys.append(obj)
+    return keys
+
+
 MAX_LABEL_LEN = 63
 _LABEL_BAD = re.compile(r"[^a-z0-9_-]")
 

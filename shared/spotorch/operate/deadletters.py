@@ -2,8 +2,9 @@
 
 A message that kept failing with a transient error is moved by Pub/Sub to the dead-letter topic
 after its delivery attempts; a hold subscription keeps it. This lists what is held, with the
-reason spotorch recorded for the last failure (`delivery_failures`, keyed by the message's content, its CloudEvent id and the object generation it names: ids.failure_keys), and
-replays chosen messages to the topic they came from. Handlers are idempotent, so a replay after a
+reason spotorch recorded for the last failure (`delivery_failures`, keyed by the message's
+content, its CloudEvent id and the object generation it names: ids.failure_keys), and replays
+chosen messages to the topic they came from. Handlers are idempotent, so a replay after a
 fix is safe; a replayed message is acknowledged on the hold subscription only once republished.
 
 An operator tool (like the CLI), not part of the function bundle.

@@ -124,7 +124,9 @@ _AVOID_REGION: Mapping[FailureClass, str] = {FailureClass.STOCKOUT: AVOID_STOCKO
                                              FailureClass.PREEMPTED: AVOID_PREEMPTED}
 
 # A job Vertex answers NOT_FOUND for this many polls in a row, over at least this long, is lost.
-# (Defaults until the pipeline format carries them; a transient poll error never counts.)
+# (Defaults until the pipeline format carries them; a transient poll error never counts.) A
+# wrong verdict would relaunch while the job may still train (two live jobs); why these values:
+# docs/architecture.md, "One write per event, and the outbox".
 LOST_AFTER_POLLS = 3
 LOST_AFTER_S = 120.0
 MAX_LOST_JOBS = 3

@@ -54,8 +54,9 @@ def test_a_spent_budget_on_spot_escalates_instead_of_failing() -> None:
     run = replace(run, counters=replace(run.counters, preemptions=2))
     run = ended(run, p, JobPhase.FAILED, FailureClass.PREEMPTED, now=T0 + 100)
     assert run.active and run.attempts[-1].capacity is Capacity.STANDARD
-    assert "preemptions budget spent (3 > 2)" in (run.escalated or {}).get("reason", "")
-    assert "standard VMs can still finish it by the deadline" in run.escalated["reason"]
+    reason = str((run.escalated or {}).get("reason", ""))
+    assert "preemptions budget spent (3 > 2)" in reason
+    assert "standard VMs can still finish it by the deadline" in reason
 
 
 def test_a_budget_ends_the_run_when_standard_cannot_meet_the_deadline_and_says_so() -> None:

@@ -24,6 +24,7 @@ from spotorch.core.intents import (
 from spotorch.core.model import RunStatus
 from spotorch.core.observations import (
     IntentDeferred,
+    IntentDone,
     LaunchFailed,
     PreprocessObserved,
 )
@@ -48,7 +49,7 @@ def quick(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_only_404_403_and_400_are_refusals_for_good() -> None:
     assert [permanent_status(Refused("x", c)) for c in (404, 403, 400)] == [404, 403, 400]
     assert permanent_status(Refused("x", 503)) is None and permanent_status(ValueError()) is None
-    assert permanent_status(Refused("x", True)) is None  # type: ignore[arg-type]
+    assert permanent_status(Refused("x", True)) is None
 
 
 def test_a_refusal_is_tried_three_times_and_a_transient_failure_once() -> None:
@@ -72,13 +73,15 @@ def test_a_refusal_is_tried_three_times_and_a_transient_failure_once() -> None:
     assert len(calls) == 1
     outcomes = iter([Refused("403 not yet granted", 403), None])
 
+    done = IntentDone("i0")
+
     def granted_later() -> Any:
         out = next(outcomes)
         if out is not None:
             raise out
-        return "done"
+        return done
 
-    assert with_bounded_retry(granted_later) == "done"
+    assert with_bounded_retry(granted_later) is done
 
 
 def test_answers_name_the_service_error() -> None:
@@ -122,7 +125,7 @@ def test_a_launch_refused_for_good_ends_the_run_with_its_cause() -> None:
         calls.append(1)
         raise Refused("403 Permission 'aiplatform.customJobs.create' denied", 403)
 
-    deps.launcher.launch = refuse  # type: ignore[method-assign]
+    deps.launcher.launch = refuse  # type: ignore[method-assign,assignment]
     run = start_run(deps, "p", run_id="r1", data_uri="gs://b/d/", snapshot_id="s",
                     reason="test")
     assert run is not None

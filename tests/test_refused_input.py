@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import urllib.parse
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -27,15 +28,13 @@ from test_hostile_input import (  # noqa: F401  (fixtures)
 FIRESTORE_IDS = [("a/b", "forward slash"), ("runs/x", "forward slash"), (".", "period"),
                  ("..", "period"), ("__x__", "reserve"), ("x" * 1501, "1500 bytes"),
                  ("é" * 751, "1500 bytes")]
-ID_ROUTES = [
-    ("GET", lambda i: f"/sweep?sweep_id={urllib.parse.quote(i, safe='')}", None),
-    ("POST", lambda i: "/cancel-sweep", lambda i: {"sweep_id": i}),
-]
-ID_CASES = [(method, path(i), body(i) if body else None, rule)
-            for i, rule in FIRESTORE_IDS for method, path, body in ID_ROUTES]
+ID_CASES: list[tuple[str, str, dict[str, str] | None, str]] = [
+    case for i, rule in FIRESTORE_IDS for case in (
+        ("GET", f"/sweep?sweep_id={urllib.parse.quote(i, safe='')}", None, rule),
+        ("POST", "/cancel-sweep", {"sweep_id": i}, rule))]
 
 
-def refused(stack: Deps, method: str, action: str) -> list[dict[str, Any]]:
+def refused(stack: Deps, method: str, action: str) -> Sequence[Mapping[str, Any]]:
     return stack.docs.query("rejected_events", "event_type", f"api {method} /{action}")
 
 

@@ -157,3 +157,13 @@ def test_submit_with_data_there_still_starts_a_run(running: tuple[Deps, str]) ->
     resp = api_client().post("/submit", json={"pipeline": "demo",
                                               "data_uri": "gs://landing/datasets/"})
     assert resp.status_code == 201, resp.data[:300]
+
+
+def test_every_refused_call_is_recorded_also_an_unknown_route_and_a_body_not_an_object(
+        running: tuple[Deps, str]) -> None:  # noqa: F811
+    stack, _ = running
+    assert api_client().post("/launch-everything", json={}).status_code == 404
+    assert refused(stack, "POST", "launch-everything")
+    resp = api_client().post("/cancel", data="[1, 2]", headers={"Content-Type": "application/json"})
+    assert resp.status_code == 400 and "JSON object" in resp.get_json()["error"]
+    assert any("JSON object" in r["reason"] for r in refused(stack, "POST", "cancel"))

@@ -257,11 +257,16 @@ def handle_request(request: HttpRequest, deps: Deps | None = None) -> Response:
     from spotorch.core.errors import InvalidEvent
     from spotorch.ports.reads import BadQuery
 
-    action = request.path.strip("/").split("/")[-1]
+    action = request.path.strip("/").split("/")[-1][:60]
+    if deps is None:
+        from spotorch.entrypoints.functions import deps as production
+
+        deps = production()
     route = ROUTES.get((request.method, action))
     if route is None:
-        return _reply({"error": f"no route {request.method} /{action}",
-                       "routes": [f"{m} /{a}" for m, a in ROUTES]}, 404)
+        reason = f"no route {request.method} /{action}"
+        _record(deps, request.method, action, {}, reason, level=20)
+        return _reply({"error": reason, "routes": [f"{m} /{a}" for m, a in ROUTES]}, 404)
     body: Mapping[str, Any]
     if request.method == "GET":
         body = dict(request.args)
@@ -269,20 +274,14 @@ def handle_request(request: HttpRequest, deps: Deps | None = None) -> Response:
         try:
             parsed = request.get_json(silent=True)
         except RecursionError:  # nested too deep to parse (depth.install refuses it earlier)
-            if deps is None:
-                from spotorch.entrypoints.functions import deps as production
-
-                deps = production()
             reason = "the request body is JSON nested too deep"
             _record(deps, request.method, action, {}, reason)
             return _reply({"error": reason}, 400)
         if parsed is not None and not isinstance(parsed, dict):
-            return _reply({"error": "the request body must be a JSON object"}, 400)
+            reason = "the request body must be a JSON object"
+            _record(deps, request.method, action, {"body": str(parsed)[:200]}, reason)
+            return _reply({"error": reason}, 400)
         body = parsed or {}
-    if deps is None:
-        from spotorch.entrypoints.functions import deps as production
-
-        deps = production()
     try:
         return route(deps, body)
     except (BadRequest, BadQuery, InvalidEvent, InvalidSubmit) as exc:

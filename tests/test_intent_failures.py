@@ -10,7 +10,7 @@ import pytest
 
 from fakes import fake_deps
 from spotorch.app import intent_failures
-from spotorch.app.intent_failures import answer, permanent_status, with_bounded_retry
+from spotorch.app.intent_failures import answer, permanent_status
 from spotorch.app.runs import start_run
 from spotorch.core import preprocess as pp
 from spotorch.core.context import Context
@@ -24,7 +24,6 @@ from spotorch.core.intents import (
 from spotorch.core.model import RunStatus
 from spotorch.core.observations import (
     IntentDeferred,
-    IntentDone,
     LaunchFailed,
     PreprocessObserved,
 )
@@ -52,36 +51,11 @@ def test_only_404_403_and_400_are_refusals_for_good() -> None:
     assert permanent_status(Refused("x", True)) is None
 
 
-def test_a_refusal_is_tried_three_times_and_a_transient_failure_once() -> None:
-    calls: list[int] = []
-
-    def refused() -> Any:
-        calls.append(1)
-        raise Refused("404 POST https://storage.googleapis.com/upload/b/gone/o", 404)
-
-    with pytest.raises(Refused):
-        with_bounded_retry(refused)
-    assert len(calls) == 3
-    calls.clear()
-
-    def flaky() -> Any:
-        calls.append(1)
-        raise Refused("503 backend", 503)
-
-    with pytest.raises(Refused):
-        with_bounded_retry(flaky)
-    assert len(calls) == 1
-    outcomes = iter([Refused("403 not yet granted", 403), None])
-
-    done = IntentDone("i0")
-
-    def granted_later() -> Any:
-        out = next(outcomes)
-        if out is not None:
-            raise out
-        return done
-
-    assert with_bounded_retry(granted_later) is done
+def test_a_refusal_is_tried_again_twice_and_a_transient_failure_not_at_once() -> None:
+    gone = Refused("404 POST https://storage.googleapis.com/upload/b/gone/o", 404)
+    assert [intent_failures.retry_after(gone, n) for n in (1, 2, 3)] == [0.0, 0.0, None]
+    assert intent_failures.retry_after(Refused("503 backend", 503), 1) is None  # the tick's
+    assert intent_failures.retry_after(ValueError("bad"), 1) is None
 
 
 def test_answers_name_the_service_error() -> None:

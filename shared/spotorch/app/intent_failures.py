@@ -13,8 +13,6 @@ failure, with the service's error (core.launching.on_intent_deferred).
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
 from http import HTTPStatus
 
 from spotorch.core import preprocess as pp
@@ -55,18 +53,14 @@ def permanent_status(exc: BaseException) -> int | None:
     return int(code) if code in PERMANENT_STATUSES else None
 
 
-def with_bounded_retry(call: Callable[[], Observation | None]) -> Observation | None:
-    """call(), tried again after each of PERMANENT_PAUSES_S while the service refuses it for
-    good; a transient failure is raised at once (the tick retries it)."""
-    for pause in (*PERMANENT_PAUSES_S, None):
-        try:
-            return call()
-        except Exception as exc:
-            if pause is None or permanent_status(exc) is None:
-                raise
-            log.info("refused for good, trying once more in %.1fs: %s", pause, exc)
-            time.sleep(pause)
-    raise AssertionError("unreachable")  # pragma: no cover
+def retry_after(exc: BaseException, tried: int) -> float | None:
+    """How long to pause before trying a failed call again within this invocation: only when
+    the service refused it for good, and only PERMANENT_PAUSES_S times; None: answer it now (a
+    transient failure is the tick's to retry)."""
+    if permanent_status(exc) is None or tried > len(PERMANENT_PAUSES_S):
+        return None
+    log.info("refused for good (try %d), trying once more: %s", tried, exc)
+    return PERMANENT_PAUSES_S[tried - 1]
 
 
 def answer(intent: Intent, exc: BaseException) -> Observation:

@@ -186,36 +186,35 @@ def _run_ended(deps: Deps, run: Run) -> None:
                         run.run_id, exc, extra={"run_id": run.run_id})
 
 
-def _perform(deps: Deps, run: Run, intent: Intent) -> Observation | None:
-    try:  # a refusal for good is tried again briefly, then answered (app.intent_failures)
-        return intent_failures.with_bounded_retry(lambda: _carry(deps, run, intent))
+def _perform(deps: Deps, run: Run, intent: Intent, tried: int = 1) -> Observation | None:
+    try:
+        match intent:
+            case PublishIntent():
+                deps.publisher.publish(intent.event)
+                return IntentDone(intent.id)
+            case CancelIntent():
+                deps.launcher.cancel(intent.job_name)
+                return IntentDone(intent.id)
+            case LaunchIntent():
+                return _perform_launch(deps, run, intent)
+            case RegisterModelIntent():
+                return _register_model(deps, run, intent)
+            case DeleteCheckpointsIntent():
+                return _perform_delete(deps, intent)
+            case LaunchProbeIntent():
+                return _perform_probe_launch(deps, run, intent)
+            case PreprocessIntent():
+                return preprocess_steps.perform(deps, run, intent)
+            case _:
+                assert_never(intent)
     except Exception as exc:  # a failed side effect stays in the outbox; the next tick retries it
         log.warning("intent %s (%s) of run %s failed: %s", intent.id, intent.kind, run.run_id, exc,
                     extra={"run_id": run.run_id})
+        pause = intent_failures.retry_after(exc, tried)  # refused for good: briefly, then ends
+        if pause is not None:
+            time.sleep(pause)
+            return _perform(deps, run, intent, tried + 1)
         return intent_failures.answer(intent, exc)
-
-
-def _carry(deps: Deps, run: Run, intent: Intent) -> Observation | None:
-    """Carry out one intent; exceptions propagate to _perform."""
-    match intent:
-        case PublishIntent():
-            deps.publisher.publish(intent.event)
-            return IntentDone(intent.id)
-        case CancelIntent():
-            deps.launcher.cancel(intent.job_name)
-            return IntentDone(intent.id)
-        case LaunchIntent():
-            return _perform_launch(deps, run, intent)
-        case RegisterModelIntent():
-            return _register_model(deps, run, intent)
-        case DeleteCheckpointsIntent():
-            return _perform_delete(deps, intent)
-        case LaunchProbeIntent():
-            return _perform_probe_launch(deps, run, intent)
-        case PreprocessIntent():
-            return preprocess_steps.perform(deps, run, intent)
-        case _:
-            assert_never(intent)
 
 
 def _perform_delete(deps: Deps, intent: DeleteCheckpointsIntent) -> Observation:

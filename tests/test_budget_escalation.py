@@ -103,6 +103,13 @@ def test_choose_capacity_applies_the_budget_to_every_policy_but_never() -> None:
         assert choose_capacity(replace(view, spot_failures_left=1), recovery) is Capacity.SPOT
     never = replace(pipeline().recovery, escalation=EscalationKind.NEVER)
     assert choose_capacity(view, never) is Capacity.SPOT
+    # A live Spot attempt is not cancelled for it: its preemption escalates (budget_escape).
+    live = replace(view, current=Capacity.SPOT)
+    deadline = replace(pipeline().recovery, escalation=EscalationKind.DEADLINE)
+    assert choose_capacity(live, deadline) is Capacity.SPOT
+    # On standard, Spot is not taken back while the budget is spent.
+    standard = replace(view, current=Capacity.STANDARD, spot_assumed=False)
+    assert choose_capacity(standard, deadline) is Capacity.STANDARD
 
 
 def test_a_fresh_run_with_budget_left_starts_on_spot() -> None:

@@ -415,8 +415,10 @@ def choose_capacity(view: PolicyView, recovery: RecoveryPolicy) -> Capacity:
     except KeyError as exc:
         raise UnknownEscalation(str(recovery.escalation)) from exc
     wanted = policy(view, recovery)
-    if wanted is Capacity.SPOT and recovery.escalation is not EscalationKind.NEVER \
-            and not budget_allows_spot(view):
-        # The budget would end the run at the next Spot failure: standard cannot fail so.
+    if wanted is Capacity.SPOT and view.current is not Capacity.SPOT \
+            and recovery.escalation is not EscalationKind.NEVER and not budget_allows_spot(view):
+        # The next attempt: the budget would end the run at its first Spot failure, and
+        # standard cannot fail so. A live Spot attempt is left alone (cancelling it costs a
+        # restart; its preemption moves the run to standard: recovery.budget_escape).
         return Capacity.STANDARD
     return wanted

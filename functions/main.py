@@ -1,9 +1,16 @@
 """Cloud Functions entry points: each decodes its event and delegates to spotorch's service layer."""
 
+import flask
 import functions_framework
 
 from spotorch.entrypoints import functions
 from spotorch.entrypoints.api import handle_request
+from spotorch.entrypoints.depth import install
+
+# functions-framework loads this module inside the app it builds: JSON nested too deep is
+# refused before the framework parses it (a RecursionError there would answer 500).
+if flask.has_app_context():
+    install(flask.current_app, flask.current_app.name, lambda: functions.deps().docs)
 
 
 @functions_framework.cloud_event

@@ -56,7 +56,15 @@ def deps_for(docs: object = None) -> Deps:
     deps.clock = ManualClock(T0)
     if docs is not None:
         deps = replace(deps, docs=docs, runs=DocumentRunStore(docs))  # type: ignore[arg-type]
+    assert isinstance(deps.objects, InMemoryObjectStore)
+    for folder in SUBMITTED:  # a submit needs data there (issue 39)
+        deps.objects.put("landing", f"{folder}part-0.csv", 1, b"x,y\n")
     return deps
+
+
+# The folders these runs and sweeps are submitted for.
+SUBMITTED = ("ops/batch-1/", "ops/batch-2/", "ops/batch-3/", "ops/batch-4/", "ranker/day-1/",
+             "tune/a/", "tune/b/", "ops/batch-9/", "tune/day-9/", "ops/x/")
 
 
 def _clock(deps: Deps) -> ManualClock:

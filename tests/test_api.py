@@ -10,7 +10,7 @@ import pytest
 
 from fakes import fake_deps
 from operator_runs import deps_for, every_kind
-from spotorch.adapters.memory.twins import InMemoryCheckpoints, InMemoryLauncher
+from spotorch.adapters.memory.twins import InMemoryCheckpoints, InMemoryLauncher, InMemoryObjectStore
 from spotorch.app.deps import Deps
 from spotorch.core.model import Checkpoint
 from spotorch.core.pipeline import Pipeline, Trigger
@@ -31,6 +31,8 @@ def _client(monkeypatch: pytest.MonkeyPatch, deps: Deps) -> Any:
 def api(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Deps]:
     deps = fake_deps(Pipeline(name="demo", trigger=Trigger(bucket="landing"),
                               checkpoint_uri="gs://c/demo", output_uri="gs://m/demo"))
+    assert isinstance(deps.objects, InMemoryObjectStore)
+    deps.objects.put("landing", "x/part-0.csv", 1, b"x,y\n")  # a submit needs data there
     return _client(monkeypatch, deps), deps
 
 

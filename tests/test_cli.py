@@ -185,12 +185,13 @@ def test_show_tells_everything_about_a_run(world: tuple[Backend, Deps, dict[str,
     view = json.loads(invoke(backend, "show", story.run_id, "--json").output)
     assert [a["capacity"] for a in view["attempts"]] == ["spot", "spot", "standard"]
     assert view["cost"]["lost_steps"] == 30
-    # issue 30: what it ran on and with; a submit by hand names a folder, no generations.
+    # issue 30: what it ran on and with; a submit by hand pins the folder's objects as listed
+    # (issue 39: a submit needs something there).
     prov = view["provenance"]
     assert prov["seed"] == story.provenance["seed"]  # type: ignore[index]
-    assert prov["data"]["pinned"] is False and len(prov["code"]["hash"]) == 64
+    assert prov["data"]["pinned"] is True and len(prov["code"]["hash"]) == 64
     assert "provenance" in result.output and f"seed      {prov['seed']}" in result.output
-    assert "not pinned: no object generations recorded" in result.output
+    assert "not pinned: no object generations recorded" not in result.output
 
 
 def test_show_prints_the_hardware_table_the_run_chose_from(

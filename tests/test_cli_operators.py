@@ -156,7 +156,7 @@ def test_sweeps_from_the_cli_through_the_api(world: World) -> None:
     assert again["sweep_id"] == new["sweep_id"]  # the same request: the same sweep
     cancelled = invoke(backend, "sweep", "cancel", new["sweep_id"], "--json")
     assert reply(cancelled.output)["status"] in ("CANCELLING", "CANCELLED")
-    not_a_sweep = invoke(backend, "sweep", "submit", "ops", "gs://landing/ops/x/")
+    not_a_sweep = invoke(backend, "sweep", "submit", "ops", "gs://landing/ops/batch-1/")
     assert not_a_sweep.exit_code == 1 and not_a_sweep.output.startswith("spotorch: ")
 
 

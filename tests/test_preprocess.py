@@ -462,3 +462,14 @@ def test_a_local_stack_without_dataflow_leaves_a_preprocess_pipeline_out_saying_
     assert not without.loaded
     assert "spotorch dev up --dataflow" in " ".join(next(iter(without.rejected.values())))
     assert [p.name for p in check_pipelines(tmp_path).loaded] == ["prep"]
+
+
+def test_dev_up_makes_the_buckets_a_preprocess_step_names(tmp_path: Path) -> None:
+    """Issue 39: `dev up` did not create preprocess.output_uri's bucket, so every launch of the
+    step failed on a 404 (now also refused for good, but the stack must not cause it)."""
+    from spotorch.local._stack_pipelines import check_pipelines
+
+    (tmp_path / "p.yaml").write_text(BASE + "preprocess:\n  template_uri: gs://tmpl/t.json\n"
+                                            "  output_uri: gs://prep-out/prep\n")
+    buckets = check_pipelines(tmp_path).buckets
+    assert "prep-out" in buckets and "tmpl" in buckets

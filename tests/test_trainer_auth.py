@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -300,6 +301,10 @@ def test_a_replayed_signed_message_cannot_move_anything(deps: Deps) -> None:
     ("gs://ckpt/victim/v1/step-0000000100/sub", "not a checkpoint directory of the run"),
     ("gs://ckpt/victim/v1/step-100", "not a checkpoint directory of the run"),
     ("gs://ckpt/victim/v10/step-0000000100", "not under"),
+    # issue 39: a local disk's checkpoint was refused for "an empty, '.' or '..' segment"
+    ("file:///tmp/ckpt/victim/v1/step-0000000100", "is a file:// URI; the run's checkpoints "
+                                                    "are under 'gs://ckpt/victim/v1'"),
+    ("/tmp/ckpt/step-0000000100", "a path with no scheme"),
 ])
 def test_a_checkpoint_must_be_the_runs_own_of_its_step(uri: str, words: str | None) -> None:
     p = make_deps().pipelines["victim"]
@@ -307,6 +312,14 @@ def test_a_checkpoint_must_be_the_runs_own_of_its_step(uri: str, words: str | No
     assert run.checkpoint_uri == "gs://ckpt/victim/v1"
     why = checkpoint_outside(run, uri, 100)
     assert (why is None) if words is None else (why is not None and words in why), why
+
+
+def test_a_run_whose_checkpoints_are_on_a_local_disk_takes_its_file_uris() -> None:
+    p = replace(make_deps().pipelines["victim"], checkpoint_uri="file:///tmp/ckpt/victim")
+    run = new_run(run_id="v1", pipeline=p, now=1.8e9, data_uri="gs://b/", snapshot_id=None)
+    assert checkpoint_outside(run, "file:///tmp/ckpt/victim/v1/step-0000000100", 100) is None
+    why = checkpoint_outside(run, "file:///tmp/ckpt/victim/v1/../x/step-0000000100", 100)
+    assert why is not None and "'..'" in why
 
 
 def test_completed_and_preempting_name_the_last_checkpoint_at_its_own_step(deps: Deps) -> None:

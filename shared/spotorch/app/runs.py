@@ -305,6 +305,9 @@ def submit(deps: Deps, pipeline_name: str, data_uri: str, *, request_id: str = "
     pipeline = deps.pipeline(pipeline_name)
     snap = manual_snapshot(pipeline, data_uri, request_id=request_id, now=deps.clock.now())
     run_id = run_id_for(pipeline.name, snap.snapshot_id)
+    from spotorch.app.submissions import check_data_uri
+
+    check_data_uri(deps, pipeline, data_uri)  # 400/404 before anything starts (issue 39)
     existing, _ = deps.runs.load(run_id)
     if existing is not None:
         return existing

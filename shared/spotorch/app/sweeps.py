@@ -138,6 +138,9 @@ def submit_sweep(deps: Deps, pipeline_name: str, data_uri: str, *,
     pipeline = deps.pipeline(pipeline_name)
     snap = manual_snapshot(pipeline, data_uri, request_id=request_id, now=deps.clock.now())
     sweep_id = run_id_for(pipeline.name, snap.snapshot_id)
+    from spotorch.app.submissions import check_data_uri
+
+    check_data_uri(deps, pipeline, data_uri)  # 400/404 before anything starts (issue 39)
     existing, _ = load_sweep(deps, sweep_id)
     if existing is not None:  # the same request: nothing listed again
         return existing

@@ -13,6 +13,7 @@ from spotorch.app.arrivals import list_landing, start_snapshot_run
 from spotorch.app.deps import Deps
 from spotorch.app.job_events import checkpoint_if_ended, error_tail_if_failed
 from spotorch.app.launch_specs import hardware_result
+from spotorch.app.orphan_launches import adopt_orphans
 from spotorch.app.unit_of_work import apply, promote_next
 from spotorch.core.intents import LaunchIntent
 from spotorch.core.model import (
@@ -150,7 +151,8 @@ def _poll(deps: Deps, run: Run, listing: Listing) -> Callable[[Run], list[Observ
                 missing.append(JobMissing(attempt.number, attempt.job_name))
             log.warning("polling %s failed: %s", attempt.job_name, exc,
                         extra={"run_id": run.run_id})
-    probed = [*_poll_probes(deps, run, listing), *preprocess_steps.poll(deps, run)]
+    probed = [*_poll_probes(deps, run, listing), *preprocess_steps.poll(deps, run),
+              *adopt_orphans(deps, run)]  # a launch whose executor died (issue 39)
 
     def observe(fresh: Run) -> list[Observation]:
         polled: list[Observation] = [

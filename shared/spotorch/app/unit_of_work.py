@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, assert_never
 
 from spotorch.app import hardware_probes as probes
-from spotorch.app import preprocess_steps, registration, run_log
+from spotorch.app import intent_failures, preprocess_steps, registration, run_log
 from spotorch.app.deps import Deps, JobOwner, ObservationSource, context, job_id_of
 from spotorch.app.launch_specs import hardware_probe_spec, launch_spec, probe_spec, stage_packages
 from spotorch.app.spot_record import seen_between, shape_key
@@ -177,7 +178,7 @@ def _run_ended(deps: Deps, run: Run) -> None:
                         run.run_id, exc, extra={"run_id": run.run_id})
 
 
-def _perform(deps: Deps, run: Run, intent: Intent) -> Observation | None:
+def _perform(deps: Deps, run: Run, intent: Intent, tried: int = 1) -> Observation | None:
     try:
         match intent:
             case PublishIntent():
@@ -201,8 +202,11 @@ def _perform(deps: Deps, run: Run, intent: Intent) -> Observation | None:
     except Exception as exc:  # a failed side effect stays in the outbox; the next tick retries it
         log.warning("intent %s (%s) of run %s failed: %s", intent.id, intent.kind, run.run_id, exc,
                     extra={"run_id": run.run_id})
-        return IntentDeferred(intent.id, f"{type(exc).__name__}: {str(exc)[:300]}",
-                              getattr(exc, "code", None) or "")
+        pause = intent_failures.retry_after(exc, tried)  # refused for good: briefly, then ends
+        if pause is not None:
+            time.sleep(pause)
+            return _perform(deps, run, intent, tried + 1)
+        return intent_failures.answer(intent, exc)
 
 
 def _perform_delete(deps: Deps, intent: DeleteCheckpointsIntent) -> Observation:

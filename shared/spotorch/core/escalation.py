@@ -48,7 +48,8 @@ def policy_view(run: Run, ctx: Context, *, current: Capacity | None,
                       else history.down_at - run.created_at,
                       spot_assumed=current is Capacity.STANDARD if assumed is None else assumed,
                       changed_at_s=float(changed) - run.created_at
-                      if isinstance(changed, int | float) else None)
+                      if isinstance(changed, int | float) else None,
+                      spot_failures_left=spot_failures_left(run, ctx))
 
 
 # A Spot attempt queued longer than this is waiting for capacity, not just being provisioned.
@@ -100,6 +101,8 @@ def policy_capacity(run: Run, ctx: Context, *, current: Capacity | None,
 def escalation_reason(run: Run, ctx: Context, failure: FailureClass) -> str:
     """Why the run leaves Spot, in words for its history and events."""
     recovery = ctx.recovery
+    if spot_failures_left(run, ctx) <= 0:
+        return budget_words(run, ctx) + ": one more Spot failure would end the run"
     if recovery.escalation is EscalationKind.COUNT:
         return f"{run.counters.preemptions} preemptions (escalate after " \
                f"{recovery.escalate_after_preemptions})"
@@ -120,6 +123,60 @@ def deadline_warning(run: Run, ctx: Context, wanted: Capacity, current: Attempt)
     return publish(run, ctx, "run.deadline_at_risk", deadline=iso(deadline_at),
                     remaining_work_s=None if total_s is None else max(total_s - done_s, 0.0),
                     time_left_s=deadline_at - ctx.now, action="switching to standard VMs")
+
+
+# ---------------------------------------------------------------- the Spot failure budgets
+# A budget ends a run only when no capacity could finish it (issue 39): while standard VMs may
+# still finish it, a spent preemption or stockout budget moves the run to standard instead.
+
+def spot_failures_left(run: Run, ctx: Context) -> int:
+    """How many more preemptions or stockouts the budgets allow before one ends the run."""
+    recovery = ctx.recovery
+    return min(recovery.max_preemptions - run.counters.preemptions,
+               recovery.max_stockouts - run.counters.stockouts)
+
+
+def budget_words(run: Run, ctx: Context) -> str:
+    """The Spot budgets' use, e.g. 'preemption budget: 20 of 20 used'."""
+    recovery, counters = ctx.recovery, run.counters
+    if recovery.max_preemptions - counters.preemptions <= \
+            recovery.max_stockouts - counters.stockouts:
+        return f"preemption budget: {counters.preemptions} of {recovery.max_preemptions} used"
+    return f"stockout budget: {counters.stockouts} of {recovery.max_stockouts} used"
+
+
+def standard_cannot_finish(run: Run, ctx: Context) -> str | None:
+    """Why standard VMs can no longer finish the run by its deadline; None when they can (or
+    when there is no deadline, or the work left is unknown: then they may)."""
+    if run.deadline_at is None:
+        return None
+    total_s, done_s = _work_estimates(run, ctx)
+    if total_s is None:
+        return None
+    work_left = max(total_s - done_s, 0.0)
+    overhead = ctx.recovery.restart_overhead_s
+    time_left = run.deadline_at - ctx.now
+    if work_left + overhead <= time_left:
+        return None
+    return (f"standard VMs cannot finish by the deadline either ({fmt_s(work_left)} of work "
+            f"and a {fmt_s(overhead)} launch, {fmt_s(max(time_left, 0.0))} left)")
+
+
+def budget_escape(run: Run, ctx: Context, attempt: Attempt,
+                  failure: FailureClass) -> tuple[bool, str]:
+    """Once a Spot failure budget is spent: (True, why) when the run moves to standard VMs
+    instead of ending; (False, why no capacity can finish it) when the budget ends it."""
+    if failure not in (FailureClass.PREEMPTED, FailureClass.STOCKOUT) \
+            or attempt.capacity is Capacity.STANDARD:
+        return False, ""
+    if ctx.recovery.escalation is EscalationKind.NEVER:
+        return False, "; no capacity can finish it: escalation 'never' allows no standard VMs"
+    late = standard_cannot_finish(run, ctx)
+    if late is not None:
+        return False, f"; no capacity can finish it: {late}"
+    left = "" if run.deadline_at is None else \
+        f" by the deadline ({fmt_s(run.deadline_at - ctx.now)} left)"
+    return True, f"standard VMs can still finish it{left}"
 
 
 # ---- rules shared with the simulator

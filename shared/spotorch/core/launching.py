@@ -139,7 +139,12 @@ def on_intent_deferred(run: Run, obs: Observation, ctx: Context) -> Run:
     why = QUOTA_REFUSED if obs.code == QUOTA_REFUSED else "waiting"
     run = release(run, obs.intent_id, ctx.now, why if isinstance(intent, LaunchIntent) else "")
     if not isinstance(intent, LaunchIntent):
-        return run
+        # On the record at the first failure, with the service's error (issue 39); once per
+        # error, not once per try.
+        line = f"{intent.kind} failed, will retry"
+        if any(h.what == line and h.reason == obs.reason for h in run.history[-10:]):
+            return run
+        return note(run, ctx, line, obs.reason)
     line = f"launch of attempt {intent.attempt} waits"
     if run.history and run.history[-1].what == line:
         return run  # one line in the history, not one per try

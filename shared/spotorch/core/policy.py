@@ -67,6 +67,10 @@ class PolicyView:
     # first attempt on its current capacity after one on another. None: never (the minimum
     # dwell, may_switch, does not hold it back).
     changed_at_s: float | None = None
+    # How many more Spot failures (preemptions, stockouts) the run's budgets allow before the
+    # next one ends the run (the smallest of the budgets left); None: no budget. At 0 another
+    # Spot attempt risks ending a run standard VMs could still finish (budget_allows_spot).
+    spot_failures_left: int | None = None
 
 
 class Slack(NamedTuple):
@@ -398,10 +402,23 @@ _DISPATCH: Mapping[EscalationKind, Callable[[PolicyView, RecoveryPolicy], Capaci
     }))
 
 
+def budget_allows_spot(view: PolicyView) -> bool:
+    """False once the Spot failure budgets are spent: one more preemption or stockout would
+    end the run, so a policy that may use standard VMs must not risk Spot again (issue 39)."""
+    return view.spot_failures_left is None or view.spot_failures_left > 0
+
+
 def choose_capacity(view: PolicyView, recovery: RecoveryPolicy) -> Capacity:
     """The capacity the run should be on now; a change means cancel and relaunch on it."""
     try:
         policy = _DISPATCH[recovery.escalation]
     except KeyError as exc:
         raise UnknownEscalation(str(recovery.escalation)) from exc
-    return policy(view, recovery)
+    wanted = policy(view, recovery)
+    if wanted is Capacity.SPOT and view.current is not Capacity.SPOT \
+            and recovery.escalation is not EscalationKind.NEVER and not budget_allows_spot(view):
+        # The next attempt: the budget would end the run at its first Spot failure, and
+        # standard cannot fail so. A live Spot attempt is left alone (cancelling it costs a
+        # restart; its preemption moves the run to standard: recovery.budget_escape).
+        return Capacity.STANDARD
+    return wanted

@@ -8,7 +8,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from spotorch.core.context import Context
-from spotorch.core.escalation import escalation_reason, policy_capacity, spot_cooldown_until
+from spotorch.core.escalation import (
+    budget_escape,
+    escalation_reason,
+    policy_capacity,
+    spot_cooldown_until,
+)
 from spotorch.core.health import HealthPolicy, compiled, is_out_of_memory
 from spotorch.core.launching import launch
 from spotorch.core.model import (
@@ -206,7 +211,9 @@ _AVOID_REGION: Mapping[FailureClass, str] = {FailureClass.STOCKOUT: AVOID_STOCKO
                                              FailureClass.PREEMPTED: AVOID_PREEMPTED}
 
 # A job Vertex answers NOT_FOUND for this many polls in a row, over at least this long, is lost.
-# (Defaults until the pipeline format carries them; a transient poll error never counts.)
+# (Defaults until the pipeline format carries them; a transient poll error never counts.) A
+# wrong verdict would relaunch while the job may still train (two live jobs); why these values:
+# docs/architecture.md, "One write per event, and the outbox".
 LOST_AFTER_POLLS = 3
 LOST_AFTER_S = 120.0
 MAX_LOST_JOBS = 3
@@ -230,10 +237,14 @@ def recover(run: Run, ctx: Context, attempt: Attempt, failure: FailureClass) -> 
     run = replace(run, counters=replace(run.counters, **{counter: used, "no_progress": no_progress}))
     limit = int(getattr(recovery, limit_field, getattr(ctx.health, limit_field, MAX_LOST_JOBS)))
     if used > limit:
+        escape, why = budget_escape(run, ctx, attempt, failure)
+        if escape:  # a budget ends a run only when no capacity could finish it (issue 39)
+            return launch(run, ctx, Capacity.STANDARD,
+                          f"{budget} budget spent ({used} > {limit}): {why}")
         run = publish(run, ctx, "run.budget_exceeded", budget=budget, limit=limit, used=used)
         return fail(run, ctx, failed_status,
-                     f"{budget} budget exhausted: {used} > {limit} (last: {_brief(attempt)})",
-                     failure)
+                     f"{budget} budget exhausted: {used} > {limit} (last: {_brief(attempt)})"
+                     f"{why}", failure)
     if failure in _AVOID_REGION:  # the one region rule: not straight back to where it failed
         run = replace(run, avoid_regions=mark(
             run.avoid_regions, attempt.region, attempt.capacity,

@@ -74,8 +74,14 @@ def checkpoint_outside(run: Run, uri: str, step: int) -> str | None:
     complete at N is the shell's to check (CheckpointStore.complete_step)."""
     root = run.checkpoint_uri.rstrip("/")
     given = uri.rstrip("/")
-    _, sep, path = given.partition("://")
-    segments = (path if sep else given.removeprefix("/")).split("/")
+    scheme, sep, path = given.partition("://")
+    root_scheme = root.partition("://")[0] if "://" in root else ""
+    if (scheme if sep else "") != root_scheme:  # e.g. file:// (a local disk) for a gs:// root
+        where = f"a {scheme}:// URI" if sep else "a path with no scheme"
+        return (f"checkpoint URI {uri[:200]!r} is {where}; the run's checkpoints are under "
+                f"{root!r} (a checkpoint must be written there, where the next attempt can "
+                "read it)")
+    segments = (path if sep else given).removeprefix("/").split("/")  # file:///x: one '/'
     if any(s in ("", ".", "..") for s in segments) or "\\" in given:
         return f"checkpoint URI {uri[:200]!r} has an empty, '.' or '..' segment"
     if not given.startswith(root + "/"):

@@ -10,7 +10,12 @@ takes the same (sweep statuses), GET /sweep?sweep_id=S one sweep; POST /submit-s
 Ids that name documents (run, pipeline, request, sweep ids) are checked before anything reads: a
 request the API cannot act on answers 400 with the reason and is recorded in rejected_events
 (event type "api METHOD /action"), never a 5xx; an unknown run answers 404 on GET /run and
-409 on the actions, as an unknown pipeline does.
+409 on the actions, as an unknown pipeline does. An id Firestore would refuse (a '/', '.' or
+'..', __x__, over 1500 bytes) is named with its rule. A body nested deeper than
+depth.MAX_JSON_DEPTH is refused (400) before it is parsed. Submit and submit-sweep check the data
+URI (spotorch.app.submissions): 400 for one that escapes its folder or lies outside the landing
+bucket the pipeline watches, 404 when nothing is there. Every refusal (400, 404, 409) is
+recorded in rejected_events.
 """
 
 from __future__ import annotations
@@ -183,7 +188,7 @@ def _sweeps(deps: Deps, body: Mapping[str, Any]) -> Response:
     except ValueError:
         raise BadRequest(f"limit must be a whole number, not {body.get('limit')!r}") from None
     query = SweepQuery(statuses=parse_sweep_statuses([str(body.get("status") or "")]),
-                       pipeline=str(body["pipeline"]) if body.get("pipeline") else None,
+                       pipeline=_id(body, "pipeline", required=False) or None,
                        since=parse_since(str(body["since"]), deps.clock.now())
                        if body.get("since") else None,
                        limit=limit, page_token=str(body.get("page_token") or "") or None)
@@ -196,8 +201,8 @@ def _submit_sweep(deps: Deps, body: Mapping[str, Any]) -> Response:
     from spotorch.app.sweeps import submit_sweep
     from spotorch.app.views import sweep_view
 
-    sw = submit_sweep(deps, _field(body, "pipeline"), _field(body, "data_uri"),
-                      request_id=str(body.get("request_id") or ""))
+    sw = submit_sweep(deps, _id(body, "pipeline"), _field(body, "data_uri"),
+                      request_id=_id(body, "request_id", required=False))
     return _reply(sweep_view(sw, deps.pipelines.get(sw.pipeline)), 201)
 
 
@@ -205,7 +210,7 @@ def _cancel_sweep(deps: Deps, body: Mapping[str, Any]) -> Response:
     from spotorch.app.sweeps import cancel_sweep
     from spotorch.app.views import sweep_view
 
-    sw = cancel_sweep(deps, _field(body, "sweep_id"),
+    sw = cancel_sweep(deps, _id(body, "sweep_id"),
                       str(body.get("reason") or "cancelled via API"))
     return _reply(sweep_view(sw, deps.pipelines.get(sw.pipeline)))
 
@@ -219,13 +224,14 @@ ROUTES: Mapping[tuple[str, str], Route] = {
     ("POST", "rerun"): _rerun,
     ("POST", "submit"): _submit,
     ("GET", "sweeps"): _sweeps,
-    ("GET", "sweep"): lambda deps, body: _sweep_view(deps, _field(body, "sweep_id")),
+    ("GET", "sweep"): lambda deps, body: _sweep_view(deps, _id(body, "sweep_id")),
     ("POST", "submit-sweep"): _submit_sweep,
     ("POST", "cancel-sweep"): _cancel_sweep,
 }
 
 
-def _record(deps: Deps, method: str, action: str, body: Mapping[str, Any], reason: str) -> None:
+def _record(deps: Deps, method: str, action: str, body: Mapping[str, Any], reason: str,
+            level: int = 30) -> None:
     """Keep a refused request in rejected_events, as the event functions keep bad events."""
     import hashlib
     import logging
@@ -235,8 +241,8 @@ def _record(deps: Deps, method: str, action: str, body: Mapping[str, Any], reaso
 
     what = json.dumps([method, action, body], sort_keys=True, default=str)
     key = "api-" + hashlib.sha256(what.encode()).hexdigest()[:32]
-    logging.getLogger("spotorch.entrypoints.api").warning("api: refused %s /%s: %s", method,
-                                                          action[:60], reason[:300])
+    logging.getLogger("spotorch.entrypoints.api").log(level, "api: refused %s /%s: %s", method,
+                                                      action[:60], reason[:300])
     try:
         record_rejected(deps.docs, event_id=key, event_type=f"api {method} /{action[:60]}",
                         reason=reason, now=time.time(), payload=dict(body))
@@ -247,30 +253,41 @@ def _record(deps: Deps, method: str, action: str, body: Mapping[str, Any], reaso
 def handle_request(request: HttpRequest, deps: Deps | None = None) -> Response:
     """Route /<action> to the service layer; errors come back as JSON with a clear message."""
     # Imported per request, not with functions/main.py: the event functions' cold starts stay light.
+    from spotorch.app.snapshots import InvalidSubmit
     from spotorch.core.errors import InvalidEvent
     from spotorch.ports.reads import BadQuery
 
-    action = request.path.strip("/").split("/")[-1]
-    route = ROUTES.get((request.method, action))
-    if route is None:
-        return _reply({"error": f"no route {request.method} /{action}",
-                       "routes": [f"{m} /{a}" for m, a in ROUTES]}, 404)
-    body: Mapping[str, Any]
-    if request.method == "GET":
-        body = dict(request.args)
-    else:
-        parsed = request.get_json(silent=True)
-        if parsed is not None and not isinstance(parsed, dict):
-            return _reply({"error": "the request body must be a JSON object"}, 400)
-        body = parsed or {}
+    action = request.path.strip("/").split("/")[-1][:60]
     if deps is None:
         from spotorch.entrypoints.functions import deps as production
 
         deps = production()
+    route = ROUTES.get((request.method, action))
+    if route is None:
+        reason = f"no route {request.method} /{action}"
+        _record(deps, request.method, action, {}, reason, level=20)
+        return _reply({"error": reason, "routes": [f"{m} /{a}" for m, a in ROUTES]}, 404)
+    body: Mapping[str, Any]
+    if request.method == "GET":
+        body = dict(request.args)
+    else:
+        try:
+            parsed = request.get_json(silent=True)
+        except RecursionError:  # nested too deep to parse (depth.install refuses it earlier)
+            reason = "the request body is JSON nested too deep"
+            _record(deps, request.method, action, {}, reason)
+            return _reply({"error": reason}, 400)
+        if parsed is not None and not isinstance(parsed, dict):
+            reason = "the request body must be a JSON object"
+            _record(deps, request.method, action, {"body": str(parsed)[:200]}, reason)
+            return _reply({"error": reason}, 400)
+        body = parsed or {}
     try:
         return route(deps, body)
-    except (BadRequest, BadQuery, InvalidEvent) as exc:
+    except (BadRequest, BadQuery, InvalidEvent, InvalidSubmit) as exc:
         _record(deps, request.method, action, body, str(exc))
         return _reply({"error": str(exc)}, 400)
     except SpotorchError as exc:
-        return _reply({"error": str(exc), "kind": type(exc).__name__}, 409)
+        status = 404 if isinstance(exc, LookupError) else 409  # NothingThere: 404
+        _record(deps, request.method, action, body, str(exc), level=20)  # logged as info
+        return _reply({"error": str(exc), "kind": type(exc).__name__}, status)

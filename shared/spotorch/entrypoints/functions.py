@@ -90,6 +90,11 @@ def _pubsub_message(event: CloudEventLike) -> tuple[bytes, Mapping[str, str]]:
         body = base64.b64decode(raw, validate=True)
     except (binascii.Error, ValueError, TypeError) as exc:
         raise InvalidEvent(f"message.data is not base64: {exc}") from None
+    from spotorch.entrypoints.depth import too_deep
+
+    deep = too_deep(body)  # before any json.loads of it (a RecursionError otherwise)
+    if deep is not None:
+        raise InvalidEvent(f"message.data: {deep}")
     attributes = message.get("attributes") or {}
     if not isinstance(attributes, Mapping):
         raise InvalidEvent("message.attributes is not an object")
@@ -281,23 +286,30 @@ def _record_failure(event: CloudEventLike, event_id: str, event_type: str, reaso
     Keyed by the message's content (ids.message_key): dead-lettering gives it a new id."""
     from datetime import UTC, datetime
 
-    from spotorch.core.ids import message_key
+    from spotorch.core.ids import message_key, object_key
     from spotorch.settings import COLLECTION_FAILURES, FAILURE_RETENTION_S, TTL_FIELD
 
     try:
         body, attributes = _pubsub_message(event)
-        key = message_key(body, attributes)
+        keys = [message_key(body, attributes)]
     except InvalidEvent:  # not a Pub/Sub message (an Eventarc storage event): its id will do
-        key = event_id
+        keys = [event_id]
+    data = getattr(event, "data", None)
+    if isinstance(data, Mapping):  # a storage event: also by its object generation, which a
+        # dead-lettered notification of it names too (ids.failure_keys)
+        obj = object_key(data.get("bucket"), data.get("name"), data.get("generation"))
+        if obj is not None and obj not in keys:
+            keys.append(obj)
     try:
         docs = deps().docs
-        _, version = docs.get(COLLECTION_FAILURES, key)
         now = time.time()
-        docs.put(COLLECTION_FAILURES, key, {
-            "event_id": event_id, "event_type": event_type, "reason": reason, "at": now,
-            TTL_FIELD: datetime.fromtimestamp(now + FAILURE_RETENTION_S, UTC)}, version)
+        for key in keys:
+            _, version = docs.get(COLLECTION_FAILURES, key)
+            docs.put(COLLECTION_FAILURES, key, {
+                "event_id": event_id, "event_type": event_type, "reason": reason, "at": now,
+                TTL_FIELD: datetime.fromtimestamp(now + FAILURE_RETENTION_S, UTC)}, version)
     except Exception as exc:  # best effort: the store may be what is failing
-        log.debug("could not record the failure of %s: %s", event_id, exc)
+        log.warning("could not record the failure of %s (%s): %s", event_id, reason[:200], exc)
 
 
 # ---------------------------------------------------------------- handlers

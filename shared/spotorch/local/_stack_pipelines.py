@@ -89,8 +89,11 @@ def _bucket(uri: str | None) -> str | None:
 def _describe(pipeline: Any, file: Path) -> LoadedPipeline:
     source = pipeline.trigger.bigquery
     # A BigQuery trigger's export bucket holds the runs' data.
+    step = pipeline.preprocess  # its outputs (and its template) live in buckets too (issue 39)
     uris = (pipeline.checkpoint_uri, pipeline.output_uri, pipeline.job.base_output_uri,
-            pipeline.job.staging_uri, source.export_uri if source is not None else None)
+            pipeline.job.staging_uri, source.export_uri if source is not None else None,
+            step.output_uri if step is not None else None,
+            step.template_uri if step is not None else None)
     buckets = [b for b in (pipeline.trigger.bucket, *(_bucket(u) for u in uris)) if b]
     return LoadedPipeline(
         name=pipeline.name, file=file,

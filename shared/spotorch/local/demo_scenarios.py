@@ -12,6 +12,7 @@ import yaml
 
 from spotorch.local.demo_bigquery import SETTINGS as BIGQUERY
 from spotorch.local.demo_distributed import SETTINGS as DISTRIBUTED
+from spotorch.local.demo_flapping import SETTINGS as FLAPPING
 from spotorch.local.demo_preprocess import ERROR_SETTINGS as PREPROCESS_ERROR
 from spotorch.local.demo_preprocess import SETTINGS as PREPROCESS
 
@@ -198,6 +199,7 @@ SCENARIOS: Mapping[str, Scenario] = {
     "distributed": Scenario(**DISTRIBUTED),
     "preprocess": Scenario(**PREPROCESS),
     "preprocess-error": Scenario(**PREPROCESS_ERROR),
+    "flapping": Scenario(**FLAPPING),
     "bigquery": Scenario(**BIGQUERY),
     "quota": Scenario(
         name="quota",

@@ -2,8 +2,9 @@
 
 A message that kept failing with a transient error is moved by Pub/Sub to the dead-letter topic
 after its delivery attempts; a hold subscription keeps it. This lists what is held, with the
-reason spotorch recorded for the last failure (`delivery_failures`, keyed by message id), and
-replays chosen messages to the topic they came from. Handlers are idempotent, so a replay after a
+reason spotorch recorded for the last failure (`delivery_failures`, keyed by the message's
+content, its CloudEvent id and the object generation it names: ids.failure_keys), and replays
+chosen messages to the topic they came from. Handlers are idempotent, so a replay after a
 fix is safe; a replayed message is acknowledged on the hold subscription only once republished.
 
 An operator tool (like the CLI), not part of the function bundle.
@@ -21,7 +22,7 @@ from typing import Any, TypeVar
 import click
 
 from spotorch.commandline import CommandFailure, run
-from spotorch.core.ids import message_key
+from spotorch.core.ids import failure_keys
 from spotorch.operate.cli_session import session, target_options
 from spotorch.ports.store import DocumentStore
 from spotorch.settings import (
@@ -83,8 +84,7 @@ def _pull(subscriber: Any, path: str, max_messages: int,
     for received in response.received_messages:
         m = received.message
         attributes = dict(m.attributes)
-        key = message_key(bytes(m.data), attributes)
-        failure = docs.get(COLLECTION_FAILURES, key)[0] if docs is not None else None
+        failure = _failure_of(docs, bytes(m.data), attributes)
         count = attributes.get(ATTR_DELIVERY_COUNT)
         letter = DeadLetter(
             message_id=m.message_id, source_subscription=attributes.get(ATTR_SOURCE_SUBSCRIPTION),
@@ -95,6 +95,25 @@ def _pull(subscriber: Any, path: str, max_messages: int,
             preview=bytes(m.data[:200]).decode("utf-8", "replace"))
         held.append(_Held(letter, received.ack_id, bytes(m.data)))
     return held
+
+
+# Why a held message may have no reason: spotorch records one for each failure it raised, so
+# none means the function never answered (down, crashed, timed out) or could not write it.
+NO_REASON = ("none recorded (the function did not answer: down, crashed or timed out; or "
+             "its store was failing too: see the function's logs)")
+
+
+def _failure_of(docs: DocumentStore | None, data: bytes,
+                attributes: Mapping[str, str]) -> Mapping[str, Any] | None:
+    """The last failure spotorch recorded for a held message: by its content, its CloudEvent
+    id, or the object generation it names (ids.failure_keys); None when nothing was recorded."""
+    if docs is None:
+        return None
+    for key in failure_keys(data, attributes):
+        found, _ = docs.get(COLLECTION_FAILURES, key)
+        if found is not None:
+            return found
+    return None
 
 
 def _release(subscriber: Any, path: str, ack_ids: Sequence[str]) -> None:
@@ -201,7 +220,7 @@ def dead_letters(ctx: click.Context, subscription: str | None, replay_ids: tuple
     for letter in letters:
         click.echo(f"{letter.message_id}  from {letter.source_subscription or '?'}  "
                    f"attempts {letter.delivery_count or '?'}  {letter.size} bytes\n"
-                   f"    reason: {letter.reason or 'none recorded'}\n"
+                   f"    reason: {letter.reason or NO_REASON}\n"
                    f"    data: {letter.preview[:100]}")
 
 

@@ -163,6 +163,9 @@ class Scenario:
     # is priced at it, one with prices scaled so its mean is it. None: Spot = 1, or the trace's.
     spot_price: float | None = None
     count_after: int = 3  # preemptions before the count policy escalates
+    # The preemption budget (RecoveryPolicy.max_preemptions): with none left, the production
+    # dispatch (policy.choose_capacity) keeps count and deadline off Spot. None: no budget.
+    max_preemptions: int | None = 50
     view: View = View.VISIBLE
     # Production view: the domain's Spot cooldown (RecoveryPolicy.spot_cooldown_s), and probes
     # (None: none; then standard assumes Spot back once the cooldown has passed, as the core does).

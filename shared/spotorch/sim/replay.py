@@ -160,6 +160,7 @@ def run_online(window: Window, scenario: Scenario, policy: OnlinePolicy) -> Outc
     rng = flex_waits(flex, window) if flex is not None else None
     flex_wait = None if flex is None else flex.mean_wait_s
     cool_until: float | None = None  # production: Spot counts as unavailable until then
+    budget = scenario.max_preemptions
     done = safe = cost = probe_cost = 0.0
     current: Capacity | None = None
     last: Capacity | None = None
@@ -253,7 +254,8 @@ def run_online(window: Window, scenario: Scenario, policy: OnlinePolicy) -> Outc
                 spot_run_s=spot_run_s, spot_wait_s=spot_wait_s, spot_waits=spot_waits,
                 spot_down_at_s=last_down, spot_assumed=assumed,
                 spot_queued=current is SPOT and not running, flex_wait_s=flex_wait,
-                spot_up_s=up_s, spot_down_s=down_s, changed_at_s=changed_at))
+                spot_up_s=up_s, spot_down_s=down_s, changed_at_s=changed_at,
+                spot_failures_left=None if budget is None else budget - preemptions))
             want = policy(view)
             if want is FLEX and flex is None:
                 want = STANDARD  # not offered: a policy asking for it gets standard

@@ -68,9 +68,11 @@ locals {
     "aiplatform.customJobs.create",
     "aiplatform.customJobs.get",
     "aiplatform.customJobs.list",
-    # Model Registry: UploadModel (polling its operation needs models.get), ListModelVersions
+    # Model Registry: UploadModel (polling its operation needs models.get), ListModelVersions,
+    # MergeVersionAliases (the promotion gate moves its alias: models.update)
     "aiplatform.models.get",
     "aiplatform.models.list",
+    "aiplatform.models.update",
     "aiplatform.models.upload",
     # Experiments: the default metadata store and the experiment and run contexts
     "aiplatform.contexts.addContextChildren",

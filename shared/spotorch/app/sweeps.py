@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, assert_never
 
+from spotorch.app import promotions
 from spotorch.app.deps import UnknownRun
 from spotorch.app.runs import cancel_run, snapshot_objects, start_run
 from spotorch.core import provenance
@@ -252,11 +253,13 @@ def _register(deps: Deps, sw: Sweep, intent: RegisterModel) -> str:
     labels = {**dict(model.labels), LABEL_MODEL_PIPELINE: sw.pipeline,
               LABEL_MODEL_RUN: intent.run_id, LABEL_MODEL_SWEEP: sw.sweep_id,
               LABEL_MODEL_SNAPSHOT: sw.snapshot_id or ""}
-    return deps.models.upload(ModelUpload(
+    name = deps.models.upload(ModelUpload(
         pipeline=sw.pipeline, run_id=intent.run_id, region=_region(deps, sw.pipeline),
         display_name=model.display_name or sw.pipeline, artifact_uri=intent.artifact_uri,
         serving_image=model.serving_image, labels=labels,
         aliases=tuple(dict.fromkeys((*model.aliases, ALIAS_BEST)))))
+    promotions.after_registration(deps, intent.run_id, name)  # model.promote (issue 37)
+    return name
 
 
 def _log_trial(deps: Deps, sw: Sweep, intent: LogTrial) -> str:

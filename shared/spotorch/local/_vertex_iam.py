@@ -33,6 +33,7 @@ METHOD_PERMISSIONS: Mapping[str, str] = {
     "ModelService/UploadModel": "aiplatform.models.upload",
     "ModelService/GetModel": "aiplatform.models.get",
     "ModelService/ListModelVersions": "aiplatform.models.list",
+    "ModelService/MergeVersionAliases": "aiplatform.models.update",
     "MetadataService/GetMetadataStore": "aiplatform.metadataStores.get",
     "MetadataService/CreateMetadataStore": "aiplatform.metadataStores.create",
     "MetadataService/CreateContext": "aiplatform.contexts.create",

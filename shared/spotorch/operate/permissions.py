@@ -170,6 +170,9 @@ CALLS: tuple[Call, ...] = (
     Call("ModelServiceClient.get_model", "projects.locations.models.get",
          _on(S.PROJECT, "aiplatform.models.get"), (F,), (f"{REGISTRY}.version",), VERTEX_IAM,
          "read a registered version"),
+    Call("ModelServiceClient.merge_version_aliases", "projects.locations.models.mergeVersionAliases",
+         _on(S.PROJECT, "aiplatform.models.update"), (F,), (f"{REGISTRY}.move_alias.merge",),
+         VERTEX_IAM, "move the promotion alias (model.promote) to a version that passed the gate"),
     # --- Experiments (Vertex ML Metadata) ------------------------------------------------------
     Call("MetadataServiceClient.get_metadata_store", "projects.locations.metadataStores.get",
          _on(S.PROJECT, "aiplatform.metadataStores.get"), (F,), (f"{EXPERIMENTS}._store",),

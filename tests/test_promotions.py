@@ -97,6 +97,9 @@ def test_three_runs_first_promoted_worse_refused_better_promoted() -> None:
     assert record is not None and record.champion is not None
     assert record.champion.version == f"{MODEL}@3"
     assert [d.promoted for d in record.decisions] == [True, False, True]
+    # the held-out data is on every version (labels) and the same for all three
+    evals = {registry.version(f"{MODEL}@{v}").labels["spotorch_eval"] for v in (1, 2, 3)}
+    assert len(evals) == 1
 
 
 def test_a_run_over_the_latency_budget_is_refused_and_says_so() -> None:

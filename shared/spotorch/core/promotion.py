@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Annotated, Any
 
 from spotorch.core.fields import Field, FileSection, Matches, OneOf
+from spotorch_trainer.evaluation import ENV_EVAL_DATA_URI, ENV_EVAL_SPLIT
 
 # Metrics the trainer reports about the final model on the held-out data carry this prefix
 # (spotorch_trainer.evaluation.report_evaluation): `eval_accuracy`, `eval_latency_p95_ms`.
@@ -280,6 +281,31 @@ def evaluation_identity(evaluation: Evaluation | None, data: Mapping[str, Any] |
         rule = hashlib.sha256(json.dumps([s.key, s.percent, s.salt]).encode()).hexdigest()[:8]
         return f"split {s.key}/{s.percent}%/{rule} of {of}"
     return None
+
+
+def evaluation_record(evaluation: Evaluation | None, data: Mapping[str, Any] | None) -> \
+        dict[str, Any] | None:
+    """The evaluation inputs as the run's provenance records them (None: none named): the
+    folder or the split's rule, and the identity the gate compares. A rerun keeps its origin's."""
+    identity = evaluation_identity(evaluation, data)
+    if evaluation is None or identity is None:
+        return None
+    split = evaluation.split
+    return {"data_uri": evaluation.data_uri,
+            "split": {"key": split.key, "percent": split.percent, "salt": split.salt}
+            if split is not None else None,
+            "identity": identity}
+
+
+def evaluation_env(record: Mapping[str, Any] | None) -> dict[str, str]:
+    """What the trainer is told of its held-out data (spotorch_trainer.evaluation.held_out)."""
+    if not record:
+        return {}
+    if record.get("data_uri"):
+        return {ENV_EVAL_DATA_URI: str(record["data_uri"])}
+    if record.get("split"):
+        return {ENV_EVAL_SPLIT: json.dumps(dict(record["split"]), sort_keys=True)}
+    return {}
 
 
 def data_time(data: Mapping[str, Any] | None, created_at: float, rerun: bool) -> float | None:

@@ -166,6 +166,15 @@ resource "google_storage_bucket_iam_member" "functions_checkpoints" {
   member   = local.functions_member
 }
 
+# Model registration lists the run's model folder: a prebuilt serving container must find a
+# file it loads there (model.joblib, model.bst, ...) before the version is uploaded (issue 37).
+resource "google_storage_bucket_iam_member" "functions_list_models" {
+  for_each = local.model_buckets
+  bucket   = each.value
+  role     = "roles/storage.objectViewer"
+  member   = local.functions_member
+}
+
 # Python packages (python_package pools): before a launch the functions upload the built packages
 # the staging bucket lacks (create-if-absent: names are content hashes, nothing is overwritten,
 # so creating is all it takes).

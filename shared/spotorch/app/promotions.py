@@ -19,6 +19,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from spotorch.core import promotion as gate
+from spotorch.core import servable
 from spotorch.core.events import build_event
 from spotorch.core.model import Run
 from spotorch.core.promotion import Candidate, ChampionRecord, Decision, PromotionPolicy
@@ -36,6 +37,7 @@ MAX_CONFLICT_RETRIES = 8
 SYNC_ROUNDS = 4
 # The sequence of a version's one promotion event: {run_id}:900000, far above a run's own events.
 EVENT_SEQUENCE = 900_000
+LISTING_PAGES = 10  # an artifact folder's listing: at most this many pages of 1000 objects
 
 
 def model_of(version: str) -> str:
@@ -155,3 +157,24 @@ def champion_record(deps: Deps, model: str) -> ChampionRecord | None:
     """A model's champion record as stored (operators, the demo); None if none yet."""
     doc, _ = deps.docs.get(COLLECTION_CHAMPIONS, record_key(model))
     return ChampionRecord.from_doc(doc) if doc else None
+
+
+def check_servable(deps: Deps, serving_image: str, artifact_uri: str) -> None:
+    """Refuse, before the upload, an artifact its prebuilt serving container cannot load
+    (spotorch.core.servable): RegistryError(permanent, FAILED_PRECONDITION) naming what is there
+    and what the container loads. A listing that fails is transient (the intent is retried)."""
+    if servable.framework_of(serving_image) is None or not artifact_uri.startswith("gs://"):
+        return
+    bucket, _, path = artifact_uri.removeprefix("gs://").partition("/")
+    prefix = f"{path.rstrip('/')}/" if path else ""
+    names: list[str] = []
+    token: str | None = None
+    for _ in range(LISTING_PAGES):
+        page = deps.objects.list_page(bucket, prefix, token, 1000)
+        names += [o.name[len(prefix):] for o in page.objects if "/" not in o.name[len(prefix):]]
+        token = page.next_page_token
+        if token is None:
+            break
+    problem = servable.servable_problem(serving_image, artifact_uri, names)
+    if problem:
+        raise RegistryError(problem, permanent=True, code="FAILED_PRECONDITION")

@@ -44,6 +44,7 @@ from spotorch.ports.registry import (
     LABEL_MODEL_SWEEP,
     ExperimentRun,
     ModelUpload,
+    RegistryError,
 )
 from spotorch.ports.store import ConflictError
 from spotorch.settings import COLLECTION_SWEEPS
@@ -246,10 +247,17 @@ def _region(deps: Deps, pipeline_name: str) -> str:
     return (model.region if model and model.region else pipeline.job.regions[0])
 
 
-def _register(deps: Deps, sw: Sweep, intent: RegisterModel) -> str:
+def _register(deps: Deps, sw: Sweep, intent: RegisterModel) -> str | None:
     pipeline = deps.pipeline(sw.pipeline)
     model = pipeline.model
     assert model is not None and deps.models is not None
+    try:
+        promotions.check_servable(deps, model.serving_image, intent.artifact_uri)  # issue 37
+    except RegistryError as exc:
+        if not exc.permanent:
+            raise
+        log.warning("sweep %s: the winner's model is not registered: %s", sw.sweep_id, exc)
+        return None
     labels = {**dict(model.labels), LABEL_MODEL_PIPELINE: sw.pipeline,
               LABEL_MODEL_RUN: intent.run_id, LABEL_MODEL_SWEEP: sw.sweep_id,
               LABEL_MODEL_SNAPSHOT: sw.snapshot_id or ""}

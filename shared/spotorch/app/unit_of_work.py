@@ -285,6 +285,7 @@ def _register_model(deps: Deps, run: Run, intent: RegisterModelIntent) -> Observ
         log.warning("run %s: the pipeline's model labels leave no room for provenance labels",
                     run.run_id, extra={"run_id": run.run_id})
     try:
+        promotions.check_servable(deps, model.serving_image, intent.artifact_uri)  # issue 37
         name = deps.models.upload(ModelUpload(
             pipeline=run.pipeline, run_id=run.run_id,
             region=model.region or pipeline.job.regions[0],

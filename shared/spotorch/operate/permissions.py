@@ -267,6 +267,9 @@ CALLS: tuple[Call, ...] = (
     Call("Client.list_blobs", "objects.list", _on((S.LANDING, S.EXPORT), LIST_OBJECTS), (F,),
          (f"{OBJECTS}.list_page",), STORAGE_IAM,
          "a snapshot's prefix; the reconcile listing; a BigQuery export's Parquet files"),
+    Call("Client.list_blobs", "objects.list", _on(S.MODEL, LIST_OBJECTS), (F,),
+         (f"{OBJECTS}.list_page",), STORAGE_IAM,
+         "registration: the model folder holds a file its prebuilt serving container loads"),
     # --- Cloud Storage: checkpoints (the functions, and the trainer helper in every job) ---------
     Call("Client.list_blobs", "objects.list", _on(S.CHECKPOINT, LIST_OBJECTS), (F,),
          (f"{GCS}.list_dirs", f"{GCS}.sizes"), STORAGE_IAM,

@@ -81,7 +81,7 @@ def test_the_split_is_stable_near_its_percent_and_never_trains_on_held_out_rows(
     train, held = told.split(rows)
     assert 400 < len(held) < 600 and len(train) + len(held) == 5000
     assert not {r["id"] for r in train} & {r["id"] for r in held}
-    again_train, again_held = told.split(list(reversed(rows)))  # order does not matter
+    _, again_held = told.split(list(reversed(rows)))  # order does not matter
     assert {r["id"] for r in again_held} == {r["id"] for r in held}
     assert bucket_of(42) == bucket_of("42")  # the key's text is hashed
     assert [bucket_of(i, "a") for i in range(20)] != [bucket_of(i, "b") for i in range(20)]

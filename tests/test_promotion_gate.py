@@ -134,3 +134,28 @@ def test_evaluation_metrics_and_latency_from_the_reported_ones() -> None:
     reported = {"loss": 0.1, "eval_accuracy": 0.9, "eval_latency_p95_ms": 12.0}
     assert evaluation_metrics(reported) == {"accuracy": 0.9, "latency_p95_ms": 12.0}
     assert latency_of(reported) == 12.0 and latency_of({"loss": 1.0}) is None
+
+
+# --- the canary (spotorch.core.canary) -------------------------------------------------------------
+
+from spotorch.core.canary import Rollout, ServeSpec, Window, judge  # noqa: E402
+
+SPEC = ServeSpec(endpoint="e", canary_minutes=10, max_error_rate=0.05, max_latency_p95_ms=100.0,
+                 min_predictions=10)
+WATCHED = Rollout(key="k", endpoint="E", serving="M@1", serving_id="1", canary="M@2",
+                  canary_id="2", started_at=0.0, phase="canary")
+
+
+@pytest.mark.parametrize(("window", "now", "phase", "words"), [
+    (Window(100, 10, 20.0), 60.0, "rolling_back", "error rate 0.100"),
+    (Window(100, 0, 250.0), 60.0, "rolling_back", "p95 latency 250.0 ms"),
+    (Window(100, 5, 20.0), 599.0, "canary", ""),  # within bounds, the window not passed
+    (Window(100, 5, 20.0), 600.0, "finishing", "passed"),
+    (Window(3, 0, 20.0), 900.0, "canary", ""),  # too few predictions to let it take all
+    (Window(), 900.0, "canary", ""),
+])
+def test_the_canary_is_judged_on_its_own_traffic(window: Window, now: float, phase: str,
+                                                  words: str) -> None:
+    after = judge(WATCHED, SPEC, window, now)
+    assert after.phase == phase
+    assert words in (after.history[-1][1] if after.history else "")

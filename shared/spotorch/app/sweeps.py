@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, assert_never
 
-from spotorch.app import promotions
+from spotorch.app import promotions, releases
 from spotorch.app.deps import UnknownRun
 from spotorch.app.runs import cancel_run, snapshot_objects, start_run
 from spotorch.core import provenance
@@ -266,7 +266,7 @@ def _register(deps: Deps, sw: Sweep, intent: RegisterModel) -> str | None:
         display_name=model.display_name or sw.pipeline, artifact_uri=intent.artifact_uri,
         serving_image=model.serving_image, labels=labels,
         aliases=tuple(dict.fromkeys((*model.aliases, ALIAS_BEST)))))
-    promotions.after_registration(deps, intent.run_id, name)  # model.promote (issue 37)
+    releases.after_registration(deps, intent.run_id, name)  # model.promote (issue 37)
     return name
 
 

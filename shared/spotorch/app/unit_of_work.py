@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any, assert_never
 
 from spotorch.app import hardware_probes as probes
-from spotorch.app import preprocess_steps, promotions, run_log
+from spotorch.app import preprocess_steps, promotions, releases, run_log
 from spotorch.app.deps import Deps, JobOwner, ObservationSource, context, job_id_of
 from spotorch.app.launch_specs import hardware_probe_spec, launch_spec, probe_spec, stage_packages
 from spotorch.app.spot_record import seen_between, shape_key
@@ -295,7 +295,7 @@ def _register_model(deps: Deps, run: Run, intent: RegisterModelIntent) -> Observ
         if not exc.permanent:
             raise  # stays in the outbox; the tick retries it
         return ModelRegistered(intent.id, error=str(exc))
-    promotions.after_registration(deps, run, name)  # model.promote: the gate (issue 37)
+    releases.after_registration(deps, run, name)  # model.promote: the gate (issue 37)
     if model.experiments and deps.experiments is not None:
         _log_experiment(deps, run, region=model.region or pipeline.job.regions[0])
     return ModelRegistered(intent.id, model_name=name)

@@ -223,6 +223,7 @@ class ChampionRecord:
     alias: str
     champion: Candidate | None = None
     decisions: tuple[Decision, ...] = ()
+    previous: Candidate | None = None  # the champion before, for a rollback to hand it back
 
     def decision(self, version: str) -> Decision | None:
         """What was decided of this version, if it is remembered."""
@@ -232,16 +233,18 @@ class ChampionRecord:
         """The record as one document."""
         return {"model": self.model, "alias": self.alias,
                 "champion": self.champion.to_doc() if self.champion else None,
-                "decisions": [d.to_doc() for d in self.decisions]}
+                "decisions": [d.to_doc() for d in self.decisions],
+                "previous": self.previous.to_doc() if self.previous else None}
 
     @staticmethod
     def from_doc(doc: Mapping[str, Any]) -> ChampionRecord:
         """The inverse of to_doc."""
-        champion = doc.get("champion")
+        champion, previous = doc.get("champion"), doc.get("previous")
         return ChampionRecord(model=str(doc["model"]), alias=str(doc.get("alias") or ""),
                               champion=Candidate.from_doc(champion) if champion else None,
                               decisions=tuple(Decision.from_doc(d)
-                                              for d in doc.get("decisions") or ()))
+                                              for d in doc.get("decisions") or ()),
+                              previous=Candidate.from_doc(previous) if previous else None)
 
 
 def consider(record: ChampionRecord, policy: PromotionPolicy, challenger: Candidate,
@@ -259,8 +262,22 @@ def consider(record: ChampionRecord, policy: PromotionPolicy, challenger: Candid
                         else None)
     decisions = (*record.decisions, decision)[-DECISIONS_KEPT:]
     if verdict.promote:
-        return replace(record, champion=challenger, decisions=decisions), decision
+        return replace(record, champion=challenger, decisions=decisions,
+                       previous=record.champion), decision
     return replace(record, decisions=decisions), decision
+
+
+def demoted(record: ChampionRecord, version: str, reason: str, now: float) -> ChampionRecord:
+    """A rollback undid the promotion of `version`: the previous champion holds the alias again
+    (the rollback is remembered as a decision of its own). Unchanged if `version` is not the
+    champion (a repeated rollback)."""
+    if record.champion is None or record.champion.version != version:
+        return record
+    back = Decision(version=version, run_id=record.champion.run_id, promoted=False,
+                    reason=f"rolled back: {reason}", rule="rollback", at=now,
+                    replaced=None, metric=None)
+    return replace(record, champion=record.previous, previous=None,
+                   decisions=(*record.decisions, back)[-DECISIONS_KEPT:])
 
 
 # --- evaluation identity --------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated
 
+from spotorch.core.canary import ServeSpec
 from spotorch.core.fields import Field, FileSection, Matches, Pairs
 from spotorch.core.promotion import Evaluation, PromotionPolicy
 
@@ -86,3 +87,6 @@ class ModelRegistration(FileSection):
     promote: Annotated[PromotionPolicy | None, Field(
         description="Move an alias (production) to a new version only when it beats the "
                     "version holding it on the held-out data (docs/promotion.md).")] = None
+    serve: Annotated[ServeSpec | None, Field(
+        description="Serve the promoted version on a Vertex AI endpoint, a new one first as a "
+                    "canary (docs/promotion.md).")] = None

@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from spotorch.core.canary import Window
+
 NEW_MODEL = "0"  # in a deploy's traffic split: the model being deployed (Vertex's convention)
 
 
@@ -83,4 +85,13 @@ class Endpoints(Protocol):
 
     def predict(self, endpoint: str, instances: Sequence[Any]) -> Prediction:
         """One Predict call."""
+        ...
+
+
+class EndpointTraffic(Protocol):
+    """What the endpoint's metrics say of one deployed model's predictions (Cloud Monitoring's
+    prediction/online error and latency series on Vertex)."""
+
+    def window(self, endpoint: str, deployed_model_id: str, since: float) -> Window:
+        """Predictions, failures and p95 latency since a time (seconds since the epoch)."""
         ...

@@ -14,6 +14,13 @@ def check_promotion(doc: Any) -> Iterator[tuple[str, str]]:
     if not isinstance(model, Mapping):
         return
     evaluation, promote = model.get("evaluation"), model.get("promote")
+    serve = model.get("serve")
+    if isinstance(serve, Mapping):
+        if not isinstance(promote, Mapping):
+            yield "model.serve", "needs model.promote: the endpoint serves the promoted version"
+        low, high = serve.get("min_replicas", 1), serve.get("max_replicas", 1)
+        if isinstance(low, int) and isinstance(high, int) and high < low:
+            yield "model.serve.max_replicas", f"must be at least min_replicas ({low})"
     if isinstance(evaluation, Mapping):
         sources = [k for k in ("data_uri", "split") if evaluation.get(k) is not None]
         if len(sources) != 1:

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from spotorch.core.canary import Window
 from spotorch.ports.serving import NEW_MODEL, Deployed, EndpointState, Prediction, ServingError
 
 Predictor = Callable[[Sequence[Any]], list[Any]]
@@ -22,8 +23,12 @@ class MemoryEndpoints:
         self.project = project
         self.endpoints: dict[str, EndpointState] = {}
         self.predictors: dict[str, Predictor] = {}  # model version -> its predict
+        self.default: Predictor | None = None  # for versions without their own
         self.errors: dict[str, float] = {}  # deployed id -> error rate
         self.deploys = 0
+        self.served: list[tuple[float, str, str, float, bool]] = []  # at, endpoint, id, ms, ok
+        self.latency_ms: dict[str, float] = {}  # deployed id -> latency it adds (injected)
+        self.clock: Callable[[], float] = time.time
         self._ids = itertools.count(1000)
         self._random = random.Random(seed)
         self._lock = threading.RLock()
@@ -131,11 +136,25 @@ class MemoryEndpoints:
                     break
             model = next(d.model for d in state.deployed if d.id == chosen)
             failing = self._random.random() < self.errors.get(chosen, 0.0)
-        if failing:
-            raise ServingError("the model server failed (injected)", permanent=False,
-                               code="INTERNAL")
-        predictor = self.predictors.get(model)
-        if predictor is None:
-            raise ServingError(f"no predictor for {model}", permanent=False, code="UNAVAILABLE")
+        extra = self.latency_ms.get(chosen, 0.0)
+        predictor = self.predictors.get(model) or self.default
+        if failing or predictor is None:
+            self.served.append((self.clock(), endpoint, chosen, extra, False))
+            raise ServingError("the model server failed (injected)" if failing else
+                               f"no predictor for {model}", permanent=False,
+                               code="INTERNAL" if failing else "UNAVAILABLE")
         out = predictor(list(instances))
-        return Prediction(tuple(out), chosen, (time.perf_counter() - start) * 1000.0)
+        latency = (time.perf_counter() - start) * 1000.0 + extra
+        self.served.append((self.clock(), endpoint, chosen, latency, True))
+        return Prediction(tuple(out), chosen, latency)
+
+    def window(self, endpoint: str, deployed_model_id: str, since: float) -> Window:
+        """EndpointTraffic.window over the predictions this twin answered."""
+        with self._lock:
+            seen = [(ms, ok) for at, e, d, ms, ok in self.served
+                    if e == endpoint and d == deployed_model_id and at >= since]
+        if not seen:
+            return Window()
+        times = sorted(ms for ms, _ in seen)
+        return Window(len(seen), sum(1 for _, ok in seen if not ok),
+                      times[min(len(times) - 1, max(0, -(-95 * len(times) // 100) - 1))])

@@ -1,0 +1,153 @@
+"""Serving a promoted version with a canary (issue 37): the first promoted version serves, a
+worse one changes nothing, a better one takes a canary share and then all traffic (the old one
+undeployed); a canary with errors is rolled back and its promotion undone; one rollout at a time
+per endpoint; a crash in the middle is repaired by the tick. In memory."""
+
+from __future__ import annotations
+
+from fakes import fake_deps
+from spotorch.adapters.memory.endpoints import MemoryEndpoints
+from spotorch.adapters.memory.registry import MemoryModelRegistry
+from spotorch.adapters.memory.twins import ManualClock
+from spotorch.app import promotions, serving
+from spotorch.app.deps import Deps
+from spotorch.app.tick import tick
+from spotorch.core.canary import ServeSpec
+from spotorch.core.pipeline import Pipeline, Trigger
+from spotorch.core.promotion import Evaluation, PromotionPolicy
+from spotorch.core.sweep_spec import ModelRegistration
+from spotorch.ports.serving import ServingError
+from test_promotions import MODEL, train
+
+ENDPOINT = "projects/proj/locations/us-central1/endpoints/churn-prod"
+
+
+def make() -> tuple[Deps, MemoryModelRegistry, MemoryEndpoints]:
+    p = Pipeline(name="churn", trigger=Trigger(bucket="b"), checkpoint_uri="gs://c/churn",
+                 output_uri="gs://m/churn",
+                 model=ModelRegistration(
+                     serving_image="img", evaluation=Evaluation(data_uri="gs://b/holdout/"),
+                     promote=PromotionPolicy(metric="accuracy", min_improvement=0.01),
+                     serve=ServeSpec(endpoint="churn-prod", canary_percent=20, canary_minutes=1,
+                                     max_error_rate=0.1, min_predictions=5)))
+    deps = fake_deps(p)
+    registry = MemoryModelRegistry("proj")
+    endpoints = MemoryEndpoints("proj")
+    endpoints.default = lambda rows: [0.0 for _ in rows]
+    clock = deps.clock
+    assert isinstance(clock, ManualClock)
+    endpoints.clock = clock.now
+    deps.models, deps.endpoints, deps.endpoint_traffic = registry, endpoints, endpoints
+    return deps, registry, endpoints
+
+
+def serving_version(deps: Deps) -> tuple[str | None, dict[str, int], list[str]]:
+    endpoints = deps.endpoints
+    assert endpoints is not None
+    state = endpoints.get(ENDPOINT)
+    ids = {d.id: d.model.rsplit("@", 1)[1] for d in state.deployed}
+    rollout = serving.rollout_of(deps, deps.pipeline("churn"))
+    assert rollout is not None
+    return rollout.serving, {ids[k]: v for k, v in state.traffic.items()}, sorted(ids.values())
+
+
+def traffic(endpoints: MemoryEndpoints, n: int = 30) -> int:
+    failed = 0
+    for _ in range(n):
+        try:
+            endpoints.predict(ENDPOINT, [[1.0]])
+        except ServingError:
+            failed += 1
+    return failed
+
+
+def alias_on(registry: MemoryModelRegistry) -> list[str]:
+    return [v.version_id for v in registry.versions[MODEL] if "production" in v.aliases]
+
+
+def advance(deps: Deps, seconds: float) -> None:
+    clock = deps.clock
+    assert isinstance(clock, ManualClock)
+    clock.advance(seconds)
+    tick(deps)
+
+
+def test_first_serves_worse_is_refused_better_canaries_then_takes_all_traffic() -> None:
+    deps, registry, endpoints = make()
+    train(deps, "r1", 0.80)
+    assert serving_version(deps) == (f"{MODEL}@1", {"1": 100}, ["1"])
+    train(deps, "r2", 0.70)
+    assert serving_version(deps) == (f"{MODEL}@1", {"1": 100}, ["1"])  # refused: no change
+    train(deps, "r3", 0.90)
+    assert serving_version(deps) == (f"{MODEL}@1", {"1": 80, "3": 20}, ["1", "3"])
+    assert alias_on(registry) == ["3"]
+    assert traffic(endpoints) == 0
+    advance(deps, 30)  # the window has not passed
+    assert serving_version(deps)[1] == {"1": 80, "3": 20}
+    advance(deps, 40)
+    assert serving_version(deps) == (f"{MODEL}@3", {"3": 100}, ["3"])  # v1 undeployed
+    assert alias_on(registry) == ["3"]
+
+
+def test_a_canary_with_errors_is_rolled_back_and_its_promotion_undone() -> None:
+    deps, registry, endpoints = make()
+    train(deps, "r1", 0.80)
+    train(deps, "r2", 0.90)
+    state = endpoints.get(ENDPOINT)
+    canary_id = next(d.id for d in state.deployed if d.model.endswith("@2"))
+    endpoints.errors[canary_id] = 1.0
+    assert traffic(endpoints, 50) > 0
+    advance(deps, 5)
+    assert serving_version(deps) == (f"{MODEL}@1", {"1": 100}, ["1"])
+    assert alias_on(registry) == ["1"]  # the promotion is undone
+    record = promotions.champion_record(deps, MODEL)
+    assert record is not None and record.champion is not None
+    assert record.champion.version == f"{MODEL}@1"
+    assert record.decisions[-1].rule == "rollback" and "error rate" in record.decisions[-1].reason
+    rollout = serving.rollout_of(deps, deps.pipeline("churn"))
+    assert rollout is not None and "error rate" in rollout.reason
+    # a redelivered registration of the rolled-back version neither promotes nor deploys it
+    run = deps.runs.load("r2")[0]
+    assert run is not None and run.model_name is not None
+    from spotorch.app import releases
+    releases.after_registration(deps, run, run.model_name)
+    assert serving_version(deps) == (f"{MODEL}@1", {"1": 100}, ["1"])
+    assert alias_on(registry) == ["1"]
+
+
+def test_one_rollout_at_a_time_the_next_waits_for_the_canary() -> None:
+    deps, _, endpoints = make()
+    train(deps, "r1", 0.80)
+    train(deps, "r2", 0.85)
+    train(deps, "r3", 0.90)  # promoted while r2's canary runs: it waits
+    assert serving_version(deps) == (f"{MODEL}@1", {"1": 80, "2": 20}, ["1", "2"])
+    rollout = serving.rollout_of(deps, deps.pipeline("churn"))
+    assert rollout is not None and rollout.pending == f"{MODEL}@3"
+    traffic(endpoints)
+    advance(deps, 70)  # r2 passes; r3 starts as the next canary at once
+    assert serving_version(deps) == (f"{MODEL}@2", {"2": 80, "3": 20}, ["2", "3"])
+
+
+def test_a_crash_in_the_middle_of_a_step_is_repaired_by_the_tick() -> None:
+    deps, registry, endpoints = make()
+    train(deps, "r1", 0.80)
+    train(deps, "r2", 0.90)
+    traffic(endpoints)
+    real = endpoints.undeploy
+    calls = []
+
+    def crash(endpoint: str, deployed_model_id: str, split: object) -> None:
+        calls.append(deployed_model_id)
+        raise RuntimeError("the function died")
+    endpoints.undeploy = crash  # type: ignore[method-assign]
+    clock = deps.clock
+    assert isinstance(clock, ManualClock)
+    clock.advance(70)
+    assert serving.reconcile_rollouts(deps) == []  # logged, not raised: the others go on
+    assert calls  # the traffic moved, the undeploy died before the record was written
+    rollout = serving.rollout_of(deps, deps.pipeline("churn"))
+    assert rollout is not None and rollout.phase == "finishing"
+    endpoints.undeploy = real  # type: ignore[method-assign]
+    tick(deps)
+    assert serving_version(deps) == (f"{MODEL}@2", {"2": 100}, ["2"])
+    assert alias_on(registry) == ["2"]

@@ -5,6 +5,8 @@ per endpoint; a crash in the middle is repaired by the tick. In memory."""
 
 from __future__ import annotations
 
+import pytest
+
 from fakes import fake_deps
 from spotorch.adapters.memory.endpoints import MemoryEndpoints
 from spotorch.adapters.memory.registry import MemoryModelRegistry
@@ -151,3 +153,34 @@ def test_a_crash_in_the_middle_of_a_step_is_repaired_by_the_tick() -> None:
     tick(deps)
     assert serving_version(deps) == (f"{MODEL}@2", {"2": 100}, ["2"])
     assert alias_on(registry) == ["2"]
+
+
+def test_operators_list_roll_back_and_promote_through_the_api(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_api import _client
+
+    deps, registry, _ = make()
+    deps.project = "proj"
+    client = _client(monkeypatch, deps)
+    train(deps, "r1", 0.80)
+    train(deps, "r2", 0.70)
+    train(deps, "r3", 0.90)
+    view = client.get("/models?pipeline=churn").get_json()
+    assert view["champion"] == f"{MODEL}@3" and view["alias"] == "production"
+    assert [(v["name"][-2:], v["promoted"]) for v in view["versions"]] == \
+        [("@3", True), ("@2", False), ("@1", True)]
+    assert "does not beat" in view["versions"][1]["reason"]
+    assert view["endpoint"]["phase"] == "canary"
+    assert view["endpoint"]["traffic_split"] == {f"{MODEL}@1": 80, f"{MODEL}@3": 20}
+    back = client.post("/rollback", json={"endpoint": "churn-prod", "reason": "looks odd"})
+    assert back.status_code == 200, back.get_json()
+    assert back.get_json()["endpoint"]["traffic_split"] == {f"{MODEL}@1": 100}
+    assert back.get_json()["champion"] == f"{MODEL}@1" and alias_on(registry) == ["1"]
+    again = client.post("/rollback", json={"endpoint": "churn-prod"})
+    assert again.status_code == 409 and "nothing to roll back" in again.get_json()["error"]
+    forced = client.post("/promote", json={"version": f"{MODEL}@2"})
+    assert forced.status_code == 200, forced.get_json()
+    assert forced.get_json()["champion"] == f"{MODEL}@2" and alias_on(registry) == ["2"]
+    assert forced.get_json()["endpoint"]["traffic_split"] == {f"{MODEL}@1": 80, f"{MODEL}@2": 20}
+    assert client.post("/promote", json={"version": f"{MODEL}@9"}).status_code == 409
+    assert client.get("/models").status_code == 400  # no pipeline named

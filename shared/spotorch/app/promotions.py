@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from spotorch.core import promotion as gate
@@ -178,3 +179,32 @@ def check_servable(deps: Deps, serving_image: str, artifact_uri: str) -> None:
     problem = servable.servable_problem(serving_image, artifact_uri, names)
     if problem:
         raise RegistryError(problem, permanent=True, code="FAILED_PRECONDITION")
+
+
+def force(deps: Deps, pipeline: Pipeline, run: Run, version: str, reason: str) -> ChampionRecord:
+    """An operator's promotion: the version becomes the champion without the gate (the one it
+    replaces kept as previous), the alias follows, model.promoted is published."""
+    model = pipeline.model
+    assert model is not None and model.promote is not None
+    policy = model.promote
+    candidate = candidate_of(pipeline, run, version)
+    for _ in range(MAX_CONFLICT_RETRIES):
+        record, stored = load_record(deps, model_of(version), policy.alias)
+        if record.champion is not None and record.champion.version == version:
+            break
+        decision = Decision(version=version, run_id=run.run_id, promoted=True,
+                            reason=f"operator: {reason}", rule="operator",
+                            at=deps.clock.now(), metric=candidate.metrics.get(policy.metric),
+                            replaced=record.champion.version if record.champion else None)
+        new = replace(record, champion=candidate, previous=record.champion,
+                      decisions=(*record.decisions, decision)[-gate.DECISIONS_KEPT:])
+        try:
+            deps.docs.put(COLLECTION_CHAMPIONS, record_key(model_of(version)), new.to_doc(),
+                          stored)
+        except ConflictError:
+            continue
+        record = new
+        deps.publisher.publish(event_of(run.pipeline, policy, new, decision, candidate))
+        break
+    sync_alias(deps, model_of(version), policy.alias)
+    return record

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from spotorch.app import promotions
 from spotorch.core import canary
 from spotorch.core.canary import Rollout, ServeSpec
+from spotorch.core.errors import SpotorchError
 from spotorch.core.promotion import ChampionRecord, demoted
 from spotorch.ports.store import ConflictError
 from spotorch.settings import COLLECTION_CHAMPIONS, COLLECTION_ROLLOUTS
@@ -151,6 +152,37 @@ def undo_promotion(deps: Deps, version: str, reason: str) -> None:
         except ConflictError:
             continue
     promotions.sync_alias(deps, model, record.alias)
+
+
+def abort_canary(deps: Deps, pipeline: Pipeline, reason: str) -> Rollout:
+    """An operator's rollback: the endpoint's running canary goes back now (SpotorchError when
+    no canary runs: nothing to roll back)."""
+    found = _spec_of(deps, pipeline)
+    if found is None:
+        raise NothingToRollBack(f"pipeline {pipeline.name} serves on no endpoint (model.serve)")
+    spec, region = found
+    key = rollout_key(region, spec.endpoint)
+    for _ in range(MAX_CONFLICT_RETRIES):
+        rollout, stored = _load(deps, key)
+        if rollout.phase == "rolling_back":
+            break
+        if rollout.phase not in ("canary", "finishing"):
+            raise NothingToRollBack(
+                f"no canary on {spec.endpoint} ({rollout.phase}, serving {rollout.serving}): "
+                "nothing to roll back; promote the version you want (`spotorch promote`)")
+        new = canary.noted(replace(rollout, phase="rolling_back", reason=reason),
+                           deps.clock.now(), f"canary {rollout.canary} rolled back: {reason}")
+        try:
+            deps.docs.put(COLLECTION_ROLLOUTS, key, {**new.to_doc(), "pipeline": pipeline.name},
+                          stored)
+            break
+        except ConflictError:
+            continue
+    return advance(deps, pipeline, key)
+
+
+class NothingToRollBack(SpotorchError):
+    """The endpoint runs no canary."""
 
 
 def reconcile_rollouts(deps: Deps) -> list[Rollout]:

@@ -45,6 +45,7 @@ def test_the_attempt_is_told_its_held_out_data_and_provenance_records_it(
     deps.models = MemoryModelRegistry("proj")
     run = start_run(deps, "churn", run_id="r1", data_uri="gs://b/d/1/", snapshot_id="1",
                     reason="t")
+    assert run is not None
     prov = run.provenance or {}
     assert identity_part in prov["evaluation"]["identity"]
     launcher = deps.launcher
@@ -67,6 +68,7 @@ def test_without_evaluation_nothing_is_told_or_recorded() -> None:
     deps = fake_deps(p)
     run = start_run(deps, "churn", run_id="r1", data_uri="gs://b/d/1/", snapshot_id="1",
                     reason="t")
+    assert run is not None
     assert "evaluation" not in (run.provenance or {})
     launcher = deps.launcher
     assert isinstance(launcher, InMemoryLauncher)

@@ -25,8 +25,8 @@ def test_the_example_writes_a_servable_model_and_scores_the_held_out_folder(
                        check=True, capture_output=True, timeout=60)
     done = subprocess.run([sys.executable, str(TRAIN), "--total-steps", "150",
                            "--checkpoint-every", "0"], capture_output=True, text=True, timeout=120,
-                          env=worker_env(tmp_path, "r1", str(data),
-                                         **{ENV_EVAL_DATA_URI: str(holdout)}))
+                          env={**worker_env(tmp_path, "r1", str(data)),
+                               ENV_EVAL_DATA_URI: str(holdout)})
     assert done.returncode == 0, done.stderr
     model_dir = tmp_path / "r1" / "model"
     served = joblib.load(io.BytesIO((model_dir / "model.joblib").read_bytes()))

@@ -87,7 +87,8 @@ def test_consider_decides_once_per_version_and_moves_the_champion() -> None:
     assert first.promoted and record.champion is not None and record.champion.version == f"{M}@1"
     worse = cand(2, 0.7, t=200.0)
     record, rejected = consider(record, POLICY, worse, now=2.0)
-    assert not rejected.promoted and record.champion.version == f"{M}@1"
+    assert not rejected.promoted and record.champion is not None
+    assert record.champion.version == f"{M}@1"
     better = cand(3, 0.95, t=300.0)
     record, promoted = consider(record, POLICY, better, now=3.0)
     assert promoted.promoted and promoted.replaced == f"{M}@1"

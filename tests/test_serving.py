@@ -5,6 +5,8 @@ per endpoint; a crash in the middle is repaired by the tick. In memory."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 
 from fakes import fake_deps
@@ -138,10 +140,10 @@ def test_a_crash_in_the_middle_of_a_step_is_repaired_by_the_tick() -> None:
     real = endpoints.undeploy
     calls = []
 
-    def crash(endpoint: str, deployed_model_id: str, split: object) -> None:
+    def crash(endpoint: str, deployed_model_id: str, split: Mapping[str, int]) -> None:
         calls.append(deployed_model_id)
         raise RuntimeError("the function died")
-    endpoints.undeploy = crash  # type: ignore[method-assign]
+    endpoints.undeploy = crash  # type: ignore[method-assign,assignment]
     clock = deps.clock
     assert isinstance(clock, ManualClock)
     clock.advance(70)

@@ -211,7 +211,8 @@ class RegistryServices:
             raise Invalid("INVALID_ARGUMENT", f"{request.name}: the version id must be given")
         if not request.version_aliases:
             raise Invalid("INVALID_ARGUMENT", "version_aliases must not be empty")
-        adds, removes = [], []
+        adds: list[str] = []
+        removes: list[str] = []
         for alias in request.version_aliases:
             bare = alias[1:] if alias.startswith("-") else alias
             if not _ALIAS.match(bare):

@@ -74,6 +74,12 @@ locals {
     "aiplatform.models.list",
     "aiplatform.models.update",
     "aiplatform.models.upload",
+    # Endpoints (model.serve): the endpoint, canary deploys, traffic splits, undeploys
+    "aiplatform.endpoints.create",
+    "aiplatform.endpoints.deploy",
+    "aiplatform.endpoints.get",
+    "aiplatform.endpoints.undeploy",
+    "aiplatform.endpoints.update",
     # Experiments: the default metadata store and the experiment and run contexts
     "aiplatform.contexts.addContextChildren",
     "aiplatform.contexts.create",

@@ -186,3 +186,23 @@ def test_operators_list_roll_back_and_promote_through_the_api(
     assert forced.get_json()["endpoint"]["traffic_split"] == {f"{MODEL}@1": 80, f"{MODEL}@2": 20}
     assert client.post("/promote", json={"version": f"{MODEL}@9"}).status_code == 409
     assert client.get("/models").status_code == 400  # no pipeline named
+
+
+@pytest.mark.emulator
+def test_the_rollout_and_champion_records_on_firestore(firestore_emulator: object) -> None:
+    """The same story with the champion and rollout records in the Firestore emulator: the
+    documents round-trip and the conditional writes hold."""
+    from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
+
+    deps, registry, endpoints = make()
+    deps.docs = FirestoreDocumentStore(project=firestore_emulator.project)  # type: ignore[attr-defined]
+    train(deps, "r1", 0.80)
+    train(deps, "r2", 0.90)
+    assert serving_version(deps) == (f"{MODEL}@1", {"1": 80, "2": 20}, ["1", "2"])
+    traffic(endpoints)
+    advance(deps, 70)
+    assert serving_version(deps) == (f"{MODEL}@2", {"2": 100}, ["2"])
+    record = promotions.champion_record(deps, MODEL)
+    assert record is not None and record.champion is not None and record.previous is not None
+    assert (record.champion.version, record.previous.version) == (f"{MODEL}@2", f"{MODEL}@1")
+    assert alias_on(registry) == ["2"]

@@ -91,6 +91,18 @@ def test_first_serves_worse_is_refused_better_canaries_then_takes_all_traffic() 
     advance(deps, 40)
     assert serving_version(deps) == (f"{MODEL}@3", {"3": 100}, ["3"])  # v1 undeployed
     assert alias_on(registry) == ["3"]
+    # node-hours priced by the one price table: v1 from its deploy to its undeploy, v3 since
+    # its deploy; n1-standard-2 at Compute Engine's list price
+    from spotorch.app.releases import models_view
+    from spotorch.core.cost import machine_hourly
+
+    deps.project = "proj"
+    endpoint = models_view(deps, "churn")["endpoint"]
+    rate, _ = machine_hourly("n1-standard-2", "us-central1", deps.prices)
+    assert rate is not None and endpoint["node_hours"] > 0
+    assert endpoint["cost"] == pytest.approx(endpoint["node_hours"] * rate, rel=1e-3)
+    rollout = serving.rollout_of(deps, deps.pipeline("churn"))
+    assert rollout is not None and [s[4] is None for s in rollout.spans] == [False, True]
 
 
 def test_a_canary_with_errors_is_rolled_back_and_its_promotion_undone() -> None:

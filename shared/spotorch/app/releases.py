@@ -80,6 +80,8 @@ def models_view(deps: Deps, pipeline_name: str) -> dict[str, Any]:
                     "serving": rollout.serving, "canary": rollout.canary,
                     "pending": rollout.pending, "reason": rollout.reason,
                     "history": [{"at": at, "what": what} for at, what in rollout.history]}
+        endpoint["node_hours"], endpoint["cost"], endpoint["price_notes"] = \
+            _serving_cost(deps, pipeline, rollout)
         if deps.endpoints is not None and rollout.endpoint:
             state = deps.endpoints.get(rollout.endpoint)
             endpoint["traffic_split"] = {d.model: state.traffic.get(d.id, 0)
@@ -87,6 +89,25 @@ def models_view(deps: Deps, pipeline_name: str) -> dict[str, Any]:
     return {"pipeline": pipeline_name, "model": model, "alias": alias,
             "champion": record.champion.version if record and record.champion else None,
             "versions": versions, "endpoint": endpoint}
+
+
+def _serving_cost(deps: Deps, pipeline: Pipeline, rollout: Any) -> tuple[float, float | None,
+                                                                          list[str]]:
+    """The endpoint's node-hours so far and their price by the one price table (None: a
+    machine it does not know)."""
+    from spotorch.core.canary import node_hours
+    from spotorch.core.cost import machine_hourly
+
+    model = pipeline.model
+    region = (model.region if model and model.region else pipeline.job.regions[0])
+    hours = node_hours(rollout, deps.clock.now())
+    cost: float | None = 0.0
+    notes: list[str] = []
+    for (_, machine), used in hours.items():
+        rate, why = machine_hourly(machine, region, deps.prices)
+        notes += [n for n in why if n not in notes]
+        cost = None if rate is None or cost is None else cost + rate * used
+    return round(sum(hours.values()), 6), None if cost is None else round(cost, 6), notes
 
 
 def promote_version(deps: Deps, version: str, reason: str = "promoted by an operator") -> \

@@ -74,6 +74,9 @@ class Rollout:
     phase: str = "idle"  # idle | deploying | canary | finishing | rolling_back
     reason: str = ""  # why the last rollback happened
     history: tuple[tuple[float, str], ...] = ()
+    # Each deployment's machine, replicas and time on the endpoint: its node-hours, priced by
+    # the price table (spotorch.core.cost.machine_hourly). (version, machine, replicas, from, to)
+    spans: tuple[tuple[str, str, int, float, float | None], ...] = ()
 
     def to_doc(self) -> dict[str, Any]:
         """As stored."""
@@ -81,7 +84,9 @@ class Rollout:
                 "serving_id": self.serving_id, "canary": self.canary, "canary_id": self.canary_id,
                 "started_at": self.started_at, "pending": self.pending, "phase": self.phase,
                 "reason": self.reason, "active": self.phase != "idle" or bool(self.pending),
-                "history": [{"at": at, "what": what} for at, what in self.history]}
+                "history": [{"at": at, "what": what} for at, what in self.history],
+                "spans": [{"version": v, "machine_type": m, "replicas": n, "from": a, "to": b}
+                          for v, m, n, a, b in self.spans]}
 
     @staticmethod
     def from_doc(doc: dict[str, Any]) -> Rollout:
@@ -92,7 +97,10 @@ class Rollout:
                        started_at=doc.get("started_at"), pending=doc.get("pending"),
                        phase=str(doc.get("phase") or "idle"), reason=str(doc.get("reason") or ""),
                        history=tuple((float(h["at"]), str(h["what"]))
-                                     for h in doc.get("history") or ()))
+                                     for h in doc.get("history") or ()),
+                       spans=tuple((str(x["version"]), str(x["machine_type"]), int(x["replicas"]),
+                                    float(x["from"]), None if x.get("to") is None
+                                    else float(x["to"])) for x in doc.get("spans") or ()))
 
 
 def noted(r: Rollout, now: float, what: str) -> Rollout:
@@ -149,6 +157,8 @@ def started(r: Rollout, now: float) -> Rollout:
 
 def deployed(r: Rollout, deployed_id: str, spec: ServeSpec, now: float) -> Rollout:
     """The canary is deployed: watched from now, or serving at once when it is the first."""
+    assert r.canary is not None
+    r = replace(r, spans=(*r.spans, (r.canary, spec.machine_type, spec.min_replicas, now, None)))
     if r.serving_id is None:
         return noted(replace(r, phase="idle", serving=r.canary, serving_id=deployed_id,
                              canary=None, canary_id=None, started_at=None), now,
@@ -180,8 +190,24 @@ def judge(r: Rollout, spec: ServeSpec, window: Window, now: float) -> Rollout:
     return r
 
 
+def _closed(r: Rollout, version: str | None, now: float) -> Rollout:
+    return replace(r, spans=tuple((v, m, n, a, now if v == version and b is None else b)
+                                  for v, m, n, a, b in r.spans))
+
+
+def node_hours(r: Rollout, now: float) -> dict[tuple[str, str], float]:
+    """Node-hours by (version, machine type) so far: replicas (the minimum: autoscaling above
+    it is not seen) times time deployed."""
+    out: dict[tuple[str, str], float] = {}
+    for version, machine, replicas, start, end in r.spans:
+        key = (version, machine)
+        out[key] = out.get(key, 0.0) + replicas * max(0.0, (end or now) - start) / 3600.0
+    return out
+
+
 def finished(r: Rollout, now: float) -> Rollout:
     """The canary took all traffic and the old version was undeployed."""
+    r = _closed(r, r.serving, now)
     return noted(replace(r, phase="idle", serving=r.canary, serving_id=r.canary_id, canary=None,
                          canary_id=None, started_at=None), now,
                  f"{r.canary} serves all traffic; {r.serving} undeployed")
@@ -189,5 +215,6 @@ def finished(r: Rollout, now: float) -> Rollout:
 
 def rolled_back(r: Rollout, now: float) -> Rollout:
     """The traffic went back and the canary was undeployed."""
+    r = _closed(r, r.canary, now)
     return noted(replace(r, phase="idle", canary=None, canary_id=None, started_at=None), now,
                  f"{r.serving} serves all traffic again; {r.canary} undeployed")

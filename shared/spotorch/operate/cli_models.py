@@ -22,6 +22,9 @@ def _show(view: dict[str, Any]) -> None:
         out.print(f"endpoint {endpoint['endpoint'] or '(not created)'}: {endpoint['phase']}")
         for model, share in (endpoint.get("traffic_split") or {}).items():
             out.print(f"  {model.rsplit('/', 1)[-1]:<24} {share:>3}%")
+        cost = endpoint.get("cost")
+        out.print(f"  {endpoint.get('node_hours', 0):.3f} node-hours, "
+                  f"{'price unknown' if cost is None else f'{cost:.4f}'} at list prices")
         if endpoint.get("pending"):
             out.print(f"  next: {endpoint['pending']}")
         if endpoint.get("reason"):

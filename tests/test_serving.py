@@ -218,3 +218,28 @@ def test_the_rollout_and_champion_records_on_firestore(firestore_emulator: objec
     assert record is not None and record.champion is not None and record.previous is not None
     assert (record.champion.version, record.previous.version) == (f"{MODEL}@2", f"{MODEL}@1")
     assert alias_on(registry) == ["2"]
+
+
+def test_the_models_page_of_the_web_view() -> None:
+    from spotorch.app import releases
+    from spotorch.operate.ui.server import UIServer
+    from test_ui import backend_of
+
+    deps, _, _ = make()
+    deps.project = "proj"
+    train(deps, "r1", 0.80)
+    train(deps, "r2", 0.70)
+    train(deps, "r3", 0.90)
+
+    class Api:
+        def post(self, action: str, body: Mapping[str, str]) -> dict[str, object]:
+            assert action == "models"
+            return releases.models_view(deps, body["pipeline"])
+
+    backend = backend_of(deps)
+    backend.actions = Api()
+    status, _, raw = UIServer(backend, port=0, refresh_s=3).respond("/models/churn", {})
+    body = raw.decode()
+    assert status == 200
+    assert body.count('class="version"') == 3 and "does not beat" in body
+    assert "churn@3" in body and "80%" in body and "20%" in body and "node-hours" in body

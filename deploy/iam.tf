@@ -69,10 +69,18 @@ locals {
     "aiplatform.customJobs.create",
     "aiplatform.customJobs.get",
     "aiplatform.customJobs.list",
-    # Model Registry: UploadModel (polling its operation needs models.get), ListModelVersions
+    # Model Registry: UploadModel (polling its operation needs models.get), ListModelVersions,
+    # MergeVersionAliases (the promotion gate moves its alias: models.update)
     "aiplatform.models.get",
     "aiplatform.models.list",
+    "aiplatform.models.update",
     "aiplatform.models.upload",
+    # Endpoints (model.serve): the endpoint, canary deploys, traffic splits, undeploys
+    "aiplatform.endpoints.create",
+    "aiplatform.endpoints.deploy",
+    "aiplatform.endpoints.get",
+    "aiplatform.endpoints.undeploy",
+    "aiplatform.endpoints.update",
     # Experiments: the default metadata store and the experiment and run contexts
     "aiplatform.contexts.addContextChildren",
     "aiplatform.contexts.create",
@@ -157,6 +165,15 @@ resource "google_storage_bucket_iam_member" "functions_checkpoints" {
   for_each = local.checkpoint_buckets
   bucket   = each.value
   role     = "roles/storage.objectUser"
+  member   = local.functions_member
+}
+
+# Model registration lists the run's model folder: a prebuilt serving container must find a
+# file it loads there (model.joblib, model.bst, ...) before the version is uploaded (issue 37).
+resource "google_storage_bucket_iam_member" "functions_list_models" {
+  for_each = local.model_buckets
+  bucket   = each.value
+  role     = "roles/storage.objectViewer"
   member   = local.functions_member
 }
 

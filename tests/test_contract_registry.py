@@ -88,6 +88,20 @@ class RegistryContract:
         assert registry.upload(upload(pipeline, "r1")) == name
         assert registry.upload(upload(pipeline, "r2")).endswith("@2")
 
+    def test_an_alias_moved_to_a_version_leaves_the_one_holding_it(
+            self, registry: ModelRegistry, pipeline: str) -> None:
+        first = registry.upload(upload(pipeline, "r1"))
+        second = registry.upload(upload(pipeline, "r2"))
+        registry.move_alias(first, "production")
+        registry.move_alias(first, "production")  # idempotent
+        assert set(registry.version(first).aliases) == {"default", "production"}
+        registry.move_alias(second, "production")
+        assert set(registry.version(first).aliases) == {"default"}
+        assert set(registry.version(second).aliases) == {ALIAS_LATEST, "production"}
+        with pytest.raises(RegistryError) as err:
+            registry.move_alias(f"{second.rsplit('@', 1)[0]}@9", "production")
+        assert err.value.permanent and err.value.code == "NOT_FOUND"
+
     def test_an_unknown_version_is_not_found(self, registry: ModelRegistry, pipeline: str) -> None:
         with pytest.raises(RegistryError) as err:
             registry.version(f"projects/{PROJECT}/locations/{REGION}/models/{pipeline}@9")

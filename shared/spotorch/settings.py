@@ -73,6 +73,8 @@ COLLECTION_NOTIFICATIONS = "notifications"  # one doc per (event, channel); TTL 
 COLLECTION_NOTIFICATION_RUNS = "notification_runs"  # one doc per (run, channel); TTL on expires_at
 COLLECTION_PROBES = "hardware_probes"  # pipeline -> its hardware candidates' cached measurements
 COLLECTION_TABLE_WATCHES = "table_watches"  # pipeline -> its BigQuery tables as last seen
+COLLECTION_CHAMPIONS = "model_champions"  # model -> its champion and the gate's decisions
+COLLECTION_ROLLOUTS = "endpoint_rollouts"  # endpoint -> what it serves, its canary, what waits
 
 # How long each collection's documents live. A collection that grows with use has a TTL field,
 # a timestamp the code writes (a number is ignored by Firestore) and deploy/firestore.tf has a
@@ -88,6 +90,8 @@ RETENTION: Mapping[str, tuple[str | None, str]] = {
     COLLECTION_BUDGETS: (None, "one per region and request kind, rewritten in place"),
     COLLECTION_PROBES: (None, "one per pipeline, rewritten in place"),
     COLLECTION_TABLE_WATCHES: (None, "one per BigQuery pipeline, rewritten in place"),
+    COLLECTION_CHAMPIONS: (None, "one per promoted model, rewritten in place"),
+    COLLECTION_ROLLOUTS: (None, "one per serving endpoint, rewritten in place"),
     COLLECTION_DEDUPE: (TTL_FIELD, "an object event's id, 7 days"),
     COLLECTION_REJECTED: (TTL_FIELD, "a rejected event, 30 days"),
     COLLECTION_FAILURES: (TTL_FIELD, "a message's last transient failure, 14 days"),

@@ -31,6 +31,7 @@ _TRAINER = Path(__file__).resolve().parents[3] / "trainer"  # examples/trainer/s
 if (_TRAINER / "spotorch_trainer" / "__init__.py").is_file() and str(_TRAINER) not in sys.path:
     sys.path.insert(0, str(_TRAINER))  # a source checkout: use the helper next to this file
 
+from spotorch_example.serving import SERVING_FILE, joblib_bytes, sklearn_model  # noqa: E402
 from spotorch_trainer import (  # noqa: E402
     Run,
     SnapshotObject,
@@ -41,6 +42,7 @@ from spotorch_trainer import (  # noqa: E402
     snapshot_objects,
     write_bytes,
 )
+from spotorch_trainer.evaluation import held_out, p95_ms, report_evaluation  # noqa: E402
 
 log = logging.getLogger("example")
 
@@ -311,6 +313,25 @@ def evaluate(cfg: Config, params: Params, data: Dataset) -> dict[str, float]:
             "train_loss": train_loss}
 
 
+def evaluate_held_out(run: Run, served: Any) -> dict[str, float]:
+    """Score the served model on the held-out folder spotorch names (SPOTORCH_EVAL_DATA_URI) and
+    report it as eval_* (with its p95 predict latency); nothing when none is named."""
+    spec = held_out()
+    if spec is None:
+        return {}
+    if spec.data_uri is None:
+        raise SystemExit("this example evaluates on model.evaluation.data_uri only (its rows "
+                         "have no key column to split on)")
+    x, y, _ = load_shards(spec.data_uri)
+    probs = served.predict_proba(x)
+    accuracy = float((served.classes_[probs.argmax(axis=1)] == y).mean())
+    loss = float(-np.log(probs[np.arange(len(y)), np.searchsorted(served.classes_, y)]
+                         + 1e-12).mean())
+    latency = p95_ms(lambda row: served.predict(row.reshape(1, -1)), list(x[:50]))
+    log.info("held-out %s: accuracy %.3f, p95 predict %.2f ms", spec.data_uri, accuracy, latency)
+    return report_evaluation(run, {"accuracy": accuracy, "loss": loss}, latency_p95_ms=latency)
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
@@ -356,6 +377,11 @@ def main(argv: list[str] | None = None) -> int:
         metrics = evaluate(cfg, state["params"], data)
         write_bytes(join(model_dir, MODEL_FILE),
                     npz_bytes({**state["params"], "x_mean": data.mean, "x_std": data.std}))
+        # issue 37: the same model as Vertex's prebuilt scikit-learn container loads it, and its
+        # score on the pipeline's held-out data (model.evaluation) for the promotion gate
+        served = sklearn_model(state["params"], data.mean, data.std, data.classes)
+        write_bytes(join(model_dir, SERVING_FILE), joblib_bytes(served))
+        evaluate_held_out(run, served)
         summary = {**metrics, "steps": cfg.total_steps, "n_train": len(data.y_train),
                    "n_test": len(data.y_test), "data_sha256": data.sha256, "config": asdict(cfg)}
         write_bytes(join(model_dir, METRICS_FILE),

@@ -24,6 +24,7 @@ from spotorch.ports.job_logs import JobLogs
 from spotorch.ports.jobs import JobLauncher
 from spotorch.ports.messages import EventPublisher, ShardDispatcher
 from spotorch.ports.registry import ExperimentTracker, ModelRegistry
+from spotorch.ports.serving import Endpoints, EndpointTraffic
 from spotorch.ports.steps import StepLauncher, StepOutputs
 from spotorch.ports.storage import CheckpointStore, ObjectStore
 from spotorch.ports.store import DocumentStore, RunStore
@@ -90,6 +91,9 @@ class Deps:
     shards: ShardDispatcher | None = None  # None: the tick reconciles every run itself
     models: ModelRegistry | None = None  # Vertex AI Model Registry (pipelines with `model`)
     experiments: ExperimentTracker | None = None  # Vertex AI Experiments (sweep trials)
+    # issue 37: Vertex AI endpoints (pipelines with model.serve) and their traffic's metrics
+    endpoints: Endpoints | None = None
+    endpoint_traffic: EndpointTraffic | None = None
     # Spot seen by every run, per region and shape: ranks regions for the next Spot attempt.
     spot: SpotRecord = field(default_factory=SpotRecord)
     owners: JobOwners = field(default_factory=lambda: JobOwners())  # the job records, cached

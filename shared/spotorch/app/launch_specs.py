@@ -10,7 +10,7 @@ from typing import Any
 
 from spotorch.app import hardware_probes as probes
 from spotorch.app.deps import Deps
-from spotorch.core import hardware, provenance, shapes
+from spotorch.core import hardware, promotion, provenance, shapes
 from spotorch.core.hardware import PROBE_CANDIDATE_LABEL
 from spotorch.core.intents import LaunchIntent, LaunchProbeIntent
 from spotorch.core.model import PROBE_CAPACITY, PROBE_HARDWARE, JobPhase, JobStatus, Probe, Run, probe_key
@@ -142,6 +142,7 @@ def launch_spec(deps: Deps, run: Run, intent: LaunchIntent) -> LaunchSpec:
     # which the manifest does not list; the step's cache key names its input, code, options.
     if manifest and env[contract.ENV_DATA_URI] == run.data_uri:
         env[contract.ENV_INPUTS] = str(manifest)
+    env.update(promotion.evaluation_env(prov.get("evaluation")))  # held-out data (issue 37)
     if intent.resume_exact:
         env[contract.ENV_RESUME_EXACT] = "1"
     attempt = run.attempt(number)

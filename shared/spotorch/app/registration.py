@@ -2,9 +2,10 @@
 version of the pipeline's model, its labels, the aliases that move to it) and its run or trial
 to Vertex AI Experiments.
 
-`aliases_to_move` is the one place that decides which aliases a new version takes: a promotion
-gate (which versions may become `latest`, say) plugs in there, and every registration, of a run
-or of a sweep's winner, goes through it.
+`aliases_to_move` decides which aliases a new version takes at upload (the pipeline's, and `best`
+for a sweep's winner); the promotion gate (`model.promote`, spotorch.app.releases) runs after
+every upload, of a run or of a sweep's winner, and alone moves the champion's alias. Before any
+upload, `promotions.check_servable` refuses an artifact its prebuilt container cannot load.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
+from spotorch.app import promotions, releases
 from spotorch.app.deps import Deps
 from spotorch.core import provenance
 from spotorch.core.context import Context
@@ -84,6 +86,7 @@ def register_run_model(deps: Deps, run: Run, intent: RegisterModelIntent) -> Obs
                           snapshot_id=run.snapshot_id,
                           found=provenance.labels(run.provenance or {}))
     try:
+        promotions.check_servable(deps, model.serving_image, intent.artifact_uri)
         name = deps.models.upload(ModelUpload(
             pipeline=run.pipeline, run_id=run.run_id, region=model_region(pipeline),
             display_name=model.display_name or run.pipeline, artifact_uri=intent.artifact_uri,
@@ -93,6 +96,7 @@ def register_run_model(deps: Deps, run: Run, intent: RegisterModelIntent) -> Obs
         if not exc.permanent:
             raise  # stays in the outbox; the tick retries it
         return ModelRegistered(intent.id, error=str(exc))
+    releases.after_registration(deps, run, name)  # model.promote: the gate, then serving
     if model.experiments and deps.experiments is not None:
         log_run_experiment(deps, run, region=model_region(pipeline))
     return ModelRegistered(intent.id, model_name=name)
@@ -118,19 +122,29 @@ def log_run_experiment(deps: Deps, run: Run, *, region: str) -> None:
 
 # ---------------------------------------------------------------- a sweep
 
-def register_sweep_model(deps: Deps, sw: Sweep, intent: RegisterModel) -> str:
+def register_sweep_model(deps: Deps, sw: Sweep, intent: RegisterModel) -> str | None:
     """UploadModel of a sweep's winning trial as a new version of the pipeline's model (its
-    aliases and `best`); any failure raises (the intent is deferred and retried)."""
+    aliases and `best`), then the promotion gate. An artifact its serving container cannot load
+    registers nothing (None, logged); any other failure raises (deferred and retried)."""
     pipeline = deps.pipeline(sw.pipeline)
     model = pipeline.model
     assert model is not None and deps.models is not None
+    try:
+        promotions.check_servable(deps, model.serving_image, intent.artifact_uri)
+    except RegistryError as exc:
+        if not exc.permanent:
+            raise
+        log.warning("sweep %s: the winner's model is not registered: %s", sw.sweep_id, exc)
+        return None
     labels = model_labels(model, pipeline=sw.pipeline, run_id=intent.run_id,
                           snapshot_id=sw.snapshot_id, sweep_id=sw.sweep_id)
-    return deps.models.upload(ModelUpload(
+    name = deps.models.upload(ModelUpload(
         pipeline=sw.pipeline, run_id=intent.run_id, region=model_region(pipeline),
         display_name=model.display_name or sw.pipeline, artifact_uri=intent.artifact_uri,
         serving_image=model.serving_image, labels=labels,
         aliases=aliases_to_move(pipeline, sweep_winner=True)))
+    releases.after_registration(deps, intent.run_id, name)  # model.promote (the gate)
+    return name
 
 
 def log_trial(deps: Deps, sw: Sweep, intent: LogTrial) -> str:

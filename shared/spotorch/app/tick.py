@@ -97,6 +97,10 @@ def tick(deps: Deps, *, buckets: Sequence[int] | None = None,
         from spotorch.app import sweeps as sweep_service
 
         sweep_service.reconcile_sweeps(deps)
+        if deps.endpoints is not None:  # issue 37: canaries watched, crashed rollouts repaired
+            from spotorch.app import serving
+
+            serving.reconcile_rollouts(deps)
     return touched
 
 

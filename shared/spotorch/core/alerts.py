@@ -197,6 +197,11 @@ _HEADLINES: Mapping[str, tuple[Severity, Callable[[Mapping[str, Any]], str]]] = 
            if d.get("job_id") else f"given up ({_get(d, 'reason')}): {_get(d, 'message')}"))),
     "upload.unmatched": (Severity.WARNING, lambda d: (
         f"Upload to {_get(d, 'uri')} matched no pipeline: {_get(d, 'reason')}")),
+    "model.promoted": (Severity.SUCCESS, lambda d: (
+        f"Model {_get(d, 'model_name')} promoted to {_get(d, 'alias')}: {_get(d, 'reason')}")),
+    "model.rejected": (Severity.WARNING, lambda d: (
+        f"Model {_get(d, 'model_name')} registered without {_get(d, 'alias')}: "
+        f"{_get(d, 'reason')}")),
     "run.checkpoints_deleted": (Severity.INFO, lambda d: (
         f"Deleted old checkpoints (steps {_get(d, 'steps')}), "
         f"{_get(d, 'bytes_reclaimed')} bytes reclaimed")),

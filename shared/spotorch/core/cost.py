@@ -101,6 +101,15 @@ def _pool_rate(pool: WorkerPool, capacity: Capacity, region: str, table: PriceTa
     return None if host is None else (host + accelerators) * pool.replica_count
 
 
+def machine_hourly(machine_type: str, region: str, table: PriceTable = LIST_PRICES
+                   ) -> tuple[float | None, tuple[str, ...]]:
+    """One hour of a machine on standard capacity (an endpoint's node, issue 37) and where the
+    price comes from; None when the table does not know it. Compute Engine's list price: Vertex
+    AI bills prediction nodes at its own, higher rates (a pipeline's own table can say so)."""
+    notes: list[str] = []
+    return _host_rate(machine_type, Capacity.STANDARD, region, table, notes), tuple(notes)
+
+
 def hourly_rate(pipeline: Pipeline | None, capacity: Capacity, region: str,
                 table: PriceTable = LIST_PRICES) -> HourlyRate:
     """One hour of the pipeline's job on this capacity in this region (the pipeline's prices win)."""

@@ -52,6 +52,10 @@ EVENT_KINDS: Mapping[str, str] = {
     # BigQuery snapshots (trigger.bigquery): the event's run_id names the snapshot (snapshot-<id>).
     "snapshot.failed": "a BigQuery snapshot was given up: its snapshot query or extract job "
                        "failed on every attempt; the jobs, reasons and messages",
+    # issue 37: the promotion gate (spotorch.core.promotion); one per registered version
+    "model.promoted": "a registered version passed the promotion gate and took its alias",
+    "model.rejected": "a registered version did not pass the promotion gate: registered without "
+                      "the alias, and why",
     "upload.unmatched": "objects landed in a watched bucket, matched no pipeline, and stayed "
                         "quiet: the rule each missed and what each pipeline expects",
 }

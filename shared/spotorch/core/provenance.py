@@ -20,6 +20,7 @@ from typing import Any
 from spotorch.core.ids import label_value
 from spotorch.core.pipeline import JobTemplate, Pipeline, WorkerPool
 from spotorch.core.pipeline_form import to_form
+from spotorch.core.promotion import evaluation_record
 from spotorch.core.shapes import run_pipeline
 
 FORMAT = 1
@@ -183,7 +184,14 @@ def build(*, pipeline: Pipeline, run_id: str, data: Mapping[str, Any],
         "hardware": hardware_of(template, hardware),
         "rerun_of": None,
         **({"preprocess": step_code_of(pipeline)} if pipeline.preprocess is not None else {}),
+        **_evaluation_of(pipeline, data),
     }
+
+
+def _evaluation_of(pipeline: Pipeline, data: Mapping[str, Any]) -> dict[str, Any]:
+    """issue 37: the held-out data the run's model is evaluated on (model.evaluation)."""
+    record = evaluation_record(pipeline.model.evaluation if pipeline.model else None, data)
+    return {"evaluation": record} if record else {}
 
 
 def step_code_of(pipeline: Pipeline) -> dict[str, Any]:
@@ -270,6 +278,9 @@ def labels(prov: Mapping[str, Any]) -> dict[str, str]:
         out["spotorch_bq_snapshot"] = digest(dict(bq))[:16]
     if prov.get("rerun_of"):
         out["spotorch_rerun_of"] = str(prov["rerun_of"])
+    evaluation = prov.get("evaluation")
+    if isinstance(evaluation, Mapping) and evaluation.get("identity"):
+        out["spotorch_eval"] = digest(str(evaluation["identity"]))[:16]
     return {k: label_value(v) for k, v in out.items() if v != ""}
 
 

@@ -6,7 +6,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated
 
-from spotorch.core.fields import FileSection, Matches, Pairs
+from spotorch.core.canary import ServeSpec
+from spotorch.core.fields import Field, FileSection, Matches, Pairs
+from spotorch.core.promotion import Evaluation, PromotionPolicy
 
 ParamValue = int | float | str | bool
 
@@ -79,3 +81,12 @@ class ModelRegistration(FileSection):
     aliases: tuple[str, ...] = ("latest",)  # a sweep's winner also gets "best"
     region: str = ""  # "": the pipeline's first job region
     experiments: bool = True  # log params, final metrics and cost to Vertex AI Experiments
+    # issue 37: the held-out data versions are evaluated on, and the gate that moves an alias
+    evaluation: Annotated[Evaluation | None, Field(
+        description="The held-out data every version is evaluated on (docs/promotion.md).")] = None
+    promote: Annotated[PromotionPolicy | None, Field(
+        description="Move an alias (production) to a new version only when it beats the "
+                    "version holding it on the held-out data (docs/promotion.md).")] = None
+    serve: Annotated[ServeSpec | None, Field(
+        description="Serve the promoted version on a Vertex AI endpoint, a new one first as a "
+                    "canary (docs/promotion.md).")] = None

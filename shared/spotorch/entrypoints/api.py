@@ -5,7 +5,9 @@ exactly the run's recorded inputs (spotorch.app.runs.rerun_run).
 Times are ISO 8601 (UTC). GET /runs lists every run newest first: ?status=active,FAILED
 &pipeline=NAME&since=6h|ISO&limit=N&page_token=T; the reply carries next_page_token. GET /sweeps
 takes the same (sweep statuses), GET /sweep?sweep_id=S one sweep; POST /submit-sweep
-{pipeline, data_uri, request_id} and POST /cancel-sweep {sweep_id, reason}.
+{pipeline, data_uri, request_id} and POST /cancel-sweep {sweep_id, reason}. GET (or POST)
+/models?pipeline=P: its judged versions, champion and endpoint; POST /promote {version, reason}
+and POST /rollback {endpoint, reason} (spotorch.app.releases).
 
 Ids that name documents (run, pipeline, request, sweep ids) are checked before anything reads: a
 request the API cannot act on answers 400 with the reason and is recorded in rejected_events
@@ -215,6 +217,26 @@ def _cancel_sweep(deps: Deps, body: Mapping[str, Any]) -> Response:
     return _reply(sweep_view(sw, deps.pipelines.get(sw.pipeline)))
 
 
+def _models(deps: Deps, body: Mapping[str, Any]) -> Response:
+    from spotorch.app.releases import models_view
+
+    return _reply(models_view(deps, _field(body, "pipeline")))
+
+
+def _promote(deps: Deps, body: Mapping[str, Any]) -> Response:
+    from spotorch.app.releases import promote_version
+
+    return _reply(promote_version(deps, _field(body, "version"),
+                                  str(body.get("reason") or "promoted via API")))
+
+
+def _rollback(deps: Deps, body: Mapping[str, Any]) -> Response:
+    from spotorch.app.releases import rollback_endpoint
+
+    return _reply(rollback_endpoint(deps, _field(body, "endpoint"),
+                                    str(body.get("reason") or "rolled back via API")))
+
+
 Route = Callable[["Deps", Mapping[str, Any]], Response]
 ROUTES: Mapping[tuple[str, str], Route] = {
     ("GET", "runs"): _list,
@@ -227,6 +249,11 @@ ROUTES: Mapping[tuple[str, str], Route] = {
     ("GET", "sweep"): lambda deps, body: _sweep_view(deps, _id(body, "sweep_id")),
     ("POST", "submit-sweep"): _submit_sweep,
     ("POST", "cancel-sweep"): _cancel_sweep,
+    # issue 37: models, promotion and rollback (spotorch.app.releases)
+    ("GET", "models"): _models,
+    ("POST", "models"): _models,
+    ("POST", "promote"): _promote,
+    ("POST", "rollback"): _rollback,
 }
 
 

@@ -33,6 +33,14 @@ METHOD_PERMISSIONS: Mapping[str, str] = {
     "ModelService/UploadModel": "aiplatform.models.upload",
     "ModelService/GetModel": "aiplatform.models.get",
     "ModelService/ListModelVersions": "aiplatform.models.list",
+    "ModelService/MergeVersionAliases": "aiplatform.models.update",
+    "EndpointService/CreateEndpoint": "aiplatform.endpoints.create",
+    "EndpointService/GetEndpoint": "aiplatform.endpoints.get",
+    "EndpointService/DeployModel": "aiplatform.endpoints.deploy",
+    "EndpointService/UndeployModel": "aiplatform.endpoints.undeploy",
+    "EndpointService/MutateDeployedModel": "aiplatform.endpoints.update",
+    "EndpointService/UpdateEndpoint": "aiplatform.endpoints.update",
+    "PredictionService/Predict": "aiplatform.endpoints.predict",
     "MetadataService/GetMetadataStore": "aiplatform.metadataStores.get",
     "MetadataService/CreateMetadataStore": "aiplatform.metadataStores.create",
     "MetadataService/CreateContext": "aiplatform.contexts.create",
@@ -43,6 +51,7 @@ METHOD_PERMISSIONS: Mapping[str, str] = {
 }
 OPERATION_PERMISSIONS: Mapping[str, str] = {  # resource collection in the operation's name
     "models": "aiplatform.models.get",
+    "endpoints": "aiplatform.endpoints.get",
     "metadataStores": "aiplatform.metadataStores.get",
 }
 

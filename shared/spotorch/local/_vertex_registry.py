@@ -202,6 +202,43 @@ class RegistryServices:
             self._settle()
             return copy(self._version(request.name))
 
+    def merge_version_aliases(self, request: Any) -> Any:
+        """MergeVersionAliases: `alias` adds (moving it from the version holding it), `-alias`
+        removes; the name must carry a version id. Removing `default` is refused (Vertex moves
+        it only by giving it to another version; its exact error is not documented)."""
+        model, at, wanted = request.name.partition("@")
+        if not at or not wanted:
+            raise Invalid("INVALID_ARGUMENT", f"{request.name}: the version id must be given")
+        if not request.version_aliases:
+            raise Invalid("INVALID_ARGUMENT", "version_aliases must not be empty")
+        adds: list[str] = []
+        removes: list[str] = []
+        for alias in request.version_aliases:
+            bare = alias[1:] if alias.startswith("-") else alias
+            if not _ALIAS.match(bare):
+                raise Invalid("INVALID_ARGUMENT", f"invalid version alias {alias!r}")
+            (removes if alias.startswith("-") else adds).append(bare)
+        if "default" in removes:
+            raise Invalid("INVALID_ARGUMENT", "the default alias cannot be removed")
+        with self.state.lock:
+            self._settle()
+            version = self._version(request.name)
+            if version.version_id != wanted:
+                raise Invalid("INVALID_ARGUMENT", f"{request.name}: name a version id, not an "
+                                                  "alias")
+            for other in self.state.models.get(model) or []:
+                if other is version:
+                    continue
+                kept = [a for a in other.version_aliases if a not in adds]
+                del other.version_aliases[:]
+                other.version_aliases.extend(kept)
+            mine = [a for a in dict.fromkeys((*version.version_aliases, *adds))
+                    if a not in removes]
+            del version.version_aliases[:]
+            version.version_aliases.extend(mine)
+            version.version_update_time = utc(time.time())
+            return copy(version)
+
     def list_model_versions(self, request: Any) -> Any:
         from google.cloud import aiplatform_v1 as v1
 
@@ -359,6 +396,8 @@ class RegistryServices:
         models = service(MODEL_SERVICE, {
             "UploadModel": (self.upload_model, v1.UploadModelRequest, op_out),
             "GetModel": (self.get_model, v1.GetModelRequest, v1.Model.serialize),
+            "MergeVersionAliases": (self.merge_version_aliases, v1.MergeVersionAliasesRequest,
+                                    v1.Model.serialize),
             "ListModelVersions": (self.list_model_versions, v1.ListModelVersionsRequest,
                                   v1.ListModelVersionsResponse.serialize),
         })

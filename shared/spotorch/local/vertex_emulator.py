@@ -23,6 +23,7 @@ import click
 from spotorch.adapters.gcp.vertex import JobState
 from spotorch.commandline import CONTEXT, run
 from spotorch.local import _vertex_logs as logs
+from spotorch.local._vertex_endpoints import EndpointServices
 from spotorch.local._vertex_iam import IamPolicy
 from spotorch.local._vertex_jobs import JobStore
 from spotorch.local._vertex_logging import LoggingService
@@ -127,6 +128,8 @@ class VertexEmulator:
                                    resources=self._resources(resource_quotas))
         # Model Registry and Experiments (ModelService, MetadataService, operations): in memory.
         self.registry = RegistryServices(project, iam=iam)
+        # Endpoints and predictions (issue 37): each deployed model a local prediction server.
+        self.endpoints = EndpointServices(self.registry, seed=seed)
         # Cloud Logging's ListLogEntries over the jobs' output (the error tail of a failed job).
         self.logging = LoggingService(project, lambda: self.workdir or Path("."), iam=iam)
         self._t0 = time.monotonic()
@@ -219,7 +222,7 @@ class VertexEmulator:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8,
                                                         thread_name_prefix="vertex-emu-rpc"))
         server.add_generic_rpc_handlers((self._service.handlers(), *self.registry.handlers(),
-                                         self.logging.handlers()))
+                                         self.logging.handlers(), *self.endpoints.handlers()))
         port = server.add_insecure_port(f"{self.host}:{self.port}")
         if not port:
             raise EmulatorError(f"cannot listen on {self.host}:{self.port}")
@@ -255,6 +258,7 @@ class VertexEmulator:
         with self._store.lock:
             for job in self._store:
                 kill(job.replicas)
+        self.endpoints.stop()
         self._publisher.stop()
 
     def __enter__(self) -> VertexEmulator:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import click
 
 from spotorch.commandline import CONTEXT, LazyGroup, run
-from spotorch.operate import cli_actions, cli_runs, cli_snapshots, cli_sweeps, cli_tools
+from spotorch.operate import cli_actions, cli_models, cli_runs, cli_snapshots, cli_sweeps, cli_tools
 from spotorch.operate.cli_session import OperatorFailure, OperatorUsageError, Session, target_options
 
 __all__ = ["LAZY", "OperatorFailure", "OperatorUsageError", "cli", "main"]
@@ -60,7 +60,7 @@ def cli(ctx: click.Context) -> None:
 for _command in (cli_runs.runs, cli_runs.show, cli_runs.status_alias, cli_runs.watch,
                  cli_runs.logs, cli_snapshots.snapshots, cli_sweeps.sweeps, cli_sweeps.sweep,
                  cli_actions.submit, cli_actions.cancel, cli_actions.retry, cli_actions.rerun,
-                 cli_tools.ui):
+                 cli_tools.ui, cli_models.models, cli_models.promote, cli_models.rollback):
     cli.add_command(_command)
 
 

@@ -127,6 +127,7 @@ def _on(scopes: Scope | tuple[Scope, ...], *permissions: str) -> tuple[tuple[Sco
 
 VERTEX = "spotorch.adapters.gcp.vertex:VertexJobLauncher"
 REGISTRY = "spotorch.adapters.gcp.registry:VertexModelRegistry"
+ENDPOINTS = "spotorch.adapters.gcp.endpoints:VertexEndpoints"
 EXPERIMENTS = "spotorch.adapters.gcp.registry:VertexExperimentTracker"
 STORE = "spotorch.adapters.gcp.firestore:FirestoreDocumentStore"
 LEDGER = "spotorch.adapters.gcp.notification_ledger:FirestoreNotificationLedger"
@@ -177,6 +178,33 @@ CALLS: tuple[Call, ...] = (
     Call("ModelServiceClient.get_model", "projects.locations.models.get",
          _on(S.PROJECT, "aiplatform.models.get"), (F,), (f"{REGISTRY}.version",), VERTEX_IAM,
          "read a registered version"),
+    Call("ModelServiceClient.merge_version_aliases", "projects.locations.models.mergeVersionAliases",
+         _on(S.PROJECT, "aiplatform.models.update"), (F,), (f"{REGISTRY}.move_alias.merge",),
+         VERTEX_IAM, "move the promotion alias (model.promote) to a version that passed the gate"),
+    # --- Endpoints (model.serve, issue 37): the rollout's calls; polling an operation needs .get --
+    Call("EndpointServiceClient.get_endpoint", "projects.locations.endpoints.get",
+         _on(S.PROJECT, "aiplatform.endpoints.get"), (F,),
+         (f"{ENDPOINTS}.create.find_or_create", f"{ENDPOINTS}.get.read",
+          f"{ENDPOINTS}.deploy.find_or_deploy", f"{ENDPOINTS}.undeploy.remove"), VERTEX_IAM,
+         "the endpoint, what it serves and the traffic split"),
+    Call("EndpointServiceClient.create_endpoint", "projects.locations.endpoints.create",
+         _on(S.PROJECT, "aiplatform.endpoints.create", "aiplatform.endpoints.get"), (F,),
+         (f"{ENDPOINTS}.create.find_or_create",), VERTEX_IAM, "the pipeline's endpoint, once"),
+    Call("EndpointServiceClient.deploy_model", "projects.locations.endpoints.deployModel",
+         _on(S.PROJECT, "aiplatform.endpoints.deploy", "aiplatform.endpoints.get"), (F,),
+         (f"{ENDPOINTS}.deploy.find_or_deploy",), VERTEX_IAM,
+         "deploy a promoted version beside the serving one (a canary)"),
+    Call("EndpointServiceClient.undeploy_model", "projects.locations.endpoints.undeployModel",
+         _on(S.PROJECT, "aiplatform.endpoints.undeploy", "aiplatform.endpoints.get"), (F,),
+         (f"{ENDPOINTS}.undeploy.remove",), VERTEX_IAM,
+         "undeploy the old version after a canary passed, or the canary after a rollback"),
+    Call("EndpointServiceClient.update_endpoint", "projects.locations.endpoints.patch",
+         _on(S.PROJECT, "aiplatform.endpoints.update"), (F,), (f"{ENDPOINTS}.set_traffic.update",),
+         VERTEX_IAM, "move the traffic split (canary to all, or back)"),
+    Call("EndpointServiceClient.mutate_deployed_model",
+         "projects.locations.endpoints.mutateDeployedModel",
+         _on(S.PROJECT, "aiplatform.endpoints.update", "aiplatform.endpoints.get"), (F,),
+         (f"{ENDPOINTS}.scale.mutate",), VERTEX_IAM, "a deployed model's replica bounds"),
     # --- Experiments (Vertex ML Metadata) ------------------------------------------------------
     Call("MetadataServiceClient.get_metadata_store", "projects.locations.metadataStores.get",
          _on(S.PROJECT, "aiplatform.metadataStores.get"), (F,), (f"{EXPERIMENTS}._store",),
@@ -271,6 +299,9 @@ CALLS: tuple[Call, ...] = (
     Call("Client.list_blobs", "objects.list", _on((S.LANDING, S.EXPORT), LIST_OBJECTS), (F,),
          (f"{OBJECTS}.list_page",), STORAGE_IAM,
          "a snapshot's prefix; the reconcile listing; a BigQuery export's Parquet files"),
+    Call("Client.list_blobs", "objects.list", _on(S.MODEL, LIST_OBJECTS), (F,),
+         (f"{OBJECTS}.list_page",), STORAGE_IAM,
+         "registration: the model folder holds a file its prebuilt serving container loads"),
     # --- Cloud Storage: checkpoints (the functions, and the trainer helper in every job) ---------
     Call("Client.list_blobs", "objects.list", _on(S.CHECKPOINT, LIST_OBJECTS), (F,),
          (f"{GCS}.list_dirs", f"{GCS}.sizes"), STORAGE_IAM,

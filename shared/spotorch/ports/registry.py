@@ -80,6 +80,11 @@ class ModelRegistry(Protocol):
         """One version by its name (…/models/M@V); RegistryError(code NOT_FOUND) if absent."""
         ...
 
+    def move_alias(self, name: str, alias: str) -> None:
+        """Give the version `name` (…/models/M@V) the alias, which leaves the version holding it
+        (MergeVersionAliases); idempotent."""
+        ...
+
 
 @dataclass(frozen=True)
 class ExperimentRun:

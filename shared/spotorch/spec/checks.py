@@ -24,6 +24,7 @@ from spotorch.core.pipeline import (
 )
 from spotorch.core.table_changes import query_problems
 from spotorch.core.triggers import ignore_rule, split_gs_uri
+from spotorch.spec.promotion_checks import check_promotion
 from spotorch.spec.yaml_source import join_path
 
 DEFAULT_IGNORE: tuple[str, ...] = BUILTIN_IGNORE  # always on; files add to them
@@ -500,5 +501,5 @@ def _check_preprocess(doc: Any) -> _Found:
 CHECKS: tuple[Callable[[Any], _Found], ...] = (
     _check_positive_durations, _check_deadline, _check_backoff, _check_batch_options,
     _check_ignore, _check_overlap, _check_source, _check_regexes, _check_pools, _check_labels,
-    _check_routes, _check_candidates, _check_preprocess,
+    _check_routes, _check_candidates, _check_preprocess, check_promotion,
 )

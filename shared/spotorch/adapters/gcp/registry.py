@@ -181,6 +181,18 @@ class VertexModelRegistry:
             name=name, timeout=self._c.call_timeout_s))
         return _version_of(got)
 
+    def move_alias(self, name: str, alias: str) -> None:
+        """ModelRegistry.move_alias: MergeVersionAliases on the version (Vertex moves the alias
+        from the version holding it)."""
+        region = name.split("/")[3] if name.count("/") >= 3 else ""
+
+        def merge() -> None:
+            self._c.budget.take(region, (CRUD,))
+            self._c.client(region).merge_version_aliases(
+                name=name, version_aliases=[alias], timeout=self._c.call_timeout_s)
+
+        self._c.call(f"give {name} the alias {alias}", merge)
+
 
 def _struct(value: Mapping[str, Any]) -> Any:
     from google.protobuf import struct_pb2

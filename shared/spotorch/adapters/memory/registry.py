@@ -24,7 +24,8 @@ class MemoryModelRegistry:
         self.versions: dict[str, list[ModelVersion]] = {}  # model name -> versions in order
         self.uploads = 0  # UploadModel calls made (a redelivery must not add one)
         self.fail_next: RegistryError | None = None
-        self._lock = threading.Lock()
+        self.alias_moves = 0  # MergeVersionAliases calls made
+        self._lock = threading.RLock()
 
     def upload(self, upload: ModelUpload) -> str:
         """ModelRegistry.upload: a new version, or the one this run already uploaded."""
@@ -61,6 +62,20 @@ class MemoryModelRegistry:
             if version.version_id == wanted or wanted in version.aliases:
                 return version
         raise RegistryError(f"no model version {name}", permanent=True, code="NOT_FOUND")
+
+    def move_alias(self, name: str, alias: str) -> None:
+        """ModelRegistry.move_alias: the alias leaves the other versions of the model."""
+        with self._lock:
+            if self.fail_next is not None:
+                exc, self.fail_next = self.fail_next, None
+                raise exc
+            self.version(name)
+            model, _, number = name.partition("@")
+            self.alias_moves += 1
+            self.versions[model] = [
+                replace(v, aliases=tuple(dict.fromkeys((*v.aliases, alias))) if
+                        v.version_id == number else tuple(a for a in v.aliases if a != alias))
+                for v in self.versions[model]]
 
 
 class MemoryExperimentTracker:

@@ -3,8 +3,8 @@
 GET: / (runs, with ?status=&pipeline=&since=&page_token=, and the totals over ?period=, 7d by
 default), /runs/RUN (a run, its charts and timeline), /runs/RUN/logs?attempt=N,
 /runs/RUN/timeline.svg, /snapshots, /pipelines, /sweeps (the same filters as runs) and
-/sweeps/SWEEP; /api/runs, /api/runs/RUN, /api/totals, /api/snapshots, /api/pipelines,
-/api/sweeps, /api/sweeps/SWEEP (the same views as JSON); /healthz.
+/sweeps/SWEEP, /models/PIPELINE (through the api); /api/runs, /api/runs/RUN, /api/totals,
+/api/snapshots, /api/pipelines, /api/sweeps, /api/sweeps/SWEEP (the same views as JSON); /healthz.
 
 POST (the buttons): /runs/RUN/cancel, /runs/RUN/retry, /runs/RUN/rerun, /sweeps/SWEEP/cancel.
 Each is handed to the api function (Backend.actions: the CLI's path, with the same identity token), never
@@ -246,6 +246,12 @@ class UIServer:
                 return 200, HTML, pages_sweeps.sweep_page(self._sweep(parts[1]), target=label,
                                                           refresh_s=refresh, token=self.token,
                                                           args=args).encode()
+            if len(parts) == 2 and parts[0] == "models":  # issue 37, through the api
+                from spotorch.operate.ui import pages_models
+
+                view = self.backend.actions.post("models", {"pipeline": parts[1]})
+                return 200, HTML, pages_models.models_page(view, target=label,
+                                                           refresh_s=refresh).encode()
             raise NotFound(f"no page {path}")
         except NotFound as exc:
             return 404, HTML, pages.error_page(str(exc), target=label).encode()

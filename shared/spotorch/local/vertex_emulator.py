@@ -41,6 +41,7 @@ from spotorch.local._vertex_schedule import (
     parse_schedule,
 )
 from spotorch.local._vertex_service import SERVICE, JobService, copy
+from spotorch.local._vertex_vizier import VizierService
 from spotorch.local._vertex_workers import kill
 from spotorch.settings import TOPIC_JOB_EVENTS
 
@@ -127,6 +128,8 @@ class VertexEmulator:
                                    resources=self._resources(resource_quotas))
         # Model Registry and Experiments (ModelService, MetadataService, operations): in memory.
         self.registry = RegistryServices(project, iam=iam)
+        # Vizier: studies and trials in memory, suggestions from Optuna (its operations: the registry's).
+        self.vizier = VizierService(project, self.registry, seed=seed, iam=iam)
         # Cloud Logging's ListLogEntries over the jobs' output (the error tail of a failed job).
         self.logging = LoggingService(project, lambda: self.workdir or Path("."), iam=iam)
         self._t0 = time.monotonic()
@@ -219,7 +222,7 @@ class VertexEmulator:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8,
                                                         thread_name_prefix="vertex-emu-rpc"))
         server.add_generic_rpc_handlers((self._service.handlers(), *self.registry.handlers(),
-                                         self.logging.handlers()))
+                                         self.logging.handlers(), self.vizier.handlers()))
         port = server.add_insecure_port(f"{self.host}:{self.port}")
         if not port:
             raise EmulatorError(f"cannot listen on {self.host}:{self.port}")

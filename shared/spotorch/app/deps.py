@@ -27,6 +27,7 @@ from spotorch.ports.steps import StepLauncher, StepOutputs
 from spotorch.ports.storage import CheckpointStore, ObjectStore
 from spotorch.ports.store import DocumentStore, RunStore
 from spotorch.ports.tables import TableSource
+from spotorch.ports.vizier import TrialSearch
 from spotorch.settings import COLLECTION_JOBS
 
 log = logging.getLogger("spotorch.app.deps")
@@ -89,6 +90,7 @@ class Deps:
     shards: ShardDispatcher | None = None  # None: the tick reconciles every run itself
     models: ModelRegistry | None = None  # Vertex AI Model Registry (pipelines with `model`)
     experiments: ExperimentTracker | None = None  # Vertex AI Experiments (sweep trials)
+    search: TrialSearch | None = None  # Vertex AI Vizier (sweeps with search: vizier)
     # Spot seen by every run, per region and shape: ranks regions for the next Spot attempt.
     spot: SpotRecord = field(default_factory=SpotRecord)
     owners: JobOwners = field(default_factory=lambda: JobOwners())  # the job records, cached

@@ -19,12 +19,16 @@ from spotorch.core.context import Context
 from spotorch.core.errors import SpotorchError
 from spotorch.core.model import Run
 from spotorch.core.moves import spent
+from spotorch.core.sweep_spec import SearchKind
 from spotorch.core.sweeps import (
+    CompleteStudyTrial,
     LogTrial,
+    MeasureTrial,
     PublishSweepEvent,
     RegisterModel,
     StartTrial,
     StopTrial,
+    SuggestTrial,
     Sweep,
     SweepCancelRequested,
     SweepContext,
@@ -45,6 +49,7 @@ from spotorch.ports.registry import (
     ModelUpload,
 )
 from spotorch.ports.store import ConflictError
+from spotorch.ports.vizier import Measurement, StudyConfig
 from spotorch.settings import COLLECTION_SWEEPS
 
 if TYPE_CHECKING:
@@ -97,6 +102,9 @@ def start_sweep(deps: Deps, pipeline_name: str, *, sweep_id: str, data_uri: str,
     pipeline = deps.pipeline(pipeline_name)
     if pipeline.sweep is None:
         raise NotASweepPipeline(f"pipeline {pipeline_name} defines no sweep")
+    if pipeline.sweep.search is SearchKind.VIZIER and deps.search is None:
+        raise NotASweepPipeline(f"pipeline {pipeline_name} searches with vizier, and this "
+                                "deployment has no Vizier client")
     existing, _ = load_sweep(deps, sweep_id)
     if existing is not None:
         return existing
@@ -230,6 +238,8 @@ def _perform(deps: Deps, sw: Sweep, intent: SweepIntent) -> SweepObservation | N
                 return SweepIntentDone(intent.id, model_name=_register(deps, sw, intent))
             case LogTrial():
                 return SweepIntentDone(intent.id, experiment_run=_log_trial(deps, sw, intent))
+            case SuggestTrial() | MeasureTrial() | CompleteStudyTrial():
+                return _study_call(deps, sw, intent)
             case _:
                 assert_never(intent)
         return SweepIntentDone(intent.id)
@@ -264,9 +274,11 @@ def _log_trial(deps: Deps, sw: Sweep, intent: LogTrial) -> str:
     trial = sw.trial(intent.trial)
     spec = deps.pipeline(sw.pipeline).sweep
     metric = spec.metric if spec else "metric"
-    metrics = {"cost": trial.cost, "preemptions": float(trial.preemptions)}
+    # Every metric the trial reported (quality, latency, model size), its cost from the ledger.
+    metrics = {**{k: float(v) for k, v in trial.metrics.items()},
+               "cost": trial.cost, "preemptions": float(trial.preemptions)}
     if trial.metric is not None:
-        metrics[metric] = trial.metric
+        metrics[spec.quality if spec else metric] = trial.metric
     if trial.step is not None:
         metrics["step"] = float(trial.step)
     return deps.experiments.log_run(ExperimentRun(
@@ -275,17 +287,49 @@ def _log_trial(deps: Deps, sw: Sweep, intent: LogTrial) -> str:
         state="COMPLETE" if trial.status is TrialStatus.SUCCEEDED else "FAILED"))
 
 
+def study_config(deps: Deps, sw: Sweep) -> StudyConfig:
+    """The sweep's Vizier study: named by the sweep, its parameters and objectives."""
+    spec = deps.pipeline(sw.pipeline).sweep
+    assert spec is not None
+    return StudyConfig(display_name=sw.sweep_id, region=_region(deps, sw.pipeline),
+                       parameters=spec.parameters, objectives=sweep.objectives(spec))
+
+
+def _study_call(deps: Deps, sw: Sweep,
+                intent: SuggestTrial | MeasureTrial | CompleteStudyTrial) -> SweepIntentDone:
+    """Carry out a Vizier intent: suggest (client id: the trial's run id, so a redelivery gets
+    the same Vizier trial), measure, or complete."""
+    search = deps.search
+    if search is None:
+        raise NotASweepPipeline(f"sweep {sw.sweep_id} searches with vizier: no Vizier client")
+    trial = sw.trial(intent.trial)
+    if isinstance(intent, SuggestTrial):
+        study = sw.study or search.study(study_config(deps, sw))
+        suggested, = search.suggest(study, trial.run_id, 1)
+        return SweepIntentDone(intent.id, study=study, study_trial=suggested.name,
+                               params=dict(suggested.params))
+    assert trial.study_trial is not None
+    if isinstance(intent, MeasureTrial):
+        search.measure(trial.study_trial, Measurement(intent.step, dict(intent.metrics)))
+    else:
+        search.complete(trial.study_trial, dict(intent.final) if intent.final else None,
+                        infeasible_reason=intent.infeasible_reason)
+    return SweepIntentDone(intent.id)
+
+
 # ---------------------------------------------------------------- following trials
 
 def trial_seen(deps: Deps, run: Run, number: int) -> TrialSeen:
     """What the sweep needs of a trial's run: status, curve, final metric, cost."""
     pipeline = deps.pipeline(run.pipeline)
-    metric_name = pipeline.sweep.metric if pipeline.sweep else ""
+    metric_name = pipeline.sweep.quality if pipeline.sweep else ""
     curve = tuple((p.step, p.value) for p in run.curve)
     metric = curve[-1][1] if curve else run.progress.metrics.get(metric_name)
     cost = spent(run, Context(pipeline, deps.clock.now(), prices=deps.prices))
     return TrialSeen(number, run.status, step=run.progress.step if run.progress.at else None,
-                     metric=metric, curve=curve, cost=cost, preemptions=run.counters.preemptions)
+                     metric=metric, curve=curve, cost=cost, preemptions=run.counters.preemptions,
+                     metrics={k: float(v) for k, v in run.progress.metrics.items()},
+                     end_reason=run.end_reason)
 
 
 def _number_of(sw: Sweep, run_id: str) -> int | None:

@@ -41,6 +41,7 @@ from spotorch_trainer import (  # noqa: E402
     snapshot_objects,
     write_bytes,
 )
+from spotorch_trainer.latency import serving_metrics  # noqa: E402
 
 log = logging.getLogger("example")
 
@@ -354,8 +355,11 @@ def main(argv: list[str] | None = None) -> int:
                 run.checkpoint(state)
 
         metrics = evaluate(cfg, state["params"], data)
-        write_bytes(join(model_dir, MODEL_FILE),
-                    npz_bytes({**state["params"], "x_mean": data.mean, "x_std": data.std}))
+        blob = npz_bytes({**state["params"], "x_mean": data.mean, "x_std": data.std})
+        write_bytes(join(model_dir, MODEL_FILE), blob)
+        # What serving will see: latency per request on the held-out rows, and the model's size.
+        metrics.update(serving_metrics(lambda rows: forward(state["params"], np.asarray(rows)),
+                                       data.x_test, model_bytes=len(blob)))
         summary = {**metrics, "steps": cfg.total_steps, "n_train": len(data.y_train),
                    "n_test": len(data.y_test), "data_sha256": data.sha256, "config": asdict(cfg)}
         write_bytes(join(model_dir, METRICS_FILE),

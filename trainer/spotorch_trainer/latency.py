@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-BATCH_ENV = "SPOTORCH_LATENCY_BATCH"  # the batched measurement's size (default DEFAULT_BATCH)
+BATCH_ENV = "LATENCY_BATCH_SIZE"  # the batched size, set in the pool's env (SPOTORCH_* is reserved)
 DEFAULT_BATCH = 32
 DEFAULT_WARMUP = 10
 DEFAULT_REQUESTS = 100
@@ -90,7 +90,7 @@ def serving_metrics(predict: Callable[[Any], Any], rows: Rows, *,
                     requests: int = DEFAULT_REQUESTS, model_bytes: int | None = None,
                     model_path: str | os.PathLike[str] | None = None,
                     clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
-    """Latency p50/p95 per request at batch 1 and at `batch_size` (else $SPOTORCH_LATENCY_BATCH,
+    """Latency p50/p95 per request at batch 1 and at `batch_size` (else $LATENCY_BATCH_SIZE,
     else 32), and the model's size in bytes (given, or read from model_path)."""
     if batch_size is None:
         batch_size = int(os.environ.get(BATCH_ENV) or DEFAULT_BATCH)

@@ -77,6 +77,7 @@ class Config:
     fail_at_step: int | None = None
     progress_interval: float = 5.0
     working_memory_mb: int = 0
+    eval_every: int = 0
 
 
 # Option name -> (type, help). The EXAMPLE_* variable is the upper-cased name.
@@ -100,6 +101,8 @@ _OPTIONS: Mapping[str, tuple[type, str]] = {
     "progress_interval": (float, "seconds between progress events"),
     "working_memory_mb": (int, "MiB held from the first step on: stands in for a bigger model's "
                                "activations (out-of-memory probes)"),
+    "eval_every": (int, "evaluate on the held-out rows every N steps too (0: only at the end); "
+                        "a Vizier sweep measures its trials by it"),
 }
 
 
@@ -350,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(cfg.step_sleep)  # stands in for a heavier step; SIGTERM lands here
             loss = train_step(cfg, state, rng, data, step)
             run.log_metrics(loss=loss)
+            if cfg.eval_every and (step + 1) % cfg.eval_every == 0:
+                run.log_metrics(**evaluate(cfg, state["params"], data))
             if run.checkpoint_due():
                 state["rng"] = rng.bit_generator.state
                 run.checkpoint(state)

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from spotorch.core.events import build_event
 from spotorch.core.model import RunStatus
-from spotorch.core.pareto import Choice, Limit, Objective, choose
+from spotorch.core.pareto import Choice, Limit, Objective, choose, front
 from spotorch.core.pipeline import Pipeline
 from spotorch.core.sweep_spec import Goal, MedianStopping, Parameter, ParamValue, Scale, SearchKind, SweepSpec
 
@@ -460,11 +460,16 @@ def choice(sweep: Sweep, spec: SweepSpec) -> Choice:
 def trade_off(sweep: Sweep, spec: SweepSpec) -> dict[str, Any]:
     """The front, the constraints and why the chosen trial was chosen, as reports carry them."""
     made = choice(sweep, spec)
+    points = {t.number: trial_point(t, spec) for t in sweep.trials}
     return {"search": str(spec.search),
             "objectives": [{"name": o.name, "goal": str(o.goal)} for o in objectives(spec)],
             "constraints": {name: {k: v for k, v in (("max", b.max), ("min", b.min))
                                    if v is not None} for name, b in spec.constraints},
-            "pareto": list(made.front), "feasible": list(made.feasible), "chosen": made.chosen,
+            "pareto": list(made.front), "feasible": list(made.feasible),
+            # the front among the trials meeting the constraints (where the choice is made)
+            "pareto_feasible": [k for k in front({k: points[k] for k in made.feasible},
+                                                 objectives(spec))],
+            "chosen": made.chosen,
             "why": made.why, "misses": {str(k): list(v) for k, v in made.misses.items()}}
 
 

@@ -360,7 +360,7 @@ _DEFAULT_QUOTAS = QuotaLimits()
               help="Where worker logs go  [default: a new temporary directory]")
 @click.option("--drop-events", type=click.FloatRange(0, 1), default=0.0,
               help="Fraction of job-state messages to drop (1: all).")
-@click.option("--seed", type=int, help="Random seed for --drop-events.")
+@click.option("--seed", type=int, help="Random seed for --drop-events and Vizier's suggestions.")
 @click.option("--queued-s", default=0.5, help="Least time in QUEUED.")
 @click.option("--pending-s", default=0.5, help="Least time in PENDING.")
 @click.option("--log-format", type=click.Path(dir_okay=False),

@@ -94,3 +94,17 @@ def test_the_operator_reads_benchmark_runs_on_the_firestore_emulator() -> None:
     done = bench("cli_reads.py", "--runs", "3", "--repeat", "1")
     assert "spotorch runs " in done.stdout and "spotorch show demo-0002" in done.stdout
     assert "heaviest imports" in done.stdout
+
+
+def test_the_search_benchmark_compares_vizier_random_and_grid() -> None:
+    """Issue 38: a tiny budget and two seeds; every problem, every search, the target said."""
+    done = bench("search_bench.py", "--seeds", "2", "--budget", "8", "--json", timeout=120)
+    result = last_json(done.stdout)
+    problems = result["problems"]
+    assert isinstance(problems, dict) and set(problems) == {"surface", "branin", "tradeoff"}
+    for name in ("surface", "branin"):
+        assert {"vizier", "random", "grid", "vizier_median_trials_to_random_best",
+                "target_met"} <= set(problems[name])
+    assert 0 < problems["tradeoff"]["vizier"]["share_of_true_front"] <= 1
+    assert done.returncode == (0 if all(problems[n]["target_met"] for n in ("surface", "branin"))
+                               else 1)

@@ -391,7 +391,10 @@ def show_sweep(view: Mapping[str, Any]) -> list[Any]:
     history.add_column("WHAT", overflow="fold")
     for h in view["history"]:
         history.add_row(h["at"], h["what"])
-    return [head, Rule("trials", align="left"), trials, Rule("history", align="left"), history]
+    from spotorch.operate.render_tradeoff import trade_off_parts
+
+    return [head, Rule("trials", align="left"), trials, *trade_off_parts(view),
+            Rule("history", align="left"), history]
 
 
 # ---------------------------------------------------------------- data arrival

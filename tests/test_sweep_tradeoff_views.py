@@ -1,0 +1,59 @@
+"""Issue 38: `spotorch sweep SWEEP` shows the trade-off of a Vizier sweep: each trial on the
+objectives, the Pareto front, the constraints each trial misses, and why the chosen trial was
+chosen; `--json` carries the same."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+from test_sweep_vizier import finish, make
+
+from spotorch.app.queries import DocumentRunReader, DocumentSweepReader
+from spotorch.app.sweeps import start_sweep
+from spotorch.operate.backend import Backend
+from spotorch.operate.cli import cli
+from spotorch.operate.logsource import LocalWorkerLogs
+
+
+def backend(tmp_path: Path) -> tuple[Backend, str]:
+    deps = make()
+    sw = start_sweep(deps, "p", sweep_id="sw", data_uri="gs://b/d/", snapshot_id="d")
+    finish(deps, "sw-t1", accuracy=0.95, latency_p95_ms=35.0)
+    finish(deps, "sw-t2", accuracy=0.90, latency_p95_ms=12.0)
+    finish(deps, "sw-t3", accuracy=0.80, latency_p95_ms=15.0)
+    return Backend(reader=DocumentRunReader(deps.docs), sweeps=DocumentSweepReader(deps.docs),
+                   actions=None,  # type: ignore[arg-type]  # nothing is steered here
+                   logs=LocalWorkerLogs(tmp_path / "vertex"), pipelines=deps.pipelines,
+                   clock=deps.clock.now), sw.sweep_id
+
+
+def test_the_json_view_carries_the_front_the_constraints_and_the_choice(tmp_path: Path) -> None:
+    found, sweep_id = backend(tmp_path)
+    done = CliRunner().invoke(cli, ["sweep", sweep_id, "--json"], obj=found, prog_name="spotorch")
+    assert done.exit_code == 0, done.output
+    view = json.loads(done.output)
+    made = view["trade_off"]
+    assert made["search"] == "vizier" and made["chosen"] == 2 and made["pareto"] == [1, 2]
+    assert made["constraints"] == {"latency_p95_ms": {"max": 20.0}}
+    assert made["misses"] == {"1": ["latency_p95_ms 35 > max 20"]}
+    assert [o["name"] for o in made["objectives"]] == ["accuracy", "latency_p95_ms", "cost"]
+    assert view["study"].startswith("projects/proj/locations/us-central1/studies/")
+    assert view["trials"][0]["metrics"]["latency_p95_ms"] == 35.0
+
+
+def test_the_table_marks_the_front_and_says_why_the_chosen_trial_was_chosen(
+        tmp_path: Path) -> None:
+    found, sweep_id = backend(tmp_path)
+    done = CliRunner().invoke(cli, ["sweep", sweep_id], obj=found, prog_name="spotorch",
+                              env={"COLUMNS": "160"})
+    assert done.exit_code == 0, done.output
+    out = done.output
+    assert "trade-off" in out and "latency_p95_ms (↓, max 20)" in out
+    assert "Pareto front on accuracy, latency_p95_ms, cost: trials 1, 2 (search vizier)" in out
+    assert "chosen: trial 2: best accuracy (0.9) among the 2 of 3 trials that meet the" in out
+    assert "accuracy 0.9, lr=" in out  # the head names the quality metric
+    assert "latency_p95_ms 35 > max 20" in out
+    row = next(line for line in out.splitlines() if line.lstrip().startswith("2 ←"))
+    assert "yes" in row and "met" in row

@@ -8,13 +8,13 @@ import json
 from pathlib import Path
 
 from click.testing import CliRunner
-from test_sweep_vizier import finish, make
 
 from spotorch.app.queries import DocumentRunReader, DocumentSweepReader
 from spotorch.app.sweeps import start_sweep
 from spotorch.operate.backend import Backend
 from spotorch.operate.cli import cli
 from spotorch.operate.logsource import LocalWorkerLogs
+from test_sweep_vizier import finish, make
 
 
 def backend(tmp_path: Path) -> tuple[Backend, str]:

@@ -5,6 +5,7 @@ chosen; `--json` carries the same."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -57,3 +58,60 @@ def test_the_table_marks_the_front_and_says_why_the_chosen_trial_was_chosen(
     assert "latency_p95_ms 35 > max 20" in out
     row = next(line for line in out.splitlines() if line.lstrip().startswith("2 ←"))
     assert "yes" in row and "met" in row
+
+
+# --- the web view: quality against cost and latency, in headless Chromium -------------------------
+
+from test_ui import browser  # noqa: E402,F401  # the module's Chromium (Debian's, Playwright)
+
+
+def _ui_backend(tmp_path: Path) -> tuple[Backend, str]:
+    found, sweep_id = backend(tmp_path)
+    from test_ui import NoActions
+
+    return Backend(reader=found.reader, sweeps=found.sweeps, actions=NoActions(),
+                   logs=found.logs, pipelines=found.pipelines, clock=found.clock), sweep_id
+
+
+def test_the_trade_off_plots_are_svg_with_the_front_and_the_choice(tmp_path: Path) -> None:
+    from xml.etree import ElementTree
+
+    from spotorch.app.views import sweep_view
+    from spotorch.operate.ui.tradeoff_chart import tradeoff_section
+
+    found, sweep_id = backend(tmp_path)
+    sw = found.sweep(sweep_id)
+    html = tradeoff_section(sweep_view(sw, found.pipeline(sw.pipeline)))
+    svgs = [ElementTree.fromstring(m) for m in re.findall(r"<svg.*?</svg>", html, re.S)]
+    assert [s.get("class") for s in svgs] == ["chart tradeoff tradeoff-cost",
+                                              "chart tradeoff tradeoff-latency-p95-ms"]
+    ns = "{http://www.w3.org/2000/svg}"
+    latency = svgs[1]
+    points = {g.get("data-trial"): g.get("class") for g in latency.iter(f"{ns}g")
+              if (g.get("class") or "").startswith("point")}
+    assert points == {"1": "point front misses", "2": "point front chosen", "3": "point other"}
+    limits = [g.get("data-limit") for g in latency.iter(f"{ns}g") if g.get("class") == "limit-x"]
+    assert limits == ["max 20"]
+
+
+def test_the_sweep_page_plots_the_trade_off_in_chromium(browser: object, tmp_path: Path) -> None:
+    from spotorch.operate.ui.server import UIServer
+
+    found, sweep_id = _ui_backend(tmp_path)
+    server = UIServer(found, port=0, refresh_s=600).start()
+    try:
+        page = browser.new_page(viewport={"width": 1280, "height": 900})  # type: ignore[attr-defined]
+        page.goto(f"{server.url}sweeps/{sweep_id}")
+        page.wait_for_selector("section.tradeoff svg.tradeoff-latency-p95-ms")
+        chosen = page.locator("svg.tradeoff-latency-p95-ms g.point.chosen")
+        assert chosen.count() == 1 and chosen.get_attribute("data-trial") == "2"
+        assert page.locator("svg.tradeoff-cost g.point.front").count() == 2
+        box = page.locator("svg.tradeoff-latency-p95-ms").bounding_box()
+        assert box is not None and box["width"] > 300 and box["height"] > 100  # drawn, visible
+        assert "chosen: trial 2" in page.locator("section.tradeoff p.choice").inner_text()
+        assert "misses" in (page.locator(
+            'svg.tradeoff-latency-p95-ms g.point[data-trial="1"]').get_attribute("class") or "")
+        page.locator("section.tradeoff").scroll_into_view_if_needed()
+        page.screenshot(path=str(tmp_path / "tradeoff.png"))
+    finally:
+        server.close()

@@ -94,7 +94,7 @@ def test_the_trade_off_plots_are_svg_with_the_front_and_the_choice(tmp_path: Pat
     assert limits == ["max 20"]
 
 
-def test_the_sweep_page_plots_the_trade_off_in_chromium(browser: object, tmp_path: Path) -> None:
+def test_the_sweep_page_plots_the_trade_off_in_chromium(browser: object, tmp_path: Path) -> None:  # noqa: F811
     from spotorch.operate.ui.server import UIServer
 
     found, sweep_id = _ui_backend(tmp_path)

@@ -31,7 +31,7 @@ from spotorch.core.sweep_spec import (
     SearchKind,
     SweepSpec,
 )
-from spotorch.core.sweeps import SuggestTrial, SweepStatus, TrialStatus
+from spotorch.core.sweeps import SuggestTrial, SweepIntentDone, SweepStatus, TrialStatus, trade_off
 from spotorch.ports.vizier import COMPLETED
 
 SPEC = SweepSpec(parameters=(Parameter("lr", low=1e-4, high=1e-1, scale=Scale.LOG),
@@ -72,8 +72,8 @@ def report(deps: Deps, run_id: str, step: int, attempt: int = 1, kind: str = "pr
 
 def finish(deps: Deps, run_id: str, attempt: int = 1, **metrics: float) -> None:
     launcher, _, _ = parts(deps)
-    report(deps, run_id, 100, attempt, **metrics)
-    report(deps, run_id, 100, attempt, kind="completed", **metrics)
+    report(deps, run_id, 100, attempt, "progress", **metrics)
+    report(deps, run_id, 100, attempt, "completed", **metrics)
     job_changed(deps, run_id, attempt, launcher.set_status(launcher.job_of(run_id, attempt),
                                                            JobPhase.SUCCEEDED))
 
@@ -108,7 +108,7 @@ def test_a_redelivered_suggestion_gets_the_same_vizier_trial() -> None:
     _, _, search = parts(deps)
     sw = start_sweep(deps, "p", sweep_id="sw", data_uri="gs://b/d/", snapshot_id="d")
     again = sweep_service._perform(deps, sw, SuggestTrial(id="sw/99", trial=1))
-    assert again is not None and again.study_trial == sw.trial(1).study_trial
+    assert isinstance(again, SweepIntentDone) and again.study_trial == sw.trial(1).study_trial
     assert again.params == sw.trial(1).params
     assert len(next(iter(search.books.values())).trials) == 2  # nothing new was suggested
 
@@ -153,7 +153,7 @@ def test_the_choice_is_the_best_quality_within_the_constraints() -> None:
                for t in study_trials(deps).values())
     final = search.trial(sw.trial(2).study_trial or "").final
     assert final is not None and set(final) == {"accuracy", "latency_p95_ms", "cost"}
-    made = sweep_service.sweep.trade_off(sw, SPEC)
+    made = trade_off(sw, SPEC)
     assert made["chosen"] == 2 and made["pareto"] == [1, 2]
     assert made["constraints"] == {"latency_p95_ms": {"max": 20.0}}
     assert made["misses"] == {"1": ["latency_p95_ms 35 > max 20"]}
@@ -278,7 +278,7 @@ def test_a_file_names_several_objectives_and_constraints(tmp_path: object) -> No
 ])
 def test_a_file_with_a_wrong_sweep_is_refused_naming_what(tmp_path: object, body: str,
                                                           where: str, words: str) -> None:
-    from spotorch.spec.loader import ConfigError
+    from spotorch.core.errors import ConfigError
 
     with pytest.raises(ConfigError) as caught:
         load(tmp_path, body)
@@ -289,7 +289,8 @@ def test_a_file_with_a_wrong_sweep_is_refused_naming_what(tmp_path: object, body
 def test_a_vizier_search_needs_a_trial_budget(tmp_path: object) -> None:
     from pathlib import Path
 
-    from spotorch.spec.loader import ConfigError, load_pipeline
+    from spotorch.core.errors import ConfigError
+    from spotorch.spec.loader import load_pipeline
 
     path = Path(str(tmp_path)) / "p.yaml"
     path.write_text((PIPELINE % "").replace("  trials: 8\n", ""))

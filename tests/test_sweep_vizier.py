@@ -298,3 +298,52 @@ def test_a_vizier_search_needs_a_trial_budget(tmp_path: object) -> None:
         load_pipeline(path)
     assert [(p.path, p.message) for p in caught.value.problems] == [
         ("sweep.trials", "a vizier search needs a number of trials (its budget) (line 9)")]
+
+
+def test_a_suggestion_vizier_refuses_for_good_fails_its_trial_and_is_not_retried() -> None:
+    from spotorch.ports.vizier import SearchError
+
+    deps = make()
+    _, _, search = parts(deps)
+    search.fail_next = SearchError("study spec refused: INVALID_ARGUMENT", permanent=True,
+                                   code="INVALID_ARGUMENT")
+    sw = start_sweep(deps, "p", sweep_id="sw", data_uri="gs://b/d/", snapshot_id="d")
+    assert sw.trial(1).status is TrialStatus.FAILED and sw.outbox == ()
+    assert "Vizier refused suggest_trial" in (sw.trial(1).end_reason or "")
+    assert [t.status for t in sw.trials[1:]] == [TrialStatus.RUNNING, TrialStatus.RUNNING]
+
+
+def test_a_transient_refusal_stays_in_the_outbox_for_the_tick() -> None:
+    from spotorch.ports.vizier import SearchError
+
+    deps = make()
+    _, clock, search = parts(deps)
+    search.fail_next = SearchError("UNAVAILABLE after 5 attempts", permanent=False,
+                                   code="UNAVAILABLE")
+    sw = start_sweep(deps, "p", sweep_id="sw", data_uri="gs://b/d/", snapshot_id="d")
+    assert sw.trial(1).status is TrialStatus.SUGGESTING
+    assert [i.kind for i in sw.outbox] == ["suggest_trial"]
+    clock.advance(200)  # past the intent's lease
+    tick(deps)
+    after = load_sweep(deps, "sw")[0]
+    assert after is not None and after.trial(1).status is TrialStatus.RUNNING
+    assert after.outbox == ()
+
+
+def test_a_trial_cancelled_while_suggested_completes_its_vizier_trial_infeasible() -> None:
+    from spotorch.app.sweeps import cancel_sweep
+    from spotorch.ports.vizier import SearchError
+
+    deps = make()
+    _, clock, search = parts(deps)
+    search.fail_next = SearchError("UNAVAILABLE", permanent=False, code="UNAVAILABLE")
+    start_sweep(deps, "p", sweep_id="sw", data_uri="gs://b/d/", snapshot_id="d")
+    sw = cancel_sweep(deps, "sw")
+    assert sw.trial(1).status is TrialStatus.CANCELLED
+    clock.advance(200)
+    tick(deps)  # the suggestion's retry comes back: its Vizier trial is not left active
+    after = load_sweep(deps, "sw")[0]
+    assert after is not None and after.trial(1).study_trial is not None
+    assert after.status is SweepStatus.CANCELLED  # once the suggestion was answered
+    vizier = search.trial(after.trial(1).study_trial or "")
+    assert vizier.infeasible and vizier.infeasible_reason == "trial cancelled before it started"

@@ -49,7 +49,7 @@ from spotorch.ports.registry import (
     ModelUpload,
 )
 from spotorch.ports.store import ConflictError
-from spotorch.ports.vizier import Measurement, StudyConfig
+from spotorch.ports.vizier import Measurement, SearchError, StudyConfig
 from spotorch.settings import COLLECTION_SWEEPS
 
 if TYPE_CHECKING:
@@ -303,17 +303,28 @@ def _study_call(deps: Deps, sw: Sweep,
     if search is None:
         raise NotASweepPipeline(f"sweep {sw.sweep_id} searches with vizier: no Vizier client")
     trial = sw.trial(intent.trial)
-    if isinstance(intent, SuggestTrial):
-        study = sw.study or search.study(study_config(deps, sw))
-        suggested, = search.suggest(study, trial.run_id, 1)
-        return SweepIntentDone(intent.id, study=study, study_trial=suggested.name,
-                               params=dict(suggested.params))
-    assert trial.study_trial is not None
-    if isinstance(intent, MeasureTrial):
-        search.measure(trial.study_trial, Measurement(intent.step, dict(intent.metrics)))
-    else:
-        search.complete(trial.study_trial, dict(intent.final) if intent.final else None,
-                        infeasible_reason=intent.infeasible_reason)
+    try:
+        if isinstance(intent, SuggestTrial):
+            study = sw.study or search.study(study_config(deps, sw))
+            suggested = search.suggest(study, trial.run_id, 1)
+            if not suggested:
+                return SweepIntentDone(intent.id, error=f"Vizier suggested no trial for {study} "
+                                                        "(its search space is used up)")
+            return SweepIntentDone(intent.id, study=study, study_trial=suggested[0].name,
+                                   params=dict(suggested[0].params))
+        assert trial.study_trial is not None
+        if isinstance(intent, MeasureTrial):
+            search.measure(trial.study_trial, Measurement(intent.step, dict(intent.metrics)))
+        else:
+            search.complete(trial.study_trial, dict(intent.final) if intent.final else None,
+                            infeasible_reason=intent.infeasible_reason)
+    except SearchError as exc:
+        if not exc.permanent:
+            raise  # stays in the outbox: the tick retries it when its claim expires
+        # Vizier refused for good (a study spec it rejects, a permission missing): retrying
+        # cannot help; a suggestion's refusal fails its trial, saying why.
+        log.warning("sweep %s: %s refused for good: %s", sw.sweep_id, intent.kind, exc)
+        return SweepIntentDone(intent.id, error=f"Vizier refused {intent.kind}: {exc}")
     return SweepIntentDone(intent.id)
 
 

@@ -328,6 +328,7 @@ class SweepIntentDone:
     study: str | None = None  # SuggestTrial's results: the study, the trial and its parameters
     study_trial: str | None = None
     params: Mapping[str, ParamValue] | None = None
+    error: str | None = None  # an intent refused for good (a Vizier suggestion: its trial fails)
 
 
 @dataclass(frozen=True)
@@ -521,6 +522,8 @@ def _on_done(sweep: Sweep, obs: SweepObservation, ctx: SweepContext) -> Sweep:
                                            experiment_run=obs.experiment_run))
     if isinstance(intent, SuggestTrial) and obs.study_trial:
         return _suggested(sweep, ctx, sweep.trial(intent.trial), obs)
+    if isinstance(intent, SuggestTrial) and obs.error:
+        return _not_suggested(sweep, ctx, sweep.trial(intent.trial), obs.error)
     if isinstance(intent, RegisterModel) and sweep.status is SweepStatus.REGISTERING:
         sweep = replace(sweep, model_name=obs.model_name)
         sweep = _note(sweep, ctx, f"model registered: {obs.model_name}")
@@ -535,14 +538,27 @@ def _suggested(sweep: Sweep, ctx: SweepContext, trial: Trial, obs: SweepIntentDo
     trial = replace(trial, study_trial=obs.study_trial)
     if trial.status is not TrialStatus.SUGGESTING:
         sweep = _with_trial(sweep, trial)
-        return _add(sweep, ctx, CompleteStudyTrial, trial=trial.number,
-                    infeasible_reason=f"trial {trial.status.lower()} before it started")
+        sweep = _add(sweep, ctx, CompleteStudyTrial, trial=trial.number,
+                     infeasible_reason=f"trial {trial.status.lower()} before it started")
+        return _advance(sweep, ctx)
     trial = replace(trial, params=dict(obs.params or {}), status=TrialStatus.RUNNING)
     sweep = _with_trial(sweep, trial)
     sweep = _note(sweep, ctx, f"trial {trial.number} suggested by vizier: {obs.study_trial}")
     sweep = _add(sweep, ctx, StartTrial, trial=trial.number)
     sweep = _publish(sweep, ctx, "sweep.trial_started", trial=trial.number,
                      trial_run_id=trial.run_id, params=dict(trial.params))
+    return _advance(sweep, ctx)
+
+
+def _not_suggested(sweep: Sweep, ctx: SweepContext, trial: Trial, error: str) -> Sweep:
+    """Vizier refused a trial's suggestion for good: the trial fails with why, and the sweep
+    goes on (the next trial asks again; when every one is refused the sweep fails)."""
+    if trial.status is not TrialStatus.SUGGESTING:
+        return _advance(sweep, ctx)  # cancelled meanwhile: the sweep may end now
+    trial = replace(trial, status=TrialStatus.FAILED, end_reason=error)
+    sweep = _with_trial(sweep, trial)
+    sweep = _note(sweep, ctx, f"trial {trial.number} FAILED: {error}")
+    sweep = _publish(sweep, ctx, "sweep.trial_ended", **summary(trial))
     return _advance(sweep, ctx)
 
 
@@ -661,7 +677,10 @@ def _advance(sweep: Sweep, ctx: SweepContext) -> Sweep:
         sweep = _median_stop(sweep, ctx, ctx.spec.early_stopping)
     if sweep.status is SweepStatus.RUNNING:
         sweep = _fill(sweep, ctx)
-    if all(t.status.ended for t in sweep.trials):
+    # A suggestion still out (retried by the tick) keeps the sweep open: its Vizier trial, when
+    # it comes, is completed rather than left active.
+    if all(t.status.ended for t in sweep.trials) and not any(
+            isinstance(i, SuggestTrial) for i in sweep.outbox):
         sweep = _finish(sweep, ctx)
     return sweep
 

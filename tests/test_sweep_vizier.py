@@ -158,6 +158,13 @@ def test_the_choice_is_the_best_quality_within_the_constraints() -> None:
     assert made["constraints"] == {"latency_p95_ms": {"max": 20.0}}
     assert made["misses"] == {"1": ["latency_p95_ms 35 > max 20"]}
     assert "best accuracy (0.9) among the 2 of 3 trials" in made["why"]
+    from spotorch.adapters.memory.twins import InMemoryPublisher
+    from spotorch.spec.event_schemas import validate_event
+
+    assert isinstance(deps.publisher, InMemoryPublisher)
+    final = deps.publisher.events[-1]
+    assert final["type"].endswith("sweep.succeeded.v1") and final["data"]["trade_off"]["chosen"] == 2
+    assert all(validate_event(e) == [] for e in deps.publisher.events)
 
 
 def test_no_trial_meeting_the_constraints_registers_nothing_and_says_so() -> None:

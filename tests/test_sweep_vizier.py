@@ -354,3 +354,16 @@ def test_a_trial_cancelled_while_suggested_completes_its_vizier_trial_infeasible
     assert after.status is SweepStatus.CANCELLED  # once the suggestion was answered
     vizier = search.trial(after.trial(1).study_trial or "")
     assert vizier.infeasible and vizier.infeasible_reason == "trial cancelled before it started"
+
+
+def test_the_event_schemas_know_every_search() -> None:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "schemas" / "events"
+    created = json.loads((root / "sweep.created.v1.schema.json").read_text())
+    assert set(created["properties"]["data"]["properties"]["search"]["enum"]) == {
+        str(k) for k in SearchKind}
+    for kind in ("succeeded", "failed", "cancelled"):
+        schema = json.loads((root / f"sweep.{kind}.v1.schema.json").read_text())
+        trade = schema["properties"]["data"]["properties"]["trade_off"]["properties"]
+        assert set(trade["search"]["enum"]) == {str(k) for k in SearchKind}

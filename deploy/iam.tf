@@ -89,6 +89,13 @@ locals {
     "aiplatform.contexts.update",
     "aiplatform.metadataStores.create",
     "aiplatform.metadataStores.get",
+    # Vizier: a sweep with search vizier (its study, suggestions, measurements, completions)
+    "aiplatform.studies.create",
+    "aiplatform.studies.get",
+    "aiplatform.trials.create",
+    "aiplatform.trials.get",
+    "aiplatform.trials.list",
+    "aiplatform.trials.update",
   ]
   vertex_role = var.use_custom_vertex_role ? google_project_iam_custom_role.vertex_jobs[0].name : "roles/aiplatform.user"
 }

@@ -101,3 +101,18 @@ def test_the_multi_region_benchmark_runs_a_small_cell() -> None:
                  "--deadlines", "10", "--stride-hours", "240")
     assert "| 10 | visible | 5 |" in done.stdout and "| 10 | production | 5 |" in done.stdout
     assert "- 10 h: below UP in both views:" in done.stdout
+
+def test_the_search_benchmark_compares_vizier_random_and_grid() -> None:
+    """Issue 38: a tiny budget and two seeds; every problem, every search, the target said."""
+    done = bench("search_bench.py", "--seeds", "2", "--budget", "8", "--json", timeout=120)
+    result = last_json(done.stdout)
+    problems = result["problems"]
+    assert isinstance(problems, dict) and set(problems) == {"surface", "branin", "tradeoff",
+                                                            "trainer"}
+    for name in ("surface", "branin", "trainer"):
+        assert {"vizier", "random", "grid", "vizier_median_trials_to_random_best",
+                "target_met"} <= set(problems[name])
+    assert 0 < problems["tradeoff"]["vizier"]["share_of_true_front"] <= 1
+    assert problems["trainer"]["best_found"] > 0 and problems["surface"]["optimum"] == 0.25
+    assert done.returncode == (0 if all(problems[n]["target_met"]
+                                        for n in ("surface", "branin", "trainer")) else 1)

@@ -423,6 +423,29 @@ def test_sweep_scenario_stops_one_trial_resumes_preempted_ones_and_registers_the
     assert all(t["experiment_run"] for t in trials)
 
 
+def test_tradeoff_scenario_searches_with_vizier_and_chooses_within_the_constraints() -> None:
+    """Issue 38: every suggestion a trial run; one preempted, resumed on the same Vizier trial;
+    the front and a chosen trial that meets the constraints."""
+    r = report("tradeoff")
+    assert r["status"] == "SUCCEEDED", r.get("history")
+    assert r["search"] == "vizier" and r["study"].startswith("projects/")
+    assert r["constraints"] == {"latency_p95_ms": {"max": 20.0}, "model_size_bytes": {"max": 20000}}
+    trials = r["trials"]
+    assert len(trials) == 4
+    for t in trials:
+        assert t["test_accuracy"] > 0 and t["latency_p95_ms"] > 0 and t["cost"] > 0
+        assert t["vizier"]["state"] == "COMPLETED" and not t["vizier"]["infeasible"]
+        assert set(t["vizier"]["final"]) == {"test_accuracy", "latency_p95_ms", "cost"}
+    preempted, = (t for t in trials if t["preemptions"])
+    first, second = preempted["attempts"]
+    assert first["failure_class"] == "preempted" and second["resumed_from_step"] is not None
+    assert preempted["vizier"]["measured_steps"][-1] > second["resumed_from_step"]  # after it
+    chosen = trials[r["chosen"] - 1]
+    assert chosen["latency_p95_ms"] <= 20.0 and chosen["model_size_bytes"] <= 20000
+    assert r["chosen"] in r["pareto_feasible"] and r["pareto"]
+    assert r["model_name"].startswith("projects/")
+
+
 def test_quota_scenario_moves_to_another_region_and_never_retries_the_refusal() -> None:
     r = report("quota")
     assert r["status"] == "SUCCEEDED", r.get("end_reason")

@@ -74,7 +74,8 @@ def vocabularies() -> dict[str, frozenset[str]]:
     return {
         "aiplatform_v1": _gapic(aiplatform_v1.JobServiceClient, aiplatform_v1.ModelServiceClient,
                                 aiplatform_v1.MetadataServiceClient,
-                                aiplatform_v1.EndpointServiceClient),
+                                aiplatform_v1.EndpointServiceClient,
+                                aiplatform_v1.VizierServiceClient),
         "pubsub_v1": _gapic(pubsub_v1.PublisherClient, pubsub_v1.SubscriberClient),
         "storage": _gapic(storage.Client, storage.Bucket, storage.Blob),
         "firestore": _gapic(firestore.Client, collection.CollectionReference, query.Query,

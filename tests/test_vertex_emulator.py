@@ -382,6 +382,16 @@ def test_a_rule_can_name_one_replica_and_then_spares_the_rest_of_the_job() -> No
     assert schedule.replica_rules({LABEL_ATTEMPT: "2"}) == []
 
 
+def test_a_rule_can_name_the_end_of_a_run_id_one_trial_of_a_sweep() -> None:
+    """Issue 38: a sweep's id is not known ahead; its trial 3 is the run whose id ends -t3."""
+    schedule = parse_schedule([{"attempt": 1, "run_suffix": "-t3", "after_s": 9}])
+    assert schedule.preempt_after({LABEL_ATTEMPT: "1", LABEL_RUN: "demo-abc-t3"}) == 9.0
+    assert schedule.preempt_after({LABEL_ATTEMPT: "1", LABEL_RUN: "demo-abc-t13"}) is None
+    assert schedule.preempt_after({LABEL_ATTEMPT: "2", LABEL_RUN: "demo-abc-t3"}) is None
+    with pytest.raises(ScheduleError, match="run_suffix"):
+        parse_schedule([{"run_suffix": "", "after_s": 1}])
+
+
 def test_a_schedule_loses_the_messages_of_the_jobs_it_names() -> None:
     schedule = parse_schedule({"drop_events": [{"attempt": 2}, {"run": "r-deaf"}]})
     assert schedule.drops_events_of({LABEL_ATTEMPT: "2", LABEL_RUN: "r-a"})

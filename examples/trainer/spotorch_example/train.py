@@ -43,6 +43,7 @@ from spotorch_trainer import (  # noqa: E402
     write_bytes,
 )
 from spotorch_trainer.evaluation import held_out, p95_ms, report_evaluation  # noqa: E402
+from spotorch_trainer.latency import serving_metrics  # noqa: E402
 
 log = logging.getLogger("example")
 
@@ -78,6 +79,7 @@ class Config:
     fail_at_step: int | None = None
     progress_interval: float = 5.0
     working_memory_mb: int = 0
+    eval_every: int = 0
 
 
 # Option name -> (type, help). The EXAMPLE_* variable is the upper-cased name.
@@ -101,6 +103,8 @@ _OPTIONS: Mapping[str, tuple[type, str]] = {
     "progress_interval": (float, "seconds between progress events"),
     "working_memory_mb": (int, "MiB held from the first step on: stands in for a bigger model's "
                                "activations (out-of-memory probes)"),
+    "eval_every": (int, "evaluate on the held-out rows every N steps too (0: only at the end); "
+                        "a Vizier sweep measures its trials by it"),
 }
 
 
@@ -370,18 +374,23 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(cfg.step_sleep)  # stands in for a heavier step; SIGTERM lands here
             loss = train_step(cfg, state, rng, data, step)
             run.log_metrics(loss=loss)
+            if cfg.eval_every and (step + 1) % cfg.eval_every == 0:
+                run.log_metrics(**evaluate(cfg, state["params"], data))
             if run.checkpoint_due():
                 state["rng"] = rng.bit_generator.state
                 run.checkpoint(state)
 
         metrics = evaluate(cfg, state["params"], data)
-        write_bytes(join(model_dir, MODEL_FILE),
-                    npz_bytes({**state["params"], "x_mean": data.mean, "x_std": data.std}))
+        blob = npz_bytes({**state["params"], "x_mean": data.mean, "x_std": data.std})
+        write_bytes(join(model_dir, MODEL_FILE), blob)
         # issue 37: the same model as Vertex's prebuilt scikit-learn container loads it, and its
         # score on the pipeline's held-out data (model.evaluation) for the promotion gate
         served = sklearn_model(state["params"], data.mean, data.std, data.classes)
         write_bytes(join(model_dir, SERVING_FILE), joblib_bytes(served))
         evaluate_held_out(run, served)
+        # What serving will see: latency per request on the held-out rows, and the model's size.
+        metrics.update(serving_metrics(lambda rows: forward(state["params"], np.asarray(rows)),
+                                       data.x_test, model_bytes=len(blob)))
         summary = {**metrics, "steps": cfg.total_steps, "n_train": len(data.y_train),
                    "n_test": len(data.y_test), "data_sha256": data.sha256, "config": asdict(cfg)}
         write_bytes(join(model_dir, METRICS_FILE),

@@ -29,6 +29,7 @@ from spotorch.ports.steps import StepLauncher, StepOutputs
 from spotorch.ports.storage import CheckpointStore, ObjectStore
 from spotorch.ports.store import DocumentStore, RunStore
 from spotorch.ports.tables import TableSource
+from spotorch.ports.vizier import TrialSearch
 from spotorch.settings import COLLECTION_JOBS
 
 log = logging.getLogger("spotorch.app.deps")
@@ -94,6 +95,7 @@ class Deps:
     # issue 37: Vertex AI endpoints (pipelines with model.serve) and their traffic's metrics
     endpoints: Endpoints | None = None
     endpoint_traffic: EndpointTraffic | None = None
+    search: TrialSearch | None = None  # Vertex AI Vizier (sweeps with search: vizier)
     # Spot seen by every run, per region and shape: ranks regions for the next Spot attempt.
     spot: SpotRecord = field(default_factory=SpotRecord)
     owners: JobOwners = field(default_factory=lambda: JobOwners())  # the job records, cached

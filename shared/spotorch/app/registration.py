@@ -153,12 +153,14 @@ def log_trial(deps: Deps, sw: Sweep, intent: LogTrial) -> str:
     trial = sw.trial(intent.trial)
     pipeline = deps.pipeline(sw.pipeline)
     metric = pipeline.sweep.metric if pipeline.sweep else "metric"
-    # Every metric the trainer last reported (loss, predict_latency_ms...), not only the sweep's
+    # Every metric the trainer last reported (loss, quality, latency, model size), not only the
+    # sweep's, and the trial's cost from the one ledger.
     found, _ = deps.runs.load(trial.run_id)
     metrics = {k: float(v) for k, v in (found.progress.metrics if found else {}).items()}
+    metrics |= {k: float(v) for k, v in trial.metrics.items()}
     metrics |= {"cost": trial.cost, "preemptions": float(trial.preemptions)}
     if trial.metric is not None:
-        metrics[metric] = trial.metric
+        metrics[pipeline.sweep.quality if pipeline.sweep else metric] = trial.metric
     if trial.step is not None:
         metrics["step"] = float(trial.step)
     if trial.status is TrialStatus.STOPPED:

@@ -19,12 +19,16 @@ from spotorch.core.context import Context
 from spotorch.core.errors import SpotorchError
 from spotorch.core.model import Run
 from spotorch.core.moves import spent
+from spotorch.core.sweep_spec import SearchKind
 from spotorch.core.sweeps import (
+    CompleteStudyTrial,
     LogTrial,
+    MeasureTrial,
     PublishSweepEvent,
     RegisterModel,
     StartTrial,
     StopTrial,
+    SuggestTrial,
     Sweep,
     SweepCancelRequested,
     SweepContext,
@@ -37,6 +41,7 @@ from spotorch.core.sweeps import (
     TrialStatus,
 )
 from spotorch.ports.store import ConflictError
+from spotorch.ports.vizier import Measurement, SearchError, StudyConfig
 from spotorch.settings import COLLECTION_SWEEPS
 
 if TYPE_CHECKING:
@@ -89,6 +94,9 @@ def start_sweep(deps: Deps, pipeline_name: str, *, sweep_id: str, data_uri: str,
     pipeline = deps.pipeline(pipeline_name)
     if pipeline.sweep is None:
         raise NotASweepPipeline(f"pipeline {pipeline_name} defines no sweep")
+    if pipeline.sweep.search is SearchKind.VIZIER and deps.search is None:
+        raise NotASweepPipeline(f"pipeline {pipeline_name} searches with vizier, and this "
+                                "deployment has no Vizier client")
     existing, _ = load_sweep(deps, sweep_id)
     if existing is not None:
         return existing
@@ -233,6 +241,8 @@ def _perform(deps: Deps, sw: Sweep, intent: SweepIntent) -> SweepObservation | N
             case LogTrial():
                 return SweepIntentDone(intent.id, experiment_run=registration.log_trial(
                     deps, sw, intent))
+            case SuggestTrial() | MeasureTrial() | CompleteStudyTrial():
+                return _study_call(deps, sw, intent)
             case _:
                 assert_never(intent)
         return SweepIntentDone(intent.id)
@@ -242,17 +252,61 @@ def _perform(deps: Deps, sw: Sweep, intent: SweepIntent) -> SweepObservation | N
         return SweepIntentDeferred(intent.id, f"{type(exc).__name__}: {str(exc)[:300]}")
 
 
+def study_config(deps: Deps, sw: Sweep) -> StudyConfig:
+    """The sweep's Vizier study: named by the sweep, its parameters and objectives."""
+    pipeline = deps.pipeline(sw.pipeline)
+    spec = pipeline.sweep
+    assert spec is not None
+    return StudyConfig(display_name=sw.sweep_id, region=registration.model_region(pipeline),
+                       parameters=spec.parameters, objectives=sweep.objectives(spec))
+
+
+def _study_call(deps: Deps, sw: Sweep,
+                intent: SuggestTrial | MeasureTrial | CompleteStudyTrial) -> SweepIntentDone:
+    """Carry out a Vizier intent: suggest (client id: the trial's run id, so a redelivery gets
+    the same Vizier trial), measure, or complete."""
+    search = deps.search
+    if search is None:
+        raise NotASweepPipeline(f"sweep {sw.sweep_id} searches with vizier: no Vizier client")
+    trial = sw.trial(intent.trial)
+    try:
+        if isinstance(intent, SuggestTrial):
+            study = sw.study or search.study(study_config(deps, sw))
+            suggested = search.suggest(study, trial.run_id, 1)
+            if not suggested:
+                return SweepIntentDone(intent.id, error=f"Vizier suggested no trial for {study} "
+                                                        "(its search space is used up)")
+            return SweepIntentDone(intent.id, study=study, study_trial=suggested[0].name,
+                                   params=dict(suggested[0].params))
+        assert trial.study_trial is not None
+        if isinstance(intent, MeasureTrial):
+            search.measure(trial.study_trial, Measurement(intent.step, dict(intent.metrics)))
+        else:
+            search.complete(trial.study_trial, dict(intent.final) if intent.final else None,
+                            infeasible_reason=intent.infeasible_reason)
+    except SearchError as exc:
+        if not exc.permanent:
+            raise  # stays in the outbox: the tick retries it when its claim expires
+        # Vizier refused for good (a study spec it rejects, a permission missing): retrying
+        # cannot help; a suggestion's refusal fails its trial, saying why.
+        log.warning("sweep %s: %s refused for good: %s", sw.sweep_id, intent.kind, exc)
+        return SweepIntentDone(intent.id, error=f"Vizier refused {intent.kind}: {exc}")
+    return SweepIntentDone(intent.id)
+
+
 # ---------------------------------------------------------------- following trials
 
 def trial_seen(deps: Deps, run: Run, number: int) -> TrialSeen:
     """What the sweep needs of a trial's run: status, curve, final metric, cost."""
     pipeline = deps.pipeline(run.pipeline)
-    metric_name = pipeline.sweep.metric if pipeline.sweep else ""
+    metric_name = pipeline.sweep.quality if pipeline.sweep else ""
     curve = tuple((p.step, p.value) for p in run.curve)
     metric = curve[-1][1] if curve else run.progress.metrics.get(metric_name)
     cost = spent(run, Context(pipeline, deps.clock.now(), prices=deps.prices))
     return TrialSeen(number, run.status, step=run.progress.step if run.progress.at else None,
-                     metric=metric, curve=curve, cost=cost, preemptions=run.counters.preemptions)
+                     metric=metric, curve=curve, cost=cost, preemptions=run.counters.preemptions,
+                     metrics={k: float(v) for k, v in run.progress.metrics.items()},
+                     end_reason=run.end_reason)
 
 
 def _number_of(sw: Sweep, run_id: str) -> int | None:

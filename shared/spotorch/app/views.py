@@ -16,7 +16,7 @@ from spotorch.core.pipeline import BatchMode, Pipeline
 from spotorch.core.preprocess import PreprocessStep
 from spotorch.core.price_list import LIST_PRICES
 from spotorch.core.prices import PriceTable
-from spotorch.core.sweeps import Sweep, Trial
+from spotorch.core.sweeps import Sweep, Trial, trade_off
 from spotorch.core.sweeps import summary as trial_summary
 from spotorch_trainer.contract import rfc3339
 
@@ -212,7 +212,7 @@ def advice_view(advice: CheckpointAdvice) -> dict[str, Any]:
 def _metric_of(pipeline: Pipeline | None) -> tuple[str | None, str | None]:
     """The sweep's metric and goal, from its pipeline (the sweep document does not name them)."""
     spec = pipeline.sweep if pipeline is not None else None
-    return (spec.metric, str(spec.goal)) if spec is not None else (None, None)
+    return (spec.quality, str(spec.quality_goal)) if spec is not None else (None, None)
 
 
 def _best(sw: Sweep) -> Trial | None:
@@ -249,6 +249,9 @@ def sweep_view(sw: Sweep, pipeline: Pipeline | None) -> dict[str, Any]:
         "cost_estimate": round(sum(t.cost for t in sw.trials), 6),
         "trials": trials,
         "history": [{"at": iso(at), "what": what} for at, what in sw.history],
+        # the front of the objectives, the constraints and why the chosen trial was chosen
+        "trade_off": trade_off(sw, pipeline.sweep) if pipeline and pipeline.sweep else None,
+        "study": sw.study,
     }
 
 

@@ -278,7 +278,7 @@ def _sweep_curve(run: Run, obs: TrainerReported, ctx: Context) -> Run:
     spec = ctx.pipeline.sweep
     if run.sweep_id is None or spec is None or obs.step is None:
         return run
-    value = obs.metrics.get(spec.metric)
+    value = obs.metrics.get(spec.quality)
     if value is None or not math.isfinite(value):
         return run
     kept = tuple(p for p in run.curve if p.step < obs.step)

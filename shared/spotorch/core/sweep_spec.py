@@ -18,6 +18,7 @@ class SearchKind(StrEnum):
 
     GRID = "grid"  # the cartesian product of every parameter's values, in order
     RANDOM = "random"  # independent draws with a seed: the same seed gives the same trials
+    VIZIER = "vizier"  # Vertex AI Vizier suggests each trial from the results so far
 
 
 class Goal(StrEnum):
@@ -55,6 +56,25 @@ class MedianStopping(FileSection):
 
 
 @dataclass(frozen=True)
+class MetricGoal(FileSection):
+    """One objective of a sweep with several: a metric the trainer reports (or `cost`, the
+    trial's cost from the ledger, in dollars) and which way is better."""
+
+    FILE_REQUIRES = ("name", "goal")
+    name: str
+    goal: Goal = Goal.MINIMIZE
+
+
+@dataclass(frozen=True)
+class Bound(FileSection):
+    """A business constraint on one metric, in the metric's own unit (latency_p95_ms:
+    milliseconds per request at batch size 1; cost: dollars from the ledger; model_size_bytes)."""
+
+    max: float | None = None
+    min: float | None = None
+
+
+@dataclass(frozen=True)
 class SweepSpec(FileSection):
     """A pipeline's sweep: every trial is a spotorch run with its own parameters."""
 
@@ -66,6 +86,22 @@ class SweepSpec(FileSection):
     metric: str = "loss"  # a metric the trainer reports (spotorch_trainer progress metrics)
     goal: Goal = Goal.MINIMIZE
     early_stopping: MedianStopping | None = None
+    # Several objectives (the first is the quality the choice maximises within the constraints);
+    # none: `metric` and `goal` alone, as before.
+    metrics: tuple[MetricGoal, ...] = ()
+    # {metric: {max: x, min: y}}: the chosen trial must meet every one; none meeting them
+    # registers nothing.
+    constraints: Annotated[tuple[tuple[str, Bound], ...], Pairs(str, Bound)] = ()
+
+    @property
+    def quality(self) -> str:
+        """The metric whose curve a trial keeps and whose best value the choice seeks."""
+        return self.metrics[0].name if self.metrics else self.metric
+
+    @property
+    def quality_goal(self) -> Goal:
+        """Which way the quality metric is better."""
+        return self.metrics[0].goal if self.metrics else self.goal
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,14 @@ import math
 import random
 import statistics
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any, ClassVar
 
 from spotorch.core import outbox
 from spotorch.core.events import build_event
 from spotorch.core.model import RunStatus
+from spotorch.core.pareto import Choice, Limit, Objective, choose, front
 from spotorch.core.pipeline import Pipeline
 from spotorch.core.sweep_spec import Goal, MedianStopping, Parameter, ParamValue, Scale, SearchKind, SweepSpec
 
@@ -99,6 +100,7 @@ SWEEP_TRANSITIONS: Mapping[SweepStatus, frozenset[SweepStatus]] = {
 class TrialStatus(StrEnum):
     """Where one trial is: waiting for a slot, running, stopping, or ended."""
     PENDING = "PENDING"  # not started: waits for a free slot
+    SUGGESTING = "SUGGESTING"  # a vizier trial whose parameters Vizier is suggesting
     RUNNING = "RUNNING"  # its run is active
     STOPPING = "STOPPING"  # early-stopped or cancelled; waiting for its run to end
     SUCCEEDED = "SUCCEEDED"
@@ -132,6 +134,11 @@ class Trial:
     preemptions: int = 0
     experiment_run: str | None = None
     stop_reason: str | None = None  # why the median rule stopped it (its values and the median)
+    # Every metric the run reported last (accuracy, latency_p95_ms, model_size_bytes, ...).
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    study_trial: str | None = None  # search vizier: the Vizier trial this run is
+    measured_step: int | None = None  # the last step measured on the Vizier trial
+    end_reason: str | None = None  # why its run ended (a failed trial's reason)
 
 
 @dataclass(frozen=True)
@@ -176,6 +183,40 @@ class LogTrial:
 
 
 @dataclass(frozen=True)
+class SuggestTrial:
+    """Ask the sweep's Vizier study for a trial's parameters (client id: the trial's run id)."""
+
+    id: str
+    trial: int
+    claimed_until: float = 0.0
+    kind: ClassVar[str] = "suggest_trial"
+
+
+@dataclass(frozen=True)
+class MeasureTrial:
+    """Add a trial's progress to its Vizier trial (AddTrialMeasurement)."""
+
+    id: str
+    trial: int
+    step: int
+    metrics: Mapping[str, float]
+    claimed_until: float = 0.0
+    kind: ClassVar[str] = "measure_trial"
+
+
+@dataclass(frozen=True)
+class CompleteStudyTrial:
+    """Complete a trial's Vizier trial with its final values, or infeasible with the reason."""
+
+    id: str
+    trial: int
+    final: Mapping[str, float] | None = None
+    infeasible_reason: str = ""
+    claimed_until: float = 0.0
+    kind: ClassVar[str] = "complete_study_trial"
+
+
+@dataclass(frozen=True)
 class PublishSweepEvent:
     """Publish a sweep's event (an outbox intent), kept until it is sent."""
     id: str
@@ -184,9 +225,11 @@ class PublishSweepEvent:
     kind: ClassVar[str] = "publish"
 
 
-SweepIntent = StartTrial | StopTrial | RegisterModel | LogTrial | PublishSweepEvent
+SweepIntent = (StartTrial | StopTrial | RegisterModel | LogTrial | PublishSweepEvent
+               | SuggestTrial | MeasureTrial | CompleteStudyTrial)
 _INTENTS: Mapping[str, Any] = {t.kind: t for t in (StartTrial, StopTrial, RegisterModel, LogTrial,
-                                                   PublishSweepEvent)}
+                                                   PublishSweepEvent, SuggestTrial, MeasureTrial,
+                                                   CompleteStudyTrial)}
 
 
 @dataclass(frozen=True)
@@ -211,6 +254,7 @@ class Sweep:
     # every trial's provenance records them, so each trial trains on exactly the same data.
     objects: tuple[tuple[str, int], ...] = ()
     bigquery: Mapping[str, Any] | None = None
+    study: str | None = None  # search vizier: the study's resource name
 
     @property
     def active(self) -> bool:
@@ -242,7 +286,8 @@ class Sweep:
         data["trials"] = tuple(
             Trial(**{**t, "status": TrialStatus(t["status"]), "params": dict(t["params"]),
                      "curve": tuple((int(p["step"]), float(p["value"]))
-                                    for p in t.get("curve", ()))})
+                                    for p in t.get("curve", ())),
+                     "metrics": {str(k): float(v) for k, v in (t.get("metrics") or {}).items()}})
             for t in data["trials"])
         data["outbox"] = tuple(_INTENTS[str(i["kind"])](**{k: v for k, v in i.items()
                                                            if k != "kind"})
@@ -271,6 +316,8 @@ class TrialSeen:
     curve: tuple[tuple[int, float], ...] = ()
     cost: float = 0.0
     preemptions: int = 0
+    metrics: Mapping[str, float] = field(default_factory=dict)  # the run's last reported metrics
+    end_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -286,6 +333,10 @@ class SweepIntentDone:
     intent_id: str
     model_name: str | None = None  # RegisterModel's result
     experiment_run: str | None = None  # LogTrial's result
+    study: str | None = None  # SuggestTrial's results: the study, the trial and its parameters
+    study_trial: str | None = None
+    params: Mapping[str, ParamValue] | None = None
+    error: str | None = None  # an intent refused for good (a Vizier suggestion: its trial fails)
 
 
 @dataclass(frozen=True)
@@ -380,7 +431,56 @@ def summary(trial: Trial) -> dict[str, Any]:
             "status": str(trial.status), "metric": trial.metric, "step": trial.step,
             "stopped_early": trial.stopped_early, "stop_reason": trial.stop_reason,
             "cost": round(trial.cost, 6), "preemptions": trial.preemptions,
-            "experiment_run": trial.experiment_run}
+            "experiment_run": trial.experiment_run, "metrics": dict(trial.metrics),
+            "study_trial": trial.study_trial}
+
+
+# ---------------------------------------------------------------- objectives and the choice
+
+COST = "cost"  # the objective and constraint name of a trial's cost (dollars, from the ledger)
+
+
+def objectives(spec: SweepSpec) -> tuple[Objective, ...]:
+    """The sweep's objectives: `metrics`, or its one `metric` with its `goal`."""
+    return tuple(Objective(m.name, m.goal) for m in spec.metrics) or (
+        Objective(spec.metric, spec.goal),)
+
+
+def limits(spec: SweepSpec) -> tuple[Limit, ...]:
+    """The sweep's constraints as limits on metric values."""
+    return tuple(Limit(name, bound.max, bound.min) for name, bound in spec.constraints)
+
+
+def trial_point(trial: Trial, spec: SweepSpec) -> dict[str, float]:
+    """A trial's values by metric: what it reported, its cost, and its quality's final value."""
+    point = {**{k: float(v) for k, v in trial.metrics.items()}, COST: round(trial.cost, 6)}
+    if trial.metric is not None:
+        point[spec.quality] = trial.metric
+    return point
+
+
+def choice(sweep: Sweep, spec: SweepSpec) -> Choice:
+    """The front of the succeeded trials and the one chosen: the best quality within the
+    constraints (spotorch.core.pareto.choose)."""
+    points = {t.number: trial_point(t, spec) for t in sweep.trials
+              if t.status is TrialStatus.SUCCEEDED}
+    return choose(points, objectives(spec), limits(spec))
+
+
+def trade_off(sweep: Sweep, spec: SweepSpec) -> dict[str, Any]:
+    """The front, the constraints and why the chosen trial was chosen, as reports carry them."""
+    made = choice(sweep, spec)
+    points = {t.number: trial_point(t, spec) for t in sweep.trials}
+    return {"search": str(spec.search),
+            "objectives": [{"name": o.name, "goal": str(o.goal)} for o in objectives(spec)],
+            "constraints": {name: {k: v for k, v in (("max", b.max), ("min", b.min))
+                                   if v is not None} for name, b in spec.constraints},
+            "pareto": list(made.front), "feasible": list(made.feasible),
+            # the front among the trials meeting the constraints (where the choice is made)
+            "pareto_feasible": [k for k in front({k: points[k] for k in made.feasible},
+                                                 objectives(spec))],
+            "chosen": made.chosen,
+            "why": made.why, "misses": {str(k): list(v) for k, v in made.misses.items()}}
 
 
 # ---------------------------------------------------------------- creating a sweep
@@ -391,7 +491,14 @@ def new_sweep(*, sweep_id: str, pipeline: Pipeline, spec: SweepSpec, now: float,
               bigquery: Mapping[str, Any] | None = None) -> Sweep:
     """A new sweep: its trials planned, announced, and the first `parallelism` of them started;
     objects and bigquery: the snapshot's data, pinned for every trial."""
-    params = trial_params(spec)
+    if spec.search is SearchKind.VIZIER:
+        if spec.trials <= 0:
+            raise SweepError("a vizier search needs a number of trials")
+        if not spec.parameters:
+            raise SweepError("a sweep needs at least one parameter")
+        params: tuple[dict[str, ParamValue], ...] = tuple({} for _ in range(spec.trials))
+    else:
+        params = trial_params(spec)
     trials = tuple(Trial(number=n, params=p, run_id=trial_run_id(sweep_id, n))
                    for n, p in enumerate(params, start=1))
     ctx = SweepContext(pipeline, spec, now, register, experiments)
@@ -400,7 +507,7 @@ def new_sweep(*, sweep_id: str, pipeline: Pipeline, spec: SweepSpec, now: float,
                   trials=trials, objects=objects, bigquery=bigquery)
     sweep = _note(sweep, ctx, f"created with {len(trials)} trials")
     sweep = _publish(sweep, ctx, "sweep.created", status=str(sweep.status), trials=len(trials),
-                     parallelism=spec.parallelism, metric=spec.metric, goal=str(spec.goal),
+                     parallelism=spec.parallelism, metric=spec.quality, goal=str(spec.quality_goal),
                      search=str(spec.search), data_uri=data_uri)
     return _fill(sweep, ctx)
 
@@ -422,6 +529,10 @@ def _on_done(sweep: Sweep, obs: SweepObservation, ctx: SweepContext) -> Sweep:
     if isinstance(intent, LogTrial) and obs.experiment_run:
         sweep = _with_trial(sweep, replace(sweep.trial(intent.trial),
                                            experiment_run=obs.experiment_run))
+    if isinstance(intent, SuggestTrial) and obs.study_trial:
+        return _suggested(sweep, ctx, sweep.trial(intent.trial), obs)
+    if isinstance(intent, SuggestTrial) and obs.error:
+        return _not_suggested(sweep, ctx, sweep.trial(intent.trial), obs.error)
     if isinstance(intent, RegisterModel) and sweep.status is SweepStatus.REGISTERING:
         sweep = replace(sweep, model_name=obs.model_name)
         sweep = _note(sweep, ctx, f"model registered: {obs.model_name}")
@@ -432,6 +543,37 @@ def _on_done(sweep: Sweep, obs: SweepObservation, ctx: SweepContext) -> Sweep:
 def _on_deferred(sweep: Sweep, obs: SweepObservation, ctx: SweepContext) -> Sweep:
     assert isinstance(obs, SweepIntentDeferred)
     return replace(sweep, outbox=outbox.release(sweep.outbox, obs.intent_id, ctx.now))
+
+
+def _suggested(sweep: Sweep, ctx: SweepContext, trial: Trial, obs: SweepIntentDone) -> Sweep:
+    """Vizier suggested a trial's parameters: its run starts with them (a cancelled sweep
+    completes the Vizier trial as infeasible instead)."""
+    sweep = replace(sweep, study=obs.study or sweep.study)
+    trial = replace(trial, study_trial=obs.study_trial)
+    if trial.status is not TrialStatus.SUGGESTING:
+        sweep = _with_trial(sweep, trial)
+        sweep = _add(sweep, ctx, CompleteStudyTrial, trial=trial.number,
+                     infeasible_reason=f"trial {trial.status.lower()} before it started")
+        return _advance(sweep, ctx)
+    trial = replace(trial, params=dict(obs.params or {}), status=TrialStatus.RUNNING)
+    sweep = _with_trial(sweep, trial)
+    sweep = _note(sweep, ctx, f"trial {trial.number} suggested by vizier: {obs.study_trial}")
+    sweep = _add(sweep, ctx, StartTrial, trial=trial.number)
+    sweep = _publish(sweep, ctx, "sweep.trial_started", trial=trial.number,
+                     trial_run_id=trial.run_id, params=dict(trial.params))
+    return _advance(sweep, ctx)
+
+
+def _not_suggested(sweep: Sweep, ctx: SweepContext, trial: Trial, error: str) -> Sweep:
+    """Vizier refused a trial's suggestion for good: the trial fails with why, and the sweep
+    goes on (the next trial asks again; when every one is refused the sweep fails)."""
+    if trial.status is not TrialStatus.SUGGESTING:
+        return _advance(sweep, ctx)  # cancelled meanwhile: the sweep may end now
+    trial = replace(trial, status=TrialStatus.FAILED, end_reason=error)
+    sweep = _with_trial(sweep, trial)
+    sweep = _note(sweep, ctx, f"trial {trial.number} FAILED: {error}")
+    sweep = _publish(sweep, ctx, "sweep.trial_ended", **summary(trial))
+    return _advance(sweep, ctx)
 
 
 _RUN_TO_TRIAL: Mapping[RunStatus, TrialStatus] = {
@@ -447,7 +589,7 @@ def _on_seen(sweep: Sweep, obs: SweepObservation, ctx: SweepContext) -> Sweep:
     if not 0 < obs.trial <= len(sweep.trials):
         return sweep
     trial = sweep.trial(obs.trial)
-    if trial.status.ended or trial.status is TrialStatus.PENDING:
+    if trial.status.ended or trial.status in (TrialStatus.PENDING, TrialStatus.SUGGESTING):
         return sweep  # ended trials never change; a pending one has no run to look at
     status = _RUN_TO_TRIAL[obs.run_status]
     if trial.status is TrialStatus.STOPPING and not obs.run_status.terminal:
@@ -458,9 +600,11 @@ def _on_seen(sweep: Sweep, obs: SweepObservation, ctx: SweepContext) -> Sweep:
     trial = replace(trial, status=status, run_status=str(obs.run_status), metric=metric,
                     step=obs.step if obs.step is not None else trial.step,
                     curve=obs.curve[-CURVE_LIMIT:] or trial.curve, cost=obs.cost,
-                    preemptions=obs.preemptions)
+                    preemptions=obs.preemptions, metrics=dict(obs.metrics) or trial.metrics,
+                    end_reason=obs.end_reason or trial.end_reason)
     before = sweep
     sweep = _with_trial(sweep, trial)
+    sweep = _measure(sweep, ctx, trial)
     if status.ended:
         sweep = _trial_ended(sweep, ctx, trial)
     elif sweep == before:
@@ -468,16 +612,50 @@ def _on_seen(sweep: Sweep, obs: SweepObservation, ctx: SweepContext) -> Sweep:
     return _advance(sweep, ctx)
 
 
+def _measure(sweep: Sweep, ctx: SweepContext, trial: Trial) -> Sweep:
+    """A vizier trial's newer progress goes to its Vizier trial (also after a resume: the run,
+    and so the Vizier trial, is the same)."""
+    if trial.study_trial is None or not trial.curve or trial.status.ended:
+        return sweep
+    step, value = trial.curve[-1]
+    if trial.measured_step is not None and step <= trial.measured_step:
+        return sweep
+    sweep = _with_trial(sweep, replace(trial, measured_step=step))
+    return _add(sweep, ctx, MeasureTrial, trial=trial.number, step=step,
+                metrics={ctx.spec.quality: value})
+
+
+def _complete_study_trial(sweep: Sweep, ctx: SweepContext, trial: Trial) -> Sweep:
+    """The ended trial's Vizier trial: its objectives' values, or infeasible with why."""
+    if trial.study_trial is None:
+        return sweep
+    point = trial_point(trial, ctx.spec)
+    names = [o.name for o in objectives(ctx.spec)]
+    if trial.status is TrialStatus.SUCCEEDED:
+        missing = [n for n in names if n not in point]
+        if not missing:
+            return _add(sweep, ctx, CompleteStudyTrial, trial=trial.number,
+                        final={n: point[n] for n in names})
+        reason = f"succeeded without reporting {', '.join(missing)}"
+    elif trial.status is TrialStatus.STOPPED:  # its last measurement is its result
+        return _add(sweep, ctx, CompleteStudyTrial, trial=trial.number)
+    else:
+        reason = f"run {trial.run_status}" + (f": {trial.end_reason}" if trial.end_reason else "")
+    return _add(sweep, ctx, CompleteStudyTrial, trial=trial.number,
+                infeasible_reason=reason[:500])
+
+
 def _trial_ended(sweep: Sweep, ctx: SweepContext, trial: Trial) -> Sweep:
     sweep = _note(sweep, ctx, f"trial {trial.number} {trial.status}")
     sweep = _publish(sweep, ctx, "sweep.trial_ended", **summary(trial))
+    sweep = _complete_study_trial(sweep, ctx, trial)
     if ctx.experiments:
         sweep = _add(sweep, ctx, LogTrial, trial=trial.number)
-    best = best_trial(sweep, ctx.spec.goal)
-    if best is not None and best.number != sweep.best:
-        sweep = replace(sweep, best=best.number)
-        sweep = _note(sweep, ctx, f"best so far: trial {best.number} ({ctx.spec.metric} "
-                                  f"{best.metric})")
+    best = choice(sweep, ctx.spec).chosen
+    if best is not None and best != sweep.best:
+        sweep = replace(sweep, best=best)
+        sweep = _note(sweep, ctx, f"best so far: trial {best} ({ctx.spec.quality} "
+                                  f"{sweep.trial(best).metric})")
     return sweep
 
 
@@ -491,7 +669,7 @@ def _on_cancel(sweep: Sweep, obs: SweepObservation, ctx: SweepContext) -> Sweep:
         return sweep
     sweep = _to(sweep, SweepStatus.CANCELLING, ctx, obs.reason)
     for trial in sweep.trials:
-        if trial.status is TrialStatus.PENDING:
+        if trial.status in (TrialStatus.PENDING, TrialStatus.SUGGESTING):
             sweep = _with_trial(sweep, replace(trial, status=TrialStatus.CANCELLED))
         elif trial.status is TrialStatus.RUNNING:
             sweep = _with_trial(sweep, replace(trial, status=TrialStatus.STOPPING))
@@ -514,17 +692,25 @@ def _advance(sweep: Sweep, ctx: SweepContext) -> Sweep:
         sweep = _median_stop(sweep, ctx, ctx.spec.early_stopping)
     if sweep.status is SweepStatus.RUNNING:
         sweep = _fill(sweep, ctx)
-    if all(t.status.ended for t in sweep.trials):
+    # A suggestion still out (retried by the tick) keeps the sweep open: its Vizier trial, when
+    # it comes, is completed rather than left active.
+    if all(t.status.ended for t in sweep.trials) and not any(
+            isinstance(i, SuggestTrial) for i in sweep.outbox):
         sweep = _finish(sweep, ctx)
     return sweep
 
 
 def _fill(sweep: Sweep, ctx: SweepContext) -> Sweep:
-    running = sum(1 for t in sweep.trials if t.status in (TrialStatus.RUNNING, TrialStatus.STOPPING))
+    running = sum(1 for t in sweep.trials if t.status in (
+        TrialStatus.RUNNING, TrialStatus.STOPPING, TrialStatus.SUGGESTING))
     for trial in sweep.trials:
         if running >= max(ctx.spec.parallelism, 1):
             break
-        if trial.status is TrialStatus.PENDING:
+        if trial.status is TrialStatus.PENDING and ctx.spec.search is SearchKind.VIZIER:
+            sweep = _with_trial(sweep, replace(trial, status=TrialStatus.SUGGESTING))
+            sweep = _add(sweep, ctx, SuggestTrial, trial=trial.number)
+            running += 1
+        elif trial.status is TrialStatus.PENDING:
             sweep = _with_trial(sweep, replace(trial, status=TrialStatus.RUNNING))
             sweep = _add(sweep, ctx, StartTrial, trial=trial.number)
             sweep = _publish(sweep, ctx, "sweep.trial_started", trial=trial.number,
@@ -558,11 +744,11 @@ def _median_stop(sweep: Sweep, ctx: SweepContext, rule: MedianStopping) -> Sweep
         if trial.status is not TrialStatus.RUNNING:
             continue
         others = [t for t in sweep.trials if t.number != trial.number and t.curve]
-        verdict = median_verdict(trial, others, ctx.spec.goal, rule)
+        verdict = median_verdict(trial, others, ctx.spec.quality_goal, rule)
         if verdict is None:
             continue
         step, own, median = verdict
-        reason = (f"median stopping: best {ctx.spec.metric} {own:g} by step {step} is worse than "
+        reason = (f"median stopping: best {ctx.spec.quality} {own:g} by step {step} is worse than "
                   f"the median {median:g} of the other trials at that step")
         sweep = _with_trial(sweep, replace(trial, status=TrialStatus.STOPPING, stopped_early=True,
                                            stop_reason=reason))
@@ -579,11 +765,14 @@ def _finish(sweep: Sweep, ctx: SweepContext) -> Sweep:
         return _publish(sweep, ctx, "sweep.cancelled", **_result(sweep, ctx))
     if sweep.status is not SweepStatus.RUNNING:
         return sweep
-    best = best_trial(sweep, ctx.spec.goal)
+    made = choice(sweep, ctx.spec)
+    best = sweep.trial(made.chosen) if made.chosen is not None else None
     if best is None:
-        sweep = _to(sweep, SweepStatus.FAILED, ctx, "no trial succeeded with a value of "
-                                                    f"{ctx.spec.metric}")
+        why = ("no trial succeeded with a value of " f"{ctx.spec.quality}"
+               if not made.misses else made.why)
+        sweep = _to(sweep, SweepStatus.FAILED, ctx, why)  # registers nothing
         return _publish(sweep, ctx, "sweep.failed", **_result(sweep, ctx))
+    sweep = replace(sweep, best=best.number)
     if ctx.register:
         sweep = _to(sweep, SweepStatus.REGISTERING, ctx, f"registering trial {best.number}")
         return _add(sweep, ctx, RegisterModel, trial=best.number, run_id=best.run_id,
@@ -601,7 +790,8 @@ def _succeed(sweep: Sweep, ctx: SweepContext) -> Sweep:
 def _result(sweep: Sweep, ctx: SweepContext) -> dict[str, Any]:
     best = sweep.trial(sweep.best) if sweep.best else None
     return {"status": str(sweep.status), "reason": sweep.end_reason,
-            "metric": ctx.spec.metric, "goal": str(ctx.spec.goal),
+            "metric": ctx.spec.quality, "goal": str(ctx.spec.quality_goal),
+            "trade_off": trade_off(sweep, ctx.spec),
             "trials": len(sweep.trials),
             "stopped_early": sum(1 for t in sweep.trials if t.stopped_early),
             "best": summary(best) if best else None, "model_name": sweep.model_name,

@@ -45,6 +45,7 @@ def production_deps(settings: Settings | None = None) -> Deps:
     from spotorch.adapters.gcp.storage import GcsObjectStore
     from spotorch.adapters.gcp.vertex import VertexJobLauncher
     from spotorch.adapters.gcp.vertex_budgets import RequestBudget, SharedRequestBudget
+    from spotorch.adapters.gcp.vizier import VertexTrialSearch
     from spotorch.app.run_store import DocumentRunStore
     from spotorch.spec.compiled import function_pipelines
     from spotorch.spec.prices import price_table
@@ -77,6 +78,9 @@ def production_deps(settings: Settings | None = None) -> Deps:
                                    token=settings.vertex_token),
         experiments=VertexExperimentTracker(settings.project, endpoint=settings.vertex_endpoint,
                                             token=settings.vertex_token),
+        # issue 38: the client on first use: only sweeps with search: vizier call it.
+        search=VertexTrialSearch(settings.project, endpoint=settings.vertex_endpoint,
+                                 token=settings.vertex_token),
         # A failed attempt's stderr tail: Cloud Logging (the Vertex emulator locally).
         job_logs=CloudLoggingJobLogs(settings.project, endpoint=settings.logging_endpoint,
                                      token=settings.vertex_token),

@@ -48,11 +48,23 @@ METHOD_PERMISSIONS: Mapping[str, str] = {
     "MetadataService/UpdateContext": "aiplatform.contexts.update",
     "MetadataService/AddContextChildren": "aiplatform.contexts.addContextChildren",
     "MetadataService/ListContexts": "aiplatform.contexts.list",
+    # Vizier (LookupStudy's permission is assumed to be studies.get: Google lists none for it).
+    "VizierService/CreateStudy": "aiplatform.studies.create",
+    "VizierService/LookupStudy": "aiplatform.studies.get",
+    "VizierService/GetStudy": "aiplatform.studies.get",
+    "VizierService/SuggestTrials": "aiplatform.trials.create",
+    "VizierService/AddTrialMeasurement": "aiplatform.trials.update",
+    "VizierService/CompleteTrial": "aiplatform.trials.update",
+    "VizierService/CheckTrialEarlyStoppingState": "aiplatform.trials.get",
+    "VizierService/ListOptimalTrials": "aiplatform.trials.list",
+    "VizierService/GetTrial": "aiplatform.trials.get",
+    "VizierService/ListTrials": "aiplatform.trials.list",
 }
 OPERATION_PERMISSIONS: Mapping[str, str] = {  # resource collection in the operation's name
     "models": "aiplatform.models.get",
     "endpoints": "aiplatform.endpoints.get",
     "metadataStores": "aiplatform.metadataStores.get",
+    "studies": "aiplatform.studies.get",
 }
 
 # Google's wording for a call without credentials and for credentials it cannot use.
@@ -132,7 +144,7 @@ def _needed(method: str, request: Any) -> tuple[str, str]:
         collection = parts[4] if len(parts) > 4 else ""
         return OPERATION_PERMISSIONS.get(collection, "aiplatform.operations.get"), name
     permission = METHOD_PERMISSIONS[method]
-    for attribute in ("name", "context", "parent"):
+    for attribute in ("name", "context", "parent", "trial_name"):
         value = getattr(request, attribute, "")
         if attribute == "context" and not isinstance(value, str):  # UpdateContext: a Context
             value = getattr(value, "name", "")

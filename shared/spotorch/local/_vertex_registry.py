@@ -100,6 +100,11 @@ class RegistryServices:
         self._settle()
         return self._proto(op)
 
+    def start_operation(self, prefix: str, finish: Callable[[], Any], metadata: Any) -> Any:
+        """A long-running operation of another service (VizierService), done after operation_s."""
+        with self.state.lock:
+            return self._operation(prefix, finish, metadata)
+
     def _proto(self, op: _Operation) -> Any:
         from google.longrunning import operations_pb2
         from google.rpc import status_pb2

@@ -26,6 +26,7 @@ class PreemptRule:
     pipeline: str | None = None  # matched on the LABEL_PIPELINE label; None: any
     pool: int | None = None  # only this pool's replica `index` (workerpoolP-I); None: the job
     index: int = 0
+    run_suffix: str | None = None  # the LABEL_RUN label ends with it (a sweep's "-t1"); None: any
 
     @property
     def replica(self) -> str | None:
@@ -35,7 +36,9 @@ class PreemptRule:
     def matches(self, labels: Mapping[str, str]) -> bool:
         wanted = ((LABEL_ATTEMPT, None if self.attempt is None else str(self.attempt)),
                   (LABEL_RUN, self.run), (LABEL_PIPELINE, self.pipeline))
-        return all(v is None or labels.get(k) == label_value(v) for k, v in wanted)
+        return all(v is None or labels.get(k) == label_value(v) for k, v in wanted) and (
+            self.run_suffix is None
+            or labels.get(LABEL_RUN, "").endswith(label_value(self.run_suffix)))
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,7 @@ class SpotSchedule:
         return replace(self, trace=trace)
 
 
-_RULE_KEYS = {"after_s", "attempt", "run", "pipeline", "pool", "index"}
+_RULE_KEYS = {"after_s", "attempt", "run", "run_suffix", "pipeline", "pool", "index"}
 _DROP_KEYS = {"attempt", "run", "pipeline"}
 _SCHEDULE_KEYS = {"preempt", "every_spot_job_after_s", "stockouts", "drop_events"}
 _WINDOW_KEYS = {"from_s", "for_s"}
@@ -162,7 +165,11 @@ def _rule(obj: Any, where: str) -> PreemptRule:
                                 f"{'pool 0-3' if key == 'pool' else 'replica index'}, got {value!r}")
     if pool is None and "index" in raw:
         raise ScheduleError(f"{where}.index: names a replica of a pool; give pool too")
-    return PreemptRule(after or 0.0, *_match(raw, where), pool=pool, index=int(index or 0))
+    suffix = raw.get("run_suffix")
+    if suffix is not None and (not isinstance(suffix, str) or not suffix):
+        raise ScheduleError(f"{where}.run_suffix: expected the end of a run id, got {suffix!r}")
+    return PreemptRule(after or 0.0, *_match(raw, where), pool=pool, index=int(index or 0),
+                       run_suffix=suffix)
 
 
 def _drop(obj: Any, where: str) -> EventDrop:

@@ -75,6 +75,14 @@ def narrate(report: Mapping[str, Any]) -> list[str]:
         best = report.get("best")
         if isinstance(best, Mapping):
             lines.append(f"best: trial {best.get('trial')}")
+        if report.get("pareto") is not None:  # a sweep of several objectives (issue 38)
+            names = ", ".join(o["name"] for o in report.get("objectives") or ())
+            lines.append(f"Pareto front on {names}: trials {report['pareto']}")
+            lines += [f"trial {k} misses the constraints: {'; '.join(m)}"
+                      for k, m in (report.get("misses") or {}).items()]
+            chosen = report.get("chosen")
+            lines.append((f"chosen: trial {chosen}, " if chosen else "chosen: none, ")
+                         + str(report.get("why")))
         if report.get("model_name"):
             lines.append(f"model registered as {report['model_name']}")
     attempts: Sequence[Mapping[str, Any]] = report.get("attempts") or ()

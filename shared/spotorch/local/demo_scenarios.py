@@ -15,6 +15,7 @@ from spotorch.local.demo_distributed import SETTINGS as DISTRIBUTED
 from spotorch.local.demo_flapping import SETTINGS as FLAPPING
 from spotorch.local.demo_preprocess import ERROR_SETTINGS as PREPROCESS_ERROR
 from spotorch.local.demo_preprocess import SETTINGS as PREPROCESS
+from spotorch.local.demo_tradeoff import SETTINGS as TRADEOFF
 
 REPO = Path(__file__).resolve().parents[3]  # shared/spotorch/local/demo_scenarios.py -> the repo
 
@@ -201,6 +202,7 @@ SCENARIOS: Mapping[str, Scenario] = {
     "preprocess-error": Scenario(**PREPROCESS_ERROR),
     "flapping": Scenario(**FLAPPING),
     "bigquery": Scenario(**BIGQUERY),
+    "tradeoff": Scenario(**TRADEOFF),
     "quota": Scenario(
         name="quota",
         title="no Spot GPU quota in the first region",

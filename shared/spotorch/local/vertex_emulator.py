@@ -42,6 +42,7 @@ from spotorch.local._vertex_schedule import (
     parse_schedule,
 )
 from spotorch.local._vertex_service import SERVICE, JobService, copy
+from spotorch.local._vertex_vizier import VizierService
 from spotorch.local._vertex_workers import kill
 from spotorch.settings import TOPIC_JOB_EVENTS
 
@@ -130,6 +131,8 @@ class VertexEmulator:
         self.registry = RegistryServices(project, iam=iam)
         # Endpoints and predictions (issue 37): each deployed model a local prediction server.
         self.endpoints = EndpointServices(self.registry, seed=seed)
+        # Vizier: studies and trials in memory, suggestions from Optuna (its operations: the registry's).
+        self.vizier = VizierService(project, self.registry, seed=seed, iam=iam)
         # Cloud Logging's ListLogEntries over the jobs' output (the error tail of a failed job).
         self.logging = LoggingService(project, lambda: self.workdir or Path("."), iam=iam)
         self._t0 = time.monotonic()
@@ -222,7 +225,8 @@ class VertexEmulator:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8,
                                                         thread_name_prefix="vertex-emu-rpc"))
         server.add_generic_rpc_handlers((self._service.handlers(), *self.registry.handlers(),
-                                         self.logging.handlers(), *self.endpoints.handlers()))
+                                         self.logging.handlers(), *self.endpoints.handlers(),
+                                         self.vizier.handlers()))
         port = server.add_insecure_port(f"{self.host}:{self.port}")
         if not port:
             raise EmulatorError(f"cannot listen on {self.host}:{self.port}")
@@ -361,7 +365,7 @@ _DEFAULT_QUOTAS = QuotaLimits()
               help="Where worker logs go  [default: a new temporary directory]")
 @click.option("--drop-events", type=click.FloatRange(0, 1), default=0.0,
               help="Fraction of job-state messages to drop (1: all).")
-@click.option("--seed", type=int, help="Random seed for --drop-events.")
+@click.option("--seed", type=int, help="Random seed for --drop-events and Vizier's suggestions.")
 @click.option("--queued-s", default=0.5, help="Least time in QUEUED.")
 @click.option("--pending-s", default=0.5, help="Least time in PENDING.")
 @click.option("--log-format", type=click.Path(dir_okay=False),

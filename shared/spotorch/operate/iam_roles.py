@@ -92,6 +92,11 @@ PREDEFINED_ROLES: Mapping[str, frozenset[str]] = {
         "aiplatform.models.delete", "aiplatform.models.export", "aiplatform.models.get",
         "aiplatform.models.list", "aiplatform.models.update", "aiplatform.models.upload",
         "aiplatform.operations.list",
+        # Vizier (issue 38), from gcp/roles/aiplatform.user.json at commit 02b6c7c8
+        "aiplatform.studies.create", "aiplatform.studies.delete", "aiplatform.studies.get",
+        "aiplatform.studies.list", "aiplatform.studies.update", "aiplatform.trials.create",
+        "aiplatform.trials.delete", "aiplatform.trials.get", "aiplatform.trials.list",
+        "aiplatform.trials.update",
     }),
     "roles/datastore.user": frozenset({
         "appengine.applications.get", "databasesconsole.locations.get",

@@ -129,6 +129,7 @@ VERTEX = "spotorch.adapters.gcp.vertex:VertexJobLauncher"
 REGISTRY = "spotorch.adapters.gcp.registry:VertexModelRegistry"
 ENDPOINTS = "spotorch.adapters.gcp.endpoints:VertexEndpoints"
 EXPERIMENTS = "spotorch.adapters.gcp.registry:VertexExperimentTracker"
+VIZIER = "spotorch.adapters.gcp.vizier:VertexTrialSearch"
 STORE = "spotorch.adapters.gcp.firestore:FirestoreDocumentStore"
 LEDGER = "spotorch.adapters.gcp.notification_ledger:FirestoreNotificationLedger"
 READS = "spotorch.adapters.gcp.firestore_reads:ClientSource"  # the api function's reads
@@ -231,6 +232,44 @@ CALLS: tuple[Call, ...] = (
     Call("MetadataServiceClient.list_contexts", "projects.locations.metadataStores.contexts.list",
          _on(S.PROJECT, "aiplatform.contexts.list"), (F,), (f"{EXPERIMENTS}.runs_of",), VERTEX_IAM,
          "an experiment's runs"),
+    # --- Vizier (a sweep's search; issue 38) ------------------------------------------------------
+    # Google's table lists aiplatform.studies.* and aiplatform.trials.*; which one each RPC needs
+    # is inferred from its verb (LookupStudy: studies.get; SuggestTrials: trials.create; polling
+    # their operations: studies.get).
+    Call("VizierServiceClient.create_study", "projects.locations.studies.create",
+         _on(S.PROJECT, "aiplatform.studies.create"), (F,), (f"{VIZIER}.study.find_or_create",),
+         VERTEX_IAM, "the sweep's study, named by the sweep"),
+    Call("VizierServiceClient.lookup_study", "projects.locations.studies.lookup",
+         _on(S.PROJECT, "aiplatform.studies.get"), (F,), (f"{VIZIER}.study.find_or_create",),
+         VERTEX_IAM, "a redelivered sweep finds its study (inferred: studies.get)"),
+    Call("VizierServiceClient.get_study", "projects.locations.studies.get",
+         _on(S.PROJECT, "aiplatform.studies.get"), (F,), (f"{VIZIER}._parameters",),
+         VERTEX_IAM, "the study's parameter specs, once per process"),
+    Call("VizierServiceClient.suggest_trials", "projects.locations.studies.trials.suggest",
+         _on(S.PROJECT, "aiplatform.trials.create", "aiplatform.studies.get"), (F,),
+         (f"{VIZIER}.suggest.ask",), VERTEX_IAM,
+         "a trial's parameters (inferred: trials.create; polling the operation: studies.get)"),
+    Call("VizierServiceClient.add_trial_measurement",
+         "projects.locations.studies.trials.addTrialMeasurement",
+         _on(S.PROJECT, "aiplatform.trials.update"), (F,), (f"{VIZIER}.measure",), VERTEX_IAM,
+         "a trial's progress, also after a resume"),
+    Call("VizierServiceClient.complete_trial", "projects.locations.studies.trials.complete",
+         _on(S.PROJECT, "aiplatform.trials.update"), (F,), (f"{VIZIER}.complete",), VERTEX_IAM,
+         "a trial's final values, or infeasible with its reason"),
+    Call("VizierServiceClient.check_trial_early_stopping_state",
+         "projects.locations.studies.trials.checkTrialEarlyStoppingState",
+         _on(S.PROJECT, "aiplatform.trials.get", "aiplatform.studies.get"), (F,),
+         (f"{VIZIER}.should_stop.check",), VERTEX_IAM, "the study's stopping rule (inferred)"),
+    Call("VizierServiceClient.list_optimal_trials",
+         "projects.locations.studies.trials.listOptimalTrials",
+         _on(S.PROJECT, "aiplatform.trials.list"), (F,), (f"{VIZIER}.optimal",), VERTEX_IAM,
+         "the study's own front, beside spotorch's"),
+    Call("VizierServiceClient.get_trial", "projects.locations.studies.trials.get",
+         _on(S.PROJECT, "aiplatform.trials.get"), (F,), (f"{VIZIER}.trial",), VERTEX_IAM,
+         "a trial read back (a CompleteTrial redelivered)"),
+    Call("VizierServiceClient.list_trials", "projects.locations.studies.trials.list",
+         _on(S.PROJECT, "aiplatform.trials.list"), (F,), (f"{VIZIER}.trials",), VERTEX_IAM,
+         "a study's trials"),
     # --- Firestore: the run store, the alert ledger, the readers ----------------------------------
     Call("DocumentReference.get", "projects.databases.documents.get",
          _on(S.DATABASE, "datastore.entities.get"), (F, OP), (f"{STORE}.get",), FIRESTORE_IAM,

@@ -414,7 +414,9 @@ def show_sweep(view: Mapping[str, Any]) -> list[Any]:
     history.add_column("WHAT", overflow="fold")
     for h in view["history"]:
         history.add_row(h["at"], h["what"])
-    return [head, Section("trials"), trials, Section("history"), history]
+    from spotorch.operate.render_tradeoff import trade_off_parts
+
+    return [head, Section("trials"), trials, *trade_off_parts(view), Section("history"), history]
 
 
 # ---------------------------------------------------------------- data arrival

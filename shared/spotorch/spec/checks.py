@@ -498,8 +498,31 @@ def _check_preprocess(doc: Any) -> _Found:
         yield "preprocess.timeout", "must be longer than zero"
 
 
+def _check_sweep(doc: Any) -> _Found:
+    """Several objectives replace metric and goal; vizier needs a trial budget; bounds make sense."""
+    sweep = _get(doc, "sweep")
+    if not isinstance(sweep, Mapping):
+        return
+    metrics = sweep.get("metrics") or []
+    if metrics and ("metric" in sweep or "goal" in sweep):
+        yield "sweep.metrics", "replaces metric and goal: give one or the other"
+    names = [m.get("name") for m in metrics if isinstance(m, Mapping)]
+    for name in sorted({n for n in names if names.count(n) > 1 and isinstance(n, str)}):
+        yield "sweep.metrics", f"names {name} twice"
+    if sweep.get("search") == "vizier" and not sweep.get("trials"):
+        yield "sweep.trials", "a vizier search needs a number of trials (its budget)"
+    for metric, bound in (sweep.get("constraints") or {}).items():
+        if not isinstance(bound, Mapping):
+            continue
+        if bound.get("max") is None and bound.get("min") is None:
+            yield f"sweep.constraints.{metric}", "needs max, min or both"
+        elif (isinstance(bound.get("max"), int | float) and isinstance(bound.get("min"), int | float)
+              and bound["min"] > bound["max"]):
+            yield f"sweep.constraints.{metric}", "min is above max: no trial can meet it"
+
+
 CHECKS: tuple[Callable[[Any], _Found], ...] = (
     _check_positive_durations, _check_deadline, _check_backoff, _check_batch_options,
     _check_ignore, _check_overlap, _check_source, _check_regexes, _check_pools, _check_labels,
-    _check_routes, _check_candidates, _check_preprocess, check_promotion,
+    _check_routes, _check_candidates, _check_preprocess, check_promotion, _check_sweep,
 )

@@ -78,6 +78,13 @@ def _curves(view: Mapping[str, Any]) -> str:
     return f'<section class="curves"><h2>Trials</h2><div class="charts">{chart}</div></section>'
 
 
+def tradeoff_section(view: Mapping[str, Any]) -> str:
+    """The trade-off's plots (issue 38): spotorch.operate.ui.tradeoff_chart."""
+    from spotorch.operate.ui.tradeoff_chart import tradeoff_section as section
+
+    return section(view)
+
+
 def _plain_params(params: Mapping[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in params.items())
 
@@ -126,7 +133,7 @@ def sweep_page(view: Mapping[str, Any], *, target: str, refresh_s: int, token: s
             confirm="Cancel this sweep and its live trials…") + "</div>")
     body = (f'<h1>{escape(view["sweep_id"])}</h1>{notice(args or {})}<dl class="facts">'
             + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>" + cancel
-            + _curves(view)
+            + _curves(view) + tradeoff_section(view)
             + '<section>' + table("trials", ("#", "run", "status", "parameters", "metric",
                                              "step", "early stop", "preemptions", "cost"),
                                   trials, numeric=frozenset({"metric", "step", "preemptions",

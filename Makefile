@@ -57,8 +57,10 @@ lint: $(STAMP)
 	$(BIN)/mypy shared functions trainer benchmarks tests
 	$(BIN)/lint-imports   # the layers contract in pyproject.toml [tool.importlinter]
 
-bench: $(STAMP)         ## print the benchmark figures (policy, events, cold start)
+bench: $(STAMP)         ## print the benchmark figures (policy, multi-region, search, events, cold start, scale)
 	$(BIN)/python benchmarks/policy_bench.py
+	$(BIN)/python benchmarks/multi_region_bench.py
+	$(BIN)/python benchmarks/search_bench.py
 	$(BIN)/python benchmarks/event_bench.py
 	$(BIN)/python benchmarks/cold_start.py
 	$(BIN)/python benchmarks/scale_bench.py --runs 100 --runs 1000

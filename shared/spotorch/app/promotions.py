@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("spotorch.promotion")
 
-MAX_CONFLICT_RETRIES = 8
 SYNC_ROUNDS = 4
 # The sequence of a version's one promotion event: {run_id}:900000, far above a run's own events.
 EVENT_SEQUENCE = 900_000
@@ -93,12 +92,12 @@ def update_record(deps: Deps, model: str,
         ChampionRecord | None:
     """The champion record's change through app.updates' loop (the record is one more document
     kind): the record written, or None when decide changed nothing (None). ConflictError after
-    MAX_CONFLICT_RETRIES conflicts in a row (the caller's intent or event is retried)."""
+    updates.WRITE_ATTEMPTS conflicts in a row (the caller's intent or event is retried)."""
     written = updates.conditional_update(
         lambda: read_record(deps, model), decide,
         lambda new, version: deps.docs.put(COLLECTION_CHAMPIONS, record_key(model),
                                            new.to_doc(), version),
-        what=f"champion record of {model}", attempts=MAX_CONFLICT_RETRIES)
+        what=f"champion record of {model}")
     return None if written is None else written.doc
 
 

@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("spotorch.serving")
 
 MAX_STEPS = 8  # steps one advance takes before leaving the rest to the tick
-MAX_CONFLICT_RETRIES = 8
 
 
 def rollout_key(region: str, endpoint_id: str) -> str:
@@ -58,7 +57,7 @@ def _update(deps: Deps, pipeline: Pipeline, key: str,
     """The rollout record's change through app.updates' loop (one more document kind): what
     was written, or None when decide changed nothing (None). `known`: the record as this caller
     just wrote it, its first reading (a conflict reads it again). ConflictError after
-    MAX_CONFLICT_RETRIES conflicts in a row."""
+    updates.WRITE_ATTEMPTS conflicts in a row."""
     first = [] if known is None else [(known.doc, known.version)]
 
     def read() -> tuple[Rollout, Any]:
@@ -68,7 +67,7 @@ def _update(deps: Deps, pipeline: Pipeline, key: str,
         read, lambda found: decide(found if found is not None else Rollout(key=key)),
         lambda new, version: deps.docs.put(COLLECTION_ROLLOUTS, key,
                                            {**new.to_doc(), "pipeline": pipeline.name}, version),
-        what=f"rollout {key}", attempts=MAX_CONFLICT_RETRIES)
+        what=f"rollout {key}")
 
 
 def on_promoted(deps: Deps, pipeline: Pipeline, version: str) -> Rollout | None:

@@ -197,3 +197,62 @@ def test_concurrent_promotions_and_redeliveries_on_firestore(
     deps, registry = make()
     deps.docs = FirestoreDocumentStore(project=firestore_emulator.project)
     concurrent_promotions(deps, registry, copies=2)
+
+
+def contend(monkeypatch: pytest.MonkeyPatch, deps: Deps, collection: str,
+            conflicts: int) -> list[str]:
+    """The next `conflicts` writes of the collection lose a race (ConflictError, nothing
+    written); the keys of the writes that landed are returned as they happen. No pauses."""
+    from spotorch.app import updates
+    from spotorch.ports.store import ConflictError
+
+    monkeypatch.setattr(updates, "pause", lambda attempt, backoff_s=0.0: None)
+    real, left, landed = deps.docs.put, [conflicts], []
+
+    def put(name: str, key: str, data: object, version: object, adds: object = ()) -> object:
+        if name == collection and left[0] > 0:
+            left[0] -= 1
+            raise ConflictError("a racing writer")
+        if name == collection:
+            landed.append(key)
+        return real(name, key, data, version, adds)  # type: ignore[arg-type]
+    monkeypatch.setattr(deps.docs, "put", put)
+    return landed
+
+
+def test_champion_writes_go_through_the_one_loop_and_publish_once_after_the_write(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from spotorch.app.updates import WRITE_ATTEMPTS
+    from spotorch.ports.store import ConflictError
+
+    deps, registry = make()
+    run, name = candidate_run(deps, registry, "ra", 0.80, created_at=1000.0)
+    landed = contend(monkeypatch, deps, "model_champions", conflicts=WRITE_ATTEMPTS)
+    with pytest.raises(ConflictError, match="champion record of"):
+        promotions.after_registration(deps, run, name)  # every attempt lost: nothing decided
+    assert landed == [] and model_events(deps) == [] and holder(registry) == []
+    assert promotions.champion_record(deps, MODEL) is None
+    landed = contend(monkeypatch, deps, "model_champions", conflicts=2)
+    decision = promotions.after_registration(deps, run, name)  # the redelivery, after 2 losses
+    assert decision is not None and decision.promoted and len(landed) == 1
+    assert promotions.after_registration(deps, run, name) == decision  # decided: no write
+    assert len(landed) == 1 and holder(registry) == ["1"]
+    assert {str(e["id"]) for e in model_events(deps)} == {"ra:900000"}
+
+
+def test_an_operators_promotion_writes_and_publishes_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    deps, registry = make()
+    first, first_name = candidate_run(deps, registry, "ra", 0.90, created_at=1000.0)
+    second, second_name = candidate_run(deps, registry, "rb", 0.50, created_at=2000.0)
+    promotions.after_registration(deps, first, first_name)
+    landed = contend(monkeypatch, deps, "model_champions", conflicts=1)
+    p = deps.pipeline("churn")
+    record = promotions.force(deps, p, second, second_name, "hotfix")
+    again = promotions.force(deps, p, second, second_name, "hotfix")  # repeated: no change
+    assert len(landed) == 1 and record == again
+    assert record.champion is not None and record.champion.version == second_name
+    assert record.previous is not None and record.previous.version == first_name
+    assert record.decisions[-1].rule == "operator" and holder(registry) == ["2"]
+    promoted = [e for e in model_events(deps) if e["id"] == "rb:900000"]
+    assert len(promoted) == 1 and kind_of(str(promoted[0]["type"])) == "model.promoted"

@@ -243,3 +243,30 @@ def test_the_models_page_of_the_web_view() -> None:
     assert status == 200
     assert body.count('class="version"') == 3 and "does not beat" in body
     assert "churn@3" in body and "80%" in body and "20%" in body and "node-hours" in body
+
+
+def test_rollout_writes_that_lose_a_race_take_the_step_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rollout write goes through app.updates' loop: a lost race reads the record again
+    and takes the step due now (idempotent calls: one deployment each); after the last
+    attempt the ConflictError propagates (the registration intent is retried)."""
+    from spotorch.app.updates import WRITE_ATTEMPTS
+    from spotorch.ports.store import ConflictError
+    from test_promotions import contend
+
+    deps, registry, _ = make()
+    landed = contend(monkeypatch, deps, "endpoint_rollouts", conflicts=3)
+    train(deps, "r1", 0.80)
+    assert serving_version(deps) == (f"{MODEL}@1", {"1": 100}, ["1"])
+    assert landed and alias_on(registry) == ["1"]
+    train(deps, "r2", 0.90)
+    assert serving_version(deps) == (f"{MODEL}@1", {"1": 80, "2": 20}, ["1", "2"])
+    contend(monkeypatch, deps, "endpoint_rollouts", conflicts=WRITE_ATTEMPTS)
+    with pytest.raises(ConflictError, match="rollout"):
+        serving.abort_canary(deps, deps.pipeline("churn"), "by hand")
+    rollout = serving.rollout_of(deps, deps.pipeline("churn"))
+    assert rollout is not None and rollout.phase == "canary"  # nothing written
+    contend(monkeypatch, deps, "endpoint_rollouts", conflicts=1)
+    serving.abort_canary(deps, deps.pipeline("churn"), "by hand")
+    assert serving_version(deps) == (f"{MODEL}@1", {"1": 100}, ["1"])
+    assert alias_on(registry) == ["1"]

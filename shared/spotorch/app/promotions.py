@@ -8,24 +8,25 @@ other and at most the better one ends holding it; a version already decided keep
 alias follows the record (sync_alias), re-read after each move so that a late mover never leaves
 the alias on a version the record no longer names.
 
-Registration calls `after_registration` once, after the upload returned the version's name.
+Registration calls it (through spotorch.app.releases.after_registration, which resolves the run)
+once, after the upload returned the version's name. Every write of the champion record goes
+through `update_record`, app.updates' one conditional-update loop.
 """
 
 from __future__ import annotations
 
 import logging
-import random
-import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from spotorch.app import updates
 from spotorch.core import promotion as gate
 from spotorch.core import servable
 from spotorch.core.events import build_event
 from spotorch.core.model import Run
 from spotorch.core.promotion import Candidate, ChampionRecord, Decision, PromotionPolicy
 from spotorch.ports.registry import RegistryError
-from spotorch.ports.store import ConflictError
 from spotorch.settings import COLLECTION_CHAMPIONS
 
 if TYPE_CHECKING:
@@ -34,11 +35,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("spotorch.promotion")
 
-MAX_CONFLICT_RETRIES = 8
 SYNC_ROUNDS = 4
 # The sequence of a version's one promotion event: {run_id}:900000, far above a run's own events.
 EVENT_SEQUENCE = 900_000
 LISTING_PAGES = 10  # an artifact folder's listing: at most this many pages of 1000 objects
+
+
+def model_region(pipeline: Pipeline) -> str:
+    """Where the pipeline's model is registered and served: its `model.region`, else its first
+    job region (registration, serving and the operators' views all ask this)."""
+    model = pipeline.model
+    return model.region if model and model.region else pipeline.job.regions[0]
 
 
 def model_of(version: str) -> str:
@@ -68,11 +75,30 @@ def candidate_of(pipeline: Pipeline, run: Run, version: str) -> Candidate:
                      latency_p95_ms=gate.latency_of(reported))
 
 
+def read_record(deps: Deps, model: str) -> tuple[ChampionRecord | None, Any]:
+    """The model's champion record as stored (None if none yet) and its version."""
+    doc, version = deps.docs.get(COLLECTION_CHAMPIONS, record_key(model))
+    return (ChampionRecord.from_doc(doc) if doc else None), version
+
+
 def load_record(deps: Deps, model: str, alias: str) -> tuple[ChampionRecord, Any]:
     """The model's champion record and its version (a fresh one, version None, if absent)."""
-    doc, version = deps.docs.get(COLLECTION_CHAMPIONS, record_key(model))
-    return (ChampionRecord.from_doc(doc) if doc else ChampionRecord(model=model, alias=alias)), \
-        version
+    record, version = read_record(deps, model)
+    return (record if record is not None else ChampionRecord(model=model, alias=alias)), version
+
+
+def update_record(deps: Deps, model: str,
+                  decide: Callable[[ChampionRecord | None], ChampionRecord | None]) -> \
+        ChampionRecord | None:
+    """The champion record's change through app.updates' loop (the record is one more document
+    kind): the record written, or None when decide changed nothing (None). ConflictError after
+    updates.WRITE_ATTEMPTS conflicts in a row (the caller's intent or event is retried)."""
+    written = updates.conditional_update(
+        lambda: read_record(deps, model), decide,
+        lambda new, version: deps.docs.put(COLLECTION_CHAMPIONS, record_key(model),
+                                           new.to_doc(), version),
+        what=f"champion record of {model}")
+    return None if written is None else written.doc
 
 
 def judge(deps: Deps, policy: PromotionPolicy, candidate: Candidate) -> tuple[ChampionRecord,
@@ -80,20 +106,21 @@ def judge(deps: Deps, policy: PromotionPolicy, candidate: Candidate) -> tuple[Ch
     """Decide once, in one conditional write of the champion record; a racing writer makes us
     read again and judge against whoever holds the alias now."""
     model = model_of(candidate.version)
-    for attempt in range(MAX_CONFLICT_RETRIES):
-        record, version = load_record(deps, model, policy.alias)
+    judged: list[tuple[ChampionRecord, Decision]] = []  # each reading's record and decision
+
+    def decide(found: ChampionRecord | None) -> ChampionRecord | None:
+        record = found if found is not None else ChampionRecord(model=model, alias=policy.alias)
         new, decision = gate.consider(record, policy, candidate, deps.clock.now())
-        if new == record:
-            return record, decision  # decided before: a redelivery
-        try:
-            deps.docs.put(COLLECTION_CHAMPIONS, record_key(model), new.to_doc(), version)
-        except ConflictError:
-            time.sleep(random.uniform(0.0, 0.02 * (attempt + 1)))
-            continue
-        log.info("model %s %s: %s", candidate.version,
-                 "promoted" if decision.promoted else "not promoted", decision.reason)
-        return new, decision
-    raise ConflictError(f"champion record of {model}: too much contention; retried later")
+        judged.append((record, decision))
+        return None if new == record else new
+
+    written = update_record(deps, model, decide)
+    record, decision = judged[-1]
+    if written is None:
+        return record, decision  # decided before: a redelivery
+    log.info("model %s %s: %s", candidate.version,
+             "promoted" if decision.promoted else "not promoted", decision.reason)
+    return written, decision
 
 
 def sync_alias(deps: Deps, model: str, alias: str) -> str | None:
@@ -127,17 +154,11 @@ def event_of(pipeline: str, policy: PromotionPolicy, record: ChampionRecord,
               "latency_p95_ms": candidate.latency_p95_ms})
 
 
-def after_registration(deps: Deps, run: Run | str, version: str) -> Decision | None:
-    """The gate for a version just registered (the one call registration makes): judged once,
+def after_registration(deps: Deps, run: Run, version: str) -> Decision | None:
+    """The gate for a version just registered (through spotorch.app.releases): judged once,
     the alias moved when it passed, model.promoted or model.rejected published. None when the
     pipeline has no model.promote. A transient failure raises: the registration intent stays in
     the outbox and the retry finds the decision already made."""
-    if isinstance(run, str):
-        found, _ = deps.runs.load(run)
-        if found is None:
-            log.warning("model %s: run %s not found; not judged", version, run)
-            return None
-        run = found
     pipeline = deps.pipeline(run.pipeline)
     policy = pipeline.model.promote if pipeline.model else None
     if policy is None or deps.models is None:
@@ -156,8 +177,7 @@ def after_registration(deps: Deps, run: Run | str, version: str) -> Decision | N
 
 def champion_record(deps: Deps, model: str) -> ChampionRecord | None:
     """A model's champion record as stored (operators, the demo); None if none yet."""
-    doc, _ = deps.docs.get(COLLECTION_CHAMPIONS, record_key(model))
-    return ChampionRecord.from_doc(doc) if doc else None
+    return read_record(deps, model)[0]
 
 
 def check_servable(deps: Deps, serving_image: str, artifact_uri: str) -> None:
@@ -188,23 +208,26 @@ def force(deps: Deps, pipeline: Pipeline, run: Run, version: str, reason: str) -
     assert model is not None and model.promote is not None
     policy = model.promote
     candidate = candidate_of(pipeline, run, version)
-    for _ in range(MAX_CONFLICT_RETRIES):
-        record, stored = load_record(deps, model_of(version), policy.alias)
+    name = model_of(version)
+    forced: list[tuple[ChampionRecord, Decision | None]] = []  # each reading's record, decision
+
+    def decide(found: ChampionRecord | None) -> ChampionRecord | None:
+        record = found if found is not None else ChampionRecord(model=name, alias=policy.alias)
         if record.champion is not None and record.champion.version == version:
-            break
+            forced.append((record, None))
+            return None  # the champion already: a repeated promotion changes nothing
         decision = Decision(version=version, run_id=run.run_id, promoted=True,
                             reason=f"operator: {reason}", rule="operator",
                             at=deps.clock.now(), metric=candidate.metrics.get(policy.metric),
                             replaced=record.champion.version if record.champion else None)
-        new = replace(record, champion=candidate, previous=record.champion,
-                      decisions=(*record.decisions, decision)[-gate.DECISIONS_KEPT:])
-        try:
-            deps.docs.put(COLLECTION_CHAMPIONS, record_key(model_of(version)), new.to_doc(),
-                          stored)
-        except ConflictError:
-            continue
-        record = new
-        deps.publisher.publish(event_of(run.pipeline, policy, new, decision, candidate))
-        break
-    sync_alias(deps, model_of(version), policy.alias)
+        forced.append((record, decision))
+        return replace(record, champion=candidate, previous=record.champion,
+                       decisions=(*record.decisions, decision)[-gate.DECISIONS_KEPT:])
+
+    written = update_record(deps, name, decide)
+    record, decision = forced[-1]
+    if written is not None and decision is not None:
+        record = written
+        deps.publisher.publish(event_of(run.pipeline, policy, written, decision, candidate))
+    sync_alias(deps, name, policy.alias)
     return record

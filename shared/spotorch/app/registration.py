@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 from spotorch.app import promotions, releases
 from spotorch.app.deps import Deps
+from spotorch.app.promotions import model_region as model_region  # where its model lives
 from spotorch.core import provenance
 from spotorch.core.context import Context
 from spotorch.core.intents import RegisterModelIntent
@@ -38,12 +39,6 @@ from spotorch.ports.registry import (
 MAX_MODEL_LABELS = 64  # Vertex AI: at most 64 labels on a resource
 
 log = logging.getLogger("spotorch.service")
-
-
-def model_region(pipeline: Pipeline) -> str:
-    """Where the pipeline's model is registered: its `model.region`, else its first job region."""
-    model = pipeline.model
-    return model.region if model and model.region else pipeline.job.regions[0]
 
 
 def aliases_to_move(pipeline: Pipeline, *, sweep_winner: bool = False) -> tuple[str, ...]:

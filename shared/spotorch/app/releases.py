@@ -5,6 +5,7 @@ Registration calls `after_registration` once, after the upload returned the vers
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from spotorch.app import promotions, serving
@@ -17,23 +18,27 @@ if TYPE_CHECKING:
     from spotorch.app.deps import Deps
     from spotorch.core.pipeline import Pipeline
 
+log = logging.getLogger("spotorch.promotion")
+
 
 def after_registration(deps: Deps, run: Run | str, version: str) -> Decision | None:
     """Judge the version (spotorch.app.promotions); when it holds the alias, roll it out on the
     pipeline's endpoint (spotorch.app.serving). Redelivery-safe: a decision is made once, and a
-    version already serving, watched or queued is not queued again."""
+    version already serving, watched or queued is not queued again. `run`: the run, or its id
+    (a sweep's winning trial)."""
+    if isinstance(run, str):
+        found, _ = deps.runs.load(run)
+        if found is None:
+            log.warning("model %s: run %s not found; not judged", version, run)
+            return None
+        run = found
     decision = promotions.after_registration(deps, run, version)
     if decision is None or not decision.promoted:
         return decision
     record = promotions.champion_record(deps, promotions.model_of(version))
     if record is None or record.champion is None or record.champion.version != version:
         return decision  # promoted once, since replaced or rolled back: not deployed again
-    pipeline_name = run if isinstance(run, str) else run.pipeline
-    if isinstance(run, str):
-        found, _ = deps.runs.load(run)
-        pipeline_name = found.pipeline if found else ""
-    if pipeline_name:
-        serving.on_promoted(deps, deps.pipeline(pipeline_name), version)
+    serving.on_promoted(deps, deps.pipeline(run.pipeline), version)
     return decision
 
 
@@ -49,7 +54,7 @@ def _model_of_pipeline(deps: Deps, pipeline_name: str) -> tuple[Pipeline, str, s
     model = pipeline.model
     if model is None or model.promote is None:
         raise NoSuchModel(f"pipeline {pipeline_name} has no model.promote")
-    region = model.region or pipeline.job.regions[0]
+    region = promotions.model_region(pipeline)
     name = f"projects/{deps.project}/locations/{region}/models/{model_id(pipeline_name)}"
     return pipeline, name, model.promote.alias
 
@@ -98,8 +103,7 @@ def _serving_cost(deps: Deps, pipeline: Pipeline, rollout: Any) -> tuple[float, 
     from spotorch.core.canary import node_hours
     from spotorch.core.cost import machine_hourly
 
-    model = pipeline.model
-    region = (model.region if model and model.region else pipeline.job.regions[0])
+    region = promotions.model_region(pipeline)
     hours = node_hours(rollout, deps.clock.now())
     cost: float | None = 0.0
     notes: list[str] = []

@@ -6,22 +6,24 @@ only; `advance` performs the record's next step with idempotent calls (a deploy 
 version already there, an undeploy of a model gone is done, a split is set as a whole) and then
 writes the outcome, so a crash between the two repeats the step and the tick (reconcile_rollouts)
 carries every unfinished rollout on. One rollout at a time per endpoint: a version promoted
-meanwhile waits as `pending`.
+meanwhile waits as `pending`. The rollout record and the champion record change through
+app.updates' one conditional-update loop (`_update`, `promotions.update_record`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from spotorch.app import promotions
+from spotorch.app import promotions, updates
+from spotorch.app.updates import Written
 from spotorch.core import canary
 from spotorch.core.canary import Rollout, ServeSpec
 from spotorch.core.errors import SpotorchError
 from spotorch.core.promotion import ChampionRecord, demoted
-from spotorch.ports.store import ConflictError
-from spotorch.settings import COLLECTION_CHAMPIONS, COLLECTION_ROLLOUTS
+from spotorch.settings import COLLECTION_ROLLOUTS
 
 if TYPE_CHECKING:
     from spotorch.app.deps import Deps
@@ -30,7 +32,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("spotorch.serving")
 
 MAX_STEPS = 8  # steps one advance takes before leaving the rest to the tick
-MAX_CONFLICT_RETRIES = 8
 
 
 def rollout_key(region: str, endpoint_id: str) -> str:
@@ -42,12 +43,31 @@ def _spec_of(deps: Deps, pipeline: Pipeline) -> tuple[ServeSpec, str] | None:
     model = pipeline.model
     if model is None or model.serve is None or deps.endpoints is None:
         return None
-    return model.serve, model.region or pipeline.job.regions[0]
+    return model.serve, promotions.model_region(pipeline)
 
 
 def _load(deps: Deps, key: str) -> tuple[Rollout, Any]:
     doc, version = deps.docs.get(COLLECTION_ROLLOUTS, key)
     return (Rollout.from_doc(doc) if doc else Rollout(key=key)), version
+
+
+def _update(deps: Deps, pipeline: Pipeline, key: str,
+            decide: Callable[[Rollout], Rollout | None],
+            known: Written[Rollout] | None = None) -> Written[Rollout] | None:
+    """The rollout record's change through app.updates' loop (one more document kind): what
+    was written, or None when decide changed nothing (None). `known`: the record as this caller
+    just wrote it, its first reading (a conflict reads it again). ConflictError after
+    updates.WRITE_ATTEMPTS conflicts in a row."""
+    first = [] if known is None else [(known.doc, known.version)]
+
+    def read() -> tuple[Rollout, Any]:
+        return first.pop() if first else _load(deps, key)
+
+    return updates.conditional_update(
+        read, lambda found: decide(found if found is not None else Rollout(key=key)),
+        lambda new, version: deps.docs.put(COLLECTION_ROLLOUTS, key,
+                                           {**new.to_doc(), "pipeline": pipeline.name}, version),
+        what=f"rollout {key}")
 
 
 def on_promoted(deps: Deps, pipeline: Pipeline, version: str) -> Rollout | None:
@@ -57,77 +77,82 @@ def on_promoted(deps: Deps, pipeline: Pipeline, version: str) -> Rollout | None:
         return None
     spec, region = found
     key = rollout_key(region, spec.endpoint)
-    for _ in range(MAX_CONFLICT_RETRIES):
-        rollout, stored = _load(deps, key)
+
+    def queue(rollout: Rollout) -> Rollout | None:
         new = canary.promoted(rollout, version, deps.clock.now())
-        if new == rollout:
-            break
-        try:
-            deps.docs.put(COLLECTION_ROLLOUTS, key, {**new.to_doc(), "pipeline": pipeline.name},
-                          stored)
-            break
-        except ConflictError:
-            continue
+        return None if new == rollout else new  # queued, watched or serving already
+
+    _update(deps, pipeline, key, queue)
     return advance(deps, pipeline, key)
 
 
 def advance(deps: Deps, pipeline: Pipeline, key: str) -> Rollout:
-    """Take the rollout's next steps until it waits (a canary's window) or is idle."""
+    """Take the rollout's next steps until it waits (a canary's window) or is idle: each step
+    is performed on the record as read, then its outcome written on that reading's version (a
+    conflict reads again and takes the step that is due now: the calls are idempotent)."""
     found = _spec_of(deps, pipeline)
     assert found is not None and deps.endpoints is not None
     spec, region = found
-    rollout, stored = _load(deps, key)
+    seen: list[Rollout] = []  # the record each step found
+
+    def step(rollout: Rollout) -> Rollout | None:
+        seen.append(rollout)
+        return _step(deps, pipeline, spec, region, rollout)
+
+    written: Written[Rollout] | None = None
     for _ in range(MAX_STEPS):
-        now = deps.clock.now()
-        todo = canary.step(rollout, spec)
-        if todo.kind == "none":
-            return rollout
-        if not rollout.endpoint:
-            name = deps.endpoints.create(region, spec.endpoint, f"{pipeline.name} {spec.endpoint}")
-            new = canary.noted(_with_endpoint(rollout, name), now, f"endpoint {name}")
-        elif todo.kind == "deploy":
-            if rollout.phase == "idle":
-                new = canary.started(rollout, now)
-            else:
-                assert todo.version is not None and todo.traffic is not None
-                deployed_id = deps.endpoints.deploy(
-                    rollout.endpoint, todo.version, machine_type=spec.machine_type,
-                    min_replicas=spec.min_replicas, max_replicas=spec.max_replicas,
-                    traffic=todo.traffic)
-                new = canary.deployed(rollout, deployed_id, spec, now)
-        elif todo.kind == "judge":
-            assert rollout.canary_id is not None and rollout.started_at is not None
-            traffic = deps.endpoint_traffic
-            if traffic is None:
-                return rollout  # nothing to judge by: the tick looks again
-            window = traffic.window(rollout.endpoint, rollout.canary_id, rollout.started_at)
-            new = canary.judge(rollout, spec, window, now)
-            if new == rollout:
-                return rollout  # keep watching
-        elif todo.kind == "finish":
-            assert todo.traffic is not None and rollout.canary_id is not None
-            deps.endpoints.set_traffic(rollout.endpoint, todo.traffic)
-            if rollout.serving_id is not None:
-                deps.endpoints.undeploy(rollout.endpoint, rollout.serving_id, {})
-            new = canary.finished(rollout, now)
-        elif todo.kind == "roll_back":
-            assert todo.traffic is not None and rollout.canary_id is not None
-            deps.endpoints.set_traffic(rollout.endpoint, todo.traffic)
-            deps.endpoints.undeploy(rollout.endpoint, rollout.canary_id, {})
-            if rollout.canary is not None:
-                undo_promotion(deps, rollout.canary, rollout.reason)
-            new = canary.rolled_back(rollout, now)
-        else:
-            raise ValueError(f"unknown step {todo.kind}")
-        try:
-            stored = deps.docs.put(COLLECTION_ROLLOUTS, key,
-                                   {**new.to_doc(), "pipeline": pipeline.name}, stored)
-        except ConflictError:
-            rollout, stored = _load(deps, key)  # someone else moved it: look again
-            continue
-        log.info("rollout %s: %s", key, new.history[-1][1] if new.history else new.phase)
-        rollout = new
-    return rollout
+        written = _update(deps, pipeline, key, step, known=written)
+        if written is None:
+            return seen[-1]  # waits (a canary's window), or idle
+        log.info("rollout %s: %s", key,
+                 written.doc.history[-1][1] if written.doc.history else written.doc.phase)
+    assert written is not None
+    return written.doc
+
+
+def _step(deps: Deps, pipeline: Pipeline, spec: ServeSpec, region: str,
+          rollout: Rollout) -> Rollout | None:
+    """Perform the rollout's next step (idempotent calls); the record after it, or None when
+    there is nothing to do now (idle, or a canary's window still open)."""
+    assert deps.endpoints is not None
+    now = deps.clock.now()
+    todo = canary.step(rollout, spec)
+    if todo.kind == "none":
+        return None
+    if not rollout.endpoint:
+        name = deps.endpoints.create(region, spec.endpoint, f"{pipeline.name} {spec.endpoint}")
+        return canary.noted(_with_endpoint(rollout, name), now, f"endpoint {name}")
+    if todo.kind == "deploy":
+        if rollout.phase == "idle":
+            return canary.started(rollout, now)
+        assert todo.version is not None and todo.traffic is not None
+        deployed_id = deps.endpoints.deploy(
+            rollout.endpoint, todo.version, machine_type=spec.machine_type,
+            min_replicas=spec.min_replicas, max_replicas=spec.max_replicas,
+            traffic=todo.traffic)
+        return canary.deployed(rollout, deployed_id, spec, now)
+    if todo.kind == "judge":
+        assert rollout.canary_id is not None and rollout.started_at is not None
+        traffic = deps.endpoint_traffic
+        if traffic is None:
+            return None  # nothing to judge by: the tick looks again
+        window = traffic.window(rollout.endpoint, rollout.canary_id, rollout.started_at)
+        new = canary.judge(rollout, spec, window, now)
+        return None if new == rollout else new  # unchanged: keep watching
+    if todo.kind == "finish":
+        assert todo.traffic is not None and rollout.canary_id is not None
+        deps.endpoints.set_traffic(rollout.endpoint, todo.traffic)
+        if rollout.serving_id is not None:
+            deps.endpoints.undeploy(rollout.endpoint, rollout.serving_id, {})
+        return canary.finished(rollout, now)
+    if todo.kind == "roll_back":
+        assert todo.traffic is not None and rollout.canary_id is not None
+        deps.endpoints.set_traffic(rollout.endpoint, todo.traffic)
+        deps.endpoints.undeploy(rollout.endpoint, rollout.canary_id, {})
+        if rollout.canary is not None:
+            undo_promotion(deps, rollout.canary, rollout.reason)
+        return canary.rolled_back(rollout, now)
+    raise ValueError(f"unknown step {todo.kind}")
 
 
 def _with_endpoint(r: Rollout, name: str) -> Rollout:
@@ -137,21 +162,18 @@ def _with_endpoint(r: Rollout, name: str) -> Rollout:
 def undo_promotion(deps: Deps, version: str, reason: str) -> None:
     """The canary of `version` was rolled back: the previous champion holds the alias again."""
     model = promotions.model_of(version)
-    key = promotions.record_key(model)
-    for _ in range(MAX_CONFLICT_RETRIES):
-        doc, stored = deps.docs.get(COLLECTION_CHAMPIONS, key)
-        if not doc:
-            return
-        record = ChampionRecord.from_doc(doc)
+    seen: list[ChampionRecord] = []
+
+    def undo(record: ChampionRecord | None) -> ChampionRecord | None:
+        if record is None:
+            return None  # no record: nothing was promoted
+        seen.append(record)
         new = demoted(record, version, reason, deps.clock.now())
-        if new == record:
-            break
-        try:
-            deps.docs.put(COLLECTION_CHAMPIONS, key, new.to_doc(), stored)
-            break
-        except ConflictError:
-            continue
-    promotions.sync_alias(deps, model, record.alias)
+        return None if new == record else new  # not the champion (a repeated rollback)
+
+    promotions.update_record(deps, model, undo)
+    if seen:
+        promotions.sync_alias(deps, model, seen[-1].alias)
 
 
 def abort_canary(deps: Deps, pipeline: Pipeline, reason: str) -> Rollout:
@@ -162,22 +184,18 @@ def abort_canary(deps: Deps, pipeline: Pipeline, reason: str) -> Rollout:
         raise NothingToRollBack(f"pipeline {pipeline.name} serves on no endpoint (model.serve)")
     spec, region = found
     key = rollout_key(region, spec.endpoint)
-    for _ in range(MAX_CONFLICT_RETRIES):
-        rollout, stored = _load(deps, key)
+
+    def abort(rollout: Rollout) -> Rollout | None:
         if rollout.phase == "rolling_back":
-            break
+            return None  # asked before: the rollback goes on
         if rollout.phase not in ("canary", "finishing"):
             raise NothingToRollBack(
                 f"no canary on {spec.endpoint} ({rollout.phase}, serving {rollout.serving}): "
                 "nothing to roll back; promote the version you want (`spotorch promote`)")
-        new = canary.noted(replace(rollout, phase="rolling_back", reason=reason),
-                           deps.clock.now(), f"canary {rollout.canary} rolled back: {reason}")
-        try:
-            deps.docs.put(COLLECTION_ROLLOUTS, key, {**new.to_doc(), "pipeline": pipeline.name},
-                          stored)
-            break
-        except ConflictError:
-            continue
+        return canary.noted(replace(rollout, phase="rolling_back", reason=reason),
+                            deps.clock.now(), f"canary {rollout.canary} rolled back: {reason}")
+
+    _update(deps, pipeline, key, abort)
     return advance(deps, pipeline, key)
 
 

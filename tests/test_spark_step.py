@@ -185,7 +185,7 @@ def test_the_batch_runs_the_driver_with_the_module_and_package() -> None:
     batch = launcher._batch(_launch())
     py = batch.pyspark_batch
     assert py.main_python_file_uri == "gs://s/spark/driver-ab.py"
-    assert list(py.archive_uris) == ["gs://s/packages/ab12/pkg-1.0.tar.gz"]
+    assert list(py.file_uris) == ["gs://s/packages/ab12/pkg-1.0.tar.gz"]
     args = list(py.args)
     assert args[args.index("--module") + 1] == "trainer.features"
     assert args[args.index("--inputs") + 1] == "gs://o/k/_SPOTORCH_INPUTS.json"

@@ -6,9 +6,10 @@ A step's launch is one CreateBatch with a deterministic batch id (spotorch.core.
 so a create retried after a lost answer is refused ALREADY_EXISTS and read back with GetBatch as
 the batch started before (the request_id is the batch id too: a retried create within Dataproc's
 idempotency window is answered with the same operation). The batch runs spotorch's PySpark
-driver (SPOTORCH_SPARK_DRIVER, a gs:// main file: deploy/spark-driver/) which puts the code
-package (archive_uris: the package's content-named sdists, unpacked beside the driver) on the
-path and runs `python -m MODULE --input --output [--inputs] --OPTION=V`.
+driver (SPOTORCH_SPARK_DRIVER, a gs:// main file: deploy/spark-driver/) which installs the code
+package (file_uris: the package's content-named archives, put in the batch's working directory)
+for the driver and the executors and runs MODULE as __main__ with --input --output [--inputs]
+--OPTION=V.
 
 A batch is followed with GetBatch by its recorded name (one read; no Eventarc event exists for
 a batch's state). Dataproc has no CancelBatch RPC in google.cloud.dataproc.v1: a batch is
@@ -152,7 +153,7 @@ class DataprocStepLauncher:
         return dataproc_v1.Batch(
             pyspark_batch=dataproc_v1.PySparkBatch(main_python_file_uri=self.driver_uri,
                                                    args=args,
-                                                   archive_uris=list(request.package_uris)),
+                                                   file_uris=list(request.package_uris)),
             runtime_config=runtime,
             environment_config=dataproc_v1.EnvironmentConfig(execution_config=execution),
             labels=dict(request.labels))

@@ -91,7 +91,7 @@ ACT_AS_DENIED = ("User not authorized to act as service account '{account}'. To 
 METHOD_PERMISSIONS = {"CreateBatch": "dataproc.batches.create", "GetBatch": "dataproc.batches.get",
                       "ListBatches": "dataproc.batches.list",
                       "DeleteBatch": "dataproc.batches.delete",
-                      "CancelOperation": "dataproc.batches.cancel",
+                      "CancelOperation": "dataproc.operations.cancel",
                       "GetOperation": "dataproc.operations.get"}
 OPERATIONS = ("CreateBatch", "DeleteBatch", "CancelOperation")  # Dataproc's "batch operations"
 

@@ -39,6 +39,7 @@ def read_shards(input_uri: str, inputs: str | None) -> list[tuple[str, bytes]]:
 def main(argv: Sequence[str] | None = None) -> None:
     """Normalize the snapshot's shards with Spark; write the output shards."""
     from pyspark.sql import SparkSession
+
     from spotorch_trainer.storage import join, write_bytes
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -351,3 +351,38 @@ def test_a_refused_create_ends_the_run_failed_launch() -> None:
     run = start(deps, "r1")
     assert run.status is RunStatus.FAILED_LAUNCH
     assert run.end_reason is not None and "Dataproc refused" in run.end_reason
+
+
+# --- exact reruns through the step: the recorded module, options, properties and runtime -------
+
+
+def test_a_rerun_runs_the_recorded_spark_properties_and_reuses_or_rebuilds_by_the_key() -> None:
+    from spotorch.app.runs import rerun_run
+
+    deps, batches, outputs = make_deps()
+    outputs.versions.update({("d1/a.csv", 1): (10, "crcA"), ("d1/b.csv", 2): (20, "crcB")})
+    run = start_run(deps, "p", run_id="r1", data_uri="gs://b/d1/", snapshot_id="r1",
+                    reason="t", objects=(("d1/a.csv", 1), ("d1/b.csv", 2)))
+    assert run is not None
+    (first,) = [b.request for b in batches.batches.values()]
+    assert first.inputs_uri is not None  # the pinned generations' manifest
+    batches.set_state("spotorch-r1-pre1", sb.BATCH_SUCCEEDED)
+    tick(deps)
+    origin = load(deps, "r1")
+    assert origin.provenance is not None
+    assert origin.provenance["preprocess"]["kind"] == "spark"
+    assert origin.provenance["preprocess"]["properties"] == {"spark.executor.instances": "2"}
+    # Today's pipeline asks for other properties: the rerun keeps the recorded ones.
+    pipeline = deps.pipeline("p")
+    assert pipeline.preprocess is not None
+    changed = replace(pipeline, preprocess=replace(
+        pipeline.preprocess, properties=(("spark.executor.instances", "8"),)))
+    deps = replace(deps, pipelines={"p": changed})
+    again = rerun_run(deps, "r1", "x")
+    assert step(again).cache_hit and step(again).cache_key == step(origin).cache_key
+    outputs.markers.pop(pp.marker_uri(step(origin)))  # the cache is gone: the step runs again
+    third = rerun_run(deps, "r1", "y")
+    assert not step(third).cache_hit and step(third).cache_key == step(origin).cache_key
+    request = batches.batches[("us-central1", step(third).job_name or "")].request
+    assert request.properties == (("spark.executor.instances", "2"),)
+    assert request.inputs_uri is not None

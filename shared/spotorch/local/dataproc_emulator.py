@@ -411,12 +411,12 @@ class DataprocEmulator:
         with self._lock:
             view = v1.Batch(batch.request)
             view.name, view.uuid, view.operation = batch.name, batch.uuid, batch.operation
-            view.state = v1.Batch.State[batch.state]
+            view.state = getattr(v1.Batch.State, batch.state)
             view.state_message = batch.state_message
             view.create_time = ts(batch.created_at)
             view.state_time = ts(batch.state_at)
             view.creator = "local"
-            view.state_history = [v1.Batch.StateHistory(state=v1.Batch.State[s],
+            view.state_history = [v1.Batch.StateHistory(state=getattr(v1.Batch.State, s),
                                                         state_start_time=ts(t))
                                   for s, t in batch.history[:-1]]
             usage = batch.usage_milli_dcu_s()

@@ -1333,3 +1333,28 @@ def test_the_packager_knows_the_preprocess_default_region(tmp_path: Path) -> Non
                       "preprocess: {output_uri: gs://o/q, region: europe-west4}\n")
     needs = package.pipeline_needs([source])
     assert needs.tfvars()["pipeline_preprocess_regions"] == ["europe-west4", "us-central1"]
+
+
+def test_dataprocs_grants_exist_only_with_a_bundled_spark_step(tmp_path: Path) -> None:
+    """issue 42: packaging names the regions of `kind: spark` steps; deploy/dataproc.tf gates
+    the Dataproc API and every grant of the batches (functions and spotorch-dataproc) on them."""
+    source = tmp_path / "p.yaml"
+    source.write_text("preprocess: {output_uri: gs://o/p}\n---\n"
+                      "preprocess: {kind: spark, output_uri: gs://o/q, region: europe-west4}\n")
+    needs = package.pipeline_needs([source])
+    assert needs.tfvars()["pipeline_spark_regions"] == ["europe-west4"]
+    beam_only = tmp_path / "b.yaml"
+    beam_only.write_text("preprocess: {output_uri: gs://o/p}\n")
+    assert package.pipeline_needs([beam_only]).tfvars()["pipeline_spark_regions"] == []
+    tf = load_tf(DEPLOY)
+    assert "var.pipeline_spark_regions" in str(tf.locals.get("spark_enabled"))
+    gated = 0
+    for rtype in ("google_project_iam_member", "google_service_account_iam_member",
+                  "google_storage_bucket_iam_member", "google_project_service",
+                  "google_project_iam_custom_role"):
+        for name, body in tf.resource(rtype).items():
+            if "dataproc" in name:
+                gated += 1
+                assert "local.spark_enabled" in str(body.get("count") or body.get("for_each")), \
+                    f"{rtype}.{name}"
+    assert gated >= 8

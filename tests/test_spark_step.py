@@ -386,3 +386,17 @@ def test_a_rerun_runs_the_recorded_spark_properties_and_reuses_or_rebuilds_by_th
     request = batches.batches[("us-central1", step(third).job_name or "")].request
     assert request.properties == (("spark.executor.instances", "2"),)
     assert request.inputs_uri is not None
+
+
+def test_a_local_stack_without_dataproc_leaves_a_spark_pipeline_out_saying_why(
+        tmp_path: Path) -> None:
+    from spotorch.local._stack_pipelines import check_pipelines
+
+    (tmp_path / "p.yaml").write_text(BASE + "preprocess:\n  kind: spark\n"
+                                            "  python_module: trainer.features\n"
+                                            "  output_uri: gs://prep-out/prep\n")
+    without = check_pipelines(tmp_path, dataflow=True, dataproc=False)
+    assert not without.loaded
+    assert "spotorch dev up --dataproc" in " ".join(next(iter(without.rejected.values())))
+    # a Spark step needs no Dataflow
+    assert [p.name for p in check_pipelines(tmp_path, dataflow=False).loaded] == ["prep"]

@@ -171,6 +171,10 @@ def test_the_local_dataproc_refuses_what_dataproc_refuses(local: DataprocEmulato
             adapter.launch(bad)
         assert caught.value.permanent
     adapter.launch(launch_of("spotorch-live-pre1"))
+    running = eventually(lambda: (v := adapter.get("spotorch-live-pre1", REGION)) is not None
+                         and v.state == sb.BATCH_RUNNING and v)
+    # UsageSnapshot while it runs: the driver and 2 executors of Dataproc's default shape
+    assert running.milli_dcu_rate == round(3000 * sb.dcus(4, 9600 * 1.1 / 1024))
     with pytest.raises(Exception, match="cannot be deleted"):
         adapter.delete("spotorch-live-pre1", REGION)
     adapter.cancel("spotorch-live-pre1", REGION)

@@ -16,6 +16,7 @@ from fakes import fake_deps
 from spotorch.adapters.gcp.dataproc import DataprocStepLauncher, view_of
 from spotorch.adapters.memory.batches import InMemoryBatches
 from spotorch.adapters.memory.steps import InMemoryStepOutputs, InMemorySteps
+from spotorch.adapters.memory.twins import ManualClock
 from spotorch.app.deps import Deps
 from spotorch.app.runs import cancel_run, start_run
 from spotorch.app.tick import tick
@@ -400,3 +401,20 @@ def test_a_local_stack_without_dataproc_leaves_a_spark_pipeline_out_saying_why(
     assert "spotorch dev up --dataproc" in " ".join(next(iter(without.rejected.values())))
     # a Spark step needs no Dataflow
     assert [p.name for p in check_pipelines(tmp_path, dataflow=False).loaded] == ["prep"]
+
+
+def test_a_running_batchs_cost_shows_from_its_usage_snapshot_then_its_metrics_replace_it() -> None:
+    deps, batches, _ = make_deps()
+    start(deps, "r1")
+    assert isinstance(deps.clock, ManualClock)
+    batches.set_state("spotorch-r1-pre1", sb.BATCH_RUNNING, milli_dcu_rate=10_000.0)  # 10 DCU
+    tick(deps)
+    deps.clock.advance(360.0)
+    tick(deps)  # 360 s at 10 DCU: one DCU-hour so far
+    running = step(load(deps, "r1"))
+    assert running.milli_dcu_s == pytest.approx(3_600_000.0)
+    assert step_cost(running.to_doc(), LIST_PRICES).cost == pytest.approx(0.06)
+    batches.set_state("spotorch-r1-pre1", sb.BATCH_SUCCEEDED, milli_dcu_s=4_000_000.0)
+    deps.clock.advance(30.0)
+    tick(deps)
+    assert step(load(deps, "r1")).milli_dcu_s == 4_000_000.0  # what Dataproc bills

@@ -93,6 +93,7 @@ class PreprocessStep:
     kind: str = "beam"
     milli_dcu_s: float = 0.0
     shuffle_gb_s: float = 0.0
+    usage_at: float | None = None  # when a running batch's UsageSnapshot was last added in
 
     @property
     def live(self) -> bool:
@@ -280,8 +281,9 @@ class JobView:
     memory_gb_s: float = 0.0
     pd_gb_s: float = 0.0
     refused: bool = False  # the launch was refused for good (bad spec, permissions): no job
-    milli_dcu_s: float = 0.0  # a Dataproc batch's usage (issue 42)
+    milli_dcu_s: float = 0.0  # a Dataproc batch's usage (issue 42): UsageMetrics once ended
     shuffle_gb_s: float = 0.0
+    milli_dcu_rate: float = 0.0  # a running batch's UsageSnapshot.milli_dcu (allocated now)
 
 
 @dataclass(frozen=True)
@@ -439,6 +441,8 @@ def on_job(step: PreprocessStep, spec: Preprocess, job: JobView | None, now: flo
                    pd_gb_s=max(step.pd_gb_s, job.pd_gb_s),
                    milli_dcu_s=max(step.milli_dcu_s, job.milli_dcu_s),
                    shuffle_gb_s=max(step.shuffle_gb_s, job.shuffle_gb_s))
+    if spark:
+        seen = _batch_usage(seen, step, job, now)
     if job.state in (BATCH_LIVE_STATES if spark else LIVE_STATES) and not job.refused:
         running = replace(seen, phase=StepPhase.RUNNING,
                           started_at=step.started_at if step.started_at is not None else now)
@@ -465,6 +469,20 @@ def on_job(step: PreprocessStep, spec: Preprocess, job: JobView | None, now: flo
     if counts[str(failure)] <= budget(spec, failure):
         return _launch(ended, run_id, now)
     return _fail(ended, failure, error, now)
+
+
+def _batch_usage(seen: PreprocessStep, step: PreprocessStep, job: JobView,
+                 now: float) -> PreprocessStep:
+    """A batch's DCU usage: while it runs, its UsageSnapshot's rate over the time since the last
+    poll added in (an estimate, so a running step's cost shows); once it has ended, UsageMetrics'
+    total, which is what Dataproc bills, replaces the estimate."""
+    if job.state in BATCH_LIVE_STATES:
+        since = step.usage_at if step.usage_at is not None else now
+        return replace(seen, milli_dcu_s=step.milli_dcu_s + job.milli_dcu_rate * (now - since),
+                       usage_at=now)
+    if job.milli_dcu_s or job.shuffle_gb_s:
+        return replace(seen, milli_dcu_s=job.milli_dcu_s, shuffle_gb_s=job.shuffle_gb_s)
+    return seen
 
 
 def _fail(step: PreprocessStep, failure: FailureClass, error: str, now: float) -> StepDecision:

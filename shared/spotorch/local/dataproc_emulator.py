@@ -60,6 +60,7 @@ from spotorch.core.spark_batches import (
     BATCH_READS_PER_MINUTE,
     BATCH_RUNNING,
     BATCH_SUCCEEDED,
+    dcus,
     milli_dcu_seconds,
     valid_batch_id,
 )
@@ -134,6 +135,13 @@ class Batch:
         if self.started_at is None:
             return 0
         seconds = (self.ended_at or time.time()) - self.started_at
+        return milli_dcu_seconds(self._nodes(), seconds)
+
+    def milli_dcu(self) -> int:
+        """UsageSnapshot.milli_dcu: the DCUs the batch's shapes hold while it runs, in milli."""
+        return round(1000 * sum(dcus(c, m) for c, m in self._nodes()))
+
+    def _nodes(self) -> list[tuple[float, float]]:
         props = dict(self.request.runtime_config.properties)
 
         def node(role: str) -> tuple[float, float]:
@@ -142,7 +150,7 @@ class Batch:
             return cores, memory * (1 + OVERHEAD) / 1024
 
         executors = int(props.get("spark.executor.instances", DEFAULT_EXECUTORS))
-        return milli_dcu_seconds([node("driver")] + [node("executor")] * executors, seconds)
+        return [node("driver")] + [node("executor")] * executors
 
 
 def _megabytes(text: str | None, default: float) -> float:
@@ -419,15 +427,13 @@ class DataprocEmulator:
             view.state_history = [v1.Batch.StateHistory(state=getattr(v1.Batch.State, s),
                                                         state_start_time=ts(t))
                                   for s, t in batch.history[:-1]]
-            usage = batch.usage_milli_dcu_s()
-            if batch.live:
-                elapsed = max(1.0, time.time() - (batch.started_at or time.time()))
+            if batch.live:  # UsageSnapshot while it runs (none before its driver starts)
                 view.runtime_info = v1.RuntimeInfo(current_usage=v1.UsageSnapshot(
-                    milli_dcu=round(usage / elapsed) if batch.started_at else 0,
+                    milli_dcu=batch.milli_dcu() if batch.started_at else 0,
                     snapshot_time=ts(time.time())))
             else:
                 view.runtime_info = v1.RuntimeInfo(approximate_usage=v1.UsageMetrics(
-                    milli_dcu_seconds=usage, shuffle_storage_gb_seconds=0))
+                    milli_dcu_seconds=batch.usage_milli_dcu_s(), shuffle_storage_gb_seconds=0))
         return view
 
     # --- running a batch --------------------------------------------------------------------

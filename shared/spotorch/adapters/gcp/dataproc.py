@@ -210,10 +210,11 @@ def view_of(batch: Any, job_name: str) -> JobView:
     state = _state(batch)
     error = str(batch.state_message or "")[-ERROR_TEXT_LIMIT:] if state == BATCH_FAILED else ""
     usage = batch.runtime_info.approximate_usage if state in BATCH_TERMINAL_STATES else None
+    rate = float(batch.runtime_info.current_usage.milli_dcu) if usage is None else 0.0
     return JobView(job_id=batch.name, name=job_name, state=state, error=error,
                    milli_dcu_s=float(usage.milli_dcu_seconds) if usage is not None else 0.0,
                    shuffle_gb_s=float(usage.shuffle_storage_gb_seconds)
-                   if usage is not None else 0.0)
+                   if usage is not None else 0.0, milli_dcu_rate=rate)
 
 
 def _state(batch: Any) -> str:

@@ -84,7 +84,8 @@ class InMemoryBatches:
             del self.batches[(region, job_name)]
 
     def set_state(self, job_name: str, state: str, error: str = "", *, region: str = "",
-                  milli_dcu_s: float = 0.0, shuffle_gb_s: float = 0.0) -> JobView:
+                  milli_dcu_s: float = 0.0, shuffle_gb_s: float = 0.0,
+                  milli_dcu_rate: float = 0.0) -> JobView:
         """Move a batch to a state, with its usage so far (test helper)."""
         with self._lock:
             found = next((b for (r, n), b in self.batches.items()
@@ -92,5 +93,5 @@ class InMemoryBatches:
             if found is None:
                 raise KeyError(job_name)
             found.view = replace(found.view, state=state, error=error, milli_dcu_s=milli_dcu_s,
-                                 shuffle_gb_s=shuffle_gb_s)
+                                 shuffle_gb_s=shuffle_gb_s, milli_dcu_rate=milli_dcu_rate)
             return found.view

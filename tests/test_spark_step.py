@@ -418,3 +418,18 @@ def test_a_running_batchs_cost_shows_from_its_usage_snapshot_then_its_metrics_re
     deps.clock.advance(30.0)
     tick(deps)
     assert step(load(deps, "r1")).milli_dcu_s == 4_000_000.0  # what Dataproc bills
+
+
+def test_a_dataflow_status_event_naming_a_batch_changes_nothing() -> None:
+    from spotorch.app.preprocess_steps import status_changed
+
+    deps, batches, _ = make_deps()
+    start(deps, "r1")
+    batches.set_state("spotorch-r1-pre1", sb.BATCH_RUNNING)
+    tick(deps)
+    before = step(load(deps, "r1"))
+    hint = pp.StatusHint(deps.project or "p", "us-central1", "x", pp.JOB_STATE_DONE,
+                         "spotorch-r1-pre1")
+    status_changed(deps, hint, "e1")
+    assert isinstance(deps.steps, InMemorySteps) and deps.steps.reads == []  # no GetJob
+    assert step(load(deps, "r1")) == before

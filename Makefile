@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv beam-venv demo test test-fast lint bench deploy destroy lock clean
+.PHONY: venv beam-venv spark-venv demo test test-fast lint bench deploy destroy lock clean
 
 # Your pipelines and settings: `spotorch init DIR` writes a starting project (DIR/pipelines,
 # DIR/terraform.tfvars). There is no default: the examples name buckets that are not yours.
@@ -41,12 +41,26 @@ $(BEAM_STAMP): $(BEAM_REQUIREMENTS)
 
 beam-venv: $(BEAM_STAMP)
 
-venv: $(STAMP) $(BEAM_STAMP)
+# PySpark for Spark preprocess steps (issue 42), in an environment of its own: the local Dataproc
+# runs each batch's driver with its Python, Spark in local mode on the machine's Java 17.
+SPARK_VENV := .venv-spark
+SPARK_STAMP := $(SPARK_VENV)/.installed
+SPARK_REQUIREMENTS := deploy/spark-driver/requirements.txt
 
-demo: $(STAMP) $(BEAM_STAMP)  ## run the end-to-end demo on the local stack
+$(SPARK_STAMP): $(SPARK_REQUIREMENTS)
+	$(PYTHON) -m venv $(SPARK_VENV)
+	$(SPARK_VENV)/bin/pip install --quiet --upgrade pip
+	$(SPARK_VENV)/bin/pip install --quiet -r $(SPARK_REQUIREMENTS)
+	touch $(SPARK_STAMP)
+
+spark-venv: $(SPARK_STAMP)
+
+venv: $(STAMP) $(BEAM_STAMP) $(SPARK_STAMP)
+
+demo: $(STAMP) $(BEAM_STAMP) $(SPARK_STAMP)  ## run the end-to-end demo on the local stack
 	$(BIN)/spotorch demo
 
-test: $(STAMP) $(BEAM_STAMP)  ## the whole suite: unit, contract, functions, end to end (Beam's too)
+test: $(STAMP) $(BEAM_STAMP) $(SPARK_STAMP)  ## the whole suite: unit, contract, functions, end to end (Beam's and Spark's too)
 	$(BIN)/python -m pytest
 
 test-fast: $(STAMP)     ## unit tests only (no emulators)

@@ -22,6 +22,9 @@ locals {
     # preprocess steps on a project without a `default` VPC (deploy/dataflow.tf)
     var.dataflow_network == "" ? {} : { SPOTORCH_DATAFLOW_NETWORK = var.dataflow_network },
     var.dataflow_subnetwork == "" ? {} : { SPOTORCH_DATAFLOW_SUBNETWORK = var.dataflow_subnetwork },
+    # Spark preprocess steps (issue 42, deploy/dataproc.tf)
+    var.spark_driver_uri == "" ? {} : { SPOTORCH_SPARK_DRIVER = var.spark_driver_uri },
+    local.spark_enabled ? { SPOTORCH_DATAPROC_SERVICE_ACCOUNT = google_service_account.dataproc.email } : {},
   )
 
   firestore_database = var.firestore_database

@@ -71,6 +71,8 @@ class Needs:
     preprocess: tuple[str, ...] = ()  # preprocess.output_uri buckets: Dataflow writes, jobs read
     # preprocess.region of each step: a Dataflow statusChanged trigger in each
     preprocess_regions: tuple[str, ...] = ()
+    # issue 42: preprocess.region of each kind: spark step (Dataproc's grants exist only then)
+    spark_regions: tuple[str, ...] = ()
     export: tuple[str, ...] = ()  # trigger.bigquery.export_uri buckets: the Parquet exports
     bigquery_watched: tuple[str, ...] = ()  # project:dataset of the watched tables
     bigquery_snapshots: tuple[str, ...] = ()  # project:dataset of the snapshot tables
@@ -92,6 +94,7 @@ class Needs:
                 "pipeline_staging_buckets": list(self.staging),
                 "pipeline_preprocess_buckets": list(self.preprocess),
                 "pipeline_preprocess_regions": list(self.preprocess_regions),
+                "pipeline_spark_regions": list(self.spark_regions),
                 "pipeline_export_buckets": list(self.export),
                 "pipeline_bigquery_watched_datasets": list(self.bigquery_watched),
                 "pipeline_bigquery_snapshot_datasets": list(self.bigquery_snapshots),
@@ -336,6 +339,8 @@ def _walk(node: Any) -> Iterator[tuple[str, str]]:
                 region = value.get("region", PREPROCESS_DEFAULT_REGION)
                 if isinstance(region, str) and region:
                     yield "preprocess_regions", region
+                    if value.get("kind") == "spark":
+                        yield "spark_regions", region
                 yield from _walk({k: v for k, v in value.items() if k != "output_uri"})
                 continue
             elif key in _URI_KEYS and str(value).startswith("gs://"):
@@ -357,7 +362,7 @@ def pipeline_needs(files: Iterable[Path]) -> Needs:
     """What pipeline files need; a file that is not valid YAML stops the build."""
     kinds = ("landing", "checkpoint", "model", "service_accounts", "route_env", "route_secrets",
              "staging", "preprocess", "export", "bigquery_watched", "bigquery_snapshots",
-             "preprocess_regions")
+             "preprocess_regions", "spark_regions")
     found: dict[str, set[str]] = {kind: set() for kind in kinds}
     data: set[tuple[str, str]] = set()
     output: set[tuple[str, str]] = set()

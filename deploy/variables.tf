@@ -143,6 +143,18 @@ variable "pipeline_preprocess_regions" {
   default     = []
 }
 
+variable "pipeline_spark_regions" {
+  description = "Generated: the regions the bundled pipelines' Spark preprocess steps (preprocess.kind: spark) run in; any: Dataproc's API and grants (deploy/dataproc.tf)."
+  type        = list(string)
+  default     = []
+}
+
+variable "spark_driver_uri" {
+  description = "gs:// URI of spotorch's PySpark driver (deploy/spark-driver/spotorch_spark_main.py, uploaded by you): the main file of every Spark step's batch (SPOTORCH_SPARK_DRIVER). Empty: a Spark step's launch is refused."
+  type        = string
+  default     = ""
+}
+
 variable "bigquery_location" {
   description = "Location of the BigQuery snapshot datasets when it is neither US nor EU (e.g. europe-west4): jobs.get of spotorch's snapshot and export jobs needs it (SPOTORCH_BIGQUERY_LOCATION); empty: US or EU."
   type        = string

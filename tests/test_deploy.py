@@ -79,6 +79,9 @@ PROJECT_ROLES = {
     "roles/dataflow.developer": "Dataflow jobs are project resources (preprocess steps)",
     "${local.dataflow_role}": "Dataflow jobs are project resources (a custom role by default)",
     "roles/dataflow.worker": "Dataflow work items are leased in the project (preprocess workers)",
+    "${google_project_iam_custom_role.dataproc_batches[0].name}":
+        "Dataproc batches are project resources (a custom role: the batch calls spotorch makes)",
+    "roles/dataproc.worker": "Dataproc Serverless runs a Spark step's batch in the project",
     "${google_project_iam_custom_role.bigquery_jobs[0].name}":
         "BigQuery jobs are project resources (a custom role: jobs.create and jobs.get only)",
 }
@@ -87,6 +90,7 @@ PROJECT_ROLES = {
 SERVICE_ACCOUNT_GRANTS = (
     ("roles/iam.serviceAccountUser", r"google_service_account\.training\.name"),
     ("roles/iam.serviceAccountUser", r"google_service_account\.dataflow\.name"),
+    ("roles/iam.serviceAccountUser", r"google_service_account\.dataproc\.name"),
     ("roles/iam.serviceAccountUser", r"^projects/-/serviceAccounts/\$\{each\.value\} for "
                                      r"\$\{toset\(var\.pipeline_service_accounts\)\}$"),
     ("roles/iam.serviceAccountTokenCreator", r"google_service_account\.functions\.name"),
@@ -428,7 +432,7 @@ def check_iam(tf: Tf) -> list[str]:
         perms = tf.locals.get(perms[len("${local."):-1], ()) if isinstance(perms, str) else perms
         # exactly the permissions of its family the permission map says the functions need:
         # Vertex AI (spotorchVertexJobs), BigQuery jobs (spotorchBigQueryJobs)
-        families = ("bigquery.jobs.", "dataflow.", "aiplatform.")
+        families = ("bigquery.jobs.", "dataflow.", "dataproc.", "aiplatform.")
         family = next((f for f in families if any(str(p).startswith(f.split(".")[0] + ".")
                                                   for p in perms or ())), "aiplatform.")
         wanted = {p for p in permissions_of(Identity.FUNCTIONS) if p.startswith(family)}
@@ -1061,6 +1065,7 @@ def test_bundle_contents(pipelines: Path, tmp_path: Path) -> None:
         "pipeline_staging_buckets": [],
         "pipeline_preprocess_buckets": [],
         "pipeline_preprocess_regions": [],
+        "pipeline_spark_regions": [],
         "pipeline_export_buckets": [],
         "pipeline_bigquery_watched_datasets": [],
         "pipeline_bigquery_snapshot_datasets": [],
@@ -1150,7 +1155,10 @@ def test_bundle_carries_a_price_table(pipelines: Path, tmp_path: Path) -> None:
         '{SPOTORCH_BIGQUERY_LOCATION = var.bigquery_location}, '
         'var.dataflow_network == "" ? {} : {SPOTORCH_DATAFLOW_NETWORK = var.dataflow_network}, '
         'var.dataflow_subnetwork == "" ? {} : '
-        '{SPOTORCH_DATAFLOW_SUBNETWORK = var.dataflow_subnetwork})}')
+        '{SPOTORCH_DATAFLOW_SUBNETWORK = var.dataflow_subnetwork}, '
+        'var.spark_driver_uri == "" ? {} : {SPOTORCH_SPARK_DRIVER = var.spark_driver_uri}, '
+        'local.spark_enabled ? {SPOTORCH_DATAPROC_SERVICE_ACCOUNT = '
+        'google_service_account.dataproc.email} : {})}')
     table.write_text(json.dumps({"families": {"n1": {"us-central1": {"vcpu": {"standard": -1}}}}}))
     with pytest.raises(package.PackageError, match="SPOTORCH_PRICES"):
         package.build(ROOT, pipelines, tmp_path / "c.zip", validate=False, prices=table)
@@ -1325,3 +1333,28 @@ def test_the_packager_knows_the_preprocess_default_region(tmp_path: Path) -> Non
                       "preprocess: {output_uri: gs://o/q, region: europe-west4}\n")
     needs = package.pipeline_needs([source])
     assert needs.tfvars()["pipeline_preprocess_regions"] == ["europe-west4", "us-central1"]
+
+
+def test_dataprocs_grants_exist_only_with_a_bundled_spark_step(tmp_path: Path) -> None:
+    """issue 42: packaging names the regions of `kind: spark` steps; deploy/dataproc.tf gates
+    the Dataproc API and every grant of the batches (functions and spotorch-dataproc) on them."""
+    source = tmp_path / "p.yaml"
+    source.write_text("preprocess: {output_uri: gs://o/p}\n---\n"
+                      "preprocess: {kind: spark, output_uri: gs://o/q, region: europe-west4}\n")
+    needs = package.pipeline_needs([source])
+    assert needs.tfvars()["pipeline_spark_regions"] == ["europe-west4"]
+    beam_only = tmp_path / "b.yaml"
+    beam_only.write_text("preprocess: {output_uri: gs://o/p}\n")
+    assert package.pipeline_needs([beam_only]).tfvars()["pipeline_spark_regions"] == []
+    tf = load_tf(DEPLOY)
+    assert "var.pipeline_spark_regions" in str(tf.locals.get("spark_enabled"))
+    gated = 0
+    for rtype in ("google_project_iam_member", "google_service_account_iam_member",
+                  "google_storage_bucket_iam_member", "google_project_service",
+                  "google_project_iam_custom_role"):
+        for name, body in tf.resource(rtype).items():
+            if "dataproc" in name:
+                gated += 1
+                assert "local.spark_enabled" in str(body.get("count") or body.get("for_each")), \
+                    f"{rtype}.{name}"
+    assert gated >= 8

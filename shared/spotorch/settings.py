@@ -21,6 +21,14 @@ ENV_DATAFLOW_LAUNCHER = "SPOTORCH_DATAFLOW_LAUNCHER"
 ENV_DATAFLOW_SERVICE_ACCOUNT = "SPOTORCH_DATAFLOW_SERVICE_ACCOUNT"  # preprocess jobs' worker account
 ENV_DATAFLOW_NETWORK = "SPOTORCH_DATAFLOW_NETWORK"  # preprocess workers' VPC (default: Dataflow's)
 ENV_DATAFLOW_SUBNETWORK = "SPOTORCH_DATAFLOW_SUBNETWORK"
+# issue 42: Spark preprocess steps on Dataproc Serverless: the API's endpoint (the local stack's
+# Dataproc at host:port; unset: Google's regional endpoints), spotorch's PySpark driver (a gs://
+# main file, deploy/spark-driver/), the batches' service account and network.
+ENV_DATAPROC_ENDPOINT = "SPOTORCH_DATAPROC_ENDPOINT"
+ENV_SPARK_DRIVER = "SPOTORCH_SPARK_DRIVER"
+ENV_DATAPROC_SERVICE_ACCOUNT = "SPOTORCH_DATAPROC_SERVICE_ACCOUNT"
+ENV_DATAPROC_NETWORK = "SPOTORCH_DATAPROC_NETWORK"
+ENV_DATAPROC_SUBNETWORK = "SPOTORCH_DATAPROC_SUBNETWORK"
 # The access token sent to an emulator endpoint (the local stack's Vertex emulator knows the
 # caller by it); never set in production, where clients use Application Default Credentials.
 ENV_VERTEX_TOKEN = "SPOTORCH_VERTEX_TOKEN"
@@ -127,6 +135,11 @@ class Settings:
     dataflow_service_account: str | None = None
     dataflow_network: str | None = None
     dataflow_subnetwork: str | None = None
+    dataproc_endpoint: str | None = None
+    spark_driver: str | None = None
+    dataproc_service_account: str | None = None
+    dataproc_network: str | None = None
+    dataproc_subnetwork: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -156,6 +169,11 @@ class Settings:
             dataflow_service_account=env.get(ENV_DATAFLOW_SERVICE_ACCOUNT) or None,
             dataflow_network=env.get(ENV_DATAFLOW_NETWORK) or None,
             dataflow_subnetwork=env.get(ENV_DATAFLOW_SUBNETWORK) or None,
+            dataproc_endpoint=env.get(ENV_DATAPROC_ENDPOINT) or None,
+            spark_driver=env.get(ENV_SPARK_DRIVER) or None,
+            dataproc_service_account=env.get(ENV_DATAPROC_SERVICE_ACCOUNT) or None,
+            dataproc_network=env.get(ENV_DATAPROC_NETWORK) or None,
+            dataproc_subnetwork=env.get(ENV_DATAPROC_SUBNETWORK) or None,
         )
 
     def topic_path(self, topic: str) -> str:

@@ -115,6 +115,7 @@ class Deps:
     # whose pipelines have no preprocess step; one that does fails its step's intents loudly).
     steps: StepLauncher | None = None
     step_outputs: StepOutputs | None = None
+    spark_steps: StepLauncher | None = None  # Dataproc Serverless batches (issue 42)
 
     def pipeline(self, name: str) -> Pipeline:
         """The loaded pipeline of this name; UnknownPipeline if there is none."""

@@ -240,7 +240,8 @@ def status_changed(deps: Deps, hint: pp.StatusHint, event_id: str) -> Run | None
 
     def observe(fresh: Run) -> list[Observation]:
         step = step_of(fresh)
-        if step is None or step.job_name != hint.job_name or not step.live:
+        if step is None or step.job_name != hint.job_name or not step.live \
+                or step.kind == "spark":  # a Dataflow event never speaks for a Dataproc batch
             return []  # an earlier launch's job, or a step that has ended: nothing to check
         # By the id GetJob gave before, never the event's (a forged event names any id).
         return [PreprocessObserved(launcher.get(hint.job_name, step.region, step.job_id))]

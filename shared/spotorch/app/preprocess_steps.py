@@ -26,6 +26,7 @@ from spotorch.core.observations import (
     PreprocessObserved,
 )
 from spotorch.core.preprocessing import step_of
+from spotorch.core.spark_batches import BATCH_FAILED
 from spotorch.ports.steps import StepLaunch, StepLauncher, StepLaunchError, StepOutputs
 from spotorch.ports.store import ConflictError
 from spotorch.settings import COLLECTION_JOBS
@@ -43,11 +44,20 @@ class InputsGone(RuntimeError):
     """A pinned run's inputs manifest is gone: its recorded objects cannot be named."""
 
 
-def step_launcher(deps: Deps) -> StepLauncher:
-    """The deployment's Dataflow launcher; StepsNotConfigured when it has none."""
+def step_launcher(deps: Deps, kind: str = "beam") -> StepLauncher:
+    """The deployment's launcher for a step of this kind: Dataflow (beam) or Dataproc Serverless
+    batches (spark); StepsNotConfigured when it has none."""
+    if kind == "spark":  # issue 42: Dataproc Serverless batches
+        if deps.spark_steps is None:
+            raise StepsNotConfigured("no Dataproc batch launcher configured (Deps.spark_steps)")
+        return deps.spark_steps
     if deps.steps is None:
         raise StepsNotConfigured("no Dataflow launcher configured (Deps.steps)")
     return deps.steps
+
+
+def _service(kind: str) -> str:
+    return "Dataproc" if kind == "spark" else "Dataflow"
 
 
 def _outputs(deps: Deps) -> StepOutputs:
@@ -83,22 +93,23 @@ def perform(deps: Deps, run: Run, intent: PreprocessIntent) -> Observation | Non
             stage_template_packages(deps, pipeline.job)  # the launcher installs the package
         try:
             inputs = _stage_inputs(deps, run, step) if pp.reads_pinned(pipeline) else None
-            job = step_launcher(deps).launch(launch_request(deps, run, step, inputs))
+            job = step_launcher(deps, step.kind).launch(launch_request(deps, run, step, inputs))
         except InputsGone as exc:  # for good: the run's recorded inputs cannot be named
-            job = pp.JobView(job_id="", name=intent.job_name, state=pp.JOB_STATE_FAILED,
+            job = pp.JobView(job_id="", name=intent.job_name, state=_failed(step),
                              error=str(exc), refused=True)
         except StepLaunchError as exc:
             if not exc.permanent:
                 raise
             # Refused for good (bad spec, permissions, no launcher template): the run ends
             # FAILED_LAUNCH with Dataflow's words, through the same path as a failed job.
-            job = pp.JobView(job_id="", name=intent.job_name, state=pp.JOB_STATE_FAILED,
-                             error=f"Dataflow refused the job: {exc}", refused=True)
+            job = pp.JobView(job_id="", name=intent.job_name, state=_failed(step),
+                             error=f"{_service(step.kind)} refused the job: {exc}",
+                             refused=True)
         _record(deps, run, intent.job_name)
         return PreprocessObserved(job, intent.id)
     if intent.action == PREPROCESS_CANCEL:
         if intent.job_name:
-            step_launcher(deps).cancel(intent.job_name, step.region)
+            step_launcher(deps, step.kind).cancel(intent.job_name, step.region)
         return IntentDone(intent.id)
     if intent.action == PREPROCESS_MARK:
         if step.phase is pp.StepPhase.DONE and not step.cache_hit:
@@ -106,6 +117,10 @@ def perform(deps: Deps, run: Run, intent: PreprocessIntent) -> Observation | Non
         return IntentDone(intent.id)
     log.warning("run %s: unknown preprocess action %r dropped", run.run_id, intent.action)
     return IntentDone(intent.id)
+
+
+def _failed(step: pp.PreprocessStep) -> str:
+    return BATCH_FAILED if step.kind == "spark" else pp.JOB_STATE_FAILED
 
 
 def _pinned(deps: Deps, run: Run) -> tuple[tuple[str, int], ...] | None:
@@ -157,7 +172,8 @@ def launch_request(deps: Deps, run: Run, step: pp.PreprocessStep,
         template_uri=spec.template_uri, options=spec.options,
         service_account=spec.service_account, inputs_uri=inputs_uri,
         network=spec.network, subnetwork=spec.subnetwork,
-        labels={"spotorch_pipeline": label_value(run.pipeline), "spotorch_key": step.cache_key})
+        labels={"spotorch_pipeline": label_value(run.pipeline), "spotorch_key": step.cache_key},
+        kind=step.kind, properties=spec.properties, runtime_version=spec.runtime_version)
 
 
 def _record(deps: Deps, run: Run, job_name: str) -> None:
@@ -182,11 +198,12 @@ def owner_of(deps: Deps, job_name: str) -> str | None:
 def poll(deps: Deps, run: Run) -> list[Observation]:
     """The tick's backstop: the live step's job as GetJob answers now (lost events repaired)."""
     step = step_of(run)
-    if step is None or not step.live or not step.job_name or deps.steps is None:
+    launcher = deps.spark_steps if step is not None and step.kind == "spark" else deps.steps
+    if step is None or not step.live or not step.job_name or launcher is None:
         return []
     try:
-        return [PreprocessObserved(deps.steps.get(step.job_name, step.region, step.job_id))]
+        return [PreprocessObserved(launcher.get(step.job_name, step.region, step.job_id))]
     except Exception as exc:  # the next tick asks again
-        log.warning("polling Dataflow job %s failed: %s", step.job_name, exc,
+        log.warning("polling %s job %s failed: %s", _service(step.kind), step.job_name, exc,
                     extra={"run_id": run.run_id})
         return []

@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 STATUS_MEANING: Mapping[RunStatus, str] = {
     RunStatus.QUEUED: "waiting for an earlier run of its pipeline to end",
     RunStatus.PENDING: "created; its first attempt is not launched yet",
-    RunStatus.PREPROCESSING: "the preprocess step (Beam on Dataflow) runs; training waits for "
-                             "its output",
+    RunStatus.PREPROCESSING: "the preprocess step (Beam on Dataflow, or Spark on Dataproc) "
+                             "runs; training waits for its output",
     RunStatus.STARTING: "the current attempt's job is being created or waits for capacity",
     RunStatus.RUNNING: "the current attempt's job is running",
     RunStatus.RECOVERING: "the last attempt ended; the next waits for its backoff",
@@ -63,7 +63,10 @@ def preprocess_view(run: Run, cost: float) -> dict[str, Any] | None:
             "launched_at": iso(step.launched_at), "started_at": iso(step.started_at),
             "ended_at": iso(step.ended_at),
             "failure_class": str(step.failure) if step.failure else None, "error": step.error,
-            "cost": round(cost, 4)}
+            "cost": round(cost, 4), "kind": step.kind,
+            # a Spark step's batch usage (issue 42): UsageMetrics once it has ended
+            **({"milli_dcu_seconds": step.milli_dcu_s,
+                "shuffle_storage_gb_seconds": step.shuffle_gb_s} if step.kind == "spark" else {})}
 
 
 JOB_NAME = re.compile(r"^projects/[^/]+/locations/[^/]+/\w+/[^/\s]+$")  # a resource name

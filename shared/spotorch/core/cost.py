@@ -25,6 +25,8 @@ from spotorch.core.prices import (
     DATAFLOW_MEMORY_GB,
     DATAFLOW_PD_GB,
     DATAFLOW_VCPU,
+    DATAPROC_DCU,
+    DATAPROC_SHUFFLE_GB,
     PriceTable,
     Rate,
     UnitRates,
@@ -147,8 +149,13 @@ class StepCost:
 
 
 # A step record's billed resources (GetJobMetrics' totals, in unit-seconds) by the table's key.
-_STEP_USAGE = ((DATAFLOW_VCPU, "vcpu_s"), (DATAFLOW_MEMORY_GB, "memory_gb_s"),
-               (DATAFLOW_PD_GB, "pd_gb_s"))
+# A Spark step's batch (issue 42): UsageMetrics.milli_dcu_seconds (per 1000) and
+# shuffle_storage_gb_seconds. (key, record field, unit-seconds per recorded unit, service)
+_STEP_USAGE = ((DATAFLOW_VCPU, "vcpu_s", 1.0, "Dataflow"),
+               (DATAFLOW_MEMORY_GB, "memory_gb_s", 1.0, "Dataflow"),
+               (DATAFLOW_PD_GB, "pd_gb_s", 1.0, "Dataflow"),
+               (DATAPROC_DCU, "milli_dcu_s", 0.001, "Dataproc"),
+               (DATAPROC_SHUFFLE_GB, "shuffle_gb_s", 1.0, "Dataproc"))
 
 
 def step_cost(step: Mapping[str, Any] | None, table: PriceTable = LIST_PRICES) -> StepCost:
@@ -158,15 +165,18 @@ def step_cost(step: Mapping[str, Any] | None, table: PriceTable = LIST_PRICES) -
         return StepCost(0.0)
     region = str(step.get("region") or "")
     cost, notes, unknown = 0.0, [], []
-    for key, field_name in _STEP_USAGE:
-        used_s = float(step.get(field_name) or 0.0)
+    spark = step.get("kind") == "spark"
+    for key, field_name, scale, service in _STEP_USAGE:
+        if (service == "Dataproc") != spark:
+            continue
+        used_s = float(step.get(field_name) or 0.0) * scale
         rate, found_in = region_entry(table.dataflow, key, region)
         if not isinstance(rate, Rate):
             if used_s:
-                unknown.append(f"Dataflow {key}")
+                unknown.append(f"{service} {key}")
             continue
         cost += used_s / 3600 * rate.standard
-        notes.append(f"Dataflow: {rate.source} ({rate.as_of})" + _where(key, found_in, region))
+        notes.append(f"{service}: {rate.source} ({rate.as_of})" + _where(key, found_in, region))
     return StepCost(cost, tuple(dict.fromkeys(notes)), tuple(unknown))
 
 

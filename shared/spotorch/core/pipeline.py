@@ -508,6 +508,17 @@ RESERVED_PREPROCESS_OPTIONS = ("runner", "project", "region", "job_name", "temp_
                                "inputs", "options", "module", "packages")  # the launcher's
 
 
+class PreprocessKind(StrEnum):
+    """What runs the preprocess step (issue 42)."""
+
+    BEAM = "beam"  # an Apache Beam pipeline on Dataflow
+    SPARK = "spark"  # a PySpark batch on Dataproc Serverless
+
+
+_SPARK_PROPERTY = Annotated[str, Matches(
+    r"^spark\.[A-Za-z0-9_.-]+$", "must be a Spark property name like spark.executor.cores")]
+
+
 @dataclass(frozen=True)
 class Preprocess(FileSection):
     """An Apache Beam pipeline run on Dataflow before training; the training reads its output.
@@ -571,6 +582,20 @@ class Preprocess(FileSection):
         description="Relaunches after a Dataflow-side failure.")] = 3
     max_quota_errors: Annotated[int, Field(ge=0,
         description="Relaunches after a quota refused the job's workers.")] = 1
+    # A Spark step (issue 42, docs/preprocess.md "Spark on Dataproc Serverless"): the module runs
+    # as a PySpark batch; machine_type and max_workers are Dataflow's and unused there.
+    kind: Annotated[PreprocessKind, Field(
+        description="beam: an Apache Beam pipeline on Dataflow; spark: a PySpark module of your "
+                    "code package as a Dataproc Serverless batch.")] = PreprocessKind.BEAM
+    runtime_version: Annotated[str | None, Matches(
+        r"^[0-9]+\.[0-9]+(\.[0-9]+)?$", "must be a Dataproc Serverless runtime version like 2.2"),
+        Field(description="kind spark: the batch's runtime_config.version (absent: Dataproc's "
+                          "default runtime).")] = None
+    properties: Annotated[tuple[tuple[str, str], ...], Pairs(_SPARK_PROPERTY,
+                                                             Annotated[str, StringOrNumber()]),
+                          Field(description="kind spark: Spark properties of the batch "
+                                            "(runtime_config.properties); part of the cache "
+                                            "key.")] = ()
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,13 @@ from typing import Any
 from spotorch.core.model import FailureClass, Run, RunStatus
 from spotorch.core.pipeline import Pipeline, Preprocess
 from spotorch.core.provenance import package_hash, pinned_template
+from spotorch.core.spark_batches import (
+    BATCH_CANCELLING,
+    BATCH_LIVE_STATES,
+    BATCH_SUCCEEDED,
+    batch_id,
+    classify_batch,
+)
 
 # Dataflow's JobState names (google.dataflow.v1beta3.JobState), as GetJob and the event send them.
 JOB_STATE_DONE = "JOB_STATE_DONE"
@@ -82,6 +89,12 @@ class PreprocessStep:
     vcpu_s: float = 0.0
     memory_gb_s: float = 0.0
     pd_gb_s: float = 0.0
+    # A Spark step (issue 42): its kind, and the batch's UsageMetrics (milli_dcu_seconds,
+    # shuffle_storage_gb_seconds; UsageSnapshot's while it runs).
+    kind: str = "beam"
+    milli_dcu_s: float = 0.0
+    shuffle_gb_s: float = 0.0
+    usage_at: float | None = None  # when a running batch's UsageSnapshot was last added in
 
     @property
     def live(self) -> bool:
@@ -129,7 +142,8 @@ def code_identity(pipeline: Pipeline) -> str | None:
     if chief is None or not chief.package_uris \
             or any(package_hash(u) is None for u in chief.package_uris):
         return None
-    return f"module:{step.python_module}:" + ",".join(chief.package_uris)
+    kind = "spark-module" if str(step.kind) == "spark" else "module"
+    return f"{kind}:{step.python_module}:" + ",".join(chief.package_uris)
 
 
 def cache_key(input_id: str, code: str, options: tuple[tuple[str, str], ...]) -> str:
@@ -171,7 +185,17 @@ def step_pipeline(pipeline: Pipeline, run: Run) -> Pipeline:
     return replace(pinned, preprocess=replace(
         pinned.preprocess, python_module=recorded.get("python_module"),
         template_uri=recorded.get("template_uri"),
-        options=tuple((str(k), str(v)) for k, v in (recorded.get("options") or {}).items())))
+        options=tuple((str(k), str(v)) for k, v in (recorded.get("options") or {}).items()),
+        **_recorded_spark(recorded)))
+
+
+def _recorded_spark(recorded: Mapping[str, Any]) -> dict[str, Any]:
+    """A Spark step's recorded properties and runtime (issue 42); nothing for a Beam step's."""
+    if recorded.get("kind") != "spark":
+        return {}
+    return {"properties": tuple((str(k), str(v))
+                                for k, v in (recorded.get("properties") or {}).items()),
+            "runtime_version": recorded.get("runtime_version")}
 
 
 def reads_pinned(pipeline: Pipeline) -> bool:
@@ -210,9 +234,10 @@ def new_step(pipeline: Pipeline, input_id: str) -> PreprocessStep:
     if step is None:
         raise ValueError(f"pipeline {pipeline.name} has no preprocess step")
     code = code_identity(pipeline) or f"unbuilt:{step.python_module}"
-    key = cache_key(input_id, code, step.options)
+    # A Spark step's properties are part of its key (their names, spark.*, never a Beam option's).
+    key = cache_key(input_id, code, step.options + step.properties)
     return PreprocessStep(cache_key=key, output_uri=f"{step.output_uri.rstrip('/')}/{key}/",
-                          region=step.region)
+                          region=step.region, kind=str(step.kind))
 
 
 def cacheable(pipeline: Pipeline) -> bool:
@@ -257,6 +282,9 @@ class JobView:
     memory_gb_s: float = 0.0
     pd_gb_s: float = 0.0
     refused: bool = False  # the launch was refused for good (bad spec, permissions): no job
+    milli_dcu_s: float = 0.0  # a Dataproc batch's usage (issue 42): UsageMetrics once ended
+    shuffle_gb_s: float = 0.0
+    milli_dcu_rate: float = 0.0  # a running batch's UsageSnapshot.milli_dcu (allocated now)
 
 
 @dataclass(frozen=True)
@@ -368,8 +396,8 @@ def on_cache(step: PreprocessStep, complete: bool, run_id: str, now: float) -> S
 
 def _launch(step: PreprocessStep, run_id: str, now: float) -> StepDecision:
     number = step.launches + 1
-    launched = replace(step, phase=StepPhase.LAUNCHING, launches=number,
-                       job_name=job_name(run_id, number),
+    name = batch_id(run_id, number) if step.kind == "spark" else job_name(run_id, number)
+    launched = replace(step, phase=StepPhase.LAUNCHING, launches=number, job_name=name,
                        job_id=None, state=None, launched_at=now, started_at=None,
                        ended_at=None, failure=None, error=None)
     return StepDecision(launched, StepAction.LAUNCH)
@@ -379,40 +407,64 @@ def on_job(step: PreprocessStep, spec: Preprocess, job: JobView | None, now: flo
            run_id: str) -> StepDecision:
     """The step after GetJob answered for its current job (None: Dataflow does not know the job
     yet, e.g. the launch intent not carried out). Only the job of the step's current name moves
-    it: an answer about an earlier launch's job, or any job of an ended step, changes nothing."""
+    it: an answer about an earlier launch's job, or any job of an ended step, changes nothing.
+    A Spark step's job is its Dataproc batch (GetBatch; Batch.State names, issue 42)."""
+    spark = step.kind == "spark"
+    what = "Dataproc batch" if spark else "Dataflow job"
     if not step.live or (job is not None and job.name != step.job_name):
         return StepDecision(step, StepAction.NONE)
     if job is None:
         if step.launched_at is not None and now - step.launched_at > spec.timeout_s:
-            return _fail(step, FailureClass.TIMEOUT, "the Dataflow job was never created", now)
+            return _fail(step, FailureClass.TIMEOUT, f"the {what} was never created", now)
         return StepDecision(step, StepAction.NONE)
     seen = replace(step, job_id=job.job_id, state=job.state,
                    vcpu_s=max(step.vcpu_s, job.vcpu_s),
                    memory_gb_s=max(step.memory_gb_s, job.memory_gb_s),
-                   pd_gb_s=max(step.pd_gb_s, job.pd_gb_s))
-    if job.state in LIVE_STATES:
+                   pd_gb_s=max(step.pd_gb_s, job.pd_gb_s),
+                   milli_dcu_s=max(step.milli_dcu_s, job.milli_dcu_s),
+                   shuffle_gb_s=max(step.shuffle_gb_s, job.shuffle_gb_s))
+    if spark:
+        seen = _batch_usage(seen, step, job, now)
+    if job.state in (BATCH_LIVE_STATES if spark else LIVE_STATES) and not job.refused:
         running = replace(seen, phase=StepPhase.RUNNING,
                           started_at=step.started_at if step.started_at is not None else now)
         started = running.started_at if running.started_at is not None else now
-        if now - started > spec.timeout_s and job.state != "JOB_STATE_CANCELLING":
+        cancelling = BATCH_CANCELLING if spark else "JOB_STATE_CANCELLING"
+        if now - started > spec.timeout_s and job.state != cancelling:
             return StepDecision(replace(running, failure=FailureClass.TIMEOUT), StepAction.CANCEL,
-                                reason=f"the Dataflow job ran longer than its timeout "
+                                reason=f"the {what} ran longer than its timeout "
                                        f"({spec.timeout_s:g}s)")
         return StepDecision(running, StepAction.NONE)
     ended = replace(seen, ended_at=now)
-    if job.state == JOB_STATE_DONE:
+    done = BATCH_SUCCEEDED if spark else JOB_STATE_DONE
+    if job.state == done and not job.refused:
         return StepDecision(replace(ended, phase=StepPhase.DONE), StepAction.TRAIN,
-                            reason=f"Dataflow job {job.name} ended {JOB_STATE_DONE}")
+                            reason=f"{what} {job.name} ended {done}")
     # A job we cancelled for its timeout ends CANCELLED: it is still the timeout.
     failure = (FailureClass.LAUNCH_REJECTED if job.refused
                else FailureClass.TIMEOUT if step.failure is FailureClass.TIMEOUT
+               else classify_batch(job.state, job.error) if spark
                else classify(job.state, job.error))
-    error = job.error.strip() or f"the Dataflow job ended {job.state}"
+    error = job.error.strip() or f"the {what} ended {job.state}"
     counts = {**step.failures, str(failure): step.failures.get(str(failure), 0) + 1}
     ended = replace(ended, failure=failure, error=error, failures=counts)
     if counts[str(failure)] <= budget(spec, failure):
         return _launch(ended, run_id, now)
     return _fail(ended, failure, error, now)
+
+
+def _batch_usage(seen: PreprocessStep, step: PreprocessStep, job: JobView,
+                 now: float) -> PreprocessStep:
+    """A batch's DCU usage: while it runs, its UsageSnapshot's rate over the time since the last
+    poll added in (an estimate, so a running step's cost shows); once it has ended, UsageMetrics'
+    total, which is what Dataproc bills, replaces the estimate."""
+    if job.state in BATCH_LIVE_STATES:
+        since = step.usage_at if step.usage_at is not None else now
+        return replace(seen, milli_dcu_s=step.milli_dcu_s + job.milli_dcu_rate * (now - since),
+                       usage_at=now)
+    if job.milli_dcu_s or job.shuffle_gb_s:
+        return replace(seen, milli_dcu_s=job.milli_dcu_s, shuffle_gb_s=job.shuffle_gb_s)
+    return seen
 
 
 def _fail(step: PreprocessStep, failure: FailureClass, error: str, now: float) -> StepDecision:

@@ -122,6 +122,10 @@ def _ended_event(run: Run, ctx: Context, step: pp.PreprocessStep) -> Run:
                    cost=round(preprocess_cost(step.to_doc(), ctx.prices), 4))
 
 
+def _what(step: pp.PreprocessStep) -> str:
+    return "Dataproc batch" if step.kind == "spark" else "Dataflow job"
+
+
 def _apply(run: Run, ctx: Context, decision: pp.StepDecision) -> Run:
     step = decision.step
     run = replace(run, preprocess=step.to_doc())
@@ -129,14 +133,14 @@ def _apply(run: Run, ctx: Context, decision: pp.StepDecision) -> Run:
         case pp.StepAction.NONE:
             return run
         case pp.StepAction.LAUNCH:
-            run = note(run, ctx, f"preprocess: launch Dataflow job {step.job_name}",
+            run = note(run, ctx, f"preprocess: launch {_what(step)} {step.job_name}",
                        f"launch {step.launches}; output {step.output_uri}")
             run = publish(run, ctx, "run.preprocess_started", job_name=step.job_name,
                           launch=step.launches, region=step.region, cache_key=step.cache_key,
                           output_uri=step.output_uri, previous_error=step.error)
             return _intent(run, ctx, PREPROCESS_LAUNCH, step.job_name or "")
         case pp.StepAction.CANCEL:
-            run = note(run, ctx, f"preprocess: cancel Dataflow job {step.job_name}",
+            run = note(run, ctx, f"preprocess: cancel {_what(step)} {step.job_name}",
                        decision.reason)
             return _intent(run, ctx, PREPROCESS_CANCEL, step.job_name or "")
         case pp.StepAction.TRAIN:

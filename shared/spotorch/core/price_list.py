@@ -10,6 +10,8 @@ Sources (each Rate names one):
 - [D] cloud.google.com/dataflow/pricing, batch workers, us-central1, as read in 2025 (from
   memory, not re-checked from this machine, which has no internet); other regions differ by a
   few percent: the ledger names us-central1's price standing in for them.
+- [P] cloud.google.com/dataproc-serverless/pricing, standard tier, us-central1, as read in 2025
+  (from memory, not re-checked here): $0.060 per DCU-hour, shuffle storage $0.040 per GB-month.
 - [K] Catalog API SKUs quoted in public SKU fixtures: N1 core $0.031611 per vCPU-hour, N1 RAM
   $0.004237 per GiB-hour (n1-standard-4 = 4 x 0.031611 + 15 x 0.004237 = $0.189999, [C]'s figure).
 Where a figure is derived (a total split into unit rates, a host less its GPU), its source says
@@ -24,6 +26,8 @@ from spotorch.core.prices import (
     DATAFLOW_MEMORY_GB,
     DATAFLOW_PD_GB,
     DATAFLOW_VCPU,
+    DATAPROC_DCU,
+    DATAPROC_SHUFFLE_GB,
     PriceTable,
     Rate,
     UnitRates,
@@ -125,10 +129,15 @@ ACCELERATORS = {
 }
 
 _D = "[D] cloud.google.com/dataflow/pricing, batch workers (2025)"
+_P = "[P] cloud.google.com/dataproc-serverless/pricing, standard tier (2025)"
 DATAFLOW = {  # per vCPU-hour, GB-hour of memory, GB-hour of standard persistent disk
     DATAFLOW_VCPU: {US: Rate(0.056, 0.056, _D, AS_OF)},
     DATAFLOW_MEMORY_GB: {US: Rate(0.003557, 0.003557, _D, AS_OF)},
     DATAFLOW_PD_GB: {US: Rate(0.000054, 0.000054, _D, AS_OF)},
+    # [P] Dataproc Serverless for Spark, standard tier, us-central1 (issue 42): $0.060 per
+    # DCU-hour; shuffle storage $0.040 per GB-month (730 h). As last read, not re-checked here.
+    DATAPROC_DCU: {US: Rate(0.06, 0.06, _P, AS_OF)},
+    DATAPROC_SHUFFLE_GB: {US: Rate(0.04 / 730, 0.04 / 730, _P, AS_OF)},
 }
 
 # What the table does not price (an unknown price wherever they are used): prefixes of machine

@@ -23,7 +23,11 @@ from spotorch.core.pipeline import Capacity
 # TotalMemoryUsage, TotalPdUsage), not by machine type: the table's Dataflow keys, each per hour
 # of one unit (a vCPU, a GB of memory, a GB of standard persistent disk).
 DATAFLOW_VCPU, DATAFLOW_MEMORY_GB, DATAFLOW_PD_GB = "batch_vcpu", "batch_memory_gb", "batch_pd_gb"
-DATAFLOW_RESOURCES = (DATAFLOW_VCPU, DATAFLOW_MEMORY_GB, DATAFLOW_PD_GB)
+# Dataproc Serverless (issue 42), priced beside Dataflow in the table's `dataflow` section (the
+# preprocess services'): per DCU-hour and per GB-hour of shuffle storage, standard tier.
+DATAPROC_DCU, DATAPROC_SHUFFLE_GB = "dataproc_dcu", "dataproc_shuffle_gb"
+DATAFLOW_RESOURCES = (DATAFLOW_VCPU, DATAFLOW_MEMORY_GB, DATAFLOW_PD_GB, DATAPROC_DCU,
+                      DATAPROC_SHUFFLE_GB)
 
 # FLEX_START (Dynamic Workload Scheduler) is billed at a discount of the on-demand rate; the size
 # of that discount varies by resource and was not read here: half, as an estimate.

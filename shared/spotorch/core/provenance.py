@@ -199,8 +199,12 @@ def step_code_of(pipeline: Pipeline) -> dict[str, Any]:
     module or template and its options, so a rerun's step runs as its origin's did."""
     step = pipeline.preprocess
     assert step is not None
-    return {"python_module": step.python_module, "template_uri": step.template_uri,
-            "options": dict(step.options)}
+    recorded: dict[str, Any] = {"python_module": step.python_module,
+                                "template_uri": step.template_uri, "options": dict(step.options)}
+    if str(step.kind) == "spark":  # issue 42: the batch's kind, Spark properties and runtime
+        recorded.update(kind="spark", properties=dict(step.properties),
+                        runtime_version=step.runtime_version)
+    return recorded
 
 
 def for_rerun(origin: Mapping[str, Any], origin_run: str, pipeline: Pipeline) -> dict[str, Any]:

@@ -38,6 +38,7 @@ def production_deps(settings: Settings | None = None) -> Deps:
     from spotorch.adapters.gcp.bigquery import BigQueryTables
     from spotorch.adapters.gcp.checkpoints import StorageCheckpointStore
     from spotorch.adapters.gcp.dataflow import DataflowStepLauncher, GcsStepOutputs
+    from spotorch.adapters.gcp.dataproc import DataprocStepLauncher
     from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
     from spotorch.adapters.gcp.job_logs import CloudLoggingJobLogs
     from spotorch.adapters.gcp.pubsub import PubSubPublisher, PubSubShardDispatcher
@@ -94,6 +95,13 @@ def production_deps(settings: Settings | None = None) -> Deps:
                                    endpoint=settings.dataflow_endpoint,
                                    token=settings.vertex_token),
         step_outputs=GcsStepOutputs(storage),
+        # issue 42: a client on first use: only pipelines with a Spark step call it.
+        spark_steps=DataprocStepLauncher(settings.project, driver_uri=settings.spark_driver,
+                                         service_account=settings.dataproc_service_account,
+                                         network=settings.dataproc_network,
+                                         subnetwork=settings.dataproc_subnetwork,
+                                         endpoint=settings.dataproc_endpoint,
+                                         token=settings.vertex_token),
         # The client on first use: only pipelines with trigger.bigquery call it.
         tables=BigQueryTables(settings.project, endpoint=settings.bigquery_endpoint,
                               location=settings.bigquery_location),

@@ -47,6 +47,12 @@ DATAFLOW_READY_LINE = "dataflow emulator listening on"
 # The spec URI of spotorch's launcher flex template on the local stack (the emulator runs the
 # launcher itself: it reads no template file).
 DATAFLOW_LAUNCHER = "gs://spotorch-dataflow-templates/spotorch-launcher.json"
+# issue 42: the local Dataproc, and where the stack puts spotorch's PySpark driver (the batches'
+# main file, read from fake GCS as Dataproc reads it: SPOTORCH_SPARK_DRIVER).
+DATAPROC_MODULE = "spotorch.local.dataproc_emulator"
+DATAPROC_READY_LINE = "dataproc emulator listening on"
+SPARK_DRIVER_BUCKET = "spotorch-spark-driver"
+SPARK_DRIVER = f"gs://{SPARK_DRIVER_BUCKET}/spotorch_spark_main.py"
 
 # How pushes reach the functions:
 #   eventarc: through our adapter, which posts CloudEvents exactly as Eventarc would (default);
@@ -118,6 +124,10 @@ class StackConfig:
     # runs Beam in its own environment (make beam-venv; beam_python None: that one).
     dataflow: bool = False
     beam_python: Path | None = None
+    # issue 42: the local Dataproc (spotorch.local.dataproc_emulator) for Spark steps; PySpark in
+    # its own environment (make spark-venv; spark_python None: that one).
+    dataproc: bool = False
+    spark_python: Path | None = None
     deploy_dir: Path = field(default_factory=lambda: repo_file("deploy"))
     # Keep state across stops: Firestore exported at stop and imported at start, GCS on disk,
     # the Vertex emulator's jobs in a file (RUN_DIR/data/); docs/local-stack.md says what cannot.

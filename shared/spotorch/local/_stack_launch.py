@@ -23,6 +23,8 @@ from spotorch.local._stack_config import (
     DATAFLOW_LAUNCHER,
     DATAFLOW_MODULE,
     DATAFLOW_READY_LINE,
+    DATAPROC_MODULE,
+    DATAPROC_READY_LINE,
     HOST,
     VERTEX_MODULE,
     VERTEX_READY_LINE,
@@ -73,6 +75,7 @@ class StackProcesses:
         self.adapter_port: int | None = None
         self.vertex_port: int | None = None
         self.dataflow_port: int | None = None
+        self.dataproc_port: int | None = None
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ names and places
@@ -104,7 +107,7 @@ class StackProcesses:
         aliases = {**{e: f"emulator:{e}" for e in EMULATORS},
                    **{f: f"function:{f}" for f in self.config.functions},
                    "adapter": "push-adapter", "vertex-emulator": "vertex",
-                   "dataflow-emulator": "dataflow"}
+                   "dataflow-emulator": "dataflow", "dataproc-emulator": "dataproc"}
         key = aliases.get(name, name)
         if key not in self.children:
             known = sorted(set(aliases) | set(self.children))
@@ -121,6 +124,7 @@ class StackProcesses:
         self.adapter_port = emulators.free_port() if need_adapter else None
         self.vertex_port = emulators.free_port() if cfg.vertex else None
         self.dataflow_port = emulators.free_port() if cfg.dataflow else None
+        self.dataproc_port = emulators.free_port() if cfg.dataproc else None
 
     def spawn_emulator(self, name: str) -> tuple[Child, Probe]:
         cfg = self.config
@@ -238,6 +242,27 @@ class StackProcesses:
         ready = log_probe(log_path, f"{DATAFLOW_READY_LINE} {HOST}:{port}\n")
         return child, owned_probe(child, port, ready)
 
+    def spawn_dataproc(self) -> tuple[Child, Probe]:
+        """The local Dataproc (issue 42): Spark batches, followed by the tick's GetBatch."""
+        cfg = self.config
+        port = self.dataproc_port
+        assert port is not None
+        workdir = (self.run_dir / "dataproc").resolve()
+        argv = [sys.executable, "-m", DATAPROC_MODULE, "--host", HOST, "--port", str(port),
+                "--project", cfg.project, "--workdir", str(workdir)]
+        if cfg.spark_python is not None:
+            argv += ["--spark-python", str(cfg.spark_python)]
+        if cfg.vertex_iam:  # the same tokens and deploy/ grants as the Vertex emulator's
+            argv += ["--iam", str(self.identities.write_policy(
+                self.run_dir / IAM_FILE, cfg.deploy_dir.resolve(), cfg.project))]
+        log_path = self.run_dir / "dataproc.log"
+        env = self._child_env(None)
+        env.pop(S.ENV_VERTEX_TOKEN, None)
+        child = spawn("dataproc emulator", argv, log_path, env, cwd=cfg.cwd, port=port)
+        self.children["dataproc"] = child
+        ready = log_probe(log_path, f"{DATAPROC_READY_LINE} {HOST}:{port}\n")
+        return child, owned_probe(child, port, ready)
+
     # ------------------------------------------------------------------ the whole group
 
     def launch(self, on_pubsub: Callable[[], None], on_pubsub_up: Callable[[], None]) -> bool:
@@ -267,6 +292,8 @@ class StackProcesses:
                 pending["vertex"] = self.spawn_vertex()
             if cfg.dataflow:
                 pending["dataflow"] = self.spawn_dataflow()
+            if cfg.dataproc:
+                pending["dataproc"] = self.spawn_dataproc()
             dead = wait_ready(pending, cfg.startup_timeout_s)
         if not dead:
             return True
@@ -308,6 +335,7 @@ class StackProcesses:
                 else:
                     started[key] = (self.spawn_adapter() if key == "push-adapter"
                                     else self.spawn_dataflow() if key == "dataflow"
+                                    else self.spawn_dataproc() if key == "dataproc"
                                     else self.spawn_vertex())
             dead = wait_ready(started, self.config.startup_timeout_s)
             if dead:

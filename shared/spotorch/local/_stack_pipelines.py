@@ -103,7 +103,7 @@ def _describe(pipeline: Any, file: Path) -> LoadedPipeline:
         routes=tuple(RouteInfo(r.channel, r.target) for r in pipeline.routes), pipeline=pipeline)
 
 
-def check_pipelines(source: Path, *, dataflow: bool = True) -> PipelineSet:
+def check_pipelines(source: Path, *, dataflow: bool = True, dataproc: bool = True) -> PipelineSet:
     """Check every pipeline file below source on its own; a second file with a name already
     taken is left out too (the functions would refuse both); without the local Dataflow
     (dataflow False), a pipeline with a preprocess step is left out, saying so."""
@@ -117,7 +117,12 @@ def check_pipelines(source: Path, *, dataflow: bool = True) -> PipelineSet:
         pipeline, problems = check_file(file)
         if pipeline is None:
             rejected[str(file)] = tuple(str(p) for p in problems)
-        elif pipeline.preprocess is not None and not dataflow:
+        elif pipeline.preprocess is not None and str(pipeline.preprocess.kind) == "spark" \
+                and not dataproc:  # issue 42
+            rejected[str(file)] = (f"{file}: preprocess: this local stack runs no Dataproc; "
+                                   "start it with dataproc=True (spotorch dev up --dataproc)",)
+        elif pipeline.preprocess is not None and str(pipeline.preprocess.kind) != "spark" \
+                and not dataflow:
             rejected[str(file)] = (f"{file}: preprocess: this local stack runs no Dataflow; "
                                    "start it with dataflow=True (spotorch dev up --dataflow)",)
         elif pipeline.name in loaded:

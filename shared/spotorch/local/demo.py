@@ -191,7 +191,7 @@ def demo_stack(scenario: Scenario, *, timeout_s: float, quiet: bool,
         say("starting the local stack (Firestore, Pub/Sub, GCS, Vertex AI emulators, functions)")
         with DevStack(pipelines_dir=pipelines, run_dir=work / "stack", extra_env=alerts_env,
                       vertex_schedule=schedule, vertex_grace_s=3.0, tick_seconds=TICK_S,
-                      dataflow=scenario.dataflow,
+                      dataflow=scenario.dataflow, dataproc=scenario.dataproc,
                       vertex_args=[*scenario.vertex_args,
                                    *(["--drop-events", "1.0"] if lose_job_events else [])]
                       ) as stack:

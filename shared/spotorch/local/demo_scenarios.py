@@ -15,6 +15,8 @@ from spotorch.local.demo_distributed import SETTINGS as DISTRIBUTED
 from spotorch.local.demo_flapping import SETTINGS as FLAPPING
 from spotorch.local.demo_preprocess import ERROR_SETTINGS as PREPROCESS_ERROR
 from spotorch.local.demo_preprocess import SETTINGS as PREPROCESS
+from spotorch.local.demo_preprocess_spark import ERROR_SETTINGS as PREPROCESS_SPARK_ERROR
+from spotorch.local.demo_preprocess_spark import SETTINGS as PREPROCESS_SPARK
 from spotorch.local.demo_tradeoff import SETTINGS as TRADEOFF
 
 REPO = Path(__file__).resolve().parents[3]  # shared/spotorch/local/demo_scenarios.py -> the repo
@@ -48,6 +50,7 @@ class Scenario:
     document: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     extend: Callable[[dict[str, Any], Any, Any], None] | None = None
     dataflow: bool = False  # the stack runs the local Dataflow (a preprocess step, issue 31)
+    dataproc: bool = False  # the stack runs the local Dataproc (a Spark step, issue 42)
     buckets: tuple[str, ...] = ()  # more buckets created before the upload
     # A story's own data arrival instead of the CSV upload (stack, docs, say); e.g. rows into a
     # BigQuery table (demo_bigquery.py)
@@ -201,6 +204,8 @@ SCENARIOS: Mapping[str, Scenario] = {
     "preprocess": Scenario(**PREPROCESS),
     "preprocess-error": Scenario(**PREPROCESS_ERROR),
     "flapping": Scenario(**FLAPPING),
+    "preprocess-spark": Scenario(**PREPROCESS_SPARK),
+    "preprocess-spark-error": Scenario(**PREPROCESS_SPARK_ERROR),
     "bigquery": Scenario(**BIGQUERY),
     "tradeoff": Scenario(**TRADEOFF),
     "quota": Scenario(

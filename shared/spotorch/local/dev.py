@@ -150,6 +150,9 @@ def dev() -> None:
 @click.option("--dataflow", is_flag=True,
               help="Also run the local Dataflow, for pipelines with a preprocess step (needs "
                    "`make beam-venv`).")
+@click.option("--dataproc", is_flag=True,
+              help="Also run the local Dataproc, for pipelines with a Spark preprocess step "
+                   "(needs `make spark-venv`).")
 @click.option("--schedule", type=click.Path(dir_okay=False, path_type=Path),
               help="Vertex emulator preemption schedule (JSON; docs/vertex-emulator.md).")
 @click.option("--trace", type=click.Path(dir_okay=False, path_type=Path),
@@ -188,6 +191,7 @@ def _config_from_args(args: SimpleNamespace) -> StackConfig:
         "project": args.project, "run_dir": args.run_dir.resolve(), "push": args.push,
         "gcs_events": args.gcs_events, "vertex": not args.no_vertex,
         "dataflow": bool(getattr(args, "dataflow", False)),
+        "dataproc": bool(getattr(args, "dataproc", False)),
         "vertex_schedule": args.schedule, "vertex_trace": args.trace,
         "vertex_trace_speed": args.trace_speed, "vertex_grace_s": args.grace_s,
         "vertex_args": tuple(args.vertex_args),

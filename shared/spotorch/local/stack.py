@@ -35,6 +35,7 @@ from spotorch.local._stack_alerts import ALERTS_FILE, AlertReceivers, read_alert
 from spotorch.local._stack_config import (
     CLOUDEVENT,
     DATAFLOW_LAUNCHER,
+    DATAPROC_MODULE,
     DEAD_LETTER_SUBSCRIPTION,
     DEFAULT_FUNCTIONS,
     DEFAULT_ROUTES,
@@ -45,6 +46,8 @@ from spotorch.local._stack_config import (
     HTTP,
     OBSERVER_SUBSCRIPTION,
     PUSH_MODES,
+    SPARK_DRIVER,
+    SPARK_DRIVER_BUCKET,
     TOPICS,
     VERTEX_MODULE,
     VERTEX_READY_LINE,
@@ -159,7 +162,8 @@ class DevStack:
             self.wipe_data()
         if self._pipelines_source is not None:
             self._activate(check_pipelines(self._pipelines_source.resolve(),
-                                           dataflow=self.config.dataflow))
+                                           dataflow=self.config.dataflow,
+                                           dataproc=self.config.dataproc))
         if cfg.bigquery or (self.pipelines is not None and any(
                 p.pipeline is not None and p.pipeline.trigger.bigquery is not None
                 for p in self.pipelines.loaded)):
@@ -177,6 +181,8 @@ class DevStack:
         self._pubsub_admin.create_subscriptions(self.push_endpoint)
         if self.pipelines is not None:
             self._gcs.create_buckets(self.pipelines.buckets, self.pipelines.landing_buckets)
+        if cfg.dataproc:
+            self._stage_spark_driver()
         if cfg.tick_seconds:
             self._ticker = Ticker(self.tick, cfg.tick_seconds, self.run_dir / "ticker.log")
             self._ticker.start()
@@ -215,6 +221,16 @@ class DevStack:
         self._bigquery_front = bq.BigQueryFront(f"http://{self._bigquery.address}", gcs_root,
                                                 upload, on_job_done, bucket_exists).start()
 
+    def _stage_spark_driver(self) -> None:
+        """spotorch's PySpark driver where SPOTORCH_SPARK_DRIVER says (deploy/ uploads it to
+        the staging bucket in a deployment; here the stack does)."""
+        from spotorch.local.dataproc_emulator import DRIVER
+
+        self._gcs.create_buckets([SPARK_DRIVER_BUCKET])
+        self._gcs.client().bucket(SPARK_DRIVER_BUCKET).blob(
+            SPARK_DRIVER.removeprefix(f"gs://{SPARK_DRIVER_BUCKET}/")).upload_from_filename(
+            str(DRIVER))
+
     def _check_prerequisites(self) -> None:
         cfg = self.config
         if cfg.functions and not cfg.functions_source.exists():
@@ -224,6 +240,12 @@ class DevStack:
                              "installed in this virtualenv?")
         if cfg.vertex and not vertex_available():
             raise StackError(f"{VERTEX_MODULE} is not installed: start with vertex=False")
+        if cfg.dataproc:
+            from spotorch.local.dataproc_emulator import DEFAULT_SPARK_PYTHON, spark_available
+
+            if not spark_available(cfg.spark_python or DEFAULT_SPARK_PYTHON):
+                raise StackError(f"{DATAPROC_MODULE}: no Spark environment (or no java): "
+                                 "make spark-venv")
 
     def wipe_data(self) -> None:
         """Forget what a durable stack kept: Firestore exports, GCS objects, Vertex jobs."""
@@ -333,7 +355,8 @@ class DevStack:
             if self._pipelines_source is None:
                 raise StackError("this stack serves no pipelines directory")
             pipelines = self._activate(check_pipelines(self._pipelines_source,
-                                                      dataflow=self.config.dataflow))
+                                                      dataflow=self.config.dataflow,
+                                                      dataproc=self.config.dataproc))
             self._gcs.create_buckets(pipelines.buckets, pipelines.landing_buckets)
             self.processes.respawn(*[k for k in self.processes.children
                                      if k.startswith("function:")])
@@ -405,6 +428,13 @@ class DevStack:
             # local Dataflow checks the functions may act as (deploy/'s actAs grant).
             env[S.ENV_DATAFLOW_SERVICE_ACCOUNT] = account_email(
                 cfg.deploy_dir.resolve(), cfg.project, "dataflow")
+        if procs.dataproc_port is not None:  # issue 42: Spark steps on the local Dataproc
+            env[S.ENV_DATAPROC_ENDPOINT] = f"{HOST}:{procs.dataproc_port}"
+            env[S.ENV_SPARK_DRIVER] = SPARK_DRIVER
+            # As deploy/functions.tf sets it: the batches run as spotorch-dataproc, which the
+            # local Dataproc checks the functions may act as (deploy/'s actAs grant).
+            env[S.ENV_DATAPROC_SERVICE_ACCOUNT] = account_email(
+                cfg.deploy_dir.resolve(), cfg.project, "dataproc")
         if "api" in procs.function_ports:
             env["SPOTORCH_API_URL"] = self.function_url("api")
         if self._bigquery_front is not None:

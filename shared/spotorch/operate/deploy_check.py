@@ -39,6 +39,8 @@ IDENTITY_PATTERNS: tuple[tuple[re.Pattern[str], Identity], ...] = tuple(
         (r"google_project_service_identity\.aiplatform\b", Identity.VERTEX_AGENT),
         (r"local\.dataflow_member|google_service_account\.dataflow\.email",
          Identity.DATAFLOW_WORKER),
+        (r"local\.dataproc_member|google_service_account\.dataproc\.email",
+         Identity.DATAPROC_WORKER),
         (r"local\.notifier_member|google_service_account\.notifier\.email", Identity.NOTIFIER),
         (r"local\.build_member|google_service_account\.build\.email", Identity.BUILD),
     ))
@@ -60,6 +62,7 @@ NAMED_SCOPES: Mapping[str, tuple[Scope, ...]] = {
     "export_buckets": (Scope.EXPORT,),
     "dataflow_launcher_bucket": (Scope.LAUNCHER_SPEC,),
     "dataflow_launcher_repo": (Scope.LAUNCHER_IMAGE,),
+    "spark_driver_bucket": (Scope.SPARK_DRIVER,),
 }
 # Resources named in a grant -> the scope they are.
 REFERENCED_SCOPES: tuple[tuple[re.Pattern[str], Scope], ...] = tuple(
@@ -68,6 +71,7 @@ REFERENCED_SCOPES: tuple[tuple[re.Pattern[str], Scope], ...] = tuple(
         (r"google_pubsub_subscription\.push\[", Scope.PUSH_SUBSCRIPTIONS),
         (r"google_service_account\.training\.", Scope.TRAINING_ACCOUNT),
         (r"google_service_account\.dataflow\.", Scope.DATAFLOW_ACCOUNT),
+        (r"google_service_account\.dataproc\.", Scope.DATAPROC_ACCOUNT),
         (r"google_cloudfunctions2_function\.api\.", Scope.API_SERVICE),
         (r"google_cloudfunctions2_function\.pushed\[", Scope.PUSHED_SERVICES),
         (r"google_cloudfunctions2_function\.objects\[", Scope.OBJECT_SERVICES),

@@ -15,6 +15,23 @@ from collections.abc import Mapping
 SOURCE = "https://github.com/iann0036/iam-dataset/tree/2073fa52ac008a45477aa0b1b4580cd99135bf60/gcp/roles"
 
 PREDEFINED_ROLES: Mapping[str, frozenset[str]] = {
+    # issue 42: gcp/roles/dataproc.worker.json of the same dataset (commit 17e37aef).
+    "roles/dataproc.worker": frozenset({
+        "dataproc.agents.create", "dataproc.agents.delete", "dataproc.agents.get",
+        "dataproc.agents.list", "dataproc.agents.update", "dataproc.tasks.lease",
+        "dataproc.tasks.listInvalidatedLeases", "dataproc.tasks.reportStatus",
+        "logging.logEntries.create", "logging.logEntries.route",
+        "monitoring.metricDescriptors.create", "monitoring.metricDescriptors.get",
+        "monitoring.metricDescriptors.list", "monitoring.monitoredResourceDescriptors.get",
+        "monitoring.monitoredResourceDescriptors.list", "monitoring.timeSeries.create",
+        "storage.buckets.get", "storage.managedFolders.create", "storage.managedFolders.delete",
+        "storage.managedFolders.get", "storage.managedFolders.list",
+        "storage.multipartUploads.abort", "storage.multipartUploads.create",
+        "storage.multipartUploads.list", "storage.multipartUploads.listParts",
+        "storage.objects.create", "storage.objects.delete", "storage.objects.get",
+        "storage.objects.getIamPolicy", "storage.objects.list",
+        "storage.objects.overrideUnlockedRetention", "storage.objects.setIamPolicy",
+        "storage.objects.setRetention", "storage.objects.update"}),
     # The two Dataflow roles (issue 31) from the same dataset at a later commit: gcp/roles/
     # dataflow.developer.json (0e00ce8c) and dataflow.worker.json (000967c1).
     "roles/dataflow.developer": frozenset({

@@ -36,6 +36,7 @@ class Identity(StrEnum):
     DATAFLOW_WORKER = "dataflow-worker"  # spotorch-dataflow: preprocess jobs' launcher and workers
     NOTIFIER = "notifier"  # spotorch-notifier: on_run_event alone, the one that reads secrets
     BUILD = "build"  # spotorch-build: Cloud Build builds the functions' images as this
+    DATAPROC_WORKER = "dataproc-worker"  # spotorch-dataproc: Spark steps' driver and executors
 
 
 class Scope(StrEnum):
@@ -71,6 +72,8 @@ class Scope(StrEnum):
     FUNCTIONS_REPOSITORY = "repository:functions"  # the functions' build images
     SOURCE_BUCKET = "bucket:source"  # the functions' source bundle
     JOB_LOG_VIEW = "log-view:job-logs"  # the log view on Vertex AI's job entries (deploy/logs.tf)
+    DATAPROC_ACCOUNT = "service-account:dataproc"  # actAs: Spark batches run as spotorch-dataproc
+    SPARK_DRIVER = "bucket:spark-driver"  # the bucket of spotorch's PySpark driver (main file)
 
 
 class Kind(StrEnum):
@@ -99,6 +102,7 @@ EVENTARC_IAM = "https://cloud.google.com/eventarc/docs/access-control"
 DATAFLOW_IAM = "https://cloud.google.com/dataflow/docs/concepts/access-control"
 DATAFLOW_SECURITY = "https://cloud.google.com/dataflow/docs/concepts/security-and-permissions"
 BIGQUERY_IAM = "https://cloud.google.com/bigquery/docs/access-control"
+DATAPROC_IAM = "https://cloud.google.com/dataproc-serverless/docs/concepts/iam"
 BIGQUERY_EXPORT = "https://cloud.google.com/bigquery/docs/exporting-data#required_permissions"
 
 
@@ -140,6 +144,7 @@ BIGQUERY = "spotorch.adapters.gcp.bigquery:BigQueryTables"
 DEAD = "spotorch.operate.deadletters"
 DATAFLOW = "spotorch.adapters.gcp.dataflow:DataflowStepLauncher"
 OUTPUTS = "spotorch.adapters.gcp.dataflow:GcsStepOutputs"
+DATAPROC = "spotorch.adapters.gcp.dataproc:DataprocStepLauncher"
 
 CREATE, UPDATE = "datastore.entities.create", "datastore.entities.update"
 GET_OBJECT, LIST_OBJECTS = "storage.objects.get", "storage.objects.list"
@@ -430,6 +435,41 @@ CALLS: tuple[Call, ...] = (
          _on(S.PUSHED_SERVICES, "run.routes.invoke"), (F,), source=RUN_IAM,
          why="the statusChanged trigger calls spotorch-on-job-event as this account",
          kind=Kind.PLATFORM),
+    # --- Dataproc Serverless: the Spark preprocess step (issue 42) --------------------------------
+    Call("BatchControllerClient.create_batch", "projects.locations.batches.create",
+         _on(S.PROJECT, "dataproc.batches.create"), (F,), (f"{DATAPROC}.launch",), DATAPROC_IAM,
+         "create the step's batch under its deterministic id"),
+    Call("BatchControllerClient.create_batch", "projects.locations.batches.create",
+         _on(S.DATAPROC_ACCOUNT, "iam.serviceAccounts.actAs"), (F,), (f"{DATAPROC}.launch",),
+         DATAPROC_IAM, "the batch's driver and executors run as spotorch-dataproc"),
+    Call("BatchControllerClient.get_batch", "projects.locations.batches.get",
+         _on(S.PROJECT, "dataproc.batches.get"), (F,), (f"{DATAPROC}.get", f"{DATAPROC}.cancel"),
+         DATAPROC_IAM, "the batch's state, failure and usage: the tick follows it (no event)"),
+    Call("BatchControllerClient.list_batches", "projects.locations.batches.list",
+         _on(S.PROJECT, "dataproc.batches.list"), (F,), (f"{DATAPROC}.list_batches",),
+         DATAPROC_IAM, "spotorch's batches of a region (operations and tests)"),
+    Call("BatchControllerClient.delete_batch", "projects.locations.batches.delete",
+         _on(S.PROJECT, "dataproc.batches.delete"), (F,), (f"{DATAPROC}.delete",),
+         DATAPROC_IAM, "an ended batch's record (its id may be taken again)"),
+    Call("BatchControllerClient.cancel_operation", "projects.regions.operations.cancel",
+         _on(S.PROJECT, "dataproc.operations.cancel", "dataproc.batches.cancel"), (F,),
+         (f"{DATAPROC}.cancel",),
+         DATAPROC_IAM, "cancel the batch through its operation (no CancelBatch RPC): the run "
+                       "was cancelled, timeout"),
+    Call("Dataproc Serverless driver and executors", "the Spark batch's work",
+         _on(S.PROJECT, "dataproc.agents.create", "dataproc.tasks.lease",
+             "logging.logEntries.create"), (Identity.DATAPROC_WORKER,), source=DATAPROC_IAM,
+         kind=Kind.PLATFORM,
+         why="Dataproc Serverless runs the batch as its service account (roles/dataproc.worker)"),
+    Call("Dataproc driver reads the input, the code and the driver", "objects.get",
+         _on((S.LANDING, S.STAGING, S.SPARK_DRIVER), GET_OBJECT, LIST_OBJECTS),
+         (Identity.DATAPROC_WORKER,), source=STORAGE_IAM, kind=Kind.PLATFORM,
+         why="the driver reads the snapshot, installs the code package; Dataproc reads the "
+             "main file"),
+    Call("Dataproc driver writes the output", "objects.insert",
+         _on(S.PREPROCESS, "storage.objects.create", "storage.objects.delete", GET_OBJECT,
+             LIST_OBJECTS), (Identity.DATAPROC_WORKER,), source=STORAGE_IAM,
+         kind=Kind.PLATFORM, why="the output shards under the key's folder"),
     # --- BigQuery: the tables a trigger watches, their snapshots and exports ----------------------
     Call("Client.get_table", "tables.get", _on(S.WATCHED_DATASETS, "bigquery.tables.get"), (F,),
          (f"{BIGQUERY}.get_table",), BIGQUERY_IAM,

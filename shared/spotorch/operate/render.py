@@ -258,7 +258,8 @@ def _preprocess_lines(step: Mapping[str, Any] | None, currency: str) -> list[Any
         ("phase", f"{step['phase']}" + (f"  {step['state']}" if step.get("state") else "")),
         ("cache", f"hit: reused {step['cache_key']}" if step.get("cache_hit")
          else f"miss: key {step['cache_key']}"),
-        ("dataflow job", job), ("output", step.get("output_uri")),
+        ("dataproc batch" if step.get("kind") == "spark" else "dataflow job", job),
+        ("output", step.get("output_uri")),
         ("cost", money(step.get("cost"), currency)),
         ("error", f"{step.get('failure_class')}: {step.get('error')}"
          if step.get("error") else None)])]

@@ -44,6 +44,11 @@ class StepLaunch:
     # Dataflow's default (the project's `default` network).
     network: str | None = None
     subnetwork: str | None = None
+    # A Spark step's batch (issue 42): the step's kind, Spark properties and runtime version
+    # (machine_type, max_workers and temp_uri are Dataflow's; a batch ignores them).
+    kind: str = "beam"
+    properties: tuple[tuple[str, str], ...] = ()
+    runtime_version: str | None = None
 
 
 class StepLauncher(Protocol):

@@ -496,6 +496,30 @@ def _check_preprocess(doc: Any) -> _Found:
                                                      "(region, workers, input, output, ...)")
     if _duration(doc, "preprocess.timeout") == 0:
         yield "preprocess.timeout", "must be longer than zero"
+    yield from _check_spark_step(step)
+
+
+# Spark properties a Dataproc Serverless batch's runtime sets itself (the driver runs in its
+# cluster): spotorch refuses them in the file rather than let the batch fail at creation.
+SPARK_SET_PROPERTIES = ("spark.master", "spark.submit.deployMode")
+
+
+def _check_spark_step(step: Mapping[str, Any]) -> _Found:
+    """kind: spark runs a module of the code package; Spark-only settings need that kind."""
+    if step.get("kind") == "spark":
+        if step.get("template_uri"):
+            yield "preprocess.template_uri", ("is a Dataflow flex template: a spark step runs "
+                                              "python_module as a PySpark batch")
+        properties = step.get("properties")
+        if isinstance(properties, Mapping):
+            for name in properties:
+                if name in SPARK_SET_PROPERTIES:
+                    yield f"preprocess.properties.{name}", ("is set by Dataproc Serverless "
+                                                            "itself")
+        return
+    for name in ("runtime_version", "properties"):
+        if step.get(name):
+            yield f"preprocess.{name}", "applies to kind: spark only"
 
 
 def _check_sweep(doc: Any) -> _Found:

@@ -64,7 +64,8 @@ def deps_for(docs: object = None) -> Deps:
 
 # The folders these runs and sweeps are submitted for.
 SUBMITTED = ("ops/batch-1/", "ops/batch-2/", "ops/batch-3/", "ops/batch-4/", "ranker/day-1/",
-             "tune/a/", "tune/b/", "ops/batch-9/", "tune/day-9/", "ops/x/")
+             "tune/a/", "tune/b/", "ops/batch-9/", "tune/day-9/", "ops/x/",
+             "ops/batch-7/")  # batch-7: tests/test_cli_process.py submits it as a process
 
 
 def _clock(deps: Deps) -> ManualClock:

@@ -1,8 +1,9 @@
-"""Issues 30 and 31 on the local stack: an exact rerun through a preprocess step. A run of the
-demo's preprocess pipeline records its inputs; one of them is overwritten; `spotorch rerun`
-reuses the step's cached output (the same key: the recorded generations and code), and with the
-cache deleted runs the Beam module again on the recorded generations: the same rows, and the
-training on them reproduces the metrics."""
+"""Issues 30, 31 and 42 on the local stack: an exact rerun through a preprocess step, a Beam one
+on the local Dataflow and a PySpark one on the local Dataproc. A run of the demo's preprocess
+pipeline records its inputs; one of them is overwritten; `spotorch rerun` reuses the step's
+cached output (the same key: the recorded generations and code), and with the cache deleted runs
+the step's module again on the recorded generations: the same rows, and the training on them
+reproduces the metrics."""
 
 from __future__ import annotations
 
@@ -20,14 +21,21 @@ from spotorch.core.model import Run
 from spotorch.core.preprocessing import step_of
 from spotorch.local import demo
 from spotorch.local.dataflow_emulator import beam_available
+from spotorch.local.dataproc_emulator import spark_available
 from spotorch.local.demo_preprocess import PREPROCESS_BUCKET
 from spotorch.local.demo_scenarios import SCENARIOS, pipeline_document
 from spotorch.local.stack import DevStack
 from test_e2e_rerun import TICK_S, TRAINER_ENV, _csv, _metrics, _wait
 
-pytestmark = [pytest.mark.emulator, pytest.mark.slow,
-              pytest.mark.skipif(not beam_available(), reason="no Beam environment: "
-                                                              "make beam-venv")]
+pytestmark = [pytest.mark.emulator, pytest.mark.slow]
+KINDS = [
+    pytest.param("preprocess", {"dataflow": True}, id="beam",
+                 marks=pytest.mark.skipif(not beam_available(),
+                                          reason="no Beam environment: make beam-venv")),
+    pytest.param("preprocess-spark", {"dataproc": True}, id="spark",
+                 marks=pytest.mark.skipif(not spark_available(),
+                                          reason="no Spark environment: make spark-venv")),
+]
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -65,16 +73,17 @@ def _step(run: Run) -> dict[str, object]:
     return step.to_doc()
 
 
+@pytest.mark.parametrize(("scenario", "emulator"), KINDS)
 def test_a_rerun_through_the_preprocess_step_reads_the_recorded_generations(
-        tmp_path: Path) -> None:
+        tmp_path: Path, scenario: str, emulator: dict[str, bool]) -> None:
     (tmp_path / "pipelines").mkdir()
-    document = pipeline_document(SCENARIOS["preprocess"])
+    document = pipeline_document(SCENARIOS[scenario])
     document["job"]["worker_pools"][0]["env"] = TRAINER_ENV
     document["recovery"]["escalation"] = "never"
     document.pop("routes", None)
     (tmp_path / "pipelines" / "demo.yaml").write_text(yaml.safe_dump(document))
     with DevStack(pipelines_dir=tmp_path / "pipelines", run_dir=tmp_path / "stack",
-                  tick_seconds=TICK_S, dataflow=True) as stack:
+                  tick_seconds=TICK_S, **emulator) as stack:
         saved = dict(os.environ)
         os.environ.update(stack.env)
         try:

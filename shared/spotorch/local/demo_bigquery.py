@@ -160,11 +160,15 @@ def _rerun(run: Any, stack: Any, docs: Any) -> dict[str, Any]:
         return {"run_id": rerun_id, "error": f"not finished after {RERUN_TIMEOUT_S:g}s"}
 
     def metrics(of: Run) -> dict[str, Any] | None:
+        """The final metrics, less the serving latencies timed on the trainer's machine
+        (spotorch_trainer.latency.MEASURED): the rest a rerun reproduces exactly."""
+        from spotorch_trainer.latency import MEASURED
+
         try:
             loaded: dict[str, Any] = json.loads(GcsStorage().read(f"{of.output_uri}/metrics.json"))
         except Exception:  # no model: the comparison says so
             return None
-        return loaded
+        return {k: v for k, v in loaded.items() if k not in MEASURED}
 
     first, rerun = metrics(run), metrics(again)
     return {"run_id": rerun_id, "status": str(again.status), "rerun_of": again.rerun_of,

@@ -448,6 +448,7 @@ def test_dev_commands_on_a_background_stack(tmp_path: Path,
     assert up_main([*argv, "--schedule", str(schedule)]) == 1
     assert "running without --schedule" in capsys.readouterr().err
     # Data in by `dev upload`: a folder's files in name order, the marker alpha waits for last.
+    storage_before = os.environ.get("STORAGE_EMULATOR_HOST")
     batch = tmp_path / "batch"
     (batch / "part").mkdir(parents=True)
     (batch / "b.csv").write_text("x\n1\n")
@@ -464,6 +465,8 @@ def test_dev_commands_on_a_background_stack(tmp_path: Path,
     assert capsys.readouterr().out.split() == ["gs://cli-landing/x/b.csv"]
     assert upload_main(["--state", str(state), str(batch), "gs://no-such-bucket/p/"]) == 1
     assert "no such bucket" in capsys.readouterr().err
+    # The caller's own Cloud Storage is untouched (a leak once sent later tests to this stack).
+    assert os.environ.get("STORAGE_EMULATOR_HOST") == storage_before
     # Alerts: a POST to the routed chat URL shows up.
     chat = now["function_env"]["SPOTORCH_CHAT_WEBHOOK_URL"]
     urllib.request.urlopen(urllib.request.Request(

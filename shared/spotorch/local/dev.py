@@ -483,6 +483,9 @@ def upload_command(local: Path, destination: str, state: Path, no_marker: bool) 
     host = env.get("STORAGE_EMULATOR_HOST")
     if not host:
         raise _fail("upload", "the running stack has no Cloud Storage emulator")
+    # The client finds the emulator through the environment; set it for this upload only, so a
+    # caller in the same process (a test, a script) keeps talking to its own Cloud Storage.
+    before = os.environ.get("STORAGE_EMULATOR_HOST")
     try:
         bucket, objects, notes = plan(local, destination, _served(found), marker=not no_marker)
         os.environ["STORAGE_EMULATOR_HOST"] = str(host)
@@ -493,6 +496,11 @@ def upload_command(local: Path, destination: str, state: Path, no_marker: bool) 
         uris = upload(bucket, objects, client, lambda uri: click.echo(uri))
     except UploadError as exc:
         raise _fail("upload", str(exc)) from None
+    finally:
+        if before is None:
+            os.environ.pop("STORAGE_EMULATOR_HOST", None)
+        else:
+            os.environ["STORAGE_EMULATOR_HOST"] = before
     for note in notes:
         sys.stderr.write(f"# {note}\n")
     sys.stderr.write(f"{len(uris)} objects uploaded to gs://{bucket}\n")

@@ -20,8 +20,10 @@ from typing import Any
 
 QUALITY = "test_accuracy"
 CONSTRAINTS = {"latency_p95_ms": {"max": 20.0}, "model_size_bytes": {"max": 20000}}
-_TRAINER_ENV = {"EXAMPLE_TOTAL_STEPS": "240", "EXAMPLE_STEP_SLEEP": "0.03",
-                "EXAMPLE_CHECKPOINT_EVERY": "50", "EXAMPLE_PROGRESS_INTERVAL": "1",
+# 400 steps of 0.03 s (12 s) outlast the preemption at 6 s even when the package is cached and
+# the trial trains at once; a checkpoint every 25 steps leaves one to resume from by then.
+_TRAINER_ENV = {"EXAMPLE_TOTAL_STEPS": "400", "EXAMPLE_STEP_SLEEP": "0.03",
+                "EXAMPLE_CHECKPOINT_EVERY": "25", "EXAMPLE_PROGRESS_INTERVAL": "1",
                 "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "LATENCY_BATCH_SIZE": "32",
                 "EXAMPLE_EVAL_EVERY": "20"}  # held-out accuracy as it trains: Vizier's measurements
 
@@ -87,10 +89,10 @@ SETTINGS: dict[str, Any] = {
              "the learning rate and the hidden width, 2 at once on Spot, with 3 objectives "
              "(test accuracy up, p95 latency and cost down) and constraints: latency_p95_ms at "
              "most 20 ms per request, model_size_bytes at most 20000; Spot preempts trial 3's "
-             "attempt 1 after 9 s; the Vertex emulator's suggestions are seeded (0).",
+             "attempt 1 after 6 s; the Vertex emulator's suggestions are seeded (0).",
     "expected_status": "SUCCEEDED",
     "recovery": {"escalation": "never", "backoff_base": "1s", "decision_interval": "2s"},
-    "vertex_schedule": {"preempt": [{"attempt": 1, "run_suffix": "-t3", "after_s": 9.0}]},
+    "vertex_schedule": {"preempt": [{"attempt": 1, "run_suffix": "-t3", "after_s": 6.0}]},
     "vertex_args": ("--seed", "0"),
     "trainer_env": _TRAINER_ENV,
     "sweep": {"search": "vizier", "trials": 4, "parallelism": 2,

@@ -145,6 +145,14 @@ resource "google_project_iam_member" "functions_log_writer" {
   member  = local.functions_member
 }
 
+# A canary on a Vertex AI endpoint (model.serve) is judged on its own traffic: the endpoint's
+# prediction metrics in Cloud Monitoring (ListTimeSeries: monitoring.timeSeries.list).
+resource "google_project_iam_member" "functions_monitoring_viewer" {
+  project = var.project_id
+  role    = "roles/monitoring.viewer"
+  member  = local.functions_member
+}
+
 # A failed attempt's own error (the last lines its workers wrote) is read through the job-log
 # view, not from the project: logs.tf.
 

@@ -4,8 +4,9 @@ server loading a real scikit-learn model.joblib)."""
 
 from __future__ import annotations
 
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +14,13 @@ import pytest
 
 from spotorch.adapters.gcp.vertex_calls import RetryPolicy
 from spotorch.adapters.memory.endpoints import MemoryEndpoints
-from spotorch.ports.serving import NEW_MODEL, Endpoints, ServingError
+from spotorch.ports.serving import NEW_MODEL, Endpoints, EndpointTraffic, ServingError
 
 REGION = "us-central1"
 PROJECT = "spotorch-test"
 SKLEARN = "us-docker.pkg.dev/vertex-ai/prediction/sklearn-cpu.1-3:latest"
 ROWS = [[2.0, 0.0, 0.0], [-2.0, 0.0, 0.0]]
+METRICS_PERIOD_S = 0.5  # the emulator's Monitoring sampling period here
 
 
 def write_model(folder: Path, flip: bool) -> None:
@@ -74,6 +76,58 @@ class EndpointsContract:
         (deployed,) = endpoints.get(name).deployed
         assert (deployed.min_replicas, deployed.max_replicas) == (2, 3)
 
+    def test_a_started_deployment_is_polled_until_done(
+            self, endpoints: Endpoints, versions: tuple[str, str]) -> None:
+        name = endpoints.create(REGION, f"e{uuid.uuid4().hex[:8]}", "churn")
+        operation = endpoints.start_deploy(name, versions[0], machine_type="n1-standard-2",
+                                           min_replicas=1, max_replicas=1,
+                                           traffic={NEW_MODEL: 100})
+        assert operation.startswith(name)
+        deadline = time.monotonic() + 60
+        while (deployed := endpoints.deploy_result(operation)) is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert endpoints.deploy_result(operation) == deployed  # asked again: the same
+        state = endpoints.get(name)
+        assert [d.id for d in state.deployed] == [deployed] and state.traffic == {deployed: 100}
+        with pytest.raises(ServingError) as err:
+            endpoints.deploy_result(f"{name}/operations/999999")
+        assert err.value.permanent
+
+    @pytest.fixture
+    def traffic(self) -> EndpointTraffic:
+        raise NotImplementedError
+
+    @pytest.fixture
+    def fail_all(self) -> Callable[[str, str], None]:
+        """Make a deployed model fail every prediction (endpoint, deployed model id)."""
+        raise NotImplementedError
+
+    @pytest.fixture
+    def settle(self) -> Callable[[], None]:
+        """Wait until what was served is in the traffic's metrics."""
+        return lambda: None
+
+    def test_the_traffic_window_counts_a_deployed_models_predictions_failures_and_p95(
+            self, endpoints: Endpoints, versions: tuple[str, str], traffic: EndpointTraffic,
+            fail_all: Callable[[str, str], None], settle: Callable[[], None]) -> None:
+        name = endpoints.create(REGION, f"e{uuid.uuid4().hex[:8]}", "churn")
+        since = time.time() - 1.0
+        one = endpoints.deploy(name, versions[0], machine_type="n1-standard-2", min_replicas=1,
+                               max_replicas=1, traffic={NEW_MODEL: 100})
+        for _ in range(5):
+            endpoints.predict(name, ROWS)
+        fail_all(name, one)
+        for _ in range(2):
+            with pytest.raises(ServingError):
+                endpoints.predict(name, ROWS)
+        settle()
+        window = traffic.window(name, one, since)
+        assert (window.count, window.errors) == (7, 2)
+        assert window.p95_ms is not None and window.p95_ms > 0
+        assert traffic.window(name, "999999", since).count == 0  # another deployed model's
+        assert traffic.window(name, one, time.time() + 5).count == 0  # nothing since then
+
     def test_bad_splits_and_unknown_endpoints_are_refused(
             self, endpoints: Endpoints, versions: tuple[str, str]) -> None:
         name = endpoints.create(REGION, f"e{uuid.uuid4().hex[:8]}", "churn")
@@ -98,6 +152,16 @@ class TestMemoryEndpoints(EndpointsContract):
         return memory
 
     @pytest.fixture
+    def traffic(self, endpoints: Endpoints) -> EndpointTraffic:
+        assert isinstance(endpoints, MemoryEndpoints)
+        return endpoints
+
+    @pytest.fixture
+    def fail_all(self, endpoints: Endpoints) -> Callable[[str, str], None]:
+        assert isinstance(endpoints, MemoryEndpoints)
+        return lambda name, deployed: endpoints.errors.__setitem__(deployed, 1.0)
+
+    @pytest.fixture
     def versions(self) -> tuple[str, str]:
         model = f"projects/{PROJECT}/locations/{REGION}/models/churn"
         return f"{model}@1", f"{model}@2"
@@ -109,6 +173,7 @@ def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
     emu = VertexEmulator(PROJECT, workdir=Path(tmp_path_factory.mktemp("vertex")))
     emu.registry.operation_s = 0.1
+    emu.monitoring.sample_period_s = METRICS_PERIOD_S  # Vertex: 60 s
     emu.start()
     yield emu
     emu.stop()
@@ -143,6 +208,43 @@ class TestVertexEndpoints(EndpointsContract):
     @pytest.fixture
     def versions(self, emulator_versions: tuple[str, str]) -> tuple[str, str]:
         return emulator_versions
+
+    @pytest.fixture
+    def traffic(self, emulator: Any) -> EndpointTraffic:
+        from spotorch.adapters.gcp.endpoint_traffic import MonitoringEndpointTraffic
+
+        return MonitoringEndpointTraffic(PROJECT, endpoint=emulator.address)
+
+    @pytest.fixture
+    def fail_all(self, emulator: Any) -> Callable[[str, str], None]:
+        return lambda name, deployed: emulator.endpoints.inject(name, deployed, error_rate=1.0)
+
+    @pytest.fixture
+    def settle(self) -> Callable[[], None]:
+        return lambda: time.sleep(METRICS_PERIOD_S * 2 + 0.2)  # the last period closes
+
+    def test_monitoring_shows_a_period_only_once_it_closed_and_refuses_what_it_cannot_read(
+            self, endpoints: Endpoints, emulator: Any, versions: tuple[str, str]) -> None:
+        from google.api_core import exceptions
+
+        from spotorch.adapters.gcp.endpoint_traffic import MonitoringEndpointTraffic
+
+        traffic = MonitoringEndpointTraffic(PROJECT, endpoint=emulator.address)
+        name = endpoints.create(REGION, f"e{uuid.uuid4().hex[:8]}", "churn")
+        one = endpoints.deploy(name, versions[0], machine_type="n1-standard-2", min_replicas=1,
+                               max_replicas=1, traffic={NEW_MODEL: 100})
+        emulator.monitoring.sample_period_s = 3600.0  # Vertex samples every 60 s: not yet
+        try:
+            since = time.time() - 1.0
+            endpoints.predict(name, ROWS)
+            assert traffic.window(name, one, since).count == 0
+        finally:
+            emulator.monitoring.sample_period_s = METRICS_PERIOD_S
+        client = traffic._c()
+        with pytest.raises(exceptions.InvalidArgument, match="does not understand"):
+            list(client.list_time_series(request={
+                "name": f"projects/{PROJECT}", "filter": 'metric.type = starts_with("x")',
+                "interval": {"end_time": {"seconds": int(time.time())}}}))
 
     def test_a_model_server_that_cannot_load_fails_the_deploy_saying_why(
             self, endpoints: Endpoints, emulator: Any, tmp_path: Path) -> None:

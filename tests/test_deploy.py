@@ -71,6 +71,7 @@ PROJECT_ROLES = {
     "roles/datastore.user": "Firestore has no per-collection IAM (narrowed by a condition)",
     "roles/eventarc.eventReceiver": "exists only at project level",
     "roles/logging.logWriter": "log entries are written to the project",
+    "roles/monitoring.viewer": "time series are read from the project (a canary's traffic)",
     "roles/pubsub.publisher": "the GCS service agent publishes to Eventarc's own topic",
     "${local.vertex_role}": "Vertex AI custom jobs are project resources",
     "roles/eventarc.serviceAgent": "the Eventarc service agent's own role, granted before triggers",

@@ -446,6 +446,29 @@ def test_tradeoff_scenario_searches_with_vizier_and_chooses_within_the_constrain
     assert r["model_name"].startswith("projects/")
 
 
+def test_promote_scenario_refuses_the_worse_version_and_canaries_the_better_one() -> None:
+    """Issue 37: three snapshots judged on one held-out folder; the first promoted and served,
+    the worse one refused with its reason while the first serves on, the better one a canary
+    (judged on the endpoint's Cloud Monitoring traffic) then all traffic, the first undeployed;
+    predictions measured by a real client."""
+    r = report("promote")
+    assert r["status"] == "SUCCEEDED" and not r.get("story_error"), r.get("story_error")
+    first, worse, better = r["versions"]
+    assert [v["promoted"] for v in r["versions"]] == [True, False, True]
+    assert worse["rule"] == "margin" and "does not beat the champion" in worse["reason"]
+    assert better["metric"] > first["metric"] + 0.01 > worse["metric"]
+    assert "production" in r["aliases"][better["name"]] and r["champion"] == better["name"]
+    assert all("production" not in r["aliases"][v["name"]] for v in (first, worse))
+    assert r["traffic_splits"] == [{first["name"]: 100},
+                                   {first["name"]: 80, better["name"]: 20},
+                                   {better["name"]: 100}]
+    assert r["endpoint"]["phase"] == "idle" and r["endpoint"]["serving"] == better["name"]
+    assert any("passed" in h and "predictions" in h for h in r["rollout_history"])
+    assert r["predictions"]["count"] > 50 and r["predictions"]["failed"] == 0
+    assert r["latency_p95_ms"] is not None and r["latency_p95_ms"] > 0
+    assert kinds(r).count("model.promoted") == 2 and kinds(r).count("model.rejected") == 1
+
+
 def test_quota_scenario_moves_to_another_region_and_never_retries_the_refusal() -> None:
     r = report("quota")
     assert r["status"] == "SUCCEEDED", r.get("end_reason")

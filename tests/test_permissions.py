@@ -67,7 +67,14 @@ def vocabularies() -> dict[str, frozenset[str]]:
     """google.cloud library -> the method names of its clients that send a request."""
     import google.cloud.pubsub_v1 as pubsub_v1
     import google.cloud.storage as storage
-    from google.cloud import aiplatform_v1, bigquery, dataflow_v1beta3, dataproc_v1, firestore
+    from google.cloud import (
+        aiplatform_v1,
+        bigquery,
+        dataflow_v1beta3,
+        dataproc_v1,
+        firestore,
+        monitoring_v3,
+    )
     from google.cloud import logging as cloud_logging
     from google.cloud.firestore_v1 import batch, collection, document, query, transaction
 
@@ -87,6 +94,7 @@ def vocabularies() -> dict[str, frozenset[str]]:
                                    dataflow_v1beta3.MetricsV1Beta3Client),
         "bigquery": _gapic(bigquery.Client, bigquery.QueryJob, bigquery.ExtractJob),
         "dataproc_v1": _gapic(dataproc_v1.BatchControllerClient),
+        "monitoring_v3": _gapic(monitoring_v3.MetricServiceClient),
         # not installed here: its GAPIC client's methods by their form
         "secretmanager": frozenset({"access_secret_version", "get_secret", "list_secrets",
                                     "add_secret_version", "create_secret", "get_secret_version",

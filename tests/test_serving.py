@@ -270,3 +270,87 @@ def test_rollout_writes_that_lose_a_race_take_the_step_again(
     serving.abort_canary(deps, deps.pipeline("churn"), "by hand")
     assert serving_version(deps) == (f"{MODEL}@1", {"1": 100}, ["1"])
     assert alias_on(registry) == ["1"]
+
+
+def test_a_deployment_is_started_once_while_its_operation_runs_and_ticks_poll_it() -> None:
+    """DeployModel is not idempotent and takes minutes on Vertex: the writer that claims the
+    deployment starts it once; ticks (and a redelivered registration) meanwhile poll the
+    recorded operation, never deploy again."""
+    deps, _registry, endpoints = make()
+    train(deps, "r1", 0.80)
+    endpoints.running = True
+    train(deps, "r2", 0.90)
+    rollout = serving.rollout_of(deps, deps.pipeline("churn"))
+    assert rollout is not None and rollout.phase == "deploying" and rollout.operation
+    for _ in range(3):
+        advance(deps, 60)
+    run = deps.runs.load("r2")[0]
+    assert run is not None and run.model_name is not None
+    from spotorch.app import releases
+    releases.after_registration(deps, run, run.model_name)
+    assert endpoints.deploys == 2  # one per version
+    endpoints.running = False
+    advance(deps, 1)
+    assert serving_version(deps) == (f"{MODEL}@1", {"1": 80, "2": 20}, ["1", "2"])
+    assert endpoints.deploys == 2
+
+
+def test_a_lost_write_after_starting_a_deployment_does_not_start_another(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_promotions import contend
+
+    deps, _, endpoints = make()
+    train(deps, "r1", 0.80)
+    original = deps.docs.put
+    calls: list[str] = []
+
+    def put(name: str, key: str, data: object, version: object, adds: object = ()) -> object:
+        if name == "endpoint_rollouts" and isinstance(data, dict) and data.get("operation") \
+                and not calls:
+            calls.append(str(data["operation"]))  # the first write of the operation loses
+            from spotorch.ports.store import ConflictError
+            raise ConflictError("a racing writer")
+        return original(name, key, data, version, adds)  # type: ignore[arg-type]
+    contend(monkeypatch, deps, "endpoint_rollouts", conflicts=0)
+    monkeypatch.setattr(deps.docs, "put", put)
+    train(deps, "r2", 0.90)
+    assert calls and endpoints.deploys == 2
+    assert serving_version(deps) == (f"{MODEL}@1", {"1": 80, "2": 20}, ["1", "2"])
+
+
+def test_a_lapsed_claim_is_taken_over_and_a_deployment_already_there_adopted() -> None:
+    from dataclasses import replace
+
+    from spotorch.core.canary import CLAIM_TTL_S
+
+    deps, _, endpoints = make()
+    train(deps, "r1", 0.80)
+    endpoints.running = True
+    train(deps, "r2", 0.90)
+    rollout = serving.rollout_of(deps, deps.pipeline("churn"))
+    assert rollout is not None
+    # the claimant died after DeployModel was sent, before it wrote the operation down
+    _doc, version = deps.docs.get("endpoint_rollouts", rollout.key)
+    deps.docs.put("endpoint_rollouts", rollout.key,
+                  {**replace(rollout, operation=None, claim="dead").to_doc(),
+                   "pipeline": "churn"}, version)
+    endpoints.running = False
+    advance(deps, 60)  # the claim has not lapsed: nobody deploys
+    assert serving.rollout_of(deps, deps.pipeline("churn")).phase == "deploying"  # type: ignore[union-attr]
+    advance(deps, CLAIM_TTL_S)
+    assert serving_version(deps) == (f"{MODEL}@1", {"1": 80, "2": 20}, ["1", "2"])
+    assert endpoints.deploys == 2  # adopted, not deployed again
+
+
+def test_a_deployment_that_fails_undoes_the_promotion_and_the_old_version_serves_on() -> None:
+    deps, registry, endpoints = make()
+    train(deps, "r1", 0.80)
+    endpoints.failing = "the model server failed to start: no module named xgboost"
+    train(deps, "r2", 0.90)
+    assert serving_version(deps) == (f"{MODEL}@1", {"1": 100}, ["1"])
+    rollout = serving.rollout_of(deps, deps.pipeline("churn"))
+    assert rollout is not None and rollout.phase == "idle" and "xgboost" in rollout.reason
+    assert alias_on(registry) == ["1"]
+    record = promotions.champion_record(deps, MODEL)
+    assert record is not None and record.champion is not None
+    assert record.champion.version == f"{MODEL}@1"

@@ -176,3 +176,26 @@ def test_model_registry_calls_need_their_own_permissions(tmp_path: Path) -> None
         allowed = VertexModelRegistry(PROJECT, endpoint=emulator.address, token="registry",
                                       retry=NO_RETRY, upload_timeout_s=10)
         assert allowed.upload(upload).startswith(f"projects/{PROJECT}/locations/")
+
+
+def test_reading_a_canarys_traffic_needs_deploys_monitoring_viewer_grant(
+        tmp_path: Path, emulator_for: StartEmulator) -> None:
+    from spotorch.adapters.gcp.endpoint_traffic import MonitoringEndpointTraffic
+    from spotorch.ports.serving import ServingError
+
+    endpoint = f"projects/{PROJECT}/locations/{REGION}/endpoints/churn"
+    address, ids = emulator_for(ROOT / "deploy")
+    granted = MonitoringEndpointTraffic(PROJECT, endpoint=address, token=ids.functions_token)
+    assert granted.window(endpoint, "1", 0.0).count == 0  # allowed: no traffic yet
+    without = tmp_path / "without"
+    without.mkdir()
+    copy = deploy_copy(without)
+    iam = copy / "iam.tf"
+    grant = '  role    = "roles/monitoring.viewer"\n'
+    assert grant in iam.read_text()
+    iam.write_text(iam.read_text().replace(grant, '  role    = "roles/logging.logWriter"\n'))
+    address, ids = emulator_for(copy)
+    refused = MonitoringEndpointTraffic(PROJECT, endpoint=address, token=ids.functions_token)
+    with pytest.raises(ServingError, match=r"monitoring\.timeSeries\.list") as caught:
+        refused.window(endpoint, "1", 0.0)
+    assert caught.value.permanent and caught.value.code == "PERMISSION_DENIED"

@@ -40,6 +40,9 @@ ENV_SHARED_BUDGET = "SPOTORCH_SHARED_BUDGET"
 ENV_STATE = "SPOTORCH_STATE"
 # Optional: Cloud Logging's API at host:port (the local Vertex emulator serves ListLogEntries).
 ENV_LOGGING_ENDPOINT = "SPOTORCH_LOGGING_ENDPOINT"
+# Optional: Cloud Monitoring's API at host:port (the local Vertex emulator serves ListTimeSeries
+# of its endpoints' prediction metrics: a canary's traffic, issue 37).
+ENV_MONITORING_ENDPOINT = "SPOTORCH_MONITORING_ENDPOINT"
 # A BigQuery REST endpoint (http://host:port: the local stack's emulator); unset: Google's.
 ENV_BIGQUERY_ENDPOINT = "SPOTORCH_BIGQUERY_ENDPOINT"
 # Optional: the location of the BigQuery snapshot datasets (where the snapshot jobs run and are
@@ -126,6 +129,7 @@ class Settings:
     firestore_database: str = "(default)"
     shared_budget: bool = False
     logging_endpoint: str | None = None
+    monitoring_endpoint: str | None = None
     bigquery_endpoint: str | None = None
     bigquery_wait_s: float = 5.0
     bigquery_location: str | None = None
@@ -159,6 +163,7 @@ class Settings:
             firestore_database=env.get(ENV_FIRESTORE_DATABASE, cls.firestore_database),
             shared_budget=env.get(ENV_SHARED_BUDGET, "").strip().lower() in ("1", "true", "yes"),
             logging_endpoint=env.get(ENV_LOGGING_ENDPOINT) or None,
+            monitoring_endpoint=env.get(ENV_MONITORING_ENDPOINT) or None,
             bigquery_endpoint=env.get(ENV_BIGQUERY_ENDPOINT) or None,
             bigquery_wait_s=_seconds(env.get(ENV_BIGQUERY_WAIT), cls.bigquery_wait_s),
             bigquery_location=env.get(ENV_BIGQUERY_LOCATION) or None,

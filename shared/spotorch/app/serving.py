@@ -2,10 +2,12 @@
 a canary (spotorch.core.canary), taking all traffic or rolled back with its promotion undone.
 
 The per-endpoint rollout record (collection endpoint_rollouts) changes by conditional writes
-only; `advance` performs the record's next step with idempotent calls (a deploy finds the
-version already there, an undeploy of a model gone is done, a split is set as a whole) and then
-writes the outcome, so a crash between the two repeats the step and the tick (reconcile_rollouts)
-carries every unfinished rollout on. One rollout at a time per endpoint: a version promoted
+only; `advance` performs the record's next step with idempotent calls (an undeploy of a model
+gone is done, a split is set as a whole) and then writes the outcome, so a crash between the two
+repeats the step and the tick (reconcile_rollouts) carries every unfinished rollout on. A
+deployment, which is not idempotent and outlasts a function, is claimed in the record first,
+started once by the claimant, and its operation polled by whoever advances next
+(spotorch.core.canary). One rollout at a time per endpoint: a version promoted
 meanwhile waits as `pending`. The rollout record and the champion record change through
 app.updates' one conditional-update loop (`_update`, `promotions.update_record`).
 """
@@ -13,8 +15,9 @@ app.updates' one conditional-update loop (`_update`, `promotions.update_record`)
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from spotorch.app import promotions, updates
@@ -23,6 +26,7 @@ from spotorch.core import canary
 from spotorch.core.canary import Rollout, ServeSpec
 from spotorch.core.errors import SpotorchError
 from spotorch.core.promotion import ChampionRecord, demoted
+from spotorch.ports.serving import ServingError
 from spotorch.settings import COLLECTION_ROLLOUTS
 
 if TYPE_CHECKING:
@@ -94,10 +98,11 @@ def advance(deps: Deps, pipeline: Pipeline, key: str) -> Rollout:
     assert found is not None and deps.endpoints is not None
     spec, region = found
     seen: list[Rollout] = []  # the record each step found
+    mine = _Claim(uuid.uuid4().hex)  # this advance's deploy claim, and what it started
 
     def step(rollout: Rollout) -> Rollout | None:
         seen.append(rollout)
-        return _step(deps, pipeline, spec, region, rollout)
+        return _step(deps, pipeline, spec, region, rollout, mine)
 
     written: Written[Rollout] | None = None
     for _ in range(MAX_STEPS):
@@ -110,26 +115,55 @@ def advance(deps: Deps, pipeline: Pipeline, key: str) -> Rollout:
     return written.doc
 
 
+@dataclass
+class _Claim:
+    """One advance's deploy claim token, and the operations it started (version -> name): a
+    write that lost a race is decided again, and must not start the deployment twice."""
+
+    token: str
+    started: dict[str, str] = field(default_factory=dict)
+
+
 def _step(deps: Deps, pipeline: Pipeline, spec: ServeSpec, region: str,
-          rollout: Rollout) -> Rollout | None:
-    """Perform the rollout's next step (idempotent calls); the record after it, or None when
-    there is nothing to do now (idle, or a canary's window still open)."""
+          rollout: Rollout, mine: _Claim) -> Rollout | None:
+    """Perform the rollout's next step (idempotent calls, or a claimed deployment); the record
+    after it, or None when there is nothing to do now (idle, a canary's window still open, a
+    deployment running or being started by another writer)."""
     assert deps.endpoints is not None
     now = deps.clock.now()
-    todo = canary.step(rollout, spec)
+    todo = canary.step(rollout, spec, mine.token, now)
     if todo.kind == "none":
         return None
     if not rollout.endpoint:
         name = deps.endpoints.create(region, spec.endpoint, f"{pipeline.name} {spec.endpoint}")
         return canary.noted(_with_endpoint(rollout, name), now, f"endpoint {name}")
+    if todo.kind == "start":
+        return canary.started(rollout, now, mine.token)
+    if todo.kind == "claim":
+        return canary.claimed(rollout, now, mine.token)
     if todo.kind == "deploy":
-        if rollout.phase == "idle":
-            return canary.started(rollout, now)
         assert todo.version is not None and todo.traffic is not None
-        deployed_id = deps.endpoints.deploy(
-            rollout.endpoint, todo.version, machine_type=spec.machine_type,
-            min_replicas=spec.min_replicas, max_replicas=spec.max_replicas,
-            traffic=todo.traffic)
+        there = deps.endpoints.get(rollout.endpoint).of_model(todo.version)
+        if there is not None:  # deployed by a claimant that died before it wrote: adopted
+            return canary.deployed(rollout, there.id, spec, now)
+        if todo.version not in mine.started:
+            mine.started[todo.version] = deps.endpoints.start_deploy(
+                rollout.endpoint, todo.version, machine_type=spec.machine_type,
+                min_replicas=spec.min_replicas, max_replicas=spec.max_replicas,
+                traffic=todo.traffic)
+        return canary.deploy_started(rollout, mine.started[todo.version], now)
+    if todo.kind == "await_deploy":
+        assert rollout.operation is not None
+        try:
+            deployed_id = deps.endpoints.deploy_result(rollout.operation)
+        except ServingError as exc:
+            if not exc.permanent:
+                raise
+            if rollout.canary is not None:
+                undo_promotion(deps, rollout.canary, f"not deployed: {exc}")
+            return canary.deploy_failed(rollout, str(exc), now)
+        if deployed_id is None:
+            return None  # the operation runs: the tick polls it again
         return canary.deployed(rollout, deployed_id, spec, now)
     if todo.kind == "judge":
         assert rollout.canary_id is not None and rollout.started_at is not None

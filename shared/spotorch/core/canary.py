@@ -10,6 +10,14 @@ promotion is undone. One rollout at a time per endpoint: a version promoted mean
 `step` says what to do next from the rollout record alone (and the canary's traffic when it
 runs); the app performs it with idempotent calls and records the outcome in one conditional
 write, so a crash between the two repeats the call harmlessly (the tick repairs).
+
+A deployment is the one step that is not idempotent (two DeployModel calls deploy the version
+twice: an operation in flight is invisible in the endpoint) and takes many minutes on Vertex,
+longer than a function may run. So it is claimed first: the writer that moves the record to
+`deploying` holds the claim and alone starts the operation; its name is then recorded and
+whoever advances the rollout next (the tick) polls it. A claim whose holder died before
+recording the operation lapses after CLAIM_TTL_S; the next claimant first adopts a deployment of
+the version already on the endpoint.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from typing import Annotated, Any
 from spotorch.core.fields import Field, FileSection, Matches
 
 HISTORY_KEPT = 30
+CLAIM_TTL_S = 600.0  # a deploy claim older than this, with no operation recorded, lapses
 
 
 @dataclass(frozen=True)
@@ -73,6 +82,9 @@ class Rollout:
     pending: str | None = None  # promoted while a rollout ran: deployed next
     phase: str = "idle"  # idle | deploying | canary | finishing | rolling_back
     reason: str = ""  # why the last rollback happened
+    operation: str | None = None  # the canary's DeployModel operation, once started
+    claim: str | None = None  # who may start the deployment (module docstring)
+    claimed_at: float | None = None
     history: tuple[tuple[float, str], ...] = ()
     # Each deployment's machine, replicas and time on the endpoint: its node-hours, priced by
     # the price table (spotorch.core.cost.machine_hourly). (version, machine, replicas, from, to)
@@ -83,7 +95,9 @@ class Rollout:
         return {"key": self.key, "endpoint": self.endpoint, "serving": self.serving,
                 "serving_id": self.serving_id, "canary": self.canary, "canary_id": self.canary_id,
                 "started_at": self.started_at, "pending": self.pending, "phase": self.phase,
-                "reason": self.reason, "active": self.phase != "idle" or bool(self.pending),
+                "reason": self.reason, "operation": self.operation, "claim": self.claim,
+                "claimed_at": self.claimed_at,
+                "active": self.phase != "idle" or bool(self.pending),
                 "history": [{"at": at, "what": what} for at, what in self.history],
                 "spans": [{"version": v, "machine_type": m, "replicas": n, "from": a, "to": b}
                           for v, m, n, a, b in self.spans]}
@@ -96,6 +110,8 @@ class Rollout:
                        canary=doc.get("canary"), canary_id=doc.get("canary_id"),
                        started_at=doc.get("started_at"), pending=doc.get("pending"),
                        phase=str(doc.get("phase") or "idle"), reason=str(doc.get("reason") or ""),
+                       operation=doc.get("operation"), claim=doc.get("claim"),
+                       claimed_at=doc.get("claimed_at"),
                        history=tuple((float(h["at"]), str(h["what"]))
                                      for h in doc.get("history") or ()),
                        spans=tuple((str(x["version"]), str(x["machine_type"]), int(x["replicas"]),
@@ -117,26 +133,39 @@ def promoted(r: Rollout, version: str, now: float) -> Rollout:
 
 @dataclass(frozen=True)
 class Step:
-    """What to do next. kind: none, deploy, judge, finish, roll_back."""
+    """What to do next. kind: none (idle, or another writer's deployment is starting), start
+    (take the pending version up, claiming its deployment), claim (a lapsed claim), deploy
+    (start the operation: this writer holds the claim), await_deploy (poll the operation),
+    judge, finish, roll_back."""
 
     kind: str
     version: str | None = None
     traffic: dict[str, int] | None = None
 
 
-def step(r: Rollout, spec: ServeSpec) -> Step:
-    """The next thing to do for this rollout (module docstring)."""
+def _canary_split(r: Rollout, spec: ServeSpec) -> dict[str, int]:
+    """The split a deployment asks for: all traffic for the first version, else the canary's
+    share ("0": the model being deployed)."""
+    return {"0": 100} if r.serving_id is None else \
+        {r.serving_id: 100 - spec.canary_percent, "0": spec.canary_percent}
+
+
+def step(r: Rollout, spec: ServeSpec, claim: str = "", now: float = 0.0) -> Step:
+    """The next thing to do for this rollout (module docstring); `claim`: the caller's own
+    claim token, `now` to see a lapsed claim."""
     if r.phase == "idle":
         if r.pending is None:
             return Step("none")
-        traffic = {"0": 100} if r.serving_id is None else \
-            {r.serving_id: 100 - spec.canary_percent, "0": spec.canary_percent}
-        return Step("deploy", r.pending, traffic)
+        return Step("start", r.pending)
     if r.phase == "deploying":
         assert r.canary is not None
-        traffic = {"0": 100} if r.serving_id is None else \
-            {r.serving_id: 100 - spec.canary_percent, "0": spec.canary_percent}
-        return Step("deploy", r.canary, traffic)
+        if r.operation:
+            return Step("await_deploy", r.canary)
+        if r.claim == claim and claim:
+            return Step("deploy", r.canary, _canary_split(r, spec))
+        if r.claimed_at is None or now - r.claimed_at >= CLAIM_TTL_S:
+            return Step("claim", r.canary)
+        return Step("none")  # another writer is starting the deployment
     if r.phase == "canary":
         return Step("judge", r.canary)
     if r.phase == "finishing":
@@ -148,17 +177,38 @@ def step(r: Rollout, spec: ServeSpec) -> Step:
     raise ValueError(f"unknown rollout phase {r.phase!r}")
 
 
-def started(r: Rollout, now: float) -> Rollout:
-    """Take the pending version up: it is being deployed."""
+def started(r: Rollout, now: float, claim: str) -> Rollout:
+    """Take the pending version up: it is being deployed, by the holder of `claim`."""
     assert r.pending is not None
-    return noted(replace(r, phase="deploying", canary=r.pending, pending=None), now,
-                 f"deploying {r.pending}")
+    return noted(replace(r, phase="deploying", canary=r.pending, pending=None, claim=claim,
+                         claimed_at=now, operation=None), now, f"deploying {r.pending}")
+
+
+def claimed(r: Rollout, now: float, claim: str) -> Rollout:
+    """A lapsed claim taken over: its holder died before it recorded an operation."""
+    return noted(replace(r, claim=claim, claimed_at=now), now,
+                 f"the deployment of {r.canary} claimed again (the last claim lapsed)")
+
+
+def deploy_started(r: Rollout, operation: str, now: float) -> Rollout:
+    """The canary's DeployModel operation runs: polled from now on."""
+    return noted(replace(r, operation=operation), now, f"{r.canary}: DeployModel {operation}")
+
+
+def deploy_failed(r: Rollout, why: str, now: float) -> Rollout:
+    """The canary could not be deployed: the endpoint stays as it was (Vertex moves the
+    split only when a deployment succeeds); the app undoes the promotion."""
+    return noted(replace(r, phase="idle", canary=None, canary_id=None, started_at=None,
+                         operation=None, claim=None, claimed_at=None,
+                         reason=f"deployment failed: {why}"), now,
+                 f"{r.canary} not deployed: {why}")
 
 
 def deployed(r: Rollout, deployed_id: str, spec: ServeSpec, now: float) -> Rollout:
     """The canary is deployed: watched from now, or serving at once when it is the first."""
     assert r.canary is not None
-    r = replace(r, spans=(*r.spans, (r.canary, spec.machine_type, spec.min_replicas, now, None)))
+    r = replace(r, operation=None, claim=None, claimed_at=None,
+                spans=(*r.spans, (r.canary, spec.machine_type, spec.min_replicas, now, None)))
     if r.serving_id is None:
         return noted(replace(r, phase="idle", serving=r.canary, serving_id=deployed_id,
                              canary=None, canary_id=None, started_at=None), now,

@@ -39,6 +39,8 @@ def production_deps(settings: Settings | None = None) -> Deps:
     from spotorch.adapters.gcp.checkpoints import StorageCheckpointStore
     from spotorch.adapters.gcp.dataflow import DataflowStepLauncher, GcsStepOutputs
     from spotorch.adapters.gcp.dataproc import DataprocStepLauncher
+    from spotorch.adapters.gcp.endpoint_traffic import MonitoringEndpointTraffic
+    from spotorch.adapters.gcp.endpoints import VertexEndpoints
     from spotorch.adapters.gcp.firestore import FirestoreDocumentStore
     from spotorch.adapters.gcp.job_logs import CloudLoggingJobLogs
     from spotorch.adapters.gcp.pubsub import PubSubPublisher, PubSubShardDispatcher
@@ -79,6 +81,12 @@ def production_deps(settings: Settings | None = None) -> Deps:
                                    token=settings.vertex_token),
         experiments=VertexExperimentTracker(settings.project, endpoint=settings.vertex_endpoint,
                                             token=settings.vertex_token),
+        # issue 37: clients on first use: only pipelines with model.serve call them.
+        endpoints=VertexEndpoints(settings.project, endpoint=settings.vertex_endpoint,
+                                  budget=budget, token=settings.vertex_token),
+        endpoint_traffic=MonitoringEndpointTraffic(settings.project,
+                                                   endpoint=settings.monitoring_endpoint,
+                                                   token=settings.vertex_token),
         # issue 38: the client on first use: only sweeps with search: vizier call it.
         search=VertexTrialSearch(settings.project, endpoint=settings.vertex_endpoint,
                                  token=settings.vertex_token),

@@ -47,6 +47,10 @@ ENDPOINT_SERVICE = "google.cloud.aiplatform.v1.EndpointService"
 PREDICTION_SERVICE = "google.cloud.aiplatform.v1.PredictionService"
 LOAD_TIMEOUT_S = 120.0
 PREDICT_TIMEOUT_S = 30.0
+# The HTTP status a failed Predict answers with (google.rpc code -> HTTP), as Monitoring's
+# response_code label counts it.
+HTTP_STATUS = {"INVALID_ARGUMENT": "400", "FAILED_PRECONDITION": "400", "NOT_FOUND": "404",
+               "INTERNAL": "500", "UNAVAILABLE": "503", "DEADLINE_EXCEEDED": "504"}
 TRAFFIC_KEPT = 10_000  # predictions remembered per deployed model (Monitoring's stand-in)
 
 
@@ -74,6 +78,7 @@ class Served:
     deployed_model_id: str
     latency_ms: float
     ok: bool
+    response_code: str = "200"  # the HTTP status the caller saw (Monitoring's response_code)
 
 
 class EndpointServices:
@@ -335,10 +340,10 @@ class EndpointServices:
             if server is None or server.port is None:
                 raise Invalid("UNAVAILABLE", f"deployed model {chosen} is not serving")
             predictions = self._post(server.port, instances)
-        except Invalid:
-            self._count(request.endpoint, chosen, start, ok=False)
+        except Invalid as exc:
+            self._count(request.endpoint, chosen, start, code=HTTP_STATUS.get(exc.code, "500"))
             raise
-        self._count(request.endpoint, chosen, start, ok=True)
+        self._count(request.endpoint, chosen, start, code="200")
         out = v1.PredictResponse.pb()(deployed_model_id=chosen, model=deployed.model,
                                       model_version_id=deployed.model_version_id,
                                       model_display_name=deployed.display_name)
@@ -363,8 +368,9 @@ class EndpointServices:
         except OSError as exc:
             raise Invalid("UNAVAILABLE", f"the model server is not answering: {exc}") from exc
 
-    def _count(self, endpoint: str, deployed_id: str, start: float, *, ok: bool) -> None:
-        seen = Served(time.time(), deployed_id, (time.perf_counter() - start) * 1000.0, ok)
+    def _count(self, endpoint: str, deployed_id: str, start: float, *, code: str) -> None:
+        seen = Served(time.time(), deployed_id, (time.perf_counter() - start) * 1000.0,
+                      code == "200", code)
         with self._lock:
             kept = self.served.setdefault(endpoint, [])
             kept.append(seen)
@@ -382,6 +388,11 @@ class EndpointServices:
         """The endpoint's predictions since a time (time.time()), oldest first."""
         with self._lock:
             return [s for s in self.served.get(endpoint, []) if s.at >= since]
+
+    def all_traffic(self) -> dict[str, list[Served]]:
+        """Every endpoint's predictions, oldest first (what Monitoring is sent)."""
+        with self._lock:
+            return {name: list(served) for name, served in self.served.items()}
 
     def _stop_server(self, endpoint: str, deployed_id: str) -> None:
         server = self.servers.pop((endpoint, deployed_id), None)

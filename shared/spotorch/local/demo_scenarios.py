@@ -17,6 +17,7 @@ from spotorch.local.demo_preprocess import ERROR_SETTINGS as PREPROCESS_ERROR
 from spotorch.local.demo_preprocess import SETTINGS as PREPROCESS
 from spotorch.local.demo_preprocess_spark import ERROR_SETTINGS as PREPROCESS_SPARK_ERROR
 from spotorch.local.demo_preprocess_spark import SETTINGS as PREPROCESS_SPARK
+from spotorch.local.demo_promote import SETTINGS as PROMOTE
 from spotorch.local.demo_tradeoff import SETTINGS as TRADEOFF
 
 REPO = Path(__file__).resolve().parents[3]  # shared/spotorch/local/demo_scenarios.py -> the repo
@@ -208,6 +209,7 @@ SCENARIOS: Mapping[str, Scenario] = {
     "preprocess-spark-error": Scenario(**PREPROCESS_SPARK_ERROR),
     "bigquery": Scenario(**BIGQUERY),
     "tradeoff": Scenario(**TRADEOFF),
+    "promote": Scenario(**PROMOTE),
     "quota": Scenario(
         name="quota",
         title="no Spot GPU quota in the first region",

@@ -419,6 +419,8 @@ class DevStack:
             env[S.ENV_VERTEX_ENDPOINT] = f"{HOST}:{procs.vertex_port}"
             # The Vertex emulator also answers Cloud Logging's ListLogEntries for its jobs.
             env[S.ENV_LOGGING_ENDPOINT] = f"{HOST}:{procs.vertex_port}"
+            # ... and Cloud Monitoring's ListTimeSeries for its endpoints (a canary's traffic).
+            env[S.ENV_MONITORING_ENDPOINT] = f"{HOST}:{procs.vertex_port}"
             if self.config.vertex_iam:  # this process and the CLI call as the operator
                 env.update(self.identities.operator_env())
         if procs.dataflow_port is not None:  # issue 31: preprocess steps on the local Dataflow

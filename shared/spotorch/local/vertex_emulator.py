@@ -28,6 +28,7 @@ from spotorch.local._vertex_iam import IamPolicy
 from spotorch.local._vertex_jobs import JobStore
 from spotorch.local._vertex_logging import LoggingService
 from spotorch.local._vertex_logs import LogFormat, LogFormatError
+from spotorch.local._vertex_monitoring import MonitoringService
 from spotorch.local._vertex_publisher import LogPublisher
 from spotorch.local._vertex_quota import QuotaLimits, QuotaMeter
 from spotorch.local._vertex_registry import RegistryServices
@@ -82,7 +83,8 @@ class VertexEmulator:
                  memory_limits_mb: Mapping[str, float] | None = None,
                  iam: IamPolicy | None = None,
                  resource_quotas: ResourceQuotas | Mapping[str, Any] | None = None,
-                 replica_preemption: str = FAIL_JOB) -> None:
+                 replica_preemption: str = FAIL_JOB, metrics_period_s: float = 60.0,
+                 metrics_delay_s: float = 0.0) -> None:
         """project None: serve any project. schedule: a SpotSchedule, its JSON form or a JSON file.
 
         trace: a spot trace file replayed at trace_speed from trace_offset; stockout_from_s /
@@ -101,6 +103,8 @@ class VertexEmulator:
         replica_preemption: what a schedule rule preempting one replica's VM does, which Google
         does not document: "fail_job" (the job fails with STOCKOUT; the default) or
         "restart_replica" (that replica restarts in place, the job runs on).
+        metrics_period_s, metrics_delay_s: Cloud Monitoring's endpoint metrics are one point per
+        period (Vertex: 60 s), visible this long after their period closed (_vertex_monitoring).
         """
         if not 0.0 <= drop_events <= 1.0:
             raise EmulatorError("drop_events is a fraction between 0 and 1")
@@ -135,6 +139,10 @@ class VertexEmulator:
         self.vizier = VizierService(project, self.registry, seed=seed, iam=iam)
         # Cloud Logging's ListLogEntries over the jobs' output (the error tail of a failed job).
         self.logging = LoggingService(project, lambda: self.workdir or Path("."), iam=iam)
+        # Cloud Monitoring's ListTimeSeries over the endpoints' predictions (a canary's traffic).
+        self.monitoring = MonitoringService(project, self.endpoints, iam=iam,
+                                            sample_period_s=metrics_period_s,
+                                            visible_after_s=metrics_delay_s)
         self._t0 = time.monotonic()
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -226,7 +234,7 @@ class VertexEmulator:
                                                         thread_name_prefix="vertex-emu-rpc"))
         server.add_generic_rpc_handlers((self._service.handlers(), *self.registry.handlers(),
                                          self.logging.handlers(), *self.endpoints.handlers(),
-                                         self.vizier.handlers()))
+                                         self.vizier.handlers(), self.monitoring.handlers()))
         port = server.add_insecure_port(f"{self.host}:{self.port}")
         if not port:
             raise EmulatorError(f"cannot listen on {self.host}:{self.port}")
@@ -389,11 +397,16 @@ _DEFAULT_QUOTAS = QuotaLimits()
 @click.option("--replica-preemption", type=click.Choice(REPLICA_PREEMPTION), default=FAIL_JOB,
               help="What a schedule rule preempting one replica does (undocumented by Google): "
                    "the job fails with STOCKOUT, or the replica restarts in place.")
+@click.option("--metrics-period-s", default=60.0, type=click.FloatRange(min=0.1),
+              help="Cloud Monitoring's sampling period of the endpoint metrics (Vertex: 60).")
+@click.option("--metrics-delay-s", default=0.0, type=click.FloatRange(min=0),
+              help="How long after its period closes a metric point becomes visible.")
 @click.option("--persist", is_flag=True,
               help=f"Keep jobs in WORKDIR/{JOBS_FILE}; at start, take up the saved ones.")
 def vertex(**options: Any) -> None:
-    """Run the local Vertex AI emulator (JobService, Model Registry, Experiments and Cloud
-    Logging's ListLogEntries over gRPC) until SIGTERM or SIGINT; print one ready line."""
+    """Run the local Vertex AI emulator (JobService, Model Registry, Experiments, endpoints,
+    Vizier, Cloud Logging's ListLogEntries and Cloud Monitoring's ListTimeSeries over gRPC)
+    until SIGTERM or SIGINT; print one ready line."""
     code = _serve(SimpleNamespace(**options))
     if code:
         raise click.exceptions.Exit(code)
@@ -441,7 +454,8 @@ def _serve(args: SimpleNamespace) -> int:
             iam=IamPolicy.load(args.iam) if args.iam else None,
             resource_quotas=ResourceQuotas.load(args.resource_quotas)
             if args.resource_quotas else None,
-            replica_preemption=args.replica_preemption)
+            replica_preemption=args.replica_preemption,
+            metrics_period_s=args.metrics_period_s, metrics_delay_s=args.metrics_delay_s)
         address = emulator.start()
     except (EmulatorError, ScheduleError, LogFormatError, OSError, ValueError) as exc:
         print(f"vertex emulator: {exc}", file=sys.stderr)

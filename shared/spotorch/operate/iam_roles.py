@@ -199,6 +199,14 @@ PREDEFINED_ROLES: Mapping[str, frozenset[str]] = {
         "logging.sinks.get", "logging.sinks.list", "logging.usage.get", "logging.views.get",
         "logging.views.list", "observability.scopes.get", "resourcemanager.projects.get",
     }),
+    # issue 37 (a canary's traffic): the time-series and descriptor reads of roles/monitoring.viewer
+    # from Google's roles page (https://cloud.google.com/monitoring/access-control#roles); its
+    # other read permissions (dashboards, alerting, uptime checks, groups) are left out.
+    "roles/monitoring.viewer": frozenset({
+        "monitoring.timeSeries.list", "monitoring.metricDescriptors.get",
+        "monitoring.metricDescriptors.list", "monitoring.monitoredResourceDescriptors.get",
+        "monitoring.monitoredResourceDescriptors.list", "resourcemanager.projects.get",
+    }),
     "roles/iam.serviceAccountUser": frozenset({
         "iam.serviceAccounts.actAs", "iam.serviceAccounts.get", "iam.serviceAccounts.list",
         "resourcemanager.projects.get", "resourcemanager.projects.list",

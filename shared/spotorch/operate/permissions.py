@@ -97,6 +97,7 @@ STORAGE_IAM = "https://cloud.google.com/storage/docs/access-control/iam-json"
 PUBSUB_IAM = "https://cloud.google.com/pubsub/docs/access-control"
 SECRETS_IAM = "https://cloud.google.com/secret-manager/docs/access-control"
 LOGGING_IAM = "https://cloud.google.com/logging/docs/access-control"
+MONITORING_IAM = "https://cloud.google.com/monitoring/access-control"
 RUN_IAM = "https://cloud.google.com/run/docs/securing/managing-access"
 EVENTARC_IAM = "https://cloud.google.com/eventarc/docs/access-control"
 DATAFLOW_IAM = "https://cloud.google.com/dataflow/docs/concepts/access-control"
@@ -191,15 +192,18 @@ CALLS: tuple[Call, ...] = (
     Call("EndpointServiceClient.get_endpoint", "projects.locations.endpoints.get",
          _on(S.PROJECT, "aiplatform.endpoints.get"), (F,),
          (f"{ENDPOINTS}.create.find_or_create", f"{ENDPOINTS}.get.read",
-          f"{ENDPOINTS}.deploy.find_or_deploy", f"{ENDPOINTS}.undeploy.remove"), VERTEX_IAM,
+          f"{ENDPOINTS}.undeploy.remove"), VERTEX_IAM,
          "the endpoint, what it serves and the traffic split"),
     Call("EndpointServiceClient.create_endpoint", "projects.locations.endpoints.create",
          _on(S.PROJECT, "aiplatform.endpoints.create", "aiplatform.endpoints.get"), (F,),
          (f"{ENDPOINTS}.create.find_or_create",), VERTEX_IAM, "the pipeline's endpoint, once"),
     Call("EndpointServiceClient.deploy_model", "projects.locations.endpoints.deployModel",
          _on(S.PROJECT, "aiplatform.endpoints.deploy", "aiplatform.endpoints.get"), (F,),
-         (f"{ENDPOINTS}.deploy.find_or_deploy",), VERTEX_IAM,
+         (f"{ENDPOINTS}.start_deploy.start",), VERTEX_IAM,
          "deploy a promoted version beside the serving one (a canary)"),
+    Call("EndpointServiceClient.get_operation", "projects.locations.operations.get",
+         _on(S.PROJECT, "aiplatform.endpoints.get"), (F,), (f"{ENDPOINTS}.deploy_result.poll",),
+         VERTEX_IAM, "poll a deployment's operation (the tick, while it runs)"),
     Call("EndpointServiceClient.undeploy_model", "projects.locations.endpoints.undeployModel",
          _on(S.PROJECT, "aiplatform.endpoints.undeploy", "aiplatform.endpoints.get"), (F,),
          (f"{ENDPOINTS}.undeploy.remove",), VERTEX_IAM,
@@ -211,6 +215,10 @@ CALLS: tuple[Call, ...] = (
          "projects.locations.endpoints.mutateDeployedModel",
          _on(S.PROJECT, "aiplatform.endpoints.update", "aiplatform.endpoints.get"), (F,),
          (f"{ENDPOINTS}.scale.mutate",), VERTEX_IAM, "a deployed model's replica bounds"),
+    Call("MetricServiceClient.list_time_series", "projects.timeSeries.list",
+         _on(S.PROJECT, "monitoring.timeSeries.list"), (F,),
+         ("spotorch.adapters.gcp.endpoint_traffic:MonitoringEndpointTraffic._series",),
+         MONITORING_IAM, "a canary's traffic: its responses, 5xx and latencies on the endpoint"),
     # --- Experiments (Vertex ML Metadata) ------------------------------------------------------
     Call("MetadataServiceClient.get_metadata_store", "projects.locations.metadataStores.get",
          _on(S.PROJECT, "aiplatform.metadataStores.get"), (F,), (f"{EXPERIMENTS}._store",),

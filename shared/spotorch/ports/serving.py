@@ -70,6 +70,17 @@ class Endpoints(Protocol):
         it) and return its deployed model id; a version already deployed there is returned."""
         ...
 
+    def start_deploy(self, endpoint: str, model: str, *, machine_type: str, min_replicas: int,
+                     max_replicas: int, traffic: Mapping[str, int]) -> str:
+        """Start deploying a version with this split (NEW_MODEL for it), not waiting: the
+        DeployModel operation's name. Each call deploys once more: the caller claims first."""
+        ...
+
+    def deploy_result(self, operation: str) -> str | None:
+        """A DeployModel operation's deployed model id once it is done, None while it runs;
+        ServingError (permanent) when the deployment failed, saying why."""
+        ...
+
     def undeploy(self, endpoint: str, deployed_model_id: str, traffic: Mapping[str, int]) -> None:
         """Undeploy a model, the others taking this split (empty: as they are); absent: done."""
         ...

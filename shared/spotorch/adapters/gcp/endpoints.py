@@ -139,18 +139,33 @@ class VertexEndpoints:
 
     def deploy(self, endpoint: str, model: str, *, machine_type: str, min_replicas: int,
                max_replicas: int, traffic: Mapping[str, int]) -> str:
-        """Endpoints.deploy: DeployModel unless the version is there already."""
+        """Endpoints.deploy: DeployModel unless the version is there already, then its
+        operation polled until done (operation_timeout_s)."""
+        existing = self.get(endpoint).of_model(model)
+        if existing is not None:
+            return existing.id
+        operation = self.start_deploy(endpoint, model, machine_type=machine_type,
+                                      min_replicas=min_replicas, max_replicas=max_replicas,
+                                      traffic=traffic)
+        deadline = time.monotonic() + self.operation_timeout_s
+        while (deployed := self.deploy_result(operation)) is None:
+            if time.monotonic() > deadline:
+                raise ServingError(f"deploy {model} on {endpoint}: {operation} not done after "
+                                   f"{self.operation_timeout_s:g}s", permanent=False,
+                                   code="DEADLINE_EXCEEDED")
+            time.sleep(min(2.0, max(0.05, self.operation_timeout_s / 1000)))
+        return deployed
+
+    def start_deploy(self, endpoint: str, model: str, *, machine_type: str, min_replicas: int,
+                     max_replicas: int, traffic: Mapping[str, int]) -> str:
+        """Endpoints.start_deploy: one DeployModel call (not retried once sent: a retry could
+        deploy twice), its operation's name."""
         from google.cloud import aiplatform_v1 as v1
 
         region = _region(endpoint)
 
-        def find_or_deploy() -> str:
+        def start() -> str:
             client = self._c("endpoints", region)
-            self.budget.take(region, (CRUD,))
-            found = _state(client.get_endpoint(name=endpoint, timeout=self.call_timeout_s))
-            existing = found.of_model(model)
-            if existing is not None:
-                return existing.id
             self.budget.take(region, (CRUD, SUBMIT))
             operation = client.deploy_model(
                 endpoint=endpoint,
@@ -159,9 +174,30 @@ class VertexEndpoints:
                         machine_spec=v1.MachineSpec(machine_type=machine_type),
                         min_replica_count=min_replicas, max_replica_count=max_replicas)),
                 traffic_split=dict(traffic), timeout=self.call_timeout_s)
-            return str(operation.result(timeout=self.operation_timeout_s).deployed_model.id)
+            return str(operation.operation.name)
 
-        return self._call(f"deploy {model} on {endpoint}", find_or_deploy)
+        return self._call(f"deploy {model} on {endpoint}", start, attempts=1)
+
+    def deploy_result(self, operation: str) -> str | None:
+        """Endpoints.deploy_result: GetOperation of the DeployModel operation."""
+        from google.cloud import aiplatform_v1 as v1
+
+        region = _region(operation)
+
+        def poll() -> str | None:
+            client = self._c("endpoints", region)
+            self.budget.take(region, (CRUD,))
+            found = client.get_operation(request={"name": operation},
+                                         timeout=self.call_timeout_s)
+            if not found.done:
+                return None
+            if found.HasField("error") and found.error.code:
+                raise ServingError(f"deployment {operation} failed: {found.error.message}",
+                                   permanent=True, code=str(found.error.code))
+            answer = v1.DeployModelResponse.deserialize(found.response.value)
+            return str(answer.deployed_model.id)
+
+        return self._call(f"poll {operation}", poll)
 
     def undeploy(self, endpoint: str, deployed_model_id: str, traffic: Mapping[str, int]) -> None:
         """Endpoints.undeploy: UndeployModel; a model already gone is done."""

@@ -26,6 +26,10 @@ class MemoryEndpoints:
         self.default: Predictor | None = None  # for versions without their own
         self.errors: dict[str, float] = {}  # deployed id -> error rate
         self.deploys = 0
+        self.operations: dict[str, str] = {}  # DeployModel operation -> deployed model id
+        # Tests: DeployModel operations still running (deploy_result None), or failed (why)
+        self.running = False
+        self.failing: str | None = None
         self.served: list[tuple[float, str, str, float, bool]] = []  # at, endpoint, id, ms, ok
         self.latency_ms: dict[str, float] = {}  # deployed id -> latency it adds (injected)
         self.clock: Callable[[], float] = time.time
@@ -63,10 +67,20 @@ class MemoryEndpoints:
                max_replicas: int, traffic: Mapping[str, int]) -> str:
         """Endpoints.deploy."""
         with self._lock:
-            state = self._get(endpoint)
-            existing = state.of_model(model)
+            existing = self._get(endpoint).of_model(model)
             if existing is not None:
                 return existing.id
+            operation = self.start_deploy(endpoint, model, machine_type=machine_type,
+                                          min_replicas=min_replicas, max_replicas=max_replicas,
+                                          traffic=traffic)
+            return self.operations[operation]
+
+    def start_deploy(self, endpoint: str, model: str, *, machine_type: str, min_replicas: int,
+                     max_replicas: int, traffic: Mapping[str, int]) -> str:
+        """Endpoints.start_deploy: deployed at once (every call once more, as on Vertex), its
+        result kept under an operation name."""
+        with self._lock:
+            state = self._get(endpoint)
             if min_replicas < 1 or max_replicas < min_replicas:
                 raise ServingError("min_replica_count must be at least 1 and max at least min",
                                    permanent=True, code="INVALID_ARGUMENT")
@@ -76,10 +90,25 @@ class MemoryEndpoints:
             split = self._check(split, known) if split else \
                 ({new_id: 100} if not state.deployed else dict(state.traffic))
             self.deploys += 1
+            operation = f"{endpoint}/operations/{len(self.operations) + 1}"
+            if self.failing is not None:  # a failed deployment changes nothing on the endpoint
+                self.operations[operation] = ""
+                return operation
             self.endpoints[endpoint] = EndpointState(
                 endpoint, (*state.deployed, Deployed(new_id, model, machine_type, min_replicas,
                                                      max_replicas)), split)
-            return new_id
+            self.operations[operation] = new_id
+            return operation
+
+    def deploy_result(self, operation: str) -> str | None:
+        """Endpoints.deploy_result: done at once; an unknown operation is NOT_FOUND."""
+        with self._lock:
+            if operation not in self.operations:
+                raise ServingError(f"no operation {operation}", permanent=True, code="NOT_FOUND")
+            if not self.operations[operation]:
+                raise ServingError(f"deployment {operation} failed: {self.failing or 'failed'}",
+                                   permanent=True, code="9")
+            return None if self.running else self.operations[operation]
 
     def undeploy(self, endpoint: str, deployed_model_id: str, traffic: Mapping[str, int]) -> None:
         """Endpoints.undeploy."""

@@ -1,7 +1,7 @@
 # Preprocess steps on Dataflow (issue 31), what a new project needs beyond iam.tf's grants: the
 # template spec and image reads, a custom role instead of roles/dataflow.developer, and the
 # regions whose statusChanged events reach on_job_event (functions.tf). Nothing here is created
-# unless a bundled pipeline has a preprocess step (local.preprocess_enabled).
+# unless a bundled pipeline has a Beam preprocess step (local.dataflow_enabled).
 
 locals {
   # gs://BUCKET/path/spec.json -> BUCKET: the functions read the spec when they launch
@@ -13,7 +13,7 @@ locals {
     repository = split("/", var.dataflow_launcher_image)[2]
   }
   # Each region a bundled step runs in, and var.region (the steps' default may be it).
-  dataflow_regions = local.preprocess_enabled ? toset(concat([var.region], var.pipeline_preprocess_regions)) : toset([])
+  dataflow_regions = local.dataflow_enabled ? toset(concat([var.region], var.pipeline_preprocess_regions)) : toset([])
 
   # Exactly the Dataflow methods spotorch calls (operate/permissions.py): launch (a flex
   # template launch is jobs.create), find, read, cancel, the error messages and billed metrics.
@@ -40,7 +40,7 @@ resource "google_project_iam_custom_role" "dataflow_jobs" {
 
 # Spec read: LaunchFlexTemplate reads the template spec (container_spec_gcs_path) as the caller.
 resource "google_storage_bucket_iam_member" "functions_read_launcher_spec" {
-  count  = local.preprocess_enabled && local.dataflow_launcher_bucket != "" ? 1 : 0
+  count  = local.dataflow_enabled && local.dataflow_launcher_bucket != "" ? 1 : 0
   bucket = local.dataflow_launcher_bucket
   role   = "roles/storage.objectViewer"
   member = local.functions_member
@@ -50,7 +50,7 @@ resource "google_storage_bucket_iam_member" "functions_read_launcher_spec" {
 
 # Image read: Dataflow's launcher VM pulls the template's image as the worker account.
 resource "google_artifact_registry_repository_iam_member" "dataflow_read_launcher_image" {
-  count      = local.preprocess_enabled && local.dataflow_launcher_repo != null ? 1 : 0
+  count      = local.dataflow_enabled && local.dataflow_launcher_repo != null ? 1 : 0
   project    = local.dataflow_launcher_repo.project
   location   = local.dataflow_launcher_repo.location
   repository = local.dataflow_launcher_repo.repository

@@ -98,3 +98,37 @@ resource "google_storage_bucket_iam_member" "dataproc_write_preprocess" {
   role     = "roles/storage.objectUser"
   member   = local.dataproc_member
 }
+
+# A batch's end, heard sooner than the tick's GetBatch where Dataproc writes it: the last Admin
+# Activity audit entry of its CreateBatch operation (unverified: entrypoints/batch_entries.py),
+# delivered to on_job_event as a hint and checked with GetBatch. One trigger per region with a
+# Spark step (a batch's audit entries are written in its region).
+resource "google_eventarc_trigger" "dataproc_batches" {
+  for_each        = local.spark_enabled ? toset(var.pipeline_spark_regions) : toset([])
+  name            = "spotorch-dataproc-batches"
+  location        = each.value
+  service_account = google_service_account.functions.email
+
+  matching_criteria {
+    attribute = "type"
+    value     = "google.cloud.audit.log.v1.written"
+  }
+  matching_criteria {
+    attribute = "serviceName"
+    value     = "dataproc.googleapis.com"
+  }
+  matching_criteria {
+    attribute = "methodName"
+    value     = "google.cloud.dataproc.v1.BatchController.CreateBatch"
+  }
+
+  destination {
+    cloud_run_service {
+      service = google_cloudfunctions2_function.pushed["spotorch-on-job-event"].name
+      region  = var.region
+    }
+  }
+
+  depends_on = [time_sleep.eventarc_agent_ready, google_project_iam_member.functions_event_receiver,
+  google_cloud_run_v2_service_iam_member.pushed_invoker]
+}

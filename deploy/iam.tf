@@ -357,7 +357,7 @@ resource "time_sleep" "eventarc_agent_ready" {
 # custom role with jobs.create, get, list, cancel, messages.list, metrics.get, or
 # roles/dataflow.developer).
 resource "google_project_iam_member" "functions_dataflow" {
-  count   = local.preprocess_enabled ? 1 : 0
+  count   = local.dataflow_enabled ? 1 : 0
   project = var.project_id
   role    = local.dataflow_role
   member  = local.functions_member
@@ -365,7 +365,7 @@ resource "google_project_iam_member" "functions_dataflow" {
 
 # The right to launch jobs that run as spotorch-dataflow, and no other.
 resource "google_service_account_iam_member" "functions_act_as_dataflow" {
-  count              = local.preprocess_enabled ? 1 : 0
+  count              = local.dataflow_enabled ? 1 : 0
   service_account_id = google_service_account.dataflow.name
   role               = "roles/iam.serviceAccountUser"
   member             = local.functions_member
@@ -381,7 +381,7 @@ resource "google_storage_bucket_iam_member" "functions_preprocess" {
 
 # Dataflow's workers lease and report work items as the worker account (project level only).
 resource "google_project_iam_member" "dataflow_worker" {
-  count   = local.preprocess_enabled ? 1 : 0
+  count   = local.dataflow_enabled ? 1 : 0
   project = var.project_id
   role    = "roles/dataflow.worker"
   member  = local.dataflow_member
@@ -389,14 +389,14 @@ resource "google_project_iam_member" "dataflow_worker" {
 
 # The Beam module reads the snapshot, and the launcher installs the code package.
 resource "google_storage_bucket_iam_member" "dataflow_read_landing" {
-  for_each = local.preprocess_enabled ? local.landing_buckets : toset([])
+  for_each = local.dataflow_enabled ? local.landing_buckets : toset([])
   bucket   = each.value
   role     = "roles/storage.objectViewer"
   member   = local.dataflow_member
 }
 
 resource "google_storage_bucket_iam_member" "dataflow_read_staging" {
-  for_each = local.preprocess_enabled ? local.staging_buckets : toset([])
+  for_each = local.dataflow_enabled ? local.staging_buckets : toset([])
   bucket   = each.value
   role     = "roles/storage.objectViewer"
   member   = local.dataflow_member
@@ -404,7 +404,7 @@ resource "google_storage_bucket_iam_member" "dataflow_read_staging" {
 
 # The output shards, and Dataflow's temp and staging files under the key's folder.
 resource "google_storage_bucket_iam_member" "dataflow_write_preprocess" {
-  for_each = local.preprocess_buckets
+  for_each = local.dataflow_enabled ? local.preprocess_buckets : toset([])
   bucket   = each.value
   role     = "roles/storage.objectUser"
   member   = local.dataflow_member

@@ -52,9 +52,10 @@ locals {
   staging_buckets    = toset(var.pipeline_staging_buckets)
   # preprocess.output_uri buckets (issue 31): Dataflow writes the step's outputs there
   preprocess_buckets = toset(var.pipeline_preprocess_buckets)
-  # Dataflow's grants and trigger exist only when a bundled pipeline has a preprocess step (its
-  # output_uri is required, so it names a bucket): least privilege for everyone else.
-  preprocess_enabled = length(local.preprocess_buckets) > 0
+  # Dataflow's grants and trigger exist only when a bundled pipeline has a Beam preprocess step
+  # (each names its region), Dataproc's only with a Spark one (dataproc.tf): least privilege
+  # for everyone else. The output buckets' grants (functions, training) are either kind's.
+  dataflow_enabled = length(var.pipeline_preprocess_regions) > 0
 
   # The topics a dead letter can come from (those our push subscriptions read): operators may
   # replay to each of them.

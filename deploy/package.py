@@ -69,7 +69,8 @@ class Needs:
     route_secrets: tuple[str, ...] = ()  # sm:// route targets: the notifier reads them
     staging: tuple[str, ...] = ()  # job.staging_uri buckets: functions upload packages, jobs read
     preprocess: tuple[str, ...] = ()  # preprocess.output_uri buckets: Dataflow writes, jobs read
-    # preprocess.region of each step: a Dataflow statusChanged trigger in each
+    # preprocess.region of each Beam step: a Dataflow statusChanged trigger in each (and
+    # Dataflow's grants exist only then)
     preprocess_regions: tuple[str, ...] = ()
     # issue 42: preprocess.region of each kind: spark step (Dataproc's grants exist only then)
     spark_regions: tuple[str, ...] = ()
@@ -337,10 +338,9 @@ def _walk(node: Any) -> Iterator[tuple[str, str]]:
                 if bucket:
                     yield "preprocess", bucket
                 region = value.get("region", PREPROCESS_DEFAULT_REGION)
-                if isinstance(region, str) and region:
-                    yield "preprocess_regions", region
-                    if value.get("kind") == "spark":
-                        yield "spark_regions", region
+                if isinstance(region, str) and region:  # Dataflow's (Beam) or Dataproc's (Spark)
+                    yield ("spark_regions" if value.get("kind") == "spark"
+                           else "preprocess_regions"), region
                 yield from _walk({k: v for k, v in value.items() if k != "output_uri"})
                 continue
             elif key in _URI_KEYS and str(value).startswith("gs://"):

@@ -138,7 +138,7 @@ variable "use_custom_dataflow_role" {
 }
 
 variable "pipeline_preprocess_regions" {
-  description = "Generated: the regions the bundled pipelines' preprocess steps run in (preprocess.region); each gets a Dataflow statusChanged trigger."
+  description = "Generated: the regions the bundled pipelines' Beam preprocess steps run in (preprocess.region); each gets a Dataflow statusChanged trigger; any: Dataflow's API grants."
   type        = list(string)
   default     = []
 }

@@ -186,3 +186,30 @@ def test_the_local_dataproc_refuses_what_dataproc_refuses(local: DataprocEmulato
         for n in range(6):
             adapter.launch(launch_of(f"spotorch-q{n}-pre1"))
     assert not quota.value.permanent and "Quota exceeded" in str(quota.value)
+
+
+def test_an_ended_batchs_audit_entry_reaches_the_events_url_as_eventarc_sends_it(
+        gcs: EmulatorSet, tmp_path: Path) -> None:
+    import json
+
+    from spotorch.entrypoints.batch_entries import batch_hint
+    from spotorch.local.receivers import WebhookReceiver
+
+    with WebhookReceiver() as receiver:
+        emu = DataprocEmulator(PROJECT, workdir=tmp_path / "dp",
+                               events_url=f"{receiver.url}/events").start()
+        try:
+            adapter = DataprocStepLauncher(PROJECT, driver_uri="gs://spark/slow.py",
+                                           endpoint=emu.address)
+            adapter.launch(launch_of("spotorch-c9-pre1"))
+            assert not receiver.received  # a live batch: nothing yet
+            adapter.cancel("spotorch-c9-pre1", REGION)
+            (sent,) = eventually(lambda: receiver.ok("/events"))
+        finally:
+            emu.stop()
+    headers = {k.lower(): v for k, v in sent.headers.items()}
+    assert headers["ce-type"] == "google.cloud.audit.log.v1.written"
+    assert headers["ce-servicename"] == "dataproc.googleapis.com"
+    hint = batch_hint(json.loads(sent.body))
+    assert hint is not None and hint.job_name == "spotorch-c9-pre1"
+    assert hint.job_id == f"projects/{PROJECT}/locations/{REGION}/batches/spotorch-c9-pre1"

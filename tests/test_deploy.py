@@ -1291,36 +1291,36 @@ def test_push_to_topic_path_is_a_pubsub_cloud_event(tmp_path: Path) -> None:
 
 
 def test_dataflow_and_bigquery_grants_exist_only_when_a_bundled_pipeline_uses_them(tf: Tf) -> None:
-    """Least privilege for a project without preprocess steps or BigQuery triggers: the
-    features' project-level roles, actAs and Eventarc triggers are created by count."""
+    """Least privilege for a project without Beam steps or BigQuery triggers: the features'
+    project-level roles, actAs and Eventarc triggers are created by count (a Spark-only
+    deployment gets none of Dataflow's: dataflow_enabled counts Beam steps' regions only)."""
     gated = {
-        ("google_project_iam_member", "functions_dataflow"): "preprocess_enabled",
-        ("google_project_iam_member", "dataflow_worker"): "preprocess_enabled",
-        ("google_service_account_iam_member", "functions_act_as_dataflow"): "preprocess_enabled",
+        ("google_project_iam_member", "functions_dataflow"): "dataflow_enabled",
+        ("google_project_iam_member", "dataflow_worker"): "dataflow_enabled",
+        ("google_service_account_iam_member", "functions_act_as_dataflow"): "dataflow_enabled",
         ("google_eventarc_trigger", "tables_query"): "bigquery_enabled",
         ("google_project_iam_custom_role", "bigquery_jobs"): "bigquery_enabled",
-        ("google_storage_bucket_iam_member", "functions_read_launcher_spec"): "preprocess_enabled",
+        ("google_storage_bucket_iam_member", "functions_read_launcher_spec"): "dataflow_enabled",
         ("google_artifact_registry_repository_iam_member", "dataflow_read_launcher_image"):
-            "preprocess_enabled",
+            "dataflow_enabled",
     }
     for (rtype, name), flag in gated.items():
         body = tf.resource(rtype).get(name)
         assert body is not None, f"{rtype}.{name} is gone"
         assert f"local.{flag}" in str(body.get("count")), f"{rtype}.{name} is not gated on {flag}"
-    # one statusChanged trigger per region a step runs in, none without a step
+    # one statusChanged trigger per region a Beam step runs in, none without one
     trigger = tf.resource("google_eventarc_trigger")["dataflow_status"]
     assert trigger["for_each"] == "${local.dataflow_regions}"
-    assert "local.preprocess_enabled" in str(tf.locals["dataflow_regions"])
-    assert "length(local.preprocess_buckets)" in str(tf.locals.get("preprocess_enabled"))
+    assert "local.dataflow_enabled" in str(tf.locals["dataflow_regions"])
+    assert "var.pipeline_preprocess_regions" in str(tf.locals.get("dataflow_enabled"))
     for rtype in ("google_project_iam_member", "google_service_account_iam_member"):
         for name, body in tf.resource(rtype).items():
             role = str(body.get("role"))
             if "dataflow" in role or "dataflow" in str(body.get("service_account_id")):
-                assert "local.preprocess_enabled" in str(body.get("count")), f"{rtype}.{name}"
+                assert "local.dataflow_enabled" in str(body.get("count")), f"{rtype}.{name}"
     for name, body in tf.resource("google_storage_bucket_iam_member").items():
-        if "dataflow_member" in str(body.get("member")):  # on preprocess buckets, or gated
-            assert "local.preprocess_enabled" in str(body.get("for_each")) \
-                or "preprocess_buckets" in str(body.get("for_each")), name
+        if "dataflow_member" in str(body.get("member")):
+            assert "local.dataflow_enabled" in str(body.get("for_each")), name
 
 
 def test_the_packager_knows_the_preprocess_default_region(tmp_path: Path) -> None:
@@ -1344,6 +1344,11 @@ def test_dataprocs_grants_exist_only_with_a_bundled_spark_step(tmp_path: Path) -
                       "preprocess: {kind: spark, output_uri: gs://o/q, region: europe-west4}\n")
     needs = package.pipeline_needs([source])
     assert needs.tfvars()["pipeline_spark_regions"] == ["europe-west4"]
+    # the Beam step's region alone gates Dataflow's grants and triggers (dataflow_enabled)
+    assert needs.tfvars()["pipeline_preprocess_regions"] == ["us-central1"]
+    spark_only = tmp_path / "s.yaml"
+    spark_only.write_text("preprocess: {kind: spark, output_uri: gs://o/q}\n")
+    assert package.pipeline_needs([spark_only]).tfvars()["pipeline_preprocess_regions"] == []
     beam_only = tmp_path / "b.yaml"
     beam_only.write_text("preprocess: {output_uri: gs://o/p}\n")
     assert package.pipeline_needs([beam_only]).tfvars()["pipeline_spark_regions"] == []

@@ -223,26 +223,39 @@ def _coalesced(run: Run, report: TrainerReported) -> bool:
             and (report.step or 0) >= run.progress.step)
 
 
-# ---------------------------------------------------------------- Dataflow statusChanged
+# ------------------------------------------ a preprocess step's job or batch: hints from events
 
 def status_changed(deps: Deps, hint: pp.StatusHint, event_id: str) -> Run | None:
-    """A Dataflow statusChanged event: a hint only. The job spotorch launched under that name is
-    read with GetJob and that answer (never the event's state) is what the run decides on; a job
-    spotorch did not launch, or of another project, is ignored (None)."""
+    """A Dataflow statusChanged event: a hint about a Beam step's job (step_hinted)."""
+    return step_hinted(deps, hint, event_id, "beam")
+
+
+def batch_hinted(deps: Deps, hint: pp.StatusHint, event_id: str) -> Run | None:
+    """A Dataproc audit entry about a batch (entrypoints.batch_entries): a hint about a Spark
+    step's batch (step_hinted)."""
+    return step_hinted(deps, hint, event_id, "spark")
+
+
+def step_hinted(deps: Deps, hint: pp.StatusHint, event_id: str, kind: str) -> Run | None:
+    """An event says a preprocess step's job (Dataflow) or batch (Dataproc) may have moved: a
+    hint only. What spotorch launched under that name is read with GetJob or GetBatch and that
+    answer (never the event's claim) is what the run decides on; a job or batch spotorch did not
+    launch, of another project, or of the other kind of step, is ignored (None)."""
+    service = preprocess_steps.service_of(kind)
     if deps.project and hint.project != deps.project:
-        log.debug("statusChanged of project %s ignored", hint.project)
+        log.debug("%s event of project %s ignored", service, hint.project)
         return None
     run_id = preprocess_steps.owner_of(deps, hint.job_name) if hint.job_name else None
     if run_id is None:
-        log.debug("statusChanged of Dataflow job %s (not spotorch's) ignored", hint.job_name)
+        log.debug("%s event of %s (not spotorch's) ignored", service, hint.job_name)
         return None
-    launcher = preprocess_steps.step_launcher(deps)
+    launcher = preprocess_steps.step_launcher(deps, kind)
 
     def observe(fresh: Run) -> list[Observation]:
         step = step_of(fresh)
         if step is None or step.job_name != hint.job_name or not step.live \
-                or step.kind == "spark":  # a Dataflow event never speaks for a Dataproc batch
-            return []  # an earlier launch's job, or a step that has ended: nothing to check
+                or (step.kind == "spark") != (kind == "spark"):  # one service never speaks
+            return []  # for the other; an earlier launch's job, or a step that has ended
         # By the id GetJob gave before, never the event's (a forged event names any id).
         return [PreprocessObserved(launcher.get(hint.job_name, step.region, step.job_id))]
 

@@ -56,7 +56,8 @@ def step_launcher(deps: Deps, kind: str = "beam") -> StepLauncher:
     return deps.steps
 
 
-def _service(kind: str) -> str:
+def service_of(kind: str) -> str:
+    """The Google service that runs a kind of step."""
     return "Dataproc" if kind == "spark" else "Dataflow"
 
 
@@ -103,7 +104,7 @@ def perform(deps: Deps, run: Run, intent: PreprocessIntent) -> Observation | Non
             # Refused for good (bad spec, permissions, no launcher template): the run ends
             # FAILED_LAUNCH with Dataflow's words, through the same path as a failed job.
             job = pp.JobView(job_id="", name=intent.job_name, state=_failed(step),
-                             error=f"{_service(step.kind)} refused the job: {exc}",
+                             error=f"{service_of(step.kind)} refused the job: {exc}",
                              refused=True)
         _record(deps, run, intent.job_name)
         return PreprocessObserved(job, intent.id)
@@ -204,6 +205,6 @@ def poll(deps: Deps, run: Run) -> list[Observation]:
     try:
         return [PreprocessObserved(launcher.get(step.job_name, step.region, step.job_id))]
     except Exception as exc:  # the next tick asks again
-        log.warning("polling %s job %s failed: %s", _service(step.kind), step.job_name, exc,
+        log.warning("polling %s job %s failed: %s", service_of(step.kind), step.job_name, exc,
                     extra={"run_id": run.run_id})
         return []

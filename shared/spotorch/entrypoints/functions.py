@@ -343,10 +343,14 @@ def job_event(event: CloudEventLike) -> None:
     """A job's service log line (log sink) or a trainer report, both via Pub/Sub; or a preprocess
     job's Dataflow statusChanged (its own Eventarc trigger on this function's service)."""
     from spotorch.core.preprocess import STATUS_CHANGED_TYPE
+    from spotorch.entrypoints.audit_entries import AUDIT_LOG_TYPE
     from spotorch_trainer import contract
 
     if _attr(event, "type") == STATUS_CHANGED_TYPE:
         dataflow_event(event)
+        return
+    if _attr(event, "type") == AUDIT_LOG_TYPE:
+        dataproc_event(event)
         return
 
     body, attributes = _pubsub_message(event)
@@ -469,6 +473,21 @@ def dataflow_event(event: CloudEventLike) -> None:
     except ValueError as exc:
         raise InvalidEvent(str(exc)) from None
     status_changed(deps(), hint, _attr(event, "id"))
+
+
+def dataproc_event(event: CloudEventLike) -> None:
+    """A Dataproc Admin Activity audit entry (Eventarc): a Spark step's batch may have ended (a
+    hint, checked against GetBatch; the tick's poll is the backstop)."""
+    from spotorch.app.job_events import batch_hinted
+    from spotorch.entrypoints.batch_entries import batch_hint
+
+    hint = batch_hint(getattr(event, "data", None))
+    if hint is None:  # an entry that says nothing of a batch's end: acknowledged
+        log.debug("Dataproc audit entry names no ended batch", extra={"event_id": _attr(event, "id")})
+        return
+    log.info("Dataproc audit entry: batch %s may have ended (checked with GetBatch)",
+             hint.job_id, extra={"event_id": _attr(event, "id")})
+    batch_hinted(deps(), hint, _attr(event, "id"))
 
 
 # What each Cloud Function runs: its handler, guarded so bad events are acknowledged and recorded.

@@ -243,13 +243,16 @@ class StackProcesses:
         return child, owned_probe(child, port, ready)
 
     def spawn_dataproc(self) -> tuple[Child, Probe]:
-        """The local Dataproc (issue 42): Spark batches, followed by the tick's GetBatch."""
+        """The local Dataproc (issue 42): Spark batches, followed by the tick's GetBatch; a
+        batch's end audit entry goes to on_job_event, as deploy/'s trigger."""
         cfg = self.config
         port = self.dataproc_port
         assert port is not None
         workdir = (self.run_dir / "dataproc").resolve()
         argv = [sys.executable, "-m", DATAPROC_MODULE, "--host", HOST, "--port", str(port),
                 "--project", cfg.project, "--workdir", str(workdir)]
+        if "on_job_event" in self.function_ports:
+            argv += ["--events-url", self.function_url("on_job_event")]
         if cfg.spark_python is not None:
             argv += ["--spark-python", str(cfg.spark_python)]
         if cfg.vertex_iam:  # the same tokens and deploy/ grants as the Vertex emulator's

@@ -2,7 +2,7 @@
 client talks to, running each PySpark batch with pyspark in local mode; docs/local-stack.md.
 
     python -m spotorch.local.dataproc_emulator --port P --project PROJ --workdir DIR
-        [--spark-python PATH] [--iam FILE]
+        [--spark-python PATH] [--iam FILE] [--events-url URL]
 
 What it serves (google.cloud.dataproc.v1.BatchController): CreateBatch, GetBatch, ListBatches,
 DeleteBatch, and google.longrunning.Operations' CancelOperation and GetOperation on a batch's
@@ -29,6 +29,13 @@ bill for the configured shapes, not what local mode used: the driver and
 spark.executor.instances executors (Dataproc's defaults: 4 cores, 9600m memory plus 10%
 overhead each, 2 executors) at Dataproc's DCU rule (spotorch.core.spark_batches.dcus) times
 the running seconds, one minute at least; shuffle storage 0 (local mode shuffles on local disk).
+
+When a batch ends, the last Admin Activity audit entry of its CreateBatch operation
+(`operation.last`) is POSTed to --events-url as Eventarc delivers google.cloud.audit.log.v1.written
+(spotorch.entrypoints.batch_entries): that Dataproc writes it is not verified, so spotorch reads
+it as a hint and the tick's GetBatch stays the backstop. The resource type and labels of the
+entry (cloud_dataproc_batch: project_id, location, batch_id, batch_uuid) are our reading of
+Logging's list, unverified too; spotorch reads only protoPayload and operation.
 """
 
 from __future__ import annotations
@@ -169,10 +176,12 @@ class DataprocEmulator:
     def __init__(self, project: str, *, workdir: Path, host: str = "127.0.0.1", port: int = 0,
                  spark_python: Path = DEFAULT_SPARK_PYTHON, iam: IamPolicy | None = None,
                  operations_per_minute: int = BATCH_OPERATIONS_PER_MINUTE,
-                 reads_per_minute: int = BATCH_READS_PER_MINUTE) -> None:
+                 reads_per_minute: int = BATCH_READS_PER_MINUTE,
+                 events_url: str | None = None) -> None:
         import grpc
 
         self.project = project
+        self.events_url = events_url  # where a batch's end audit entry goes (Eventarc's trigger)
         self.workdir = workdir
         self.spark_python = spark_python
         self.iam = iam
@@ -451,6 +460,9 @@ class DataprocEmulator:
             if state not in BATCH_LIVE_STATES:
                 batch.ended_at = batch.state_at
         log.info("batch %s: %s", batch.name, state)
+        if state not in BATCH_LIVE_STATES and self.events_url:
+            threading.Thread(target=_deliver, args=(self.events_url, _end_entry(batch)),
+                             daemon=True, name="dataproc-audit").start()
 
     def _run(self, batch: Batch) -> None:
         try:
@@ -498,6 +510,57 @@ class DataprocEmulator:
         return code, err.read_text(errors="replace")
 
 
+def _end_entry(batch: Batch) -> dict[str, Any]:
+    """The last audit entry of a batch's CreateBatch operation (module docstring)."""
+    from spotorch.entrypoints.batch_entries import CREATE_BATCH, DATAPROC_SERVICE
+
+    parts = batch.name.split("/")  # projects/P/locations/L/batches/B
+    failed = batch.state != BATCH_SUCCEEDED
+    at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(batch.state_at)) + \
+        f".{int(batch.state_at % 1 * 1e6):06d}Z"
+    return {
+        "protoPayload": {
+            "@type": "type.googleapis.com/google.cloud.audit.AuditLog",
+            "serviceName": DATAPROC_SERVICE, "methodName": CREATE_BATCH,
+            "resourceName": batch.name,
+            "status": {"code": 9, "message": batch.state_message} if failed else {}},
+        "insertId": f"{batch.uuid}-end",
+        "resource": {"type": "cloud_dataproc_batch",
+                     "labels": {"project_id": parts[1], "location": parts[3],
+                                "batch_id": parts[5], "batch_uuid": batch.uuid}},
+        "timestamp": at, "receiveTimestamp": at, "severity": "ERROR" if failed else "NOTICE",
+        "logName": f"projects/{parts[1]}/logs/cloudaudit.googleapis.com%2Factivity",
+        "operation": {"id": batch.operation, "producer": DATAPROC_SERVICE, "last": True},
+    }
+
+
+def _deliver(url: str, entry: dict[str, Any], tries: int = 5) -> None:
+    """POST an audit entry as Eventarc delivers it (binary mode), retried a few times."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    payload = entry["protoPayload"]
+    project = entry["resource"]["labels"]["project_id"]
+    headers = {"Content-Type": "application/json; charset=utf-8", "ce-specversion": "1.0",
+               "ce-type": "google.cloud.audit.log.v1.written", "ce-id": str(uuid.uuid4()),
+               "ce-source": f"//cloudaudit.googleapis.com/projects/{project}/logs/activity",
+               "ce-subject": f"{payload['serviceName']}/{payload['resourceName']}",
+               "ce-time": entry["timestamp"], "ce-servicename": payload["serviceName"],
+               "ce-methodname": payload["methodName"],
+               "ce-resourcename": payload["resourceName"]}
+    body = json.dumps(entry).encode()
+    for attempt in range(tries):
+        try:
+            request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+            with urllib.request.urlopen(request, timeout=30) as response:
+                if response.status < 300:
+                    return
+        except (urllib.error.URLError, OSError) as exc:
+            log.info("audit entry delivery to %s failed (%s), try %d", url, exc, attempt + 1)
+        time.sleep(min(2 ** attempt, 10))
+
+
 def _exception(stderr: str) -> str:
     """The driver's exception: its traceback's last lines (the exception last)."""
     lines = [line for line in stderr.splitlines() if line.strip()]
@@ -530,8 +593,10 @@ def _download(uri: str, into: Path) -> Path:
               show_default=True, help="Python of the Spark environment (make spark-venv).")
 @click.option("--iam", "iam_file", type=click.Path(path_type=Path), default=None,
               help="tokens and grants (the local stack's file): check every call.")
+@click.option("--events-url", default=None,
+              help="Where a batch's end audit entry is POSTed (Eventarc's trigger).")
 def main(host: str, port: int, project: str, workdir: Path, spark_python: Path,
-         iam_file: Path | None) -> None:
+         iam_file: Path | None, events_url: str | None) -> None:
     """Run the local Dataproc until interrupted."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if not spark_available(spark_python):
@@ -539,7 +604,8 @@ def main(host: str, port: int, project: str, workdir: Path, spark_python: Path,
                                    "make spark-venv")
     emulator = DataprocEmulator(project, workdir=workdir, host=host, port=port,
                                 spark_python=spark_python,
-                                iam=IamPolicy.load(iam_file) if iam_file else None).start()
+                                iam=IamPolicy.load(iam_file) if iam_file else None,
+                                events_url=events_url).start()
     print(READY_LINE.format(address=emulator.address), flush=True)
     try:
         while True:

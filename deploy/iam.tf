@@ -265,6 +265,36 @@ resource "google_storage_bucket_iam_member" "job_accounts_write" {
   depends_on = [google_project_service.api]
 }
 
+# A preprocess step that names its own service_account: its workers run as it (actAs: the
+# functions' grant on pipeline_service_accounts above; reads: job_accounts_read_data), so it
+# needs its kind's worker role and writes its output folder.
+resource "google_project_iam_member" "step_accounts_dataflow_worker" {
+  for_each = toset(var.pipeline_account_beam_workers)
+  project  = var.project_id
+  role     = "roles/dataflow.worker"
+  member   = "serviceAccount:${each.value}"
+
+  depends_on = [google_project_service.api]
+}
+
+resource "google_project_iam_member" "step_accounts_dataproc_worker" {
+  for_each = toset(var.pipeline_account_spark_workers)
+  project  = var.project_id
+  role     = "roles/dataproc.worker"
+  member   = "serviceAccount:${each.value}"
+
+  depends_on = [google_project_service.api, google_project_service.dataproc]
+}
+
+resource "google_storage_bucket_iam_member" "step_accounts_write" {
+  for_each = var.pipeline_account_step_output_buckets
+  bucket   = each.value.bucket
+  role     = "roles/storage.objectUser"
+  member   = "serviceAccount:${each.value.account}"
+
+  depends_on = [google_project_service.api]
+}
+
 # --- operators (var.operators): what the CLI calls as them ----------------------------------------
 # Reads go to Firestore and Cloud Logging directly; dead letters are listed and replayed through
 # Pub/Sub (pubsub.tf). Actions go through the api function (functions.tf: run.invoker).

@@ -81,6 +81,11 @@ class Needs:
     # checkpoints and models it writes (the training account's grants, for that pipeline only)
     account_data: tuple[tuple[str, str], ...] = ()
     account_output: tuple[tuple[str, str], ...] = ()
+    # a step's own preprocess.service_account runs its workers: the worker role of its kind, and
+    # (account, bucket) of its output buckets (write)
+    beam_workers: tuple[str, ...] = ()
+    spark_workers: tuple[str, ...] = ()
+    account_step_output: tuple[tuple[str, str], ...] = ()
 
     def tfvars(self) -> dict[str, Any]:
         def pairs(found: tuple[tuple[str, str], ...]) -> dict[str, dict[str, str]]:
@@ -100,7 +105,10 @@ class Needs:
                 "pipeline_bigquery_watched_datasets": list(self.bigquery_watched),
                 "pipeline_bigquery_snapshot_datasets": list(self.bigquery_snapshots),
                 "pipeline_account_data_buckets": pairs(self.account_data),
-                "pipeline_account_output_buckets": pairs(self.account_output)}
+                "pipeline_account_output_buckets": pairs(self.account_output),
+                "pipeline_account_beam_workers": list(self.beam_workers),
+                "pipeline_account_spark_workers": list(self.spark_workers),
+                "pipeline_account_step_output_buckets": pairs(self.account_step_output)}
 
 
 @dataclass(frozen=True)
@@ -341,6 +349,10 @@ def _walk(node: Any) -> Iterator[tuple[str, str]]:
                 if isinstance(region, str) and region:  # Dataflow's (Beam) or Dataproc's (Spark)
                     yield ("spark_regions" if value.get("kind") == "spark"
                            else "preprocess_regions"), region
+                account = value.get("service_account")
+                if isinstance(account, str) and "@" in account:  # its workers run as it
+                    yield ("spark_workers" if value.get("kind") == "spark"
+                           else "beam_workers"), account
                 yield from _walk({k: v for k, v in value.items() if k != "output_uri"})
                 continue
             elif key in _URI_KEYS and str(value).startswith("gs://"):
@@ -362,10 +374,11 @@ def pipeline_needs(files: Iterable[Path]) -> Needs:
     """What pipeline files need; a file that is not valid YAML stops the build."""
     kinds = ("landing", "checkpoint", "model", "service_accounts", "route_env", "route_secrets",
              "staging", "preprocess", "export", "bigquery_watched", "bigquery_snapshots",
-             "preprocess_regions", "spark_regions")
+             "preprocess_regions", "spark_regions", "beam_workers", "spark_workers")
     found: dict[str, set[str]] = {kind: set() for kind in kinds}
     data: set[tuple[str, str]] = set()
     output: set[tuple[str, str]] = set()
+    step_output: set[tuple[str, str]] = set()
     for path in files:
         try:
             docs = list(yaml.safe_load_all(path.read_text()))
@@ -380,8 +393,11 @@ def pipeline_needs(files: Iterable[Path]) -> Needs:
                 data |= {(account, b) for b in mine["landing"] | mine["staging"]
                          | mine["preprocess"] | mine["export"]}
                 output |= {(account, b) for b in mine["checkpoint"] | mine["model"]}
+            for account in mine["beam_workers"] | mine["spark_workers"]:
+                step_output |= {(account, b) for b in mine["preprocess"]}
     return Needs(**{kind: tuple(sorted(found[kind])) for kind in kinds},
-                 account_data=tuple(sorted(data)), account_output=tuple(sorted(output)))
+                 account_data=tuple(sorted(data)), account_output=tuple(sorted(output)),
+                 account_step_output=tuple(sorted(step_output)))
 
 
 def bundle_requirements(runtime: Sequence[str], needs: Needs) -> tuple[str, ...]:

@@ -84,6 +84,24 @@ variable "pipeline_account_output_buckets" {
   default     = {}
 }
 
+variable "pipeline_account_beam_workers" {
+  description = "Generated: the preprocess.service_account of each Beam step that names one: its Dataflow workers run as it (roles/dataflow.worker)."
+  type        = list(string)
+  default     = []
+}
+
+variable "pipeline_account_spark_workers" {
+  description = "Generated: the preprocess.service_account of each Spark step that names one: its batch runs as it (roles/dataproc.worker)."
+  type        = list(string)
+  default     = []
+}
+
+variable "pipeline_account_step_output_buckets" {
+  description = "Generated: \"account bucket\" -> {account, bucket} for the preprocess.output_uri buckets of each step with its own preprocess.service_account (write)."
+  type        = map(object({ account = string, bucket = string }))
+  default     = {}
+}
+
 variable "pipeline_route_env" {
   description = "Generated: env variables the bundled pipelines' alert routes name (webhook URLs, recipients)."
   type        = list(string)

@@ -1077,6 +1077,9 @@ def test_bundle_contents(pipelines: Path, tmp_path: Path) -> None:
             f"trainer@p.iam.gserviceaccount.com {b}": {
                 "account": "trainer@p.iam.gserviceaccount.com", "bucket": b}
             for b in ("ckpt-b", "models-c", "models-d")},
+        "pipeline_account_beam_workers": [],
+        "pipeline_account_spark_workers": [],
+        "pipeline_account_step_output_buckets": {},
         "bundle_prices": ""}
     assert set(json.loads(tfvars.read_text())) <= set(load_tf(DEPLOY).variables)
 
@@ -1317,7 +1320,10 @@ def test_dataflow_and_bigquery_grants_exist_only_when_a_bundled_pipeline_uses_th
         for name, body in tf.resource(rtype).items():
             role = str(body.get("role"))
             if "dataflow" in role or "dataflow" in str(body.get("service_account_id")):
-                assert "local.dataflow_enabled" in str(body.get("count")), f"{rtype}.{name}"
+                # gated by count, or made per Beam step that names its own account
+                assert "local.dataflow_enabled" in str(body.get("count")) or \
+                    "var.pipeline_account_beam_workers" in str(body.get("for_each")), \
+                    f"{rtype}.{name}"
     for name, body in tf.resource("google_storage_bucket_iam_member").items():
         if "dataflow_member" in str(body.get("member")):
             assert "local.dataflow_enabled" in str(body.get("for_each")), name
@@ -1349,6 +1355,19 @@ def test_dataprocs_grants_exist_only_with_a_bundled_spark_step(tmp_path: Path) -
     spark_only = tmp_path / "s.yaml"
     spark_only.write_text("preprocess: {kind: spark, output_uri: gs://o/q}\n")
     assert package.pipeline_needs([spark_only]).tfvars()["pipeline_preprocess_regions"] == []
+    # a step's own account: actAs, its kind's worker role, reads and a write on its output
+    own = tmp_path / "own.yaml"
+    own.write_text("trigger: {bucket: land}\npreprocess: {kind: spark, output_uri: gs://o/q, "
+                   "service_account: prep@p.iam.gserviceaccount.com}\n")
+    vars_ = package.pipeline_needs([own]).tfvars()
+    assert vars_["pipeline_service_accounts"] == ["prep@p.iam.gserviceaccount.com"]
+    assert vars_["pipeline_account_spark_workers"] == ["prep@p.iam.gserviceaccount.com"]
+    assert vars_["pipeline_account_beam_workers"] == []
+    assert [v["bucket"] for v in vars_["pipeline_account_step_output_buckets"].values()] == ["o"]
+    tf_ = load_tf(DEPLOY)
+    worker = tf_.resource("google_project_iam_member")["step_accounts_dataproc_worker"]
+    assert worker["role"] == "roles/dataproc.worker"
+    assert "var.pipeline_account_spark_workers" in str(worker["for_each"])
     beam_only = tmp_path / "b.yaml"
     beam_only.write_text("preprocess: {output_uri: gs://o/p}\n")
     assert package.pipeline_needs([beam_only]).tfvars()["pipeline_spark_regions"] == []
@@ -1361,6 +1380,8 @@ def test_dataprocs_grants_exist_only_with_a_bundled_spark_step(tmp_path: Path) -
         for name, body in tf.resource(rtype).items():
             if "dataproc" in name:
                 gated += 1
-                assert "local.spark_enabled" in str(body.get("count") or body.get("for_each")), \
+                # gated, or made per Spark step that names its own account (none without one)
+                assert "local.spark_enabled" in str(body.get("count") or body.get("for_each")) \
+                    or "var.pipeline_account_spark_workers" in str(body.get("for_each")), \
                     f"{rtype}.{name}"
     assert gated >= 8

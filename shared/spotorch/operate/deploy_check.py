@@ -54,6 +54,7 @@ NAMED_SCOPES: Mapping[str, tuple[Scope, ...]] = {
     "pipeline_account_data_buckets": (Scope.LANDING, Scope.EXPORT, Scope.STAGING,
                                       Scope.PREPROCESS),
     "pipeline_account_output_buckets": (Scope.CHECKPOINT, Scope.MODEL),
+    "pipeline_account_step_output_buckets": (Scope.PREPROCESS,),
     "alert_env_names": (Scope.ALERT_SECRETS,),
     "pipeline_route_secrets": (Scope.ROUTE_SECRETS,),
     "pipeline_service_accounts": (Scope.PIPELINE_ACCOUNTS,),

@@ -52,10 +52,41 @@ def test_both_registrations_move_only_the_aliases_aliases_to_move_decides(
     assert p.sweep is not None
     sw = new_sweep(sweep_id="sw", pipeline=p, spec=p.sweep, now=1.0, data_uri="gs://b/d/",
                    snapshot_id="s", register=True, experiments=False)
-    name = registration.register_sweep_model(deps, sw, RegisterModel("i2", 1, "sw-t1",
-                                                                     "gs://m/sw-t1"))
+    name, verdict = registration.register_sweep_model(deps, sw, RegisterModel("i2", 1, "sw-t1",
+                                                                              "gs://m/sw-t1"))
+    assert verdict is None  # no model.promote: no gate
     assert asked == [False, True]
     assert isinstance(deps.models, MemoryModelRegistry)
     versions = next(iter(deps.models.versions.values()))
     assert [v.aliases for v in versions] == [("default",), ("candidate",)]  # moved from r1
     assert versions[1].name == name and versions[1].labels["spotorch_sweep"] == "sw"
+
+
+def test_a_sweeps_best_worse_than_the_champion_says_so_in_the_sweeps_history(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """issue 37: `best` keeps its meaning (the sweep's winner) and the sweep says when it is
+    not the champion: the gate's reason is in the registration's note."""
+    from spotorch.app import releases
+    from spotorch.core.promotion import Decision, PromotionPolicy
+    from spotorch.core.sweeps import SweepContext, SweepIntentDone, SweepStatus, decide_sweep
+
+    p = pipeline(sweep=SweepSpec(metric="loss", parameters=(Parameter(name="lr",
+                                                                      values=(0.1,)),)))
+    p = replace(p, model=replace(MODEL, promote=PromotionPolicy(metric="accuracy")))
+    deps = replace(fake_deps(p), models=MemoryModelRegistry())
+    refused = Decision(version="v", run_id="sw-t1", promoted=False, rule="margin", at=1.0,
+                       reason="accuracy 0.70 does not beat the champion's 0.87 by 0.01")
+    monkeypatch.setattr(releases, "after_registration", lambda deps, run, version: refused)
+    assert p.sweep is not None
+    sw = new_sweep(sweep_id="sw", pipeline=p, spec=p.sweep, now=1.0, data_uri="gs://b/d/",
+                   snapshot_id="s", register=True, experiments=False)
+    name, verdict = registration.register_sweep_model(deps, sw, RegisterModel("i2", 1, "sw-t1",
+                                                                              "gs://m/sw-t1"))
+    assert verdict is not None and verdict.startswith("`best` of this sweep but not promoted")
+    assert "does not beat the champion" in verdict
+    intent = RegisterModel("i2", 1, "sw-t1", "gs://m/sw-t1")
+    registering = replace(sw, status=SweepStatus.REGISTERING, outbox=(intent,))
+    ctx = SweepContext(pipeline=p, spec=p.sweep, now=2.0, register=True)
+    done = decide_sweep(registering, SweepIntentDone("i2", model_name=name, verdict=verdict), ctx)
+    assert name is not None and any("not promoted to production" in what and name in what
+               for _, what in done.history)

@@ -117,9 +117,11 @@ def log_run_experiment(deps: Deps, run: Run, *, region: str) -> None:
 
 # ---------------------------------------------------------------- a sweep
 
-def register_sweep_model(deps: Deps, sw: Sweep, intent: RegisterModel) -> str | None:
+def register_sweep_model(deps: Deps, sw: Sweep,
+                         intent: RegisterModel) -> tuple[str | None, str | None]:
     """UploadModel of a sweep's winning trial as a new version of the pipeline's model (its
-    aliases and `best`), then the promotion gate. An artifact its serving container cannot load
+    aliases and `best`), then the promotion gate: the version and the gate's word on it (a
+    `best` worse than the champion says so). An artifact its serving container cannot load
     registers nothing (None, logged); any other failure raises (deferred and retried)."""
     pipeline = deps.pipeline(sw.pipeline)
     model = pipeline.model
@@ -130,7 +132,7 @@ def register_sweep_model(deps: Deps, sw: Sweep, intent: RegisterModel) -> str | 
         if not exc.permanent:
             raise
         log.warning("sweep %s: the winner's model is not registered: %s", sw.sweep_id, exc)
-        return None
+        return None, None
     labels = model_labels(model, pipeline=sw.pipeline, run_id=intent.run_id,
                           snapshot_id=sw.snapshot_id, sweep_id=sw.sweep_id)
     name = deps.models.upload(ModelUpload(
@@ -138,8 +140,13 @@ def register_sweep_model(deps: Deps, sw: Sweep, intent: RegisterModel) -> str | 
         display_name=model.display_name or sw.pipeline, artifact_uri=intent.artifact_uri,
         serving_image=model.serving_image, labels=labels,
         aliases=aliases_to_move(pipeline, sweep_winner=True)))
-    releases.after_registration(deps, intent.run_id, name)  # model.promote (the gate)
-    return name
+    decision = releases.after_registration(deps, intent.run_id, name)  # model.promote (gate)
+    if decision is None or model.promote is None:
+        return name, None
+    if decision.promoted:
+        return name, f"promoted to {model.promote.alias}: {decision.reason}"
+    return name, (f"`best` of this sweep but not promoted to {model.promote.alias}: "
+                  f"{decision.reason}")
 
 
 def log_trial(deps: Deps, sw: Sweep, intent: LogTrial) -> str:

@@ -236,8 +236,8 @@ def _perform(deps: Deps, sw: Sweep, intent: SweepIntent) -> SweepObservation | N
                 with contextlib.suppress(UnknownRun):  # never created: nothing to stop
                     cancel_run(deps, sw.trial(intent.trial).run_id, intent.reason)
             case RegisterModel():
-                return SweepIntentDone(intent.id, model_name=registration.register_sweep_model(
-                    deps, sw, intent))
+                name, verdict = registration.register_sweep_model(deps, sw, intent)
+                return SweepIntentDone(intent.id, model_name=name, verdict=verdict)
             case LogTrial():
                 return SweepIntentDone(intent.id, experiment_run=registration.log_trial(
                     deps, sw, intent))

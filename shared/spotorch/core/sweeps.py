@@ -332,6 +332,7 @@ class SweepIntentDone:
     """An outbox intent was carried out, with what it produced."""
     intent_id: str
     model_name: str | None = None  # RegisterModel's result
+    verdict: str | None = None  # ... and the promotion gate's word on it (model.promote)
     experiment_run: str | None = None  # LogTrial's result
     study: str | None = None  # SuggestTrial's results: the study, the trial and its parameters
     study_trial: str | None = None
@@ -535,7 +536,8 @@ def _on_done(sweep: Sweep, obs: SweepObservation, ctx: SweepContext) -> Sweep:
         return _not_suggested(sweep, ctx, sweep.trial(intent.trial), obs.error)
     if isinstance(intent, RegisterModel) and sweep.status is SweepStatus.REGISTERING:
         sweep = replace(sweep, model_name=obs.model_name)
-        sweep = _note(sweep, ctx, f"model registered: {obs.model_name}")
+        sweep = _note(sweep, ctx, f"model registered: {obs.model_name}"
+                      + (f"; {obs.verdict}" if obs.verdict else ""))
         return _succeed(sweep, ctx)
     return sweep
 

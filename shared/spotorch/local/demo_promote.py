@@ -12,8 +12,9 @@ While the endpoint serves, a client here (the real aiplatform_v1 PredictionServi
 predicts held-out rows ten times a second; the canary is judged on what Cloud Monitoring counts
 of that traffic (the Vertex emulator's ListTimeSeries, sampled every 2 s here, Vertex's 60 s).
 The report adds `versions` (each with `promoted`, or the refusal's rule and reason, and its
-aliases: `spotorch models` through the api), `aliases`, every `traffic_split` seen (by version),
-`latency_p95_ms` of the client's predict calls, and the endpoint's rollout history.
+aliases: `spotorch models` through the api), `aliases`, every `traffic_split` seen (by
+version, those with a share), `latency_p95_ms` of the client's predict calls, and the
+endpoint's rollout history.
 
 Registered in demo_scenarios.SCENARIOS by name; the settings are plain values so that this
 module needs nothing of the demo's at import.
@@ -110,6 +111,19 @@ class _Traffic:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=10)
+        self._look()  # the split as the story ends
+
+    def _look(self) -> None:
+        """Record the split when it changed: each version's share, those with none left out
+        (between moving all traffic and undeploying, the old version shows 0%)."""
+        try:
+            state = self.client.get(self.endpoint)
+        except Exception:
+            return
+        split = {d.model: state.traffic[d.id] for d in state.deployed
+                 if state.traffic.get(d.id)}
+        if split and (not self.splits or self.splits[-1] != split):
+            self.splits.append(split)
 
     def _predict(self) -> None:
         n = 0
@@ -126,13 +140,7 @@ class _Traffic:
 
     def _watch(self) -> None:
         while not self._stop.wait(0.5):
-            try:
-                state = self.client.get(self.endpoint)
-            except Exception:
-                continue
-            split = {d.model: state.traffic.get(d.id, 0) for d in state.deployed}
-            if split and (not self.splits or self.splits[-1] != split):
-                self.splits.append(split)
+            self._look()
 
 
 def _upload(stack: Any, name: str, x: Any, y: Any, say: Callable[[str], None]) -> None:

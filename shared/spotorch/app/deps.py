@@ -7,6 +7,7 @@ import secrets
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from spotorch.app import hardware_probes as probes
 from spotorch.app.spot_record import SpotRecord, shape_key, shape_of
@@ -19,18 +20,20 @@ from spotorch.core.pipeline import Pipeline
 from spotorch.core.policy import RegionRecord
 from spotorch.core.price_list import LIST_PRICES
 from spotorch.core.prices import PriceTable
-from spotorch.ports.clock import Clock
-from spotorch.ports.job_logs import JobLogs
-from spotorch.ports.jobs import JobLauncher
-from spotorch.ports.messages import EventPublisher, ShardDispatcher
-from spotorch.ports.registry import ExperimentTracker, ModelRegistry
-from spotorch.ports.serving import Endpoints, EndpointTraffic
-from spotorch.ports.steps import StepLauncher, StepOutputs
-from spotorch.ports.storage import CheckpointStore, ObjectStore
-from spotorch.ports.store import DocumentStore, RunStore
-from spotorch.ports.tables import TableSource
-from spotorch.ports.vizier import TrialSearch
 from spotorch.settings import COLLECTION_JOBS
+
+if TYPE_CHECKING:  # the ports only name Deps' fields: a cold start imports those its adapters use
+    from spotorch.ports.clock import Clock
+    from spotorch.ports.job_logs import JobLogs
+    from spotorch.ports.jobs import JobLauncher
+    from spotorch.ports.messages import EventPublisher, ShardDispatcher
+    from spotorch.ports.registry import ExperimentTracker, ModelRegistry
+    from spotorch.ports.serving import Endpoints, EndpointTraffic
+    from spotorch.ports.steps import StepLauncher, StepOutputs
+    from spotorch.ports.storage import CheckpointStore, ObjectStore
+    from spotorch.ports.store import DocumentStore, RunStore
+    from spotorch.ports.tables import TableSource
+    from spotorch.ports.vizier import TrialSearch
 
 log = logging.getLogger("spotorch.app.deps")
 

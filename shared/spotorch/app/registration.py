@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from spotorch.app import promotions, releases
 from spotorch.app.deps import Deps
@@ -24,7 +25,6 @@ from spotorch.core.moves import spent
 from spotorch.core.observations import ModelRegistered, Observation
 from spotorch.core.pipeline import Pipeline
 from spotorch.core.sweep_spec import ModelRegistration
-from spotorch.core.sweeps import LogTrial, RegisterModel, Sweep, TrialStatus
 from spotorch.ports.registry import (
     ALIAS_BEST,
     LABEL_MODEL_PIPELINE,
@@ -35,6 +35,9 @@ from spotorch.ports.registry import (
     ModelUpload,
     RegistryError,
 )
+
+if TYPE_CHECKING:  # a sweep's types: imported by its calls alone (a run's cold start skips them)
+    from spotorch.core.sweeps import LogTrial, RegisterModel, Sweep
 
 MAX_MODEL_LABELS = 64  # Vertex AI: at most 64 labels on a resource
 
@@ -151,6 +154,8 @@ def register_sweep_model(deps: Deps, sw: Sweep,
 
 def log_trial(deps: Deps, sw: Sweep, intent: LogTrial) -> str:
     """An ended trial in its pipeline's Vertex AI Experiment: parameters, final metric, cost."""
+    from spotorch.core.sweeps import TrialStatus
+
     assert deps.experiments is not None
     trial = sw.trial(intent.trial)
     pipeline = deps.pipeline(sw.pipeline)

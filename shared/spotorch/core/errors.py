@@ -10,6 +10,17 @@ class SpotorchError(Exception):
     """Base of every error spotorch raises on purpose."""
 
 
+class ServiceCallFailed(Exception):
+    """A call to a Google service failed; `permanent` says whether retrying can help, `code` is
+    the service's status name (NOT_FOUND, ...). The base of each port's call error; not a
+    SpotorchError: the entry points tell these from bad input by their own types."""
+
+    def __init__(self, message: str, *, permanent: bool, code: str = "") -> None:
+        super().__init__(message)
+        self.permanent = permanent
+        self.code = code
+
+
 class InvalidEvent(SpotorchError):
     """An event that cannot be handled: acknowledge it, record it, never retry it."""
 

@@ -6,6 +6,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from spotorch.core.errors import ServiceCallFailed
 from spotorch.core.hardware import PROBE_LABEL
 
 # The label rules are the core's (core.ids); the port names them for its adapters.
@@ -45,13 +46,8 @@ class LaunchSpec:
         return self.labels.get(LABEL_ATTEMPT) or str(self.attempt)
 
 
-class LaunchError(Exception):
+class LaunchError(ServiceCallFailed):
     """A launcher call failed; `permanent` says whether retrying can help."""
-
-    def __init__(self, message: str, *, permanent: bool, code: str = "") -> None:
-        super().__init__(message)
-        self.permanent = permanent
-        self.code = code
 
 
 class JobLauncher(Protocol):

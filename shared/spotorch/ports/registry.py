@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from spotorch.core.errors import ServiceCallFailed
 from spotorch.core.sweep_spec import ParamValue
 
 # Labels on every registered model version (keys as Vertex allows them: lowercase, underscores).
@@ -56,13 +57,8 @@ class ModelVersion:
     aliases: tuple[str, ...]
 
 
-class RegistryError(Exception):
+class RegistryError(ServiceCallFailed):
     """A registry or experiments call failed; `permanent` says whether retrying can help."""
-
-    def __init__(self, message: str, *, permanent: bool, code: str = "") -> None:
-        super().__init__(message)
-        self.permanent = permanent
-        self.code = code
 
 
 class ModelRegistry(Protocol):

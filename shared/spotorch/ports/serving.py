@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from spotorch.core.canary import Window
+from spotorch.core.errors import ServiceCallFailed
 
 NEW_MODEL = "0"  # in a deploy's traffic split: the model being deployed (Vertex's convention)
 
@@ -44,13 +45,8 @@ class Prediction:
     latency_ms: float  # measured by the caller, round trip
 
 
-class ServingError(Exception):
+class ServingError(ServiceCallFailed):
     """An endpoint call failed; `permanent` says whether retrying can help."""
-
-    def __init__(self, message: str, *, permanent: bool, code: str = "") -> None:
-        super().__init__(message)
-        self.permanent = permanent
-        self.code = code
 
 
 class Endpoints(Protocol):

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from spotorch.core.errors import ServiceCallFailed
 from spotorch.core.pareto import Objective
 from spotorch.core.sweep_spec import Parameter, ParamValue
 
@@ -48,13 +49,8 @@ class StudyTrial:
     infeasible_reason: str = ""
 
 
-class SearchError(Exception):
+class SearchError(ServiceCallFailed):
     """A study call failed; `permanent` says whether retrying can help."""
-
-    def __init__(self, message: str, *, permanent: bool, code: str = "") -> None:
-        super().__init__(message)
-        self.permanent = permanent
-        self.code = code
 
 
 class TrialSearch(Protocol):

@@ -13,7 +13,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from spotorch.adapters.gcp.vertex_budgets import RequestBudget
-from spotorch.adapters.gcp.vertex_calls import RetryPolicy, classify_failure, emulator_channel
+from spotorch.adapters.gcp.vertex_calls import (
+    RetryPolicy,
+    call_with_retries,
+    emulator_channel,
+)
 from spotorch.ports.budget import CRUD, SUBMIT, Budget
 from spotorch.ports.serving import Deployed, EndpointState, Prediction, ServingError
 
@@ -85,23 +89,7 @@ class VertexEndpoints:
             return self._clients[key]
 
     def _call(self, what: str, fn: Callable[[], T], *, attempts: int | None = None) -> T:
-        code, last = "", None
-        tries = max(1, self.retry.attempts if attempts is None else attempts)
-        for retry in range(tries):
-            if retry:
-                self.retry.sleep(self.retry.delay(retry - 1))
-            try:
-                return fn()
-            except ServingError:
-                raise
-            except Exception as exc:
-                code, transient = classify_failure(exc)
-                if not transient:
-                    raise ServingError(f"{what}: {code}: {exc}", permanent=True,
-                                       code=code) from exc
-                last = exc
-        raise ServingError(f"{what}: {code} after {tries} attempts: {last}",
-                           permanent=False, code=code) from last
+        return call_with_retries(what, fn, self.retry, ServingError, attempts=attempts)
 
     def create(self, region: str, endpoint_id: str, display_name: str) -> str:
         """Endpoints.create: GetEndpoint first, CreateEndpoint (an operation) when absent."""

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from spotorch.adapters.gcp.vertex_budgets import RequestBudget
 from spotorch.adapters.gcp.vertex_calls import (
     RetryPolicy,
-    classify_failure,
+    call_with_retries,
     emulator_channel,
     label_key,
 )
@@ -66,22 +66,7 @@ class _Clients:
             return self._clients[key]
 
     def call(self, what: str, fn: Callable[[], T]) -> T:
-        code, last = "", None
-        for retry in range(max(1, self.retry.attempts)):
-            if retry:
-                self.retry.sleep(self.retry.delay(retry - 1))
-            try:
-                return fn()
-            except RegistryError:
-                raise
-            except Exception as exc:
-                code, transient = classify_failure(exc)
-                if not transient:
-                    raise RegistryError(f"{what}: {code}: {exc}", permanent=True,
-                                        code=code) from exc
-                last = exc
-        raise RegistryError(f"{what}: {code} after {self.retry.attempts} attempts: {last}",
-                            permanent=False, code=code) from last
+        return call_with_retries(what, fn, self.retry, RegistryError)
 
 
 def _model_service(endpoint: str | None, region: str, token: str | None = None) -> Any:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from spotorch.adapters.gcp.vertex_budgets import RequestBudget
 from spotorch.adapters.gcp.vertex_calls import (
     RetryPolicy,
+    call_with_retries,
     classify_failure,
     emulator_channel,
     label_key,
@@ -343,23 +344,9 @@ class VertexJobLauncher:
         return f"projects/{self.project}/locations/{region}"
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
-        """Run fn, retrying transient API errors; every failure becomes a LaunchError."""
-        code = ""
-        last: BaseException | None = None
-        for retry in range(max(1, self.retry.attempts)):
-            if retry:
-                self.retry.sleep(self.retry.delay(retry - 1))
-            try:
-                return fn()
-            except Exception as exc:
-                code, transient = classify_failure(exc)
-                if transient and self.futile(code, str(exc)):
-                    transient = False  # e.g. a resource quota: the next try is refused the same way
-                if not transient:
-                    raise LaunchError(f"{what}: {code}: {exc}", permanent=True, code=code) from exc
-                last = exc
-        raise LaunchError(f"{what}: {code} after {self.retry.attempts} attempts: {last}",
-                          permanent=False, code=code) from last
+        """Run fn, retrying transient API errors; every failure becomes a LaunchError (a
+        futile one, e.g. a resource quota, at once: the next try is refused the same way)."""
+        return call_with_retries(what, fn, self.retry, LaunchError, futile=self.futile)
 
     def _find_in(self, region: str, run_id: str, attempt: int | str) -> JobStatus | None:
         client = self._client(region)  # inside _call: building a client can fail (credentials)

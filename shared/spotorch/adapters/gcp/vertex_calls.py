@@ -6,9 +6,12 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+from spotorch.core.errors import ServiceCallFailed
 from spotorch.ports.jobs import label_value
+
+T = TypeVar("T")
 
 TRANSIENT_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED"})
 
@@ -47,6 +50,37 @@ def classify_failure(exc: BaseException) -> tuple[str, bool]:
     if isinstance(exc, auth.GoogleAuthError):
         return "UNAUTHENTICATED", False
     raise exc  # not an API failure: a bug to see, not to retry
+
+
+def call_with_retries(what: str, fn: Callable[[], T], retry: RetryPolicy,
+                      error: type[ServiceCallFailed], *, attempts: int | None = None,
+                      timeouts: tuple[type[BaseException], ...] = (),
+                      futile: Callable[[str, str], bool] | None = None) -> T:
+    """fn(), again after transient API errors (retry's backoff, `attempts` calls in all); every
+    failure becomes `error` (permanent, or transient after the last attempt); an `error` fn
+    raised itself passes through. timeouts: exceptions that count as DEADLINE_EXCEEDED (a
+    future's wait). futile(code, message): a transient failure no retry can help (a quota)."""
+    code, last = "", None  # type: tuple[str, BaseException | None]
+    tries = max(1, retry.attempts if attempts is None else attempts)
+    for n in range(tries):
+        if n:
+            retry.sleep(retry.delay(n - 1))
+        try:
+            return fn()
+        except error:
+            raise
+        except timeouts as exc:
+            code, last = "DEADLINE_EXCEEDED", exc
+            continue
+        except Exception as exc:
+            code, transient = classify_failure(exc)
+            if transient and futile is not None and futile(code, str(exc)):
+                transient = False
+            if not transient:
+                raise error(f"{what}: {code}: {exc}", permanent=True, code=code) from exc
+            last = exc
+    raise error(f"{what}: {code} after {tries} attempts: {last}", permanent=False,
+                code=code) from last
 
 
 def label_key(key: str) -> str:

@@ -14,7 +14,11 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
-from spotorch.adapters.gcp.vertex_calls import RetryPolicy, classify_failure, emulator_channel
+from spotorch.adapters.gcp.vertex_calls import (
+    RetryPolicy,
+    call_with_retries,
+    emulator_channel,
+)
 from spotorch.core.sweep_spec import Goal, Parameter, ParamValue, Scale
 from spotorch.ports.vizier import (
     ACTIVE,
@@ -123,24 +127,7 @@ class VertexTrialSearch:
             return self._clients[key]
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
-        code, last = "", None  # type: tuple[str, Exception | None]
-        for retry in range(max(1, self.retry.attempts)):
-            if retry:
-                self.retry.sleep(self.retry.delay(retry - 1))
-            try:
-                return fn()
-            except SearchError:
-                raise
-            except FutureTimeout as exc:
-                code, last = "DEADLINE_EXCEEDED", exc
-                continue
-            except Exception as exc:
-                code, transient = classify_failure(exc)
-                if not transient:
-                    raise SearchError(f"{what}: {code}: {exc}", permanent=True, code=code) from exc
-                last = exc
-        raise SearchError(f"{what}: {code} after {self.retry.attempts} attempts: {last}",
-                          permanent=False, code=code) from last
+        return call_with_retries(what, fn, self.retry, SearchError, timeouts=(FutureTimeout,))
 
     # --- conversions ---------------------------------------------------------------------------
 

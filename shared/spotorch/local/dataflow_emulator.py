@@ -38,8 +38,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -53,6 +51,7 @@ import click
 
 from spotorch.core.preprocess import LIVE_STATES, STATUS_CHANGED_TYPE
 from spotorch.core.prices import shape_of
+from spotorch.local._eventarc import post
 from spotorch.local._vertex_iam import IamPolicy
 from spotorch.local._vertex_jobs import Invalid
 
@@ -399,20 +398,8 @@ class DataflowEmulator:
                    # triggering the event": which name (id or job name) is not said; spotorch
                    # reads neither (the data's payload names the job).
                    "ce-job": job.id}
-        url = self.events_url
-        threading.Thread(target=_deliver, args=(url, body, headers), daemon=True).start()
-
-
-def _deliver(url: str, body: bytes, headers: Mapping[str, str], tries: int = 5) -> None:
-    for attempt in range(tries):
-        try:
-            request = urllib.request.Request(url, data=body, headers=dict(headers), method="POST")
-            with urllib.request.urlopen(request, timeout=30) as response:
-                if response.status < 300:
-                    return
-        except (urllib.error.URLError, OSError) as exc:
-            log.info("statusChanged delivery to %s failed (%s), try %d", url, exc, attempt + 1)
-        time.sleep(min(2 ** attempt, 10))
+        threading.Thread(target=post, args=(self.events_url, body, headers),
+                         kwargs={"timeout_s": 30.0}, daemon=True).start()
 
 
 def _storage() -> Any:

@@ -71,6 +71,7 @@ from spotorch.core.spark_batches import (
     milli_dcu_seconds,
     valid_batch_id,
 )
+from spotorch.local._eventarc import deliver_audit_entry
 from spotorch.local._vertex_iam import IamPolicy
 from spotorch.local._vertex_jobs import Invalid
 
@@ -461,7 +462,7 @@ class DataprocEmulator:
                 batch.ended_at = batch.state_at
         log.info("batch %s: %s", batch.name, state)
         if state not in BATCH_LIVE_STATES and self.events_url:
-            threading.Thread(target=_deliver, args=(self.events_url, _end_entry(batch)),
+            threading.Thread(target=deliver_audit_entry, args=(self.events_url, _end_entry(batch)),
                              daemon=True, name="dataproc-audit").start()
 
     def _run(self, batch: Batch) -> None:
@@ -532,33 +533,6 @@ def _end_entry(batch: Batch) -> dict[str, Any]:
         "logName": f"projects/{parts[1]}/logs/cloudaudit.googleapis.com%2Factivity",
         "operation": {"id": batch.operation, "producer": DATAPROC_SERVICE, "last": True},
     }
-
-
-def _deliver(url: str, entry: dict[str, Any], tries: int = 5) -> None:
-    """POST an audit entry as Eventarc delivers it (binary mode), retried a few times."""
-    import json
-    import urllib.error
-    import urllib.request
-
-    payload = entry["protoPayload"]
-    project = entry["resource"]["labels"]["project_id"]
-    headers = {"Content-Type": "application/json; charset=utf-8", "ce-specversion": "1.0",
-               "ce-type": "google.cloud.audit.log.v1.written", "ce-id": str(uuid.uuid4()),
-               "ce-source": f"//cloudaudit.googleapis.com/projects/{project}/logs/activity",
-               "ce-subject": f"{payload['serviceName']}/{payload['resourceName']}",
-               "ce-time": entry["timestamp"], "ce-servicename": payload["serviceName"],
-               "ce-methodname": payload["methodName"],
-               "ce-resourcename": payload["resourceName"]}
-    body = json.dumps(entry).encode()
-    for attempt in range(tries):
-        try:
-            request = urllib.request.Request(url, data=body, headers=headers, method="POST")
-            with urllib.request.urlopen(request, timeout=30) as response:
-                if response.status < 300:
-                    return
-        except (urllib.error.URLError, OSError) as exc:
-            log.info("audit entry delivery to %s failed (%s), try %d", url, exc, attempt + 1)
-        time.sleep(min(2 ** attempt, 10))
 
 
 def _exception(stderr: str) -> str:

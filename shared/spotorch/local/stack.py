@@ -195,6 +195,7 @@ class DevStack:
         """The BigQuery emulator and its front, before the functions (their env names it), and
         on_table_changed among the functions, fed the front's audit entries as Eventarc would."""
         from spotorch.local import bigquery as bq
+        from spotorch.local._eventarc import deliver_audit_entry
 
         if "on_table_changed" not in self.config.functions:
             self.config = dataclasses.replace(self.config, functions={
@@ -212,7 +213,7 @@ class DevStack:
 
         def on_job_done(entry: dict[str, Any]) -> None:
             url = lambda: self.function_url("on_table_changed")  # noqa: E731
-            threading.Thread(target=bq.deliver, args=(url, entry), daemon=True,
+            threading.Thread(target=deliver_audit_entry, args=(url, entry), daemon=True,
                              name="bigquery-audit").start()
 
         def bucket_exists(bucket: str) -> bool:

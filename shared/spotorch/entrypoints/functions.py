@@ -346,11 +346,10 @@ def job_event(event: CloudEventLike) -> None:
     from spotorch.entrypoints.audit_entries import AUDIT_LOG_TYPE
     from spotorch_trainer import contract
 
-    if _attr(event, "type") == STATUS_CHANGED_TYPE:
-        dataflow_event(event)
-        return
-    if _attr(event, "type") == AUDIT_LOG_TYPE:
-        dataproc_event(event)
+    # Eventarc's own triggers on this function's service, by event type; else Pub/Sub's.
+    direct = {STATUS_CHANGED_TYPE: dataflow_event, AUDIT_LOG_TYPE: dataproc_event}
+    if (handle := direct.get(_attr(event, "type"))) is not None:
+        handle(event)
         return
 
     body, attributes = _pubsub_message(event)

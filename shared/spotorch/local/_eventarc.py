@@ -12,10 +12,11 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from spotorch.entrypoints.audit_entries import AUDIT_LOG_TYPE
+
 log = logging.getLogger("spotorch.local.eventarc")
 
 DELIVERY_ATTEMPTS = 5  # then the event is lost, as Eventarc's retries run out: the tick repairs
-AUDIT_LOG_TYPE = "google.cloud.audit.log.v1.written"
 
 
 def audit_headers(entry: Mapping[str, Any]) -> dict[str, str]:

@@ -40,8 +40,16 @@ from spotorch_example.train import (
     parse_config,
     split,
 )
-from spotorch_trainer import Cluster, Run, join, shard_range, snapshot_objects, write_bytes
-from spotorch_trainer.contract import EXIT_PEER_LOST
+from spotorch_trainer import (
+    Cluster,
+    Preempted,
+    Run,
+    join,
+    shard_range,
+    snapshot_objects,
+    write_bytes,
+)
+from spotorch_trainer.contract import EXIT_PEER_LOST, EXIT_PREEMPTED
 
 log = logging.getLogger("example.distributed")
 TIMEOUT_ENV = "EXAMPLE_COLLECTIVE_TIMEOUT"  # seconds a collective waits for a peer (gloo: 30 min)
@@ -100,6 +108,12 @@ def main(argv: list[str] | None = None) -> int:
         log.error("rank %d lost a peer: %s", cluster.rank, str(exc)[:300])
         logging.shutdown()
         os._exit(EXIT_PEER_LOST)  # the chief's last complete checkpoint stays the resume point
+    except Preempted as stop:
+        # Reported, checkpointed and flushed (the Run's exit). Leave without the interpreter's
+        # teardown: gloo's process group, its peer already gone, could abort it (SIGABRT, -6)
+        # instead of the 143 Vertex and spotorch expect.
+        logging.shutdown()
+        os._exit(int(stop.code) if isinstance(stop.code, int) else EXIT_PREEMPTED)
 
 
 def _train(cfg: Config, cluster: Cluster, from_chief: Any, torch: Any, dist: Any) -> int:
